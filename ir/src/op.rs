@@ -1,0 +1,870 @@
+//! The closed set of operators, their attributes, and shape/dtype inference.
+//!
+//! Every op takes its inputs positionally; optional ONNX inputs are resolved by the tracer into
+//! attributes or a fixed input count (`Gemm` and `LayerNorm` take an optional last input).
+//! Attributes are fully static and normalised: axes are non-negative, shapes are concrete, slice
+//! bounds are clamped. ONNX ops that are only views under static shapes (`Flatten`, `Squeeze`,
+//! `Unsqueeze`) become [`Op::Reshape`]; `Dropout` in inference becomes [`Op::Identity`].
+
+use crate::tensor::{DType, Tensor, TensorMeta};
+
+/// Elementwise ops with one input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// max(x, 0)
+    Relu,
+    /// x * Φ(x) with the exact normal CDF (erf form).
+    Gelu,
+    /// The tanh approximation of GELU.
+    GeluTanh,
+    /// tanh
+    Tanh,
+    /// Gauss error function.
+    Erf,
+    /// 1 / (1 + e^-x)
+    Sigmoid,
+    /// e^x
+    Exp,
+    /// natural log
+    Log,
+    /// square root
+    Sqrt,
+    /// -x
+    Neg,
+    /// 1 / x
+    Reciprocal,
+    /// |x|
+    Abs,
+    /// logical not (bool)
+    Not,
+    /// floor
+    Floor,
+    /// ceil
+    Ceil,
+    /// sin
+    Sin,
+    /// cos
+    Cos,
+    /// sign(x) in {-1, 0, 1}
+    Sign,
+}
+
+/// Elementwise ops with two broadcast inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a * b
+    Mul,
+    /// a / b (integer division truncates toward zero)
+    Div,
+    /// a ^ b
+    Pow,
+    /// max(a, b)
+    Max,
+    /// min(a, b)
+    Min,
+    /// a == b (bool output)
+    Equal,
+    /// a < b (bool output)
+    Less,
+    /// a <= b (bool output)
+    LessOrEqual,
+    /// a > b (bool output)
+    Greater,
+    /// a >= b (bool output)
+    GreaterOrEqual,
+    /// logical and (bool)
+    And,
+    /// logical or (bool)
+    Or,
+    /// logical xor (bool)
+    Xor,
+}
+
+impl BinaryOp {
+    /// True for ops whose output is bool regardless of input dtype.
+    pub fn is_comparison(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Equal | Less | LessOrEqual | Greater | GreaterOrEqual)
+    }
+    /// True for ops defined only on bool.
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    }
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// sum
+    Sum,
+    /// arithmetic mean
+    Mean,
+    /// maximum
+    Max,
+    /// minimum
+    Min,
+    /// product
+    Prod,
+    /// sum of squares
+    SumSquare,
+    /// sqrt of the sum of squares
+    L2,
+    /// sum of absolute values
+    L1,
+    /// log of the sum
+    LogSum,
+    /// log of the sum of exponentials
+    LogSumExp,
+}
+
+/// Attributes of a 2-D convolution (NCHW input, OIHW weight).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConvAttrs {
+    /// Stride per spatial dim (h, w).
+    pub strides: [usize; 2],
+    /// Padding: [top, left, bottom, right] (ONNX order: begins then ends).
+    pub pads: [usize; 4],
+    /// Dilation per spatial dim.
+    pub dilations: [usize; 2],
+    /// Number of groups; in and out channels are both divisible by it.
+    pub group: usize,
+}
+
+/// Attributes of a 2-D pooling window (NCHW).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolAttrs {
+    /// Window size (h, w).
+    pub kernel: [usize; 2],
+    /// Stride per spatial dim.
+    pub strides: [usize; 2],
+    /// Padding: [top, left, bottom, right].
+    pub pads: [usize; 4],
+    /// Dilation per spatial dim (MaxPool only; 1 for average pooling).
+    pub dilations: [usize; 2],
+    /// Output size rounds up instead of down.
+    pub ceil_mode: bool,
+    /// AveragePool: padded cells count in the divisor.
+    pub count_include_pad: bool,
+}
+
+impl PoolAttrs {
+    /// Output spatial size for input spatial size `(h, w)`.
+    pub fn out_hw(&self, h: usize, w: usize) -> Option<(usize, usize)> {
+        let one = |i: usize, x: usize| -> Option<usize> {
+            let ext = self.dilations[i] * (self.kernel[i] - 1) + 1;
+            let padded = x + self.pads[i] + self.pads[i + 2];
+            if padded < ext || self.strides[i] == 0 {
+                return None;
+            }
+            let num = padded - ext;
+            let mut o = if self.ceil_mode { num.div_ceil(self.strides[i]) } else { num / self.strides[i] } + 1;
+            // A window that starts entirely in the end padding is dropped (ONNX/PyTorch rule).
+            if self.ceil_mode && (o - 1) * self.strides[i] >= x + self.pads[i] {
+                o -= 1;
+            }
+            Some(o)
+        };
+        Some((one(0, h)?, one(1, w)?))
+    }
+}
+
+/// One sliced axis with concrete, clamped bounds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SliceAxis {
+    /// Axis index.
+    pub axis: usize,
+    /// First index taken.
+    pub start: i64,
+    /// Number of elements taken.
+    pub len: usize,
+    /// Step between taken indices (may be negative, never zero).
+    pub step: i64,
+}
+
+/// The closed set of IR operators.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A graph input fed at run time (data, labels).
+    Input {
+        /// Name the user feeds it by.
+        name: String,
+    },
+    /// A trainable parameter (an ONNX initializer or declared weight). Its data, when known,
+    /// lives in [`crate::Graph::param_data`].
+    Param {
+        /// Initializer name.
+        name: String,
+    },
+    /// A constant tensor (shape arithmetic results, masks, scalars).
+    Constant(Tensor),
+    /// Elementwise unary op.
+    Unary(UnaryOp),
+    /// Elementwise binary op with numpy broadcasting.
+    Binary(BinaryOp),
+    /// `cond ? a : b` with broadcasting.
+    Where,
+    /// Element type conversion.
+    Cast {
+        /// Target type.
+        to: DType,
+    },
+    /// Passes its input through.
+    Identity,
+    /// Batched matrix product with numpy semantics (1-D operands promoted then squeezed).
+    MatMul,
+    /// `alpha * op(A) @ op(B) + beta * C` on 2-D operands; C optional and unidirectionally broadcast.
+    Gemm {
+        /// Scale of the product.
+        alpha: f32,
+        /// Scale of C.
+        beta: f32,
+        /// A is transposed.
+        trans_a: bool,
+        /// B is transposed.
+        trans_b: bool,
+    },
+    /// 2-D convolution: inputs X [N,C,H,W], W [M,C/group,kh,kw], optional bias [M].
+    Conv(ConvAttrs),
+    /// 2-D max pooling.
+    MaxPool(PoolAttrs),
+    /// 2-D average pooling.
+    AveragePool(PoolAttrs),
+    /// Mean over all spatial dims, keeping them as size 1.
+    GlobalAveragePool,
+    /// Max over all spatial dims, keeping them as size 1.
+    GlobalMaxPool,
+    /// Inference batch norm: inputs X, scale, bias, mean, var (per channel, dim 1).
+    BatchNorm {
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Layer norm over dims `axis..`: inputs X, scale, optional bias.
+    LayerNorm {
+        /// First normalised dim.
+        axis: usize,
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Local response normalisation across channels (dim 1).
+    Lrn {
+        /// Window size.
+        size: usize,
+        /// Scale.
+        alpha: f32,
+        /// Exponent.
+        beta: f32,
+        /// Bias.
+        bias: f32,
+    },
+    /// Softmax along one axis.
+    Softmax {
+        /// Axis.
+        axis: usize,
+    },
+    /// Log-softmax along one axis.
+    LogSoftmax {
+        /// Axis.
+        axis: usize,
+    },
+    /// Same elements, new static shape.
+    Reshape {
+        /// Target shape.
+        shape: Vec<usize>,
+    },
+    /// Permutes dims: output dim i is input dim `perm[i]`.
+    Transpose {
+        /// Permutation.
+        perm: Vec<usize>,
+    },
+    /// Broadcasts to a static shape (numpy rules, result shape given).
+    Expand {
+        /// Result shape.
+        shape: Vec<usize>,
+    },
+    /// Concatenates its inputs along an axis.
+    Concat {
+        /// Axis.
+        axis: usize,
+    },
+    /// Splits along an axis into pieces of the given sizes (one output per piece).
+    Split {
+        /// Axis.
+        axis: usize,
+        /// Piece sizes, summing to the axis length.
+        sizes: Vec<usize>,
+    },
+    /// Strided slice on some axes; others are taken whole.
+    Slice {
+        /// Sliced axes with concrete bounds.
+        axes: Vec<SliceAxis>,
+    },
+    /// Gathers along `axis` of data (input 0) by i64 indices (input 1; negative wrap).
+    Gather {
+        /// Axis of the data.
+        axis: usize,
+    },
+    /// Reduction over axes.
+    Reduce {
+        /// Kind.
+        op: ReduceOp,
+        /// Reduced axes (sorted, unique).
+        axes: Vec<usize>,
+        /// Keep reduced dims as size 1.
+        keepdims: bool,
+    },
+    /// Constant padding of each dim: `pads` = begins then ends, as ONNX.
+    Pad {
+        /// Begins then ends, one per dim each.
+        pads: Vec<usize>,
+        /// Fill value.
+        value: f32,
+    },
+}
+
+/// Why an op cannot produce outputs for the given inputs.
+pub type InferError = String;
+
+fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferError> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
+        let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(format!("shapes {a:?} and {b:?} do not broadcast"));
+        };
+    }
+    Ok(out)
+}
+
+/// Numpy broadcast of two shapes.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferError> {
+    broadcast(a, b)
+}
+
+fn want_inputs(op: &str, ins: &[TensorMeta], lo: usize, hi: usize) -> Result<(), InferError> {
+    if ins.len() < lo || ins.len() > hi {
+        if lo == hi {
+            return Err(format!("{op} takes {lo} inputs, got {}", ins.len()));
+        }
+        return Err(format!("{op} takes {lo} to {hi} inputs, got {}", ins.len()));
+    }
+    Ok(())
+}
+
+fn want_dtype(op: &str, m: &TensorMeta, dt: DType, what: &str) -> Result<(), InferError> {
+    if m.dtype != dt {
+        return Err(format!("{op}: {what} must be {dt}, got {}", m.dtype));
+    }
+    Ok(())
+}
+
+fn want_float(op: &str, m: &TensorMeta) -> Result<(), InferError> {
+    want_dtype(op, m, DType::F32, "input")
+}
+
+impl Op {
+    /// The op's name in the text form (also used in messages).
+    pub fn name(&self) -> &'static str {
+        use Op::*;
+        match self {
+            Input { .. } => "input",
+            Param { .. } => "param",
+            Constant(_) => "const",
+            Unary(u) => unary_name(*u),
+            Binary(b) => binary_name(*b),
+            Where => "where",
+            Cast { .. } => "cast",
+            Identity => "identity",
+            MatMul => "matmul",
+            Gemm { .. } => "gemm",
+            Conv(_) => "conv",
+            MaxPool(_) => "maxpool",
+            AveragePool(_) => "avgpool",
+            GlobalAveragePool => "global_avgpool",
+            GlobalMaxPool => "global_maxpool",
+            BatchNorm { .. } => "batchnorm",
+            LayerNorm { .. } => "layernorm",
+            Lrn { .. } => "lrn",
+            Softmax { .. } => "softmax",
+            LogSoftmax { .. } => "log_softmax",
+            Reshape { .. } => "reshape",
+            Transpose { .. } => "transpose",
+            Expand { .. } => "expand",
+            Concat { .. } => "concat",
+            Split { .. } => "split",
+            Slice { .. } => "slice",
+            Gather { .. } => "gather",
+            Reduce { op, .. } => reduce_name(*op),
+            Pad { .. } => "pad",
+        }
+    }
+
+    /// True for ops with no inputs whose value is known before running (params and constants
+    /// are sources too, but only constants are foldable).
+    pub fn is_source(&self) -> bool {
+        matches!(self, Op::Input { .. } | Op::Param { .. } | Op::Constant(_))
+    }
+
+    /// Number of outputs the op produces.
+    pub fn num_outputs(&self) -> usize {
+        match self {
+            Op::Split { sizes, .. } => sizes.len(),
+            _ => 1,
+        }
+    }
+
+    /// Output metas for the given input metas, or why they are invalid.
+    pub fn infer(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
+        use Op::*;
+        let n = self.name();
+        let one = |m: TensorMeta| Ok(vec![m]);
+        match self {
+            Input { .. } | Param { .. } => Err(format!("{n} has no inferred meta: it is declared")),
+            Constant(t) => {
+                want_inputs(n, ins, 0, 0)?;
+                one(t.meta())
+            }
+            Unary(u) => {
+                want_inputs(n, ins, 1, 1)?;
+                match u {
+                    UnaryOp::Not => want_dtype(n, &ins[0], DType::Bool, "input")?,
+                    UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => {
+                        if ins[0].dtype == DType::Bool {
+                            return Err(format!("{n}: input must be numeric, got bool"));
+                        }
+                    }
+                    _ => want_float(n, &ins[0])?,
+                }
+                one(ins[0].clone())
+            }
+            Binary(b) => {
+                want_inputs(n, ins, 2, 2)?;
+                if ins[0].dtype != ins[1].dtype {
+                    return Err(format!("{n}: input dtypes differ ({} vs {})", ins[0].dtype, ins[1].dtype));
+                }
+                if b.is_logical() {
+                    want_dtype(n, &ins[0], DType::Bool, "inputs")?;
+                } else if ins[0].dtype == DType::Bool && !matches!(b, BinaryOp::Equal) {
+                    return Err(format!("{n}: inputs must be numeric, got bool"));
+                }
+                let shape = broadcast(&ins[0].shape, &ins[1].shape).map_err(|e| format!("{n}: {e}"))?;
+                let dtype = if b.is_comparison() { DType::Bool } else { ins[0].dtype };
+                one(TensorMeta { shape, dtype })
+            }
+            Where => {
+                want_inputs(n, ins, 3, 3)?;
+                want_dtype(n, &ins[0], DType::Bool, "condition")?;
+                if ins[1].dtype != ins[2].dtype {
+                    return Err(format!("{n}: branch dtypes differ ({} vs {})", ins[1].dtype, ins[2].dtype));
+                }
+                let s = broadcast(&ins[0].shape, &ins[1].shape).map_err(|e| format!("{n}: {e}"))?;
+                let s = broadcast(&s, &ins[2].shape).map_err(|e| format!("{n}: {e}"))?;
+                one(TensorMeta { shape: s, dtype: ins[1].dtype })
+            }
+            Cast { to } => {
+                want_inputs(n, ins, 1, 1)?;
+                one(TensorMeta { shape: ins[0].shape.clone(), dtype: *to })
+            }
+            Identity => {
+                want_inputs(n, ins, 1, 1)?;
+                one(ins[0].clone())
+            }
+            MatMul => {
+                want_inputs(n, ins, 2, 2)?;
+                want_float(n, &ins[0])?;
+                want_float(n, &ins[1])?;
+                matmul_shape(&ins[0].shape, &ins[1].shape).map(|s| vec![TensorMeta::new(DType::F32, s)])
+            }
+            Gemm { trans_a, trans_b, .. } => {
+                want_inputs(n, ins, 2, 3)?;
+                for m in ins {
+                    want_float(n, m)?;
+                }
+                let (a, b) = (&ins[0].shape, &ins[1].shape);
+                if a.len() != 2 || b.len() != 2 {
+                    return Err(format!("{n}: A and B must be 2-D, got {a:?} and {b:?}"));
+                }
+                let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+                let (k2, nn) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
+                if k != k2 {
+                    return Err(format!("{n}: inner dims differ: A{a:?} B{b:?} (trans_a={trans_a}, trans_b={trans_b})"));
+                }
+                if let Some(c) = ins.get(2) {
+                    let bc = broadcast(&[m, nn], &c.shape).map_err(|e| format!("{n}: C: {e}"))?;
+                    if bc != [m, nn] {
+                        return Err(format!("{n}: C {:?} does not broadcast to [{m}, {nn}]", c.shape));
+                    }
+                }
+                one(TensorMeta::new(DType::F32, vec![m, nn]))
+            }
+            Conv(a) => {
+                want_inputs(n, ins, 2, 3)?;
+                for m in ins {
+                    want_float(n, m)?;
+                }
+                let (x, w) = (&ins[0].shape, &ins[1].shape);
+                if x.len() != 4 || w.len() != 4 {
+                    return Err(format!("{n}: only 2-D convolution (4-D X and W) is supported, got X{x:?} W{w:?}"));
+                }
+                if a.group == 0 || x[1] % a.group != 0 || w[0] % a.group != 0 || x[1] / a.group != w[1] {
+                    return Err(format!("{n}: channels do not match: X{x:?} W{w:?} group={}", a.group));
+                }
+                if let Some(b) = ins.get(2)
+                    && b.shape != [w[0]]
+                {
+                    return Err(format!("{n}: bias shape {:?} must be [{}]", b.shape, w[0]));
+                }
+                let pa = PoolAttrs {
+                    kernel: [w[2], w[3]],
+                    strides: a.strides,
+                    pads: a.pads,
+                    dilations: a.dilations,
+                    ceil_mode: false,
+                    count_include_pad: false,
+                };
+                let (oh, ow) = pa.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: kernel larger than padded input X{x:?} W{w:?}"))?;
+                one(TensorMeta::new(DType::F32, vec![x[0], w[0], oh, ow]))
+            }
+            MaxPool(a) | AveragePool(a) => {
+                want_inputs(n, ins, 1, 1)?;
+                want_float(n, &ins[0])?;
+                let x = &ins[0].shape;
+                if x.len() != 4 {
+                    return Err(format!("{n}: only 2-D pooling (4-D input) is supported, got {x:?}"));
+                }
+                let (oh, ow) = a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: window larger than padded input {x:?}"))?;
+                one(TensorMeta::new(DType::F32, vec![x[0], x[1], oh, ow]))
+            }
+            GlobalAveragePool | GlobalMaxPool => {
+                want_inputs(n, ins, 1, 1)?;
+                want_float(n, &ins[0])?;
+                let x = &ins[0].shape;
+                if x.len() < 3 {
+                    return Err(format!("{n}: input must have spatial dims, got {x:?}"));
+                }
+                let mut s = x.clone();
+                for d in &mut s[2..] {
+                    *d = 1;
+                }
+                one(TensorMeta::new(DType::F32, s))
+            }
+            BatchNorm { .. } => {
+                want_inputs(n, ins, 5, 5)?;
+                let x = &ins[0].shape;
+                if x.len() < 2 {
+                    return Err(format!("{n}: input must have a channel dim, got {x:?}"));
+                }
+                for (i, m) in ins.iter().enumerate() {
+                    want_float(n, m)?;
+                    if i > 0 && m.shape != [x[1]] {
+                        return Err(format!("{n}: input {i} shape {:?} must be [{}]", m.shape, x[1]));
+                    }
+                }
+                one(ins[0].clone())
+            }
+            LayerNorm { axis, .. } => {
+                want_inputs(n, ins, 2, 3)?;
+                let x = &ins[0].shape;
+                if *axis >= x.len() {
+                    return Err(format!("{n}: axis {axis} out of range for {x:?}"));
+                }
+                for (i, m) in ins.iter().enumerate() {
+                    want_float(n, m)?;
+                    if i > 0 && broadcast(&x[*axis..], &m.shape).ok().as_deref() != Some(&x[*axis..]) {
+                        return Err(format!("{n}: input {i} shape {:?} does not broadcast to {:?}", m.shape, &x[*axis..]));
+                    }
+                }
+                one(ins[0].clone())
+            }
+            Lrn { size, .. } => {
+                want_inputs(n, ins, 1, 1)?;
+                want_float(n, &ins[0])?;
+                if *size == 0 || ins[0].rank() < 2 {
+                    return Err(format!("{n}: needs size >= 1 and a channel dim"));
+                }
+                one(ins[0].clone())
+            }
+            Softmax { axis } | LogSoftmax { axis } => {
+                want_inputs(n, ins, 1, 1)?;
+                want_float(n, &ins[0])?;
+                if *axis >= ins[0].rank() {
+                    return Err(format!("{n}: axis {axis} out of range for {:?}", ins[0].shape));
+                }
+                one(ins[0].clone())
+            }
+            Reshape { shape } => {
+                want_inputs(n, ins, 1, 1)?;
+                if shape.iter().product::<usize>() != ins[0].numel() {
+                    return Err(format!("{n}: cannot reshape {:?} ({} elements) to {shape:?}", ins[0].shape, ins[0].numel()));
+                }
+                one(TensorMeta { shape: shape.clone(), dtype: ins[0].dtype })
+            }
+            Transpose { perm } => {
+                want_inputs(n, ins, 1, 1)?;
+                let x = &ins[0].shape;
+                let mut seen = vec![false; x.len()];
+                if perm.len() != x.len() || perm.iter().any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true)) {
+                    return Err(format!("{n}: {perm:?} is not a permutation of the {} dims of {x:?}", x.len()));
+                }
+                one(TensorMeta { shape: perm.iter().map(|&p| x[p]).collect(), dtype: ins[0].dtype })
+            }
+            Expand { shape } => {
+                want_inputs(n, ins, 1, 1)?;
+                let s = broadcast(&ins[0].shape, shape).map_err(|e| format!("{n}: {e}"))?;
+                if &s != shape {
+                    return Err(format!("{n}: {:?} expanded by {shape:?} gives {s:?}", ins[0].shape));
+                }
+                one(TensorMeta { shape: s, dtype: ins[0].dtype })
+            }
+            Concat { axis } => {
+                if ins.is_empty() {
+                    return Err(format!("{n} needs at least one input"));
+                }
+                let f = &ins[0];
+                if *axis >= f.rank() {
+                    return Err(format!("{n}: axis {axis} out of range for {:?}", f.shape));
+                }
+                let mut s = f.shape.clone();
+                s[*axis] = 0;
+                for m in ins {
+                    let same = m.rank() == f.rank() && (0..f.rank()).all(|d| d == *axis || m.shape[d] == f.shape[d]);
+                    if !same || m.dtype != f.dtype {
+                        return Err(format!("{n}: input {} does not match {} along dims other than {axis}", m, f));
+                    }
+                    s[*axis] += m.shape[*axis];
+                }
+                one(TensorMeta { shape: s, dtype: f.dtype })
+            }
+            Split { axis, sizes } => {
+                want_inputs(n, ins, 1, 1)?;
+                let x = &ins[0];
+                if *axis >= x.rank() || sizes.iter().sum::<usize>() != x.shape[*axis] {
+                    return Err(format!("{n}: sizes {sizes:?} on axis {axis} do not split {:?}", x.shape));
+                }
+                Ok(sizes
+                    .iter()
+                    .map(|&sz| {
+                        let mut s = x.shape.clone();
+                        s[*axis] = sz;
+                        TensorMeta { shape: s, dtype: x.dtype }
+                    })
+                    .collect())
+            }
+            Slice { axes } => {
+                want_inputs(n, ins, 1, 1)?;
+                let x = &ins[0];
+                let mut s = x.shape.clone();
+                for a in axes {
+                    if a.axis >= x.rank() || a.step == 0 {
+                        return Err(format!("{n}: bad axis {} or step {} for {:?}", a.axis, a.step, x.shape));
+                    }
+                    let d = x.shape[a.axis] as i64;
+                    let last = a.start + (a.len as i64 - 1) * a.step;
+                    if a.len > 0 && (a.start < 0 || a.start >= d || last < 0 || last >= d) {
+                        return Err(format!("{n}: slice {a:?} out of bounds for dim of size {d}"));
+                    }
+                    s[a.axis] = a.len;
+                }
+                one(TensorMeta { shape: s, dtype: x.dtype })
+            }
+            Gather { axis } => {
+                want_inputs(n, ins, 2, 2)?;
+                want_dtype(n, &ins[1], DType::I64, "indices")?;
+                let x = &ins[0].shape;
+                if *axis >= x.len() {
+                    return Err(format!("{n}: axis {axis} out of range for {x:?}"));
+                }
+                let mut s = x[..*axis].to_vec();
+                s.extend_from_slice(&ins[1].shape);
+                s.extend_from_slice(&x[*axis + 1..]);
+                one(TensorMeta { shape: s, dtype: ins[0].dtype })
+            }
+            Reduce { axes, keepdims, op } => {
+                want_inputs(n, ins, 1, 1)?;
+                let x = &ins[0];
+                if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+                    // On bool, max is `any` and min is `all` (ONNX opset 20).
+                } else if matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
+                    if x.dtype == DType::Bool {
+                        return Err(format!("{n}: input must be numeric"));
+                    }
+                } else {
+                    want_float(n, x)?;
+                }
+                if axes.iter().any(|&a| a >= x.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(format!("{n}: axes {axes:?} must be sorted, unique and < {}", x.rank()));
+                }
+                let s = reduced_shape(&x.shape, axes, *keepdims);
+                one(TensorMeta { shape: s, dtype: x.dtype })
+            }
+            Pad { pads, .. } => {
+                want_inputs(n, ins, 1, 1)?;
+                let x = &ins[0];
+                if pads.len() != 2 * x.rank() {
+                    return Err(format!("{n}: {} pads for rank {}", pads.len(), x.rank()));
+                }
+                let s = (0..x.rank()).map(|d| x.shape[d] + pads[d] + pads[d + x.rank()]).collect::<Vec<_>>();
+                one(TensorMeta { shape: s, dtype: x.dtype })
+            }
+        }
+    }
+
+    /// Floating-point operations of one execution with the given input metas (multiply-add = 2).
+    /// Data movement ops count 0.
+    pub fn flops(&self, ins: &[TensorMeta], outs: &[TensorMeta]) -> u64 {
+        use Op::*;
+        let out_n = outs.first().map(|m| m.numel() as u64).unwrap_or(0);
+        match self {
+            MatMul => {
+                let k = ins[0].shape.last().copied().unwrap_or(1) as u64;
+                2 * k * out_n
+            }
+            Gemm { trans_a, .. } => {
+                let k = if *trans_a { ins[0].shape[0] } else { ins[0].shape[1] } as u64;
+                2 * k * out_n + if ins.len() > 2 { out_n } else { 0 }
+            }
+            Conv(a) => {
+                let w = &ins[1].shape;
+                let per_out = (w[1] * w[2] * w[3]) as u64;
+                let _ = a;
+                2 * per_out * out_n + if ins.len() > 2 { out_n } else { 0 }
+            }
+            MaxPool(a) | AveragePool(a) => (a.kernel[0] * a.kernel[1]) as u64 * out_n,
+            GlobalAveragePool | GlobalMaxPool | Reduce { .. } => ins[0].numel() as u64,
+            Unary(_) | Binary(_) | Where => out_n,
+            Softmax { .. } | LogSoftmax { .. } => 5 * out_n,
+            LayerNorm { .. } | BatchNorm { .. } => 8 * out_n,
+            Lrn { size, .. } => (*size as u64 + 4) * out_n,
+            _ => 0,
+        }
+    }
+}
+
+/// Shape after reducing `axes` of `shape`.
+pub fn reduced_shape(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
+    let mut s = Vec::with_capacity(shape.len());
+    for (d, &x) in shape.iter().enumerate() {
+        if axes.contains(&d) {
+            if keepdims {
+                s.push(1);
+            }
+        } else {
+            s.push(x);
+        }
+    }
+    s
+}
+
+/// Output shape of a numpy matmul.
+pub fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferError> {
+    if a.is_empty() || b.is_empty() {
+        return Err("matmul: operands must have rank >= 1".into());
+    }
+    let a2 = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
+    let b2 = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(format!("matmul: inner dims differ: {a:?} @ {b:?}"));
+    }
+    let batch = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2]).map_err(|e| format!("matmul batch dims: {e}"))?;
+    let mut s = batch;
+    if a.len() > 1 {
+        s.push(m);
+    }
+    if b.len() > 1 {
+        s.push(n);
+    }
+    Ok(s)
+}
+
+/// Text-form name of a unary op.
+pub fn unary_name(u: UnaryOp) -> &'static str {
+    use UnaryOp::*;
+    match u {
+        Relu => "relu",
+        Gelu => "gelu",
+        GeluTanh => "gelu_tanh",
+        Tanh => "tanh",
+        Erf => "erf",
+        Sigmoid => "sigmoid",
+        Exp => "exp",
+        Log => "log",
+        Sqrt => "sqrt",
+        Neg => "neg",
+        Reciprocal => "reciprocal",
+        Abs => "abs",
+        Not => "not",
+        Floor => "floor",
+        Ceil => "ceil",
+        Sin => "sin",
+        Cos => "cos",
+        Sign => "sign",
+    }
+}
+
+/// Every unary op, for parsing and listing.
+pub const UNARY_OPS: [UnaryOp; 18] = {
+    use UnaryOp::*;
+    [Relu, Gelu, GeluTanh, Tanh, Erf, Sigmoid, Exp, Log, Sqrt, Neg, Reciprocal, Abs, Not, Floor, Ceil, Sin, Cos, Sign]
+};
+
+/// Text-form name of a binary op.
+pub fn binary_name(b: BinaryOp) -> &'static str {
+    use BinaryOp::*;
+    match b {
+        Add => "add",
+        Sub => "sub",
+        Mul => "mul",
+        Div => "div",
+        Pow => "pow",
+        Max => "max",
+        Min => "min",
+        Equal => "equal",
+        Less => "less",
+        LessOrEqual => "less_equal",
+        Greater => "greater",
+        GreaterOrEqual => "greater_equal",
+        And => "and",
+        Or => "or",
+        Xor => "xor",
+    }
+}
+
+/// Every binary op, for parsing and listing.
+pub const BINARY_OPS: [BinaryOp; 15] = {
+    use BinaryOp::*;
+    [Add, Sub, Mul, Div, Pow, Max, Min, Equal, Less, LessOrEqual, Greater, GreaterOrEqual, And, Or, Xor]
+};
+
+/// Text-form name of a reduction.
+pub fn reduce_name(r: ReduceOp) -> &'static str {
+    use ReduceOp::*;
+    match r {
+        Sum => "reduce_sum",
+        Mean => "reduce_mean",
+        Max => "reduce_max",
+        Min => "reduce_min",
+        Prod => "reduce_prod",
+        SumSquare => "reduce_sum_square",
+        L2 => "reduce_l2",
+        L1 => "reduce_l1",
+        LogSum => "reduce_log_sum",
+        LogSumExp => "reduce_log_sum_exp",
+    }
+}
+
+/// Every reduction, for parsing and listing.
+pub const REDUCE_OPS: [ReduceOp; 10] = {
+    use ReduceOp::*;
+    [Sum, Mean, Max, Min, Prod, SumSquare, L2, L1, LogSum, LogSumExp]
+};

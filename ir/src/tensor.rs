@@ -1,0 +1,259 @@
+//! Element types, tensor metas (shape + dtype) and dense host tensors.
+//!
+//! Shapes are always static: the tracer binds every dynamic dimension before a graph exists.
+
+use std::fmt;
+
+/// Element type of a tensor. Closed on purpose: kernels implement every variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 32-bit IEEE float: activations, parameters, gradients.
+    F32,
+    /// 64-bit signed integer: indices, token ids, shapes.
+    I64,
+    /// Boolean: masks and comparison results.
+    Bool,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::I64 => 8,
+            DType::Bool => 1,
+        }
+    }
+    /// Short name used in the text form (`f32`, `i64`, `bool`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::I64 => "i64",
+            DType::Bool => "bool",
+        }
+    }
+    /// Parses a short name as printed by [`DType::name`].
+    pub fn from_name(s: &str) -> Option<DType> {
+        match s {
+            "f32" => Some(DType::F32),
+            "i64" => Some(DType::I64),
+            "bool" => Some(DType::Bool),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Static type of a value: its shape and element type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorMeta {
+    /// Dimensions, outermost first. Empty for a scalar.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl TensorMeta {
+    /// A meta from a shape and a dtype.
+    pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
+        TensorMeta { shape: shape.into(), dtype }
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Bytes of a dense tensor with this meta.
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    /// Rank (number of dimensions).
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+}
+
+impl fmt::Display for TensorMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.shape.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// Element storage of a [`Tensor`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// i64 elements.
+    I64(Vec<i64>),
+    /// bool elements.
+    Bool(Vec<bool>),
+}
+
+impl Data {
+    /// Element type of this storage.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::F32,
+            Data::I64(_) => DType::I64,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::Bool(v) => v.len(),
+        }
+    }
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A dense, row-major host tensor.
+///
+/// Invariant: `data.len() == shape.iter().product()`; the constructors check it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Data,
+}
+
+/// A tensor whose element count does not match its shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tensor data has {len} elements but shape {shape:?} needs {needed}")]
+pub struct ShapeDataMismatch {
+    /// The shape given.
+    pub shape: Vec<usize>,
+    /// Elements the shape needs.
+    pub needed: usize,
+    /// Elements given.
+    pub len: usize,
+}
+
+impl Tensor {
+    /// A tensor from a shape and matching data.
+    pub fn new(shape: impl Into<Vec<usize>>, data: Data) -> Result<Tensor, ShapeDataMismatch> {
+        let shape = shape.into();
+        let needed: usize = shape.iter().product();
+        if needed != data.len() {
+            return Err(ShapeDataMismatch { shape, needed, len: data.len() });
+        }
+        Ok(Tensor { shape, data })
+    }
+    /// An f32 tensor. Panics if the sizes disagree: for literals in code and tests.
+    pub fn f32(shape: impl Into<Vec<usize>>, v: Vec<f32>) -> Tensor {
+        Tensor::new(shape, Data::F32(v)).expect("f32 literal tensor with a consistent shape")
+    }
+    /// An i64 tensor. Panics if the sizes disagree: for literals in code and tests.
+    pub fn i64(shape: impl Into<Vec<usize>>, v: Vec<i64>) -> Tensor {
+        Tensor::new(shape, Data::I64(v)).expect("i64 literal tensor with a consistent shape")
+    }
+    /// A bool tensor. Panics if the sizes disagree: for literals in code and tests.
+    pub fn bool(shape: impl Into<Vec<usize>>, v: Vec<bool>) -> Tensor {
+        Tensor::new(shape, Data::Bool(v)).expect("bool literal tensor with a consistent shape")
+    }
+    /// An f32 scalar.
+    pub fn scalar_f32(x: f32) -> Tensor {
+        Tensor::f32(Vec::<usize>::new(), vec![x])
+    }
+    /// A tensor of `meta` filled with zeros (false for bool).
+    pub fn zeros(meta: &TensorMeta) -> Tensor {
+        let n = meta.numel();
+        let data = match meta.dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        };
+        Tensor { shape: meta.shape.clone(), data }
+    }
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+    /// Shape and dtype.
+    pub fn meta(&self) -> TensorMeta {
+        TensorMeta { shape: self.shape.clone(), dtype: self.dtype() }
+    }
+    /// Element storage.
+    pub fn data(&self) -> &Data {
+        &self.data
+    }
+    /// Consumes the tensor, returning its storage.
+    pub fn into_data(self) -> Data {
+        self.data
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+    /// Bytes held by the elements.
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+    /// The f32 elements, if this is an f32 tensor.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// The i64 elements, if this is an i64 tensor.
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &self.data {
+            Data::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// The bool elements, if this is a bool tensor.
+    pub fn as_bool(&self) -> Option<&[bool]> {
+        match &self.data {
+            Data::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// The same elements under another shape with the same element count.
+    pub fn reshaped(mut self, shape: impl Into<Vec<usize>>) -> Result<Tensor, ShapeDataMismatch> {
+        let shape = shape.into();
+        let needed: usize = shape.iter().product();
+        if needed != self.numel() {
+            return Err(ShapeDataMismatch { shape, needed, len: self.numel() });
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+    /// Elements as i64, converting from any dtype (bool as 0/1, f32 truncated).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I64(v) => v.clone(),
+            Data::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+        }
+    }
+    /// Elements as f32, converting from any dtype.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            Data::F32(v) => v.clone(),
+            Data::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+        }
+    }
+}

@@ -1,0 +1,634 @@
+//! The text form of a graph: a printer and a parser that round-trip.
+//!
+//! ```text
+//! graph "mlp" {
+//!   %0 "x" = input{name="x"} : f32[2,3]
+//!   %1 "w" = param{name="w"} : f32[3,4]
+//!   %2 "mm" = matmul(%0, %1) : f32[2,4]
+//!   %3 "parts" = split{axis=1, sizes=[2, 2]}(%2) : f32[2,2], f32[2,2]
+//!   %4 "r" = relu(%3.1) : f32[2,2]
+//!   output "y" = %4
+//! }
+//! ```
+//! Nodes are numbered in topological order; `%N.k` is output `k` of node `N` (`%N` = `%N.0`).
+//! Parameter data is not part of the text form; constants print their elements in full.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use crate::graph::{Graph, Value};
+use crate::op::*;
+use crate::tensor::{DType, Data, Tensor, TensorMeta};
+
+/// A text-form parse error with its line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ParseError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Attr {
+    Int(i64),
+    Float(f32),
+    Bool(bool),
+    Ints(Vec<i64>),
+    Str(String),
+    DType(DType),
+    Tensor(Tensor),
+}
+
+fn fmt_f32(x: f32) -> String {
+    // `{:?}` is the shortest text that parses back to the same f32, and always shows a float.
+    format!("{x:?}")
+}
+
+fn fmt_attr(a: &Attr, out: &mut String) {
+    match a {
+        Attr::Int(i) => write!(out, "{i}").unwrap_or(()),
+        Attr::Float(x) => out.push_str(&fmt_f32(*x)),
+        Attr::Bool(b) => write!(out, "{b}").unwrap_or(()),
+        Attr::Ints(v) => write!(out, "[{}]", v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")).unwrap_or(()),
+        Attr::Str(s) => write!(out, "{s:?}").unwrap_or(()),
+        Attr::DType(d) => out.push_str(d.name()),
+        Attr::Tensor(t) => {
+            write!(out, "{} [", t.meta()).unwrap_or(());
+            let items: Vec<String> = match t.data() {
+                Data::F32(v) => v.iter().map(|x| fmt_f32(*x)).collect(),
+                Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
+                Data::Bool(v) => v.iter().map(|x| x.to_string()).collect(),
+            };
+            out.push_str(&items.join(", "));
+            out.push(']');
+        }
+    }
+}
+
+fn us(v: &[usize]) -> Attr {
+    Attr::Ints(v.iter().map(|&x| x as i64).collect())
+}
+
+fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
+    use Op::*;
+    let pool = |a: &PoolAttrs| {
+        vec![
+            ("kernel", us(&a.kernel)),
+            ("strides", us(&a.strides)),
+            ("pads", us(&a.pads)),
+            ("dilations", us(&a.dilations)),
+            ("ceil_mode", Attr::Bool(a.ceil_mode)),
+            ("count_include_pad", Attr::Bool(a.count_include_pad)),
+        ]
+    };
+    match op {
+        Input { name } | Param { name } => vec![("name", Attr::Str(name.clone()))],
+        Constant(t) => vec![("value", Attr::Tensor(t.clone()))],
+        Unary(_) | Binary(_) | Where | Identity | MatMul | GlobalAveragePool | GlobalMaxPool => vec![],
+        Cast { to } => vec![("to", Attr::DType(*to))],
+        Gemm { alpha, beta, trans_a, trans_b } => vec![
+            ("alpha", Attr::Float(*alpha)),
+            ("beta", Attr::Float(*beta)),
+            ("trans_a", Attr::Bool(*trans_a)),
+            ("trans_b", Attr::Bool(*trans_b)),
+        ],
+        Conv(a) => vec![
+            ("strides", us(&a.strides)),
+            ("pads", us(&a.pads)),
+            ("dilations", us(&a.dilations)),
+            ("group", Attr::Int(a.group as i64)),
+        ],
+        MaxPool(a) | AveragePool(a) => pool(a),
+        BatchNorm { epsilon } => vec![("epsilon", Attr::Float(*epsilon))],
+        LayerNorm { axis, epsilon } => vec![("axis", Attr::Int(*axis as i64)), ("epsilon", Attr::Float(*epsilon))],
+        Lrn { size, alpha, beta, bias } => vec![
+            ("size", Attr::Int(*size as i64)),
+            ("alpha", Attr::Float(*alpha)),
+            ("beta", Attr::Float(*beta)),
+            ("bias", Attr::Float(*bias)),
+        ],
+        Softmax { axis } | LogSoftmax { axis } | Concat { axis } | Gather { axis } => vec![("axis", Attr::Int(*axis as i64))],
+        Reshape { shape } | Expand { shape } => vec![("shape", us(shape))],
+        Transpose { perm } => vec![("perm", us(perm))],
+        Split { axis, sizes } => vec![("axis", Attr::Int(*axis as i64)), ("sizes", us(sizes))],
+        Slice { axes } => vec![(
+            "axes",
+            Attr::Ints(axes.iter().flat_map(|a| [a.axis as i64, a.start, a.len as i64, a.step]).collect()),
+        )],
+        Reduce { axes, keepdims, .. } => vec![("axes", us(axes)), ("keepdims", Attr::Bool(*keepdims))],
+        Pad { pads, value } => vec![("pads", us(pads)), ("value", Attr::Float(*value))],
+    }
+}
+
+struct Attrs<'a> {
+    map: HashMap<String, Attr>,
+    op: &'a str,
+}
+
+impl Attrs<'_> {
+    fn take(&mut self, k: &str) -> Result<Attr, String> {
+        self.map.remove(k).ok_or_else(|| format!("{}: missing attribute {k}", self.op))
+    }
+    fn int(&mut self, k: &str) -> Result<i64, String> {
+        match self.take(k)? {
+            Attr::Int(i) => Ok(i),
+            a => Err(format!("{}: attribute {k} must be an integer, got {a:?}", self.op)),
+        }
+    }
+    fn usize(&mut self, k: &str) -> Result<usize, String> {
+        let i = self.int(k)?;
+        usize::try_from(i).map_err(|_| format!("{}: attribute {k} must be >= 0", self.op))
+    }
+    fn float(&mut self, k: &str) -> Result<f32, String> {
+        match self.take(k)? {
+            Attr::Float(x) => Ok(x),
+            Attr::Int(i) => Ok(i as f32),
+            a => Err(format!("{}: attribute {k} must be a float, got {a:?}", self.op)),
+        }
+    }
+    fn bool(&mut self, k: &str) -> Result<bool, String> {
+        match self.take(k)? {
+            Attr::Bool(b) => Ok(b),
+            a => Err(format!("{}: attribute {k} must be true or false, got {a:?}", self.op)),
+        }
+    }
+    fn ints(&mut self, k: &str) -> Result<Vec<i64>, String> {
+        match self.take(k)? {
+            Attr::Ints(v) => Ok(v),
+            a => Err(format!("{}: attribute {k} must be a list, got {a:?}", self.op)),
+        }
+    }
+    fn usizes(&mut self, k: &str) -> Result<Vec<usize>, String> {
+        self.ints(k)?.into_iter().map(|i| usize::try_from(i).map_err(|_| format!("{}: attribute {k} must be >= 0", self.op))).collect()
+    }
+    fn arr<const N: usize>(&mut self, k: &str) -> Result<[usize; N], String> {
+        let v = self.usizes(k)?;
+        v.try_into().map_err(|v: Vec<usize>| format!("{}: attribute {k} needs {N} values, got {}", self.op, v.len()))
+    }
+    fn string(&mut self, k: &str) -> Result<String, String> {
+        match self.take(k)? {
+            Attr::Str(s) => Ok(s),
+            a => Err(format!("{}: attribute {k} must be a string, got {a:?}", self.op)),
+        }
+    }
+    fn finish(self) -> Result<(), String> {
+        match self.map.keys().next() {
+            Some(k) => Err(format!("{}: unknown attribute {k}", self.op)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
+    let mut a = Attrs { map, op: name };
+    let pool = |a: &mut Attrs| -> Result<PoolAttrs, String> {
+        Ok(PoolAttrs {
+            kernel: a.arr("kernel")?,
+            strides: a.arr("strides")?,
+            pads: a.arr("pads")?,
+            dilations: a.arr("dilations")?,
+            ceil_mode: a.bool("ceil_mode")?,
+            count_include_pad: a.bool("count_include_pad")?,
+        })
+    };
+    let op = if let Some(u) = UNARY_OPS.iter().find(|u| unary_name(**u) == name) {
+        Op::Unary(*u)
+    } else if let Some(b) = BINARY_OPS.iter().find(|b| binary_name(**b) == name) {
+        Op::Binary(*b)
+    } else if let Some(r) = REDUCE_OPS.iter().find(|r| reduce_name(**r) == name) {
+        Op::Reduce { op: *r, axes: a.usizes("axes")?, keepdims: a.bool("keepdims")? }
+    } else {
+        match name {
+            "input" => Op::Input { name: a.string("name")? },
+            "param" => Op::Param { name: a.string("name")? },
+            "const" => match a.take("value")? {
+                Attr::Tensor(t) => Op::Constant(t),
+                v => return Err(format!("const: value must be a tensor, got {v:?}")),
+            },
+            "where" => Op::Where,
+            "identity" => Op::Identity,
+            "matmul" => Op::MatMul,
+            "global_avgpool" => Op::GlobalAveragePool,
+            "global_maxpool" => Op::GlobalMaxPool,
+            "cast" => match a.take("to")? {
+                Attr::DType(d) => Op::Cast { to: d },
+                v => return Err(format!("cast: to must be a dtype, got {v:?}")),
+            },
+            "gemm" => Op::Gemm { alpha: a.float("alpha")?, beta: a.float("beta")?, trans_a: a.bool("trans_a")?, trans_b: a.bool("trans_b")? },
+            "conv" => Op::Conv(ConvAttrs { strides: a.arr("strides")?, pads: a.arr("pads")?, dilations: a.arr("dilations")?, group: a.usize("group")? }),
+            "maxpool" => Op::MaxPool(pool(&mut a)?),
+            "avgpool" => Op::AveragePool(pool(&mut a)?),
+            "batchnorm" => Op::BatchNorm { epsilon: a.float("epsilon")? },
+            "layernorm" => Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.float("epsilon")? },
+            "lrn" => Op::Lrn { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? },
+            "softmax" => Op::Softmax { axis: a.usize("axis")? },
+            "log_softmax" => Op::LogSoftmax { axis: a.usize("axis")? },
+            "concat" => Op::Concat { axis: a.usize("axis")? },
+            "gather" => Op::Gather { axis: a.usize("axis")? },
+            "reshape" => Op::Reshape { shape: a.usizes("shape")? },
+            "expand" => Op::Expand { shape: a.usizes("shape")? },
+            "transpose" => Op::Transpose { perm: a.usizes("perm")? },
+            "split" => Op::Split { axis: a.usize("axis")?, sizes: a.usizes("sizes")? },
+            "slice" => {
+                let v = a.ints("axes")?;
+                if v.len() % 4 != 0 || v.chunks(4).any(|c| c[0] < 0 || c[2] < 0) {
+                    return Err("slice: axes must be (axis, start, len, step) quadruples".into());
+                }
+                Op::Slice { axes: v.chunks(4).map(|c| SliceAxis { axis: c[0] as usize, start: c[1], len: c[2] as usize, step: c[3] }).collect() }
+            }
+            "pad" => Op::Pad { pads: a.usizes("pads")?, value: a.float("value")? },
+            _ => return Err(format!("unknown op {name}")),
+        }
+    };
+    a.finish()?;
+    Ok(op)
+}
+
+impl Graph {
+    /// Prints the graph in the text form described in this module's docs.
+    pub fn to_text(&self) -> String {
+        let order = match self.topo_order() {
+            Ok(o) => o,
+            Err(_) => self.g.node_indices().collect(),
+        };
+        let ids: HashMap<_, _> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let val = |v: Value| match ids.get(&v.node) {
+            Some(i) if v.slot == 0 => format!("%{i}"),
+            Some(i) => format!("%{i}.{}", v.slot),
+            None => "%?".to_string(),
+        };
+        let mut out = String::new();
+        let _ = writeln!(out, "graph {:?} {{", self.name);
+        for (i, &n) in order.iter().enumerate() {
+            let node = &self.g[n];
+            let _ = write!(out, "  %{i} {:?} = {}", node.name, node.op.name());
+            let attrs = op_attrs(&node.op);
+            if !attrs.is_empty() {
+                out.push('{');
+                for (j, (k, a)) in attrs.iter().enumerate() {
+                    if j > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(k);
+                    out.push('=');
+                    fmt_attr(a, &mut out);
+                }
+                out.push('}');
+            }
+            let ins = self.node_inputs(n);
+            if !node.op.is_source() {
+                let _ = write!(out, "({})", ins.iter().map(|&v| val(v)).collect::<Vec<_>>().join(", "));
+            }
+            let _ = writeln!(out, " : {}", node.outputs.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", "));
+        }
+        for (name, v) in &self.outputs {
+            let _ = writeln!(out, "  output {name:?} = {}", val(*v));
+        }
+        out.push_str("}\n");
+        out
+    }
+
+    /// Parses the text form. Output metas are taken as written; run [`crate::verify`] to check
+    /// them against inference.
+    pub fn parse(text: &str) -> Result<Graph, ParseError> {
+        let mut p = Parser { toks: lex(text)?, pos: 0 };
+        p.graph()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Tok {
+    Ident(String),
+    Num(String),
+    Str(String),
+    Val(usize, usize),
+    P(char),
+}
+
+fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ParseError> {
+    let mut toks = Vec::new();
+    let mut line = 1;
+    let cs: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    let err = |line, m: String| ParseError { line, message: m };
+    while i < cs.len() {
+        let c = cs[i];
+        if c == '\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_whitespace() {
+            i += 1;
+        } else if c == ';' || (c == '/' && cs.get(i + 1) == Some(&'/')) {
+            while i < cs.len() && cs[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '%' {
+            i += 1;
+            let s = i;
+            while i < cs.len() && cs[i].is_ascii_digit() {
+                i += 1;
+            }
+            let n: usize = cs[s..i].iter().collect::<String>().parse().map_err(|_| err(line, "expected a node number after %".into()))?;
+            let mut slot = 0;
+            if cs.get(i) == Some(&'.') && cs.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
+                i += 1;
+                let s = i;
+                while i < cs.len() && cs[i].is_ascii_digit() {
+                    i += 1;
+                }
+                slot = cs[s..i].iter().collect::<String>().parse().map_err(|_| err(line, "bad output slot".into()))?;
+            }
+            toks.push((Tok::Val(n, slot), line));
+        } else if c == '"' {
+            let mut s = String::new();
+            i += 1;
+            loop {
+                match cs.get(i) {
+                    None => return Err(err(line, "unterminated string".into())),
+                    Some('"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some('\\') => {
+                        match cs.get(i + 1) {
+                            Some('n') => s.push('\n'),
+                            Some('t') => s.push('\t'),
+                            Some(&c) => s.push(c),
+                            None => return Err(err(line, "unterminated string".into())),
+                        }
+                        i += 2;
+                    }
+                    Some(&c) => {
+                        s.push(c);
+                        i += 1;
+                    }
+                }
+            }
+            toks.push((Tok::Str(s), line));
+        } else if c.is_ascii_digit() || c == '-' || c == '+' {
+            let s = i;
+            i += 1;
+            while i < cs.len() && (cs[i].is_ascii_alphanumeric() || cs[i] == '.' || ((cs[i] == '-' || cs[i] == '+') && matches!(cs[i - 1], 'e' | 'E'))) {
+                i += 1;
+            }
+            toks.push((Tok::Num(cs[s..i].iter().collect()), line));
+        } else if c.is_alphabetic() || c == '_' {
+            let s = i;
+            while i < cs.len() && (cs[i].is_alphanumeric() || cs[i] == '_') {
+                i += 1;
+            }
+            toks.push((Tok::Ident(cs[s..i].iter().collect()), line));
+        } else if "{}()[],:=".contains(c) {
+            toks.push((Tok::P(c), line));
+            i += 1;
+        } else {
+            return Err(err(line, format!("unexpected character {c:?}")));
+        }
+    }
+    Ok(toks)
+}
+
+struct Parser {
+    toks: Vec<(Tok, usize)>,
+    pos: usize,
+}
+
+impl Parser {
+    fn line(&self) -> usize {
+        self.toks.get(self.pos).or(self.toks.last()).map(|t| t.1).unwrap_or(1)
+    }
+    fn err<T>(&self, m: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError { line: self.line(), message: m.into() })
+    }
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.pos).map(|t| &t.0)
+    }
+    fn next(&mut self) -> Result<Tok, ParseError> {
+        match self.toks.get(self.pos) {
+            Some(t) => {
+                self.pos += 1;
+                Ok(t.0.clone())
+            }
+            None => self.err("unexpected end of text"),
+        }
+    }
+    fn punct(&mut self, c: char) -> Result<(), ParseError> {
+        match self.next()? {
+            Tok::P(x) if x == c => Ok(()),
+            t => {
+                self.pos -= 1;
+                self.err(format!("expected {c:?}, found {t:?}"))
+            }
+        }
+    }
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(&Tok::P(c)) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn ident(&mut self) -> Result<String, ParseError> {
+        match self.next()? {
+            Tok::Ident(s) => Ok(s),
+            t => {
+                self.pos -= 1;
+                self.err(format!("expected a name, found {t:?}"))
+            }
+        }
+    }
+    fn string(&mut self) -> Result<String, ParseError> {
+        match self.next()? {
+            Tok::Str(s) => Ok(s),
+            t => {
+                self.pos -= 1;
+                self.err(format!("expected a string, found {t:?}"))
+            }
+        }
+    }
+    fn num(&mut self) -> Result<String, ParseError> {
+        match self.next()? {
+            Tok::Num(s) => Ok(s),
+            Tok::Ident(s) if s == "inf" || s == "NaN" => Ok(s),
+            t => {
+                self.pos -= 1;
+                self.err(format!("expected a number, found {t:?}"))
+            }
+        }
+    }
+    fn meta(&mut self) -> Result<TensorMeta, ParseError> {
+        let d = self.ident()?;
+        let dtype = match DType::from_name(&d) {
+            Some(d) => d,
+            None => return self.err(format!("unknown dtype {d}")),
+        };
+        self.punct('[')?;
+        let mut shape = Vec::new();
+        while !self.eat(']') {
+            let n = self.num()?;
+            match n.parse() {
+                Ok(x) => shape.push(x),
+                Err(_) => return self.err(format!("bad dimension {n}")),
+            }
+            if !self.eat(',') {
+                self.punct(']')?;
+                break;
+            }
+        }
+        Ok(TensorMeta { shape, dtype })
+    }
+    fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Result<T, ParseError>) -> Result<Vec<T>, ParseError> {
+        self.punct('[')?;
+        let mut v = Vec::new();
+        if self.eat(']') {
+            return Ok(v);
+        }
+        loop {
+            v.push(item(self)?);
+            if self.eat(']') {
+                return Ok(v);
+            }
+            self.punct(',')?;
+        }
+    }
+    fn attr(&mut self) -> Result<Attr, ParseError> {
+        match self.peek().cloned() {
+            Some(Tok::Str(s)) => {
+                self.pos += 1;
+                Ok(Attr::Str(s))
+            }
+            Some(Tok::P('[')) => {
+                let v = self.list(|p| {
+                    let n = p.num()?;
+                    n.parse::<i64>().or_else(|_| p.err(format!("bad integer {n}")))
+                })?;
+                Ok(Attr::Ints(v))
+            }
+            Some(Tok::Ident(s)) if s == "true" || s == "false" => {
+                self.pos += 1;
+                Ok(Attr::Bool(s == "true"))
+            }
+            Some(Tok::Ident(s)) if DType::from_name(&s).is_some() => {
+                if self.toks.get(self.pos + 1).map(|t| &t.0) == Some(&Tok::P('[')) {
+                    let meta = self.meta()?;
+                    let data = match meta.dtype {
+                        DType::F32 => Data::F32(self.list(|p| {
+                            let n = p.num()?;
+                            n.parse::<f32>().or_else(|_| p.err(format!("bad float {n}")))
+                        })?),
+                        DType::I64 => Data::I64(self.list(|p| {
+                            let n = p.num()?;
+                            n.parse::<i64>().or_else(|_| p.err(format!("bad integer {n}")))
+                        })?),
+                        DType::Bool => Data::Bool(self.list(|p| match p.ident()?.as_str() {
+                            "true" => Ok(true),
+                            "false" => Ok(false),
+                            s => p.err(format!("bad bool {s}")),
+                        })?),
+                    };
+                    match Tensor::new(meta.shape, data) {
+                        Ok(t) => Ok(Attr::Tensor(t)),
+                        Err(e) => self.err(e.to_string()),
+                    }
+                } else {
+                    self.pos += 1;
+                    Ok(Attr::DType(DType::from_name(&s).expect("checked above")))
+                }
+            }
+            _ => {
+                let n = self.num()?;
+                if let Ok(i) = n.parse::<i64>() {
+                    Ok(Attr::Int(i))
+                } else if let Ok(x) = n.parse::<f32>() {
+                    Ok(Attr::Float(x))
+                } else {
+                    self.err(format!("bad attribute value {n}"))
+                }
+            }
+        }
+    }
+    fn graph(&mut self) -> Result<Graph, ParseError> {
+        let kw = self.ident()?;
+        if kw != "graph" {
+            return self.err("expected `graph`");
+        }
+        let mut g = Graph::new(self.string()?);
+        self.punct('{')?;
+        let mut nodes: HashMap<usize, crate::NodeIndex> = HashMap::new();
+        loop {
+            match self.next()? {
+                Tok::P('}') => break,
+                Tok::Ident(k) if k == "output" => {
+                    let name = self.string()?;
+                    self.punct('=')?;
+                    let v = self.value(&nodes, &g)?;
+                    g.outputs.push((name, v));
+                }
+                Tok::Val(id, 0) => {
+                    let line = self.line();
+                    let name = self.string()?;
+                    self.punct('=')?;
+                    let opname = self.ident()?;
+                    let mut attrs = HashMap::new();
+                    if self.eat('{') {
+                        loop {
+                            let k = self.ident()?;
+                            self.punct('=')?;
+                            let a = self.attr()?;
+                            attrs.insert(k, a);
+                            if self.eat('}') {
+                                break;
+                            }
+                            self.punct(',')?;
+                        }
+                    }
+                    let op = op_from(&opname, attrs).map_err(|m| ParseError { line, message: m })?;
+                    let mut ins = Vec::new();
+                    if self.eat('(') && !self.eat(')') {
+                        loop {
+                            ins.push(self.value(&nodes, &g)?);
+                            if self.eat(')') {
+                                break;
+                            }
+                            self.punct(',')?;
+                        }
+                    }
+                    self.punct(':')?;
+                    let mut outs = vec![self.meta()?];
+                    while self.eat(',') {
+                        outs.push(self.meta()?);
+                    }
+                    if nodes.contains_key(&id) {
+                        return Err(ParseError { line, message: format!("%{id} is defined twice") });
+                    }
+                    let idx = g.add_node_raw(name, op, &ins, outs);
+                    nodes.insert(id, idx);
+                }
+                t => {
+                    self.pos -= 1;
+                    return self.err(format!("expected a node, `output` or `}}`, found {t:?}"));
+                }
+            }
+        }
+        if self.pos != self.toks.len() {
+            return self.err("text after the end of the graph");
+        }
+        Ok(g)
+    }
+    fn value(&mut self, nodes: &HashMap<usize, crate::NodeIndex>, g: &Graph) -> Result<Value, ParseError> {
+        match self.next()? {
+            Tok::Val(n, s) => match nodes.get(&n) {
+                Some(&idx) if s < g.g[idx].outputs.len() => Ok(Value::new(idx, s)),
+                Some(_) => self.err(format!("%{n} has no output {s}")),
+                None => self.err(format!("%{n} is used before it is defined")),
+            },
+            t => {
+                self.pos -= 1;
+                self.err(format!("expected a value like %3, found {t:?}"))
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! 2-D convolution (im2col + GEMM; 1x1 convolutions skip im2col) and pooling, NCHW.
+
+use super::{CpuContext, f32s, linalg::gemm_with, tensor};
+use crate::Error;
+use ir::{ConvAttrs, Data, PoolAttrs, Tensor};
+use rayon::prelude::*;
+
+/// Range of output positions `o` (within `0..out`) whose input index `o * stride + off` lies in
+/// `0..len`.
+fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usize) {
+    let s = stride as isize;
+    let lo = if off >= 0 { 0 } else { ((-off) + s - 1) / s };
+    let last = len as isize - 1 - off;
+    let hi = if last < 0 { 0 } else { last / s + 1 };
+    let lo = (lo as usize).min(out);
+    (lo, (hi as usize).clamp(lo, out))
+}
+
+/// Fills `col` (`[cg*kh*kw, oh*ow]`) with the patches of `x` (`[cg, h, w]`).
+#[allow(clippy::too_many_arguments)]
+fn im2col(
+    ctx: Option<&CpuContext>,
+    x: &[f32],
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    a: &ConvAttrs,
+    oh: usize,
+    ow: usize,
+    col: &mut [f32],
+) {
+    let p = oh * ow;
+    let fill_row = |r: usize, row: &mut [f32]| {
+        let (c, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
+        let plane = &x[c * h * w..(c + 1) * h * w];
+        let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
+        let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
+        let (ylo, yhi) = valid_range(offy, a.strides[0], h, oh);
+        let (xlo, xhi) = valid_range(offx, a.strides[1], w, ow);
+        for (oy, out) in row.chunks_mut(ow).enumerate() {
+            if oy < ylo || oy >= yhi {
+                out.fill(0.0);
+                continue;
+            }
+            let iy = (oy * a.strides[0]) as isize + offy;
+            let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+            out[..xlo].fill(0.0);
+            out[xhi..].fill(0.0);
+            if a.strides[1] == 1 {
+                let s = (xlo as isize + offx) as usize;
+                out[xlo..xhi].copy_from_slice(&src[s..s + (xhi - xlo)]);
+            } else {
+                for (ox, o) in out.iter_mut().enumerate().take(xhi).skip(xlo) {
+                    *o = src[((ox * a.strides[1]) as isize + offx) as usize];
+                }
+            }
+        }
+    };
+    match ctx {
+        Some(ctx) => ctx.for_rows(col, p, fill_row),
+        None => col
+            .chunks_mut(p)
+            .enumerate()
+            .for_each(|(r, row)| fill_row(r, row)),
+    }
+}
+
+/// Conv: X `[N,C,H,W]`, W `[M,C/group,kh,kw]`, optional bias `[M]`.
+pub(crate) fn conv(
+    ctx: &CpuContext,
+    a: &ConvAttrs,
+    inputs: &[&Tensor],
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let (x, w) = (f32s("conv", inputs[0])?, f32s("conv", inputs[1])?);
+    let (xs, ws) = (inputs[0].shape(), inputs[1].shape());
+    let (n, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
+    let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let (oh, ow) = (out_shape[2], out_shape[3]);
+    let g = a.group;
+    let mg = m / g;
+    let kk = cg * kh * kw;
+    let p = oh * ow;
+    let mut out = vec![0f32; n * m * p];
+    let has_bias = inputs.len() > 2;
+    if has_bias {
+        let bias = f32s("conv", inputs[2])?;
+        ctx.for_rows(&mut out, p.max(1), |r, row| row.fill(bias[r % m]));
+    }
+    if out.is_empty() {
+        return tensor("conv", out_shape, Data::F32(out));
+    }
+    let beta = if has_bias { 1.0 } else { 0.0 };
+    let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0];
+    let plane = h * wd;
+    let tasks = n * g;
+    let par_tasks = ctx.threads() > 1 && tasks >= 2 * ctx.threads() && mg * kk * p < (1 << 22);
+    let run = |t: usize,
+               outg: &mut [f32],
+               col: &mut Vec<f32>,
+               inner: Option<&CpuContext>,
+               par|
+     -> Result<(), Error> {
+        let (ni, gi) = (t / g, t % g);
+        let xin = &x[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+        let wg = &w[gi * mg * kk..(gi + 1) * mg * kk];
+        let colv: &[f32] = if direct {
+            xin
+        } else {
+            col.resize(kk * p, 0.0);
+            im2col(inner, xin, h, wd, kh, kw, a, oh, ow, col);
+            col
+        };
+        gemm_with(par, mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
+    };
+    if par_tasks {
+        // Many small groups/images: one task per (image, group), each sequential.
+        ctx.install(|| {
+            out.par_chunks_mut(mg * p)
+                .enumerate()
+                .try_for_each_init(Vec::new, |col, (t, outg)| {
+                    run(t, outg, col, None, gemm::Parallelism::None)
+                })
+        })?;
+    } else {
+        let par = if ctx.threads() > 1 {
+            gemm::Parallelism::Rayon(ctx.threads())
+        } else {
+            gemm::Parallelism::None
+        };
+        let mut col = Vec::new();
+        for (t, outg) in out.chunks_mut(mg * p).enumerate() {
+            ctx.install(|| run(t, outg, &mut col, Some(ctx), par))?;
+        }
+    }
+    tensor("conv", out_shape, Data::F32(out))
+}
+
+/// Visits the in-image cells of the window of output `(oy, ox)`: calls `f(value)` for each.
+#[inline]
+fn window(
+    a: &PoolAttrs,
+    plane: &[f32],
+    h: usize,
+    w: usize,
+    oy: usize,
+    ox: usize,
+    mut f: impl FnMut(f32),
+) {
+    let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
+    let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
+    for i in 0..a.kernel[0] {
+        let y = y0 + (i * a.dilations[0]) as isize;
+        if y < 0 || y >= h as isize {
+            continue;
+        }
+        let row = &plane[y as usize * w..(y as usize + 1) * w];
+        for j in 0..a.kernel[1] {
+            let xx = x0 + (j * a.dilations[1]) as isize;
+            if xx >= 0 && xx < w as isize {
+                f(row[xx as usize]);
+            }
+        }
+    }
+}
+
+/// Max pooling; padding cells never win.
+pub(crate) fn max_pool(
+    ctx: &CpuContext,
+    a: &PoolAttrs,
+    x: &Tensor,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let xv = f32s("maxpool", x)?;
+    let (h, w) = (x.shape()[2], x.shape()[3]);
+    let (oh, ow) = (out_shape[2], out_shape[3]);
+    let mut out = vec![0f32; out_shape.iter().product()];
+    ctx.for_rows_weighted(
+        &mut out,
+        (oh * ow).max(1),
+        a.kernel[0] * a.kernel[1],
+        |r, row| {
+            let plane = &xv[r * h * w..(r + 1) * h * w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut best = f32::NEG_INFINITY;
+                    window(a, plane, h, w, oy, ox, |v| {
+                        if v > best || v.is_nan() {
+                            best = v
+                        }
+                    });
+                    row[oy * ow + ox] = best;
+                }
+            }
+        },
+    );
+    tensor("maxpool", out_shape, Data::F32(out))
+}
+
+/// Average pooling. With `count_include_pad`, the divisor counts the window cells inside the
+/// padded input (cells past the end padding, possible with `ceil_mode`, never count).
+pub(crate) fn avg_pool(
+    ctx: &CpuContext,
+    a: &PoolAttrs,
+    x: &Tensor,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let xv = f32s("avgpool", x)?;
+    let (h, w) = (x.shape()[2], x.shape()[3]);
+    let (oh, ow) = (out_shape[2], out_shape[3]);
+    let mut out = vec![0f32; out_shape.iter().product()];
+    let padded_count = |o: usize, d: usize, len: usize| -> usize {
+        let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
+        let end = (len + a.pads[d + 2]) as isize;
+        (0..a.kernel[d])
+            .filter(|&i| start + ((i * a.dilations[d]) as isize) < end)
+            .count()
+    };
+    ctx.for_rows_weighted(
+        &mut out,
+        (oh * ow).max(1),
+        a.kernel[0] * a.kernel[1],
+        |r, row| {
+            let plane = &xv[r * h * w..(r + 1) * h * w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let (mut sum, mut cnt) = (0f32, 0usize);
+                    window(a, plane, h, w, oy, ox, |v| {
+                        sum += v;
+                        cnt += 1;
+                    });
+                    if a.count_include_pad {
+                        cnt = padded_count(oy, 0, h) * padded_count(ox, 1, w);
+                    }
+                    row[oy * ow + ox] = if cnt == 0 { 0.0 } else { sum / cnt as f32 };
+                }
+            }
+        },
+    );
+    tensor("avgpool", out_shape, Data::F32(out))
+}
+
+/// Mean or max over all spatial dims (`[N, C, ...] -> [N, C, 1, ...]`).
+pub(crate) fn global_pool(ctx: &CpuContext, x: &Tensor, max: bool) -> Result<Tensor, Error> {
+    let op = if max {
+        "global_maxpool"
+    } else {
+        "global_avgpool"
+    };
+    let xv = f32s(op, x)?;
+    let s = x.shape();
+    let (nc, sp) = (s[0] * s[1], s[2..].iter().product::<usize>());
+    let mut out = vec![0f32; nc];
+    ctx.for_rows_weighted(&mut out, 1, sp, |r, o| {
+        let v = &xv[r * sp..(r + 1) * sp];
+        o[0] = if max {
+            v.iter().fold(
+                f32::NEG_INFINITY,
+                |m, &x| if x > m || x.is_nan() { x } else { m },
+            )
+        } else {
+            (v.iter().map(|&x| x as f64).sum::<f64>() / sp as f64) as f32
+        };
+    });
+    let mut shape = s.to_vec();
+    shape[2..].iter_mut().for_each(|d| *d = 1);
+    tensor(op, &shape, Data::F32(out))
+}

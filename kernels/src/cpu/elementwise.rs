@@ -1,0 +1,473 @@
+//! Unary, binary (numpy broadcasting), `Where` and `Cast`.
+
+use super::{CpuContext, f32s, tensor};
+use crate::Error;
+use ir::{BinaryOp, DType, Data, Tensor, UnaryOp};
+
+/// A broadcast view: for each input, its stride along every (collapsed) output dim; 0 where the
+/// input is broadcast.
+pub(crate) struct Broadcast {
+    /// Collapsed output dims (at least one).
+    pub dims: Vec<usize>,
+    /// Per input, one stride per collapsed dim.
+    pub strides: Vec<Vec<usize>>,
+}
+
+impl Broadcast {
+    /// Views inputs of `shapes` broadcast to `out`, merging adjacent dims that every input walks
+    /// contiguously (so `[B,S,H] + [H]` becomes `[B*S, H]` with strides `[0, 1]`).
+    pub fn new(shapes: &[&[usize]], out: &[usize]) -> Broadcast {
+        let r = out.len();
+        let full: Vec<Vec<usize>> = shapes
+            .iter()
+            .map(|s| {
+                let mut st = vec![0; r];
+                let mut acc = 1;
+                for i in (0..s.len()).rev() {
+                    let o = i + r - s.len();
+                    st[o] = if s[i] == 1 { 0 } else { acc };
+                    acc *= s[i];
+                }
+                st
+            })
+            .collect();
+        let mut dims: Vec<usize> = Vec::new();
+        let mut strides: Vec<Vec<usize>> = vec![Vec::new(); shapes.len()];
+        for d in 0..r {
+            if out[d] == 1 {
+                continue;
+            }
+            let mergeable = !dims.is_empty()
+                && full.iter().zip(&strides).all(|(f, s)| {
+                    let last = *s.last().expect("non-empty with dims");
+                    last == f[d] * out[d]
+                });
+            if mergeable {
+                *dims.last_mut().expect("non-empty") *= out[d];
+                for (s, f) in strides.iter_mut().zip(&full) {
+                    *s.last_mut().expect("non-empty") = f[d];
+                }
+            } else {
+                dims.push(out[d]);
+                for (s, f) in strides.iter_mut().zip(&full) {
+                    s.push(f[d]);
+                }
+            }
+        }
+        if dims.is_empty() {
+            dims.push(1);
+            for s in &mut strides {
+                s.push(0);
+            }
+        }
+        Broadcast { dims, strides }
+    }
+
+    /// Length of the innermost (collapsed) dim: one row of output.
+    pub fn row_len(&self) -> usize {
+        *self.dims.last().expect("at least one dim")
+    }
+
+    /// Offset of row `r` (index over all dims but the last) in input `i`.
+    pub fn row_offset(&self, i: usize, mut r: usize) -> usize {
+        let st = &self.strides[i];
+        let mut off = 0;
+        for d in (0..self.dims.len() - 1).rev() {
+            off += (r % self.dims[d]) * st[d];
+            r /= self.dims[d];
+        }
+        off
+    }
+
+    /// Calls `f(row, start, segment)` for pieces of rows covering `out` (the output of this
+    /// broadcast): `segment` is `out[row * row_len + start..][..segment.len()]` and never crosses a
+    /// row. Long rows are cut so that the work splits over the pool even when there is one row.
+    pub fn for_segments<T: Send>(
+        &self,
+        ctx: &CpuContext,
+        out: &mut [T],
+        f: impl Fn(usize, usize, &mut [T]) + Sync + Send,
+    ) {
+        const BLOCK: usize = 8192;
+        let len = self.row_len();
+        if len == 0 || out.is_empty() {
+            return;
+        }
+        ctx.for_rows(out, BLOCK.min(out.len()), |b, block| {
+            let mut pos = b * BLOCK;
+            let mut rest = block;
+            while !rest.is_empty() {
+                let (r, j) = (pos / len, pos % len);
+                let take = (len - j).min(rest.len());
+                let (seg, tail) = rest.split_at_mut(take);
+                f(r, j, seg);
+                rest = tail;
+                pos += take;
+            }
+        })
+    }
+
+    /// Stride of input `i` along the row.
+    pub fn inner_stride(&self, i: usize) -> usize {
+        *self.strides[i].last().expect("at least one dim")
+    }
+}
+
+/// `f(a, b)` elementwise with numpy broadcasting to `out_shape`.
+pub(crate) fn map2<A, B, O>(
+    ctx: &CpuContext,
+    a: &[A],
+    ash: &[usize],
+    b: &[B],
+    bsh: &[usize],
+    out_shape: &[usize],
+    f: impl Fn(A, B) -> O + Sync + Send,
+) -> Vec<O>
+where
+    A: Copy + Sync,
+    B: Copy + Sync,
+    O: Copy + Send + Default,
+{
+    let n: usize = out_shape.iter().product();
+    let mut out = vec![O::default(); n];
+    if n == 0 {
+        return out;
+    }
+    let bc = Broadcast::new(&[ash, bsh], out_shape);
+    let (sa, sb) = (bc.inner_stride(0), bc.inner_stride(1));
+    bc.for_segments(ctx, &mut out, |r, j, seg| {
+        let (oa, ob) = (bc.row_offset(0, r) + j * sa, bc.row_offset(1, r) + j * sb);
+        let len = seg.len();
+        match (sa, sb) {
+            (1, 1) => {
+                for ((o, &x), &y) in seg.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len]) {
+                    *o = f(x, y);
+                }
+            }
+            (1, 0) => {
+                let y = b[ob];
+                for (o, &x) in seg.iter_mut().zip(&a[oa..oa + len]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[oa];
+                for (o, &y) in seg.iter_mut().zip(&b[ob..ob + len]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (k, o) in seg.iter_mut().enumerate() {
+                    *o = f(a[oa + k * sa], b[ob + k * sb]);
+                }
+            }
+        }
+    });
+    out
+}
+
+/// Applies a unary op.
+pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, Error> {
+    let op = ir::unary_name(u);
+    let data = match (x.data(), u) {
+        (Data::I64(v), UnaryOp::Neg) => Data::I64(v.iter().map(|x| x.wrapping_neg()).collect()),
+        (Data::I64(v), UnaryOp::Abs) => Data::I64(v.iter().map(|x| x.wrapping_abs()).collect()),
+        (Data::I64(v), UnaryOp::Sign) => Data::I64(v.iter().map(|x| x.signum()).collect()),
+        (Data::Bool(v), UnaryOp::Not) => Data::Bool(v.iter().map(|x| !x).collect()),
+        (Data::F32(v), _) => {
+            let mut out = vec![0f32; v.len()];
+            let weight = match u {
+                UnaryOp::Relu
+                | UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Sign => 1,
+                _ => 8,
+            };
+            macro_rules! apply {
+                ($f:expr) => {{
+                    let f = $f;
+                    ctx.for_rows_weighted(&mut out, 4096.min(v.len().max(1)), weight, |r, row| {
+                        let src = &v[r * 4096..r * 4096 + row.len()];
+                        for (o, &x) in row.iter_mut().zip(src) {
+                            *o = f(x);
+                        }
+                    })
+                }};
+            }
+            match u {
+                UnaryOp::Relu => apply!(|x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 }),
+                UnaryOp::Gelu => apply!(gelu),
+                UnaryOp::GeluTanh => apply!(gelu_tanh),
+                UnaryOp::Tanh => apply!(f32::tanh),
+                UnaryOp::Erf => apply!(libm::erff),
+                UnaryOp::Sigmoid => apply!(sigmoid),
+                UnaryOp::Exp => apply!(f32::exp),
+                UnaryOp::Log => apply!(f32::ln),
+                UnaryOp::Sqrt => apply!(f32::sqrt),
+                UnaryOp::Neg => apply!(|x: f32| -x),
+                UnaryOp::Reciprocal => apply!(|x: f32| 1.0 / x),
+                UnaryOp::Abs => apply!(f32::abs),
+                UnaryOp::Floor => apply!(f32::floor),
+                UnaryOp::Ceil => apply!(f32::ceil),
+                UnaryOp::Sin => apply!(f32::sin),
+                UnaryOp::Cos => apply!(f32::cos),
+                UnaryOp::Sign => apply!(|x: f32| if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }),
+                UnaryOp::Not => return Err(bad(op, "not takes bool")),
+            }
+            Data::F32(out)
+        }
+        (d, _) => return Err(bad(op, &format!("no kernel for {}", d.dtype()))),
+    };
+    tensor(op, x.shape(), data)
+}
+
+/// x·Φ(x) with the exact normal CDF, computed in f64 so it matches PyTorch to the last bits.
+pub(crate) fn gelu(x: f32) -> f32 {
+    let x = x as f64;
+    (0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
+}
+
+/// The tanh approximation of GELU.
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// 1 / (1 + e^-x) without overflow for large |x|.
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+fn bad(op: &'static str, message: &str) -> Error {
+    Error::BadInput {
+        op,
+        message: message.to_string(),
+    }
+}
+
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn nan_min(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+fn pow_f32(a: f32, b: f32) -> f32 {
+    if b == 2.0 {
+        a * a
+    } else if b == 1.0 {
+        a
+    } else if b == 0.5 {
+        a.sqrt()
+    } else {
+        a.powf(b)
+    }
+}
+
+/// Integer power with wrapping overflow; negative exponents truncate toward zero like `1 / a^-b`.
+fn pow_i64(a: i64, b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 => {
+                if b % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let (mut base, mut e, mut acc) = (a, b as u64, 1i64);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
+    }
+    acc
+}
+
+/// Applies a binary op with numpy broadcasting.
+pub(crate) fn binary(
+    ctx: &CpuContext,
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    out: &[usize],
+) -> Result<Tensor, Error> {
+    use BinaryOp::*;
+    let name = ir::binary_name(op);
+    let (ash, bsh) = (a.shape(), b.shape());
+    let data = match (a.data(), b.data()) {
+        (Data::F32(x), Data::F32(y)) => {
+            let m = |f: fn(f32, f32) -> f32| Data::F32(map2(ctx, x, ash, y, bsh, out, f));
+            let c = |f: fn(f32, f32) -> bool| Data::Bool(map2(ctx, x, ash, y, bsh, out, f));
+            match op {
+                Add => m(|a, b| a + b),
+                Sub => m(|a, b| a - b),
+                Mul => m(|a, b| a * b),
+                Div => m(|a, b| a / b),
+                Pow => m(pow_f32),
+                Max => m(nan_max),
+                Min => m(nan_min),
+                Equal => c(|a, b| a == b),
+                Less => c(|a, b| a < b),
+                LessOrEqual => c(|a, b| a <= b),
+                Greater => c(|a, b| a > b),
+                GreaterOrEqual => c(|a, b| a >= b),
+                And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
+            }
+        }
+        (Data::I64(x), Data::I64(y)) => {
+            let m = |f: fn(i64, i64) -> i64| Data::I64(map2(ctx, x, ash, y, bsh, out, f));
+            let c = |f: fn(i64, i64) -> bool| Data::Bool(map2(ctx, x, ash, y, bsh, out, f));
+            match op {
+                Add => m(i64::wrapping_add),
+                Sub => m(i64::wrapping_sub),
+                Mul => m(i64::wrapping_mul),
+                Div => {
+                    if y.contains(&0) {
+                        return Err(bad(name, "integer division by zero"));
+                    }
+                    m(i64::wrapping_div)
+                }
+                Pow => m(pow_i64),
+                Max => m(|a, b| a.max(b)),
+                Min => m(|a, b| a.min(b)),
+                Equal => c(|a, b| a == b),
+                Less => c(|a, b| a < b),
+                LessOrEqual => c(|a, b| a <= b),
+                Greater => c(|a, b| a > b),
+                GreaterOrEqual => c(|a, b| a >= b),
+                And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
+            }
+        }
+        (Data::Bool(x), Data::Bool(y)) => {
+            let c = |f: fn(bool, bool) -> bool| Data::Bool(map2(ctx, x, ash, y, bsh, out, f));
+            match op {
+                Equal => c(|a, b| a == b),
+                And => c(|a, b| a & b),
+                Or => c(|a, b| a | b),
+                Xor => c(|a, b| a ^ b),
+                _ => return Err(bad(name, "arithmetic and ordering ops take numeric inputs")),
+            }
+        }
+        (x, y) => {
+            return Err(bad(
+                name,
+                &format!("input dtypes differ ({} vs {})", x.dtype(), y.dtype()),
+            ));
+        }
+    };
+    tensor(name, out, data)
+}
+
+/// `cond ? a : b` with broadcasting of all three.
+pub(crate) fn where_(
+    ctx: &CpuContext,
+    cond: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    out: &[usize],
+) -> Result<Tensor, Error> {
+    let c = cond
+        .as_bool()
+        .ok_or_else(|| bad("where", "condition must be bool"))?;
+    let bc = Broadcast::new(&[cond.shape(), a.shape(), b.shape()], out);
+    let n: usize = out.iter().product();
+    fn pick<T: Copy + Send + Sync + Default>(
+        ctx: &CpuContext,
+        bc: &Broadcast,
+        n: usize,
+        c: &[bool],
+        x: &[T],
+        y: &[T],
+    ) -> Vec<T> {
+        let mut o = vec![T::default(); n];
+        if n == 0 {
+            return o;
+        }
+        let (sc, sx, sy) = (bc.inner_stride(0), bc.inner_stride(1), bc.inner_stride(2));
+        bc.for_segments(ctx, &mut o, |r, j, seg| {
+            let (oc, ox, oy) = (
+                bc.row_offset(0, r) + j * sc,
+                bc.row_offset(1, r) + j * sx,
+                bc.row_offset(2, r) + j * sy,
+            );
+            for (k, v) in seg.iter_mut().enumerate() {
+                *v = if c[oc + k * sc] {
+                    x[ox + k * sx]
+                } else {
+                    y[oy + k * sy]
+                };
+            }
+        });
+        o
+    }
+    let data = match (a.data(), b.data()) {
+        (Data::F32(x), Data::F32(y)) => Data::F32(pick(ctx, &bc, n, c, x, y)),
+        (Data::I64(x), Data::I64(y)) => Data::I64(pick(ctx, &bc, n, c, x, y)),
+        (Data::Bool(x), Data::Bool(y)) => Data::Bool(pick(ctx, &bc, n, c, x, y)),
+        _ => return Err(bad("where", "branch dtypes differ")),
+    };
+    tensor("where", out, data)
+}
+
+/// Converts element types: f32 -> i64 truncates toward zero (saturating, NaN -> 0), anything ->
+/// bool is `!= 0`, bool -> number is 0/1.
+pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Tensor, Error> {
+    let data = match (x.data(), to) {
+        (d, t) if d.dtype() == t => d.clone(),
+        (Data::F32(v), DType::I64) => Data::I64(v.iter().map(|&x| x as i64).collect()),
+        (Data::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
+        (Data::I64(v), DType::F32) => Data::F32(v.iter().map(|&x| x as f32).collect()),
+        (Data::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&x| x != 0).collect()),
+        (Data::Bool(v), DType::F32) => Data::F32(v.iter().map(|&x| x as u8 as f32).collect()),
+        (Data::Bool(v), DType::I64) => Data::I64(v.iter().map(|&x| x as i64).collect()),
+        (d, _) => d.clone(),
+    };
+    tensor("cast", x.shape(), data)
+}
+
+/// The f32 data of `t` broadcast (numpy rules) to `shape`, materialised.
+pub(crate) fn broadcast_f32(
+    ctx: &CpuContext,
+    op: &'static str,
+    t: &Tensor,
+    shape: &[usize],
+) -> Result<Vec<f32>, Error> {
+    let v = f32s(op, t)?;
+    let b = ir::broadcast_shapes(t.shape(), shape).map_err(|m| bad(op, &m))?;
+    if b != shape {
+        return Err(bad(
+            op,
+            &format!("{:?} does not broadcast to {shape:?}", t.shape()),
+        ));
+    }
+    Ok(map2(ctx, v, t.shape(), &[0f32], &[], shape, |x, _| x))
+}

@@ -1,0 +1,248 @@
+//! Matrix products through the `gemm` crate: `MatMul` (numpy batching) and `Gemm`.
+//!
+//! `gemm` 0.19 with `x86-v4` was the fastest crate measured on the target machine (see
+//! `benches/gemm.rs` and BENCHMARKS.md); its `Parallelism::Rayon(n)` runs on whichever rayon pool
+//! is current, so calls are made inside the context's pool.
+
+use super::{CpuContext, elementwise::broadcast_f32, f32s, tensor};
+use crate::Error;
+use ir::{Data, Tensor};
+use rayon::prelude::*;
+
+/// Below this many multiply-adds per matrix, a batch of products is split over threads by batch
+/// entry rather than inside each product.
+const SMALL_GEMM_MACS: usize = 1 << 21;
+
+fn bad(op: &'static str, message: String) -> Error {
+    Error::BadInput { op, message }
+}
+
+/// `c = alpha * op(a) @ op(b) + beta * c` on packed row-major matrices.
+///
+/// `op(a)` is `m x k` (`a` holds `m x k`, or `k x m` when `trans_a`), `op(b)` is `k x n`, `c` is
+/// `m x n`. When `beta == 0`, `c` is not read (NaNs in it do not propagate). Uses the context's
+/// threads when the product is large enough.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32(
+    ctx: &CpuContext,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    c: &mut [f32],
+    alpha: f32,
+    beta: f32,
+) -> Result<(), Error> {
+    let par = if ctx.threads() > 1 {
+        gemm::Parallelism::Rayon(ctx.threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    ctx.install(|| gemm_with(par, m, n, k, a, trans_a, b, trans_b, c, alpha, beta))
+}
+
+/// [`gemm_f32`] with an explicit `gemm` parallelism (callers already inside a parallel loop pass
+/// `Parallelism::None`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_with(
+    par: gemm::Parallelism,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    c: &mut [f32],
+    alpha: f32,
+    beta: f32,
+) -> Result<(), Error> {
+    let sizes = (m.checked_mul(k), k.checked_mul(n), m.checked_mul(n));
+    let (Some(mk), Some(kn), Some(mn)) = sizes else {
+        return Err(bad("gemm", format!("size overflow: m={m} n={n} k={k}")));
+    };
+    if a.len() != mk || b.len() != kn || c.len() != mn {
+        return Err(bad(
+            "gemm",
+            format!(
+                "buffer sizes a={} b={} c={} do not fit m={m} n={n} k={k}",
+                a.len(),
+                b.len(),
+                c.len()
+            ),
+        ));
+    }
+    if mn == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if beta == 0.0 {
+            c.fill(0.0);
+        } else {
+            c.iter_mut().for_each(|x| *x *= beta);
+        }
+        return Ok(());
+    }
+    let (lhs_cs, lhs_rs) = if trans_a {
+        (m as isize, 1)
+    } else {
+        (1, k as isize)
+    };
+    let (rhs_cs, rhs_rs) = if trans_b {
+        (k as isize, 1)
+    } else {
+        (1, n as isize)
+    };
+    // SAFETY: the pointers cover exactly m*k, k*n and m*n elements (checked above) and the
+    // strides stay inside them; `c` is borrowed mutably, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            beta != 0.0,
+            a.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            b.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    Ok(())
+}
+
+/// Offsets (in matrices) of every batch entry of an operand with batch dims `dims` broadcast to
+/// `batch`.
+fn batch_offsets(dims: &[usize], batch: &[usize]) -> Vec<usize> {
+    let r = batch.len();
+    let mut st = vec![0; r];
+    let mut acc = 1;
+    for i in (0..dims.len()).rev() {
+        st[i + r - dims.len()] = if dims[i] == 1 { 0 } else { acc };
+        acc *= dims[i];
+    }
+    let nb: usize = batch.iter().product();
+    (0..nb)
+        .map(|mut idx| {
+            let mut off = 0;
+            for d in (0..r).rev() {
+                off += (idx % batch[d]) * st[d];
+                idx /= batch[d];
+            }
+            off
+        })
+        .collect()
+}
+
+/// Numpy matmul: 1-D operands are promoted (and the added dim dropped), batch dims broadcast.
+pub(crate) fn matmul(
+    ctx: &CpuContext,
+    a: &Tensor,
+    b: &Tensor,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let (av, bv) = (f32s("matmul", a)?, f32s("matmul", b)?);
+    let a2: Vec<usize> = if a.shape().len() == 1 {
+        vec![1, a.shape()[0]]
+    } else {
+        a.shape().to_vec()
+    };
+    let b2: Vec<usize> = if b.shape().len() == 1 {
+        vec![b.shape()[0], 1]
+    } else {
+        b.shape().to_vec()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let n = b2[b2.len() - 1];
+    let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+    let batch = ir::broadcast_shapes(ab, bb).map_err(|e| bad("matmul", e))?;
+    let nb: usize = batch.iter().product();
+    let mut out = vec![0f32; nb * m * n];
+    let b_single = bb.iter().product::<usize>() == 1;
+    let a_full = ab.iter().product::<usize>() == nb;
+    if b_single && a_full {
+        // [batch.., m, k] @ [k, n]: one product with the batch folded into the rows.
+        gemm_f32(ctx, nb * m, n, k, av, false, bv, false, &mut out, 1.0, 0.0)?;
+    } else if nb > 0 {
+        let (ao, bo) = (batch_offsets(ab, &batch), batch_offsets(bb, &batch));
+        let (mk, kn, mn) = (m * k, k * n, m * n);
+        let one = |i: usize, c: &mut [f32], par| {
+            let (x, y) = (ao[i] * mk, bo[i] * kn);
+            gemm_with(
+                par,
+                m,
+                n,
+                k,
+                &av[x..x + mk],
+                false,
+                &bv[y..y + kn],
+                false,
+                c,
+                1.0,
+                0.0,
+            )
+        };
+        if mn > 0
+            && ctx.threads() > 1
+            && nb > 1
+            && m * n * k < SMALL_GEMM_MACS
+            && nb * m * n * k >= super::PAR_MIN_ELEMS
+        {
+            ctx.install(|| {
+                out.par_chunks_mut(mn)
+                    .enumerate()
+                    .try_for_each(|(i, c)| one(i, c, gemm::Parallelism::None))
+            })?;
+        } else if mn > 0 {
+            let par = if ctx.threads() > 1 {
+                gemm::Parallelism::Rayon(ctx.threads())
+            } else {
+                gemm::Parallelism::None
+            };
+            ctx.install(|| {
+                out.chunks_mut(mn)
+                    .enumerate()
+                    .try_for_each(|(i, c)| one(i, c, par))
+            })?;
+        }
+    }
+    tensor("matmul", out_shape, Data::F32(out))
+}
+
+/// ONNX Gemm: `alpha * op(A) @ op(B) + beta * C`, C broadcast to `[m, n]`.
+pub(crate) fn gemm_op(
+    ctx: &CpuContext,
+    inputs: &[&Tensor],
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let (a, b) = (f32s("gemm", inputs[0])?, f32s("gemm", inputs[1])?);
+    let (m, n) = (out_shape[0], out_shape[1]);
+    let k = if trans_a {
+        inputs[0].shape()[0]
+    } else {
+        inputs[0].shape()[1]
+    };
+    let (mut out, beta) = match inputs.get(2) {
+        Some(c) if beta != 0.0 => (broadcast_f32(ctx, "gemm", c, out_shape)?, beta),
+        _ => (vec![0f32; m * n], 0.0),
+    };
+    gemm_f32(ctx, m, n, k, a, trans_a, b, trans_b, &mut out, alpha, beta)?;
+    tensor("gemm", out_shape, Data::F32(out))
+}

@@ -1,0 +1,176 @@
+//! Normalisations: BatchNorm (inference), LayerNorm, LRN, Softmax and LogSoftmax.
+
+use super::{CpuContext, elementwise::broadcast_f32, f32s, tensor};
+use crate::Error;
+use ir::{Data, Tensor};
+
+/// `(x - mean) / sqrt(var + eps) * scale + bias` per channel (dim 1).
+pub(crate) fn batch_norm(ctx: &CpuContext, inputs: &[&Tensor], eps: f32) -> Result<Tensor, Error> {
+    let op = "batchnorm";
+    let x = f32s(op, inputs[0])?;
+    let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| f32s(op, inputs[i]));
+    let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
+    let s = inputs[0].shape();
+    let c = s[1];
+    let sp: usize = s[2..].iter().product();
+    let mul: Vec<f32> = (0..c).map(|i| scale[i] / (var[i] + eps).sqrt()).collect();
+    let add: Vec<f32> = (0..c).map(|i| bias[i] - mean[i] * mul[i]).collect();
+    let mut out = vec![0f32; x.len()];
+    ctx.for_rows(&mut out, sp.max(1), |r, row| {
+        let ch = r % c;
+        let (m, a) = (mul[ch], add[ch]);
+        for (o, &v) in row.iter_mut().zip(&x[r * sp..(r + 1) * sp]) {
+            *o = v * m + a;
+        }
+    });
+    tensor(op, s, Data::F32(out))
+}
+
+/// Normalises over dims `axis..`, then scales and shifts (scale/bias broadcast to those dims).
+pub(crate) fn layer_norm(
+    ctx: &CpuContext,
+    inputs: &[&Tensor],
+    axis: usize,
+    eps: f32,
+) -> Result<Tensor, Error> {
+    let op = "layernorm";
+    let x = f32s(op, inputs[0])?;
+    let s = inputs[0].shape();
+    let norm_shape = &s[axis..];
+    let d: usize = norm_shape.iter().product();
+    let scale = broadcast_f32(ctx, op, inputs[1], norm_shape)?;
+    let bias = match inputs.get(2) {
+        Some(b) => Some(broadcast_f32(ctx, op, b, norm_shape)?),
+        None => None,
+    };
+    let mut out = vec![0f32; x.len()];
+    ctx.for_rows_weighted(&mut out, d.max(1), 4, |r, row| {
+        let v = &x[r * d..(r + 1) * d];
+        let mean = v.iter().map(|&a| a as f64).sum::<f64>() / d as f64;
+        let var = v.iter().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+        let inv = (1.0 / (var + eps as f64).sqrt()) as f32;
+        let mean = mean as f32;
+        match &bias {
+            Some(b) => {
+                for (((o, &a), &g), &bb) in row.iter_mut().zip(v).zip(&scale).zip(b) {
+                    *o = (a - mean) * inv * g + bb;
+                }
+            }
+            None => {
+                for ((o, &a), &g) in row.iter_mut().zip(v).zip(&scale) {
+                    *o = (a - mean) * inv * g;
+                }
+            }
+        }
+    });
+    tensor(op, s, Data::F32(out))
+}
+
+/// ONNX LRN across channels (dim 1): the window of channel `c` is
+/// `[c - floor((size-1)/2), c + ceil((size-1)/2)]`, and
+/// `y = x / (bias + alpha / size * sum(x^2 over the window))^beta`.
+pub(crate) fn lrn(
+    ctx: &CpuContext,
+    x: &Tensor,
+    size: usize,
+    alpha: f32,
+    beta: f32,
+    bias: f32,
+) -> Result<Tensor, Error> {
+    let op = "lrn";
+    let xv = f32s(op, x)?;
+    let s = x.shape();
+    let c = s[1];
+    let sp: usize = s[2..].iter().product();
+    let (before, after) = ((size - 1) / 2, (size - 1).div_ceil(2));
+    let mut out = vec![0f32; xv.len()];
+    ctx.for_rows_weighted(&mut out, sp.max(1), size, |r, row| {
+        let (n, ch) = (r / c, r % c);
+        let lo = ch.saturating_sub(before);
+        let hi = (ch + after).min(c - 1);
+        let block = &xv[n * c * sp..(n + 1) * c * sp];
+        for (i, o) in row.iter_mut().enumerate() {
+            let sq: f32 = (lo..=hi)
+                .map(|k| block[k * sp + i] * block[k * sp + i])
+                .sum();
+            *o = block[ch * sp + i] / (bias + alpha / size as f32 * sq).powf(beta);
+        }
+    });
+    tensor(op, s, Data::F32(out))
+}
+
+/// Softmax (or log-softmax) along `axis`, subtracting the max first.
+pub(crate) fn softmax(
+    ctx: &CpuContext,
+    x: &Tensor,
+    axis: usize,
+    log: bool,
+) -> Result<Tensor, Error> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    let xv = f32s(op, x)?;
+    let s = x.shape();
+    let len = s[axis];
+    let inner: usize = s[axis + 1..].iter().product();
+    let block = len * inner;
+    let mut out = vec![0f32; xv.len()];
+    if block == 0 {
+        return tensor(op, s, Data::F32(out));
+    }
+    ctx.for_rows_weighted(&mut out, block, 4, |r, o| {
+        let v = &xv[r * block..(r + 1) * block];
+        if inner == 1 {
+            let max = v.iter().fold(f32::NEG_INFINITY, |m, &a| m.max(a));
+            let max = if max.is_finite() { max } else { 0.0 };
+            let mut sum = 0f32;
+            for (y, &a) in o.iter_mut().zip(v) {
+                *y = (a - max).exp();
+                sum += *y;
+            }
+            if log {
+                let ls = sum.ln();
+                for (y, &a) in o.iter_mut().zip(v) {
+                    *y = a - max - ls;
+                }
+            } else {
+                let inv = 1.0 / sum;
+                o.iter_mut().for_each(|y| *y *= inv);
+            }
+        } else {
+            // Strided axis: work on whole rows of `inner` elements at a time.
+            let mut max = vec![f32::NEG_INFINITY; inner];
+            for row in v.chunks(inner) {
+                for (m, &a) in max.iter_mut().zip(row) {
+                    *m = m.max(a);
+                }
+            }
+            max.iter_mut().for_each(|m| {
+                if !m.is_finite() {
+                    *m = 0.0
+                }
+            });
+            let mut sum = vec![0f32; inner];
+            for (orow, row) in o.chunks_mut(inner).zip(v.chunks(inner)) {
+                for (((y, &a), &m), s) in orow.iter_mut().zip(row).zip(&max).zip(sum.iter_mut()) {
+                    *y = (a - m).exp();
+                    *s += *y;
+                }
+            }
+            if log {
+                let ls: Vec<f32> = sum.iter().map(|s| s.ln()).collect();
+                for (orow, row) in o.chunks_mut(inner).zip(v.chunks(inner)) {
+                    for (((y, &a), &m), &l) in orow.iter_mut().zip(row).zip(&max).zip(&ls) {
+                        *y = a - m - l;
+                    }
+                }
+            } else {
+                let inv: Vec<f32> = sum.iter().map(|s| 1.0 / s).collect();
+                for orow in o.chunks_mut(inner) {
+                    for (y, &i) in orow.iter_mut().zip(&inv) {
+                        *y *= i;
+                    }
+                }
+            }
+        }
+    });
+    tensor(op, s, Data::F32(out))
+}

@@ -1,0 +1,179 @@
+//! Reductions over a set of axes (f32 for every kind; i64 for Sum, Prod, Max, Min).
+//!
+//! The reduced axes are brought into one contiguous run (by a transpose when they are not
+//! adjacent), so every reduction is `[outer, red, inner] -> [outer, inner]`. f32 sums accumulate
+//! in f64.
+
+use super::{CpuContext, shape::transpose, tensor};
+use crate::Error;
+use ir::{Data, ReduceOp, Tensor};
+
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn nan_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+/// Initial value, per-element map and combine of a kind (LogSumExp is handled separately).
+/// Initial accumulator, per-element map, combine.
+type Parts = (f64, fn(f64) -> f64, fn(f64, f64) -> f64);
+
+fn parts(op: ReduceOp) -> Parts {
+    use ReduceOp::*;
+    let id: fn(f64) -> f64 = |x| x;
+    let add: fn(f64, f64) -> f64 = |a, b| a + b;
+    match op {
+        Sum | Mean | LogSum | LogSumExp => (0.0, id, add),
+        Max => (f64::NEG_INFINITY, id, nan_max),
+        Min => (f64::INFINITY, id, nan_min),
+        Prod => (1.0, id, |a, b| a * b),
+        SumSquare | L2 => (0.0, |x| x * x, add),
+        L1 => (0.0, f64::abs, add),
+    }
+}
+
+fn finish(op: ReduceOp, acc: f64, red: usize) -> f64 {
+    match op {
+        ReduceOp::Mean => acc / red as f64,
+        ReduceOp::L2 => acc.sqrt(),
+        ReduceOp::LogSum => acc.ln(),
+        _ => acc,
+    }
+}
+
+fn reduce_f32(
+    ctx: &CpuContext,
+    op: ReduceOp,
+    x: &[f32],
+    outer: usize,
+    red: usize,
+    inner: usize,
+) -> Vec<f32> {
+    let mut out = vec![0f32; outer * inner];
+    if out.is_empty() {
+        return out;
+    }
+    let (init, map, comb) = parts(op);
+    ctx.for_rows_weighted(&mut out, inner, red.max(1), |o, row| {
+        let block = &x[o * red * inner..(o + 1) * red * inner];
+        let mut shift = vec![0f64; inner];
+        if op == ReduceOp::LogSumExp {
+            shift.fill(f64::NEG_INFINITY);
+            for k in 0..red {
+                for (m, &v) in shift.iter_mut().zip(&block[k * inner..(k + 1) * inner]) {
+                    *m = nan_max(*m, v as f64);
+                }
+            }
+            shift.iter_mut().for_each(|m| {
+                if m.is_infinite() {
+                    *m = 0.0
+                }
+            });
+        }
+        let mut acc = vec![init; inner];
+        for k in 0..red {
+            let src = &block[k * inner..(k + 1) * inner];
+            if op == ReduceOp::LogSumExp {
+                for ((a, &v), &m) in acc.iter_mut().zip(src).zip(&shift) {
+                    *a += (v as f64 - m).exp();
+                }
+            } else {
+                for (a, &v) in acc.iter_mut().zip(src) {
+                    *a = comb(*a, map(v as f64));
+                }
+            }
+        }
+        for ((y, &a), &m) in row.iter_mut().zip(&acc).zip(&shift) {
+            *y = if op == ReduceOp::LogSumExp {
+                (m + a.ln()) as f32
+            } else {
+                finish(op, a, red) as f32
+            };
+        }
+    });
+    out
+}
+
+fn reduce_i64(
+    op: ReduceOp,
+    x: &[i64],
+    outer: usize,
+    red: usize,
+    inner: usize,
+) -> Result<Vec<i64>, Error> {
+    let (init, comb): (i64, fn(i64, i64) -> i64) = match op {
+        ReduceOp::Sum => (0, i64::wrapping_add),
+        ReduceOp::Prod => (1, i64::wrapping_mul),
+        ReduceOp::Max => (i64::MIN, i64::max),
+        ReduceOp::Min => (i64::MAX, i64::min),
+        _ => {
+            return Err(Error::BadInput {
+                op: ir::reduce_name(op),
+                message: "this reduction takes f32 input".into(),
+            });
+        }
+    };
+    let mut out = vec![init; outer * inner];
+    for o in 0..outer {
+        for k in 0..red {
+            let src = &x[(o * red + k) * inner..(o * red + k + 1) * inner];
+            for (a, &v) in out[o * inner..(o + 1) * inner].iter_mut().zip(src) {
+                *a = comb(*a, v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reduces `axes` (sorted, unique) of `x`.
+pub(crate) fn reduce(
+    ctx: &CpuContext,
+    op: ReduceOp,
+    x: &Tensor,
+    axes: &[usize],
+    keepdims: bool,
+) -> Result<Tensor, Error> {
+    let name = ir::reduce_name(op);
+    let s = x.shape();
+    let out_shape = ir::reduced_shape(s, axes, keepdims);
+    let contiguous = axes.windows(2).all(|w| w[1] == w[0] + 1);
+    let moved;
+    let (src, outer, red, inner) = if axes.is_empty() {
+        (x, x.numel(), 1, 1)
+    } else if contiguous {
+        let (a0, a1) = (axes[0], axes[axes.len() - 1]);
+        (
+            x,
+            s[..a0].iter().product(),
+            s[a0..=a1].iter().product(),
+            s[a1 + 1..].iter().product(),
+        )
+    } else {
+        let kept: Vec<usize> = (0..s.len()).filter(|d| !axes.contains(d)).collect();
+        let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
+        moved = transpose(ctx, x, &perm)?;
+        let outer = kept.iter().map(|&d| s[d]).product();
+        (&moved, outer, axes.iter().map(|&d| s[d]).product(), 1)
+    };
+    let data = match src.data() {
+        Data::F32(v) => Data::F32(reduce_f32(ctx, op, v, outer, red, inner)),
+        Data::I64(v) => Data::I64(reduce_i64(op, v, outer, red, inner)?),
+        Data::Bool(_) => {
+            return Err(Error::BadInput {
+                op: name,
+                message: "input must be numeric".into(),
+            });
+        }
+    };
+    tensor(name, &out_shape, data)
+}

@@ -1,0 +1,259 @@
+//! Data movement: Transpose, Expand, Concat, Split, Slice, Gather, Pad. All dtypes.
+
+use super::{CpuContext, strides, tensor};
+use crate::Error;
+use ir::{Data, SliceAxis, Tensor};
+
+/// Applies the same generic expression to whichever element vector `data` holds.
+macro_rules! each_dtype {
+    ($data:expr, $v:ident => $e:expr) => {
+        match $data {
+            Data::F32($v) => Data::F32($e),
+            Data::I64($v) => Data::I64($e),
+            Data::Bool($v) => Data::Bool($e),
+        }
+    };
+}
+
+/// Merges adjacent dims that are walked contiguously and drops size-1 dims.
+fn collapse(dims: &[usize], st: &[isize]) -> (Vec<usize>, Vec<isize>) {
+    let (mut d, mut s): (Vec<usize>, Vec<isize>) = (Vec::new(), Vec::new());
+    for (&n, &k) in dims.iter().zip(st) {
+        if n == 1 {
+            continue;
+        }
+        match (d.last_mut(), s.last_mut()) {
+            (Some(ld), Some(ls)) if *ls == k * n as isize => {
+                *ld *= n;
+                *ls = k;
+            }
+            _ => {
+                d.push(n);
+                s.push(k);
+            }
+        }
+    }
+    if d.is_empty() {
+        d.push(1);
+        s.push(0);
+    }
+    (d, s)
+}
+
+/// `out[i0, i1, ..] = x[base + i0 * st[0] + i1 * st[1] + ..]` over `dims`. Every index reached
+/// must lie in `x` (callers derive `dims`/`st` from checked shapes).
+fn strided<T: Copy + Send + Sync + Default>(
+    ctx: &CpuContext,
+    x: &[T],
+    base: isize,
+    dims: &[usize],
+    st: &[isize],
+) -> Vec<T> {
+    let n: usize = dims.iter().product();
+    let mut out = vec![T::default(); n];
+    if n == 0 {
+        return out;
+    }
+    let (cd, cs) = collapse(dims, st);
+    let len = *cd.last().expect("collapse keeps one dim");
+    let s = *cs.last().expect("collapse keeps one dim");
+    ctx.for_rows(&mut out, len, |r, row| {
+        let (mut off, mut rr) = (base, r);
+        for d in (0..cd.len() - 1).rev() {
+            off += (rr % cd[d]) as isize * cs[d];
+            rr /= cd[d];
+        }
+        if s == 1 {
+            row.copy_from_slice(&x[off as usize..off as usize + len]);
+        } else {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = x[(off + j as isize * s) as usize];
+            }
+        }
+    });
+    out
+}
+
+/// Output dim `i` is input dim `perm[i]`.
+pub(crate) fn transpose(ctx: &CpuContext, x: &Tensor, perm: &[usize]) -> Result<Tensor, Error> {
+    let s = x.shape();
+    let ist = strides(s);
+    let dims: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
+    let st: Vec<isize> = perm.iter().map(|&p| ist[p] as isize).collect();
+    let data = each_dtype!(x.data(), v => strided(ctx, v, 0, &dims, &st));
+    tensor("transpose", &dims, data)
+}
+
+/// Numpy broadcast of `x` to `shape`.
+pub(crate) fn expand(ctx: &CpuContext, x: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
+    let s = x.shape();
+    let ist = strides(s);
+    let r = shape.len();
+    let mut st = vec![0isize; r];
+    for i in 0..s.len() {
+        st[i + r - s.len()] = if s[i] == 1 { 0 } else { ist[i] as isize };
+    }
+    let data = each_dtype!(x.data(), v => strided(ctx, v, 0, shape, &st));
+    tensor("expand", shape, data)
+}
+
+/// Strided slice (negative steps walk backwards; bounds were checked by inference).
+pub(crate) fn slice(
+    ctx: &CpuContext,
+    x: &Tensor,
+    axes: &[SliceAxis],
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let s = x.shape();
+    let ist = strides(s);
+    let mut start = vec![0i64; s.len()];
+    let mut step = vec![1i64; s.len()];
+    for a in axes {
+        start[a.axis] = a.start;
+        step[a.axis] = a.step;
+    }
+    let mut base = 0isize;
+    let mut st = vec![0isize; s.len()];
+    for d in 0..s.len() {
+        if out_shape[d] > 0 {
+            base += start[d] as isize * ist[d] as isize;
+        }
+        st[d] = step[d] as isize * ist[d] as isize;
+    }
+    let data = each_dtype!(x.data(), v => strided(ctx, v, base, out_shape, &st));
+    tensor("slice", out_shape, data)
+}
+
+fn concat_vec<T: Copy>(parts: &[&[T]], chunks: &[usize], outer: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(chunks.iter().sum::<usize>() * outer);
+    for o in 0..outer {
+        for (p, &c) in parts.iter().zip(chunks) {
+            out.extend_from_slice(&p[o * c..(o + 1) * c]);
+        }
+    }
+    out
+}
+
+/// Concatenation along `axis`.
+pub(crate) fn concat(
+    inputs: &[&Tensor],
+    axis: usize,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let outer: usize = out_shape[..axis].iter().product();
+    let inner: usize = out_shape[axis + 1..].iter().product();
+    let chunks: Vec<usize> = inputs.iter().map(|t| t.shape()[axis] * inner).collect();
+    macro_rules! cat {
+        ($variant:ident, $get:ident) => {{
+            let parts: Option<Vec<_>> = inputs.iter().map(|t| t.$get()).collect();
+            let parts = parts.ok_or_else(|| Error::BadInput {
+                op: "concat",
+                message: "input dtypes differ".into(),
+            })?;
+            Data::$variant(concat_vec(&parts, &chunks, outer))
+        }};
+    }
+    let data = match inputs[0].data() {
+        Data::F32(_) => cat!(F32, as_f32),
+        Data::I64(_) => cat!(I64, as_i64),
+        Data::Bool(_) => cat!(Bool, as_bool),
+    };
+    tensor("concat", out_shape, data)
+}
+
+/// Splits along `axis` into pieces of `sizes`.
+pub(crate) fn split(x: &Tensor, axis: usize, sizes: &[usize]) -> Result<Vec<Tensor>, Error> {
+    let s = x.shape();
+    let outer: usize = s[..axis].iter().product();
+    let inner: usize = s[axis + 1..].iter().product();
+    let row = s[axis] * inner;
+    let mut outs = Vec::with_capacity(sizes.len());
+    let mut at = 0;
+    for &sz in sizes {
+        let (lo, hi) = (at * inner, (at + sz) * inner);
+        let data = each_dtype!(x.data(), v => (0..outer).flat_map(|o| v[o * row + lo..o * row + hi].iter().copied()).collect());
+        let mut shape = s.to_vec();
+        shape[axis] = sz;
+        outs.push(tensor("split", &shape, data)?);
+        at += sz;
+    }
+    Ok(outs)
+}
+
+/// Gathers slices of `x` along `axis` at i64 `indices` (negative indices count from the end).
+pub(crate) fn gather(
+    x: &Tensor,
+    indices: &Tensor,
+    axis: usize,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let idx = indices.as_i64().ok_or_else(|| Error::BadInput {
+        op: "gather",
+        message: "indices must be i64".into(),
+    })?;
+    let s = x.shape();
+    let d = s[axis];
+    let outer: usize = s[..axis].iter().product();
+    let inner: usize = s[axis + 1..].iter().product();
+    let mut pos = Vec::with_capacity(idx.len());
+    for &i in idx {
+        let j = if i < 0 { i + d as i64 } else { i };
+        if j < 0 || j >= d as i64 {
+            return Err(Error::BadInput {
+                op: "gather",
+                message: format!("index {i} out of range for axis {axis} of size {d}"),
+            });
+        }
+        pos.push(j as usize);
+    }
+    fn go<T: Copy>(v: &[T], pos: &[usize], outer: usize, d: usize, inner: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(outer * pos.len() * inner);
+        for o in 0..outer {
+            for &p in pos {
+                let at = (o * d + p) * inner;
+                out.extend_from_slice(&v[at..at + inner]);
+            }
+        }
+        out
+    }
+    let data = each_dtype!(x.data(), v => go(v, &pos, outer, d, inner));
+    tensor("gather", out_shape, data)
+}
+
+/// Constant padding: `pads` holds the begins then the ends of every dim.
+pub(crate) fn pad(
+    x: &Tensor,
+    pads: &[usize],
+    value: f32,
+    out_shape: &[usize],
+) -> Result<Tensor, Error> {
+    let s = x.shape();
+    let r = s.len();
+    fn go<T: Copy>(v: &[T], s: &[usize], pads: &[usize], out_shape: &[usize], fill: T) -> Vec<T> {
+        let n: usize = out_shape.iter().product();
+        let mut out = vec![fill; n];
+        if v.is_empty() || s.is_empty() {
+            out.iter_mut().zip(v).for_each(|(o, &x)| *o = x);
+            return out;
+        }
+        let r = s.len();
+        let ost = strides(out_shape);
+        let len = s[r - 1];
+        for (row, src) in v.chunks(len).enumerate() {
+            let (mut rr, mut off) = (row, pads[r - 1]);
+            for d in (0..r - 1).rev() {
+                off += (rr % s[d] + pads[d]) * ost[d];
+                rr /= s[d];
+            }
+            out[off..off + len].copy_from_slice(src);
+        }
+        out
+    }
+    let _ = r;
+    let data = match x.data() {
+        Data::F32(v) => Data::F32(go(v, s, pads, out_shape, value)),
+        Data::I64(v) => Data::I64(go(v, s, pads, out_shape, value as i64)),
+        Data::Bool(v) => Data::Bool(go(v, s, pads, out_shape, value != 0.0)),
+    };
+    tensor("pad", out_shape, data)
+}

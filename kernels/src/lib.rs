@@ -1,0 +1,61 @@
+//! Op implementations per backend for autopar's IR.
+//!
+//! Every backend evaluates one [`ir::Op`] on concrete tensors with the op's ONNX semantics and
+//! produces exactly the output metas that [`ir::Op::infer`] computes for the inputs' metas.
+//!
+//! - [`cpu`]: f32 kernels (i64 and bool where indices and masks need them). Matrix products and
+//!   convolutions go through the `gemm` crate (the fastest of the GEMM crates measured in
+//!   `benches/gemm.rs`); all parallel work runs on the thread pool of an explicit
+//!   [`cpu::CpuContext`], never on a global pool.
+//! - [`cuda`]: a stub unless the crate is built with the `cuda` feature; without it every entry
+//!   point returns [`Error::NotCompiledWith`].
+//!
+//! Bad input never panics: wrong arity, dtypes or shapes, out-of-range gather indices and integer
+//! division by zero are all [`Error::BadInput`].
+//!
+//! ```
+//! use ir::{BinaryOp, Op, Tensor};
+//! let ctx = kernels::cpu::CpuContext::new(1)?;
+//! let a = Tensor::f32([2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+//! let b = Tensor::f32([2], vec![10.0, 20.0]);
+//! let out = kernels::cpu::eval(&ctx, &Op::Binary(BinaryOp::Add), &[&a, &b])?;
+//! assert_eq!(out[0], Tensor::f32([2, 2], vec![11.0, 22.0, 13.0, 24.0]));
+//! # Ok::<(), kernels::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod cpu;
+pub mod cuda;
+
+/// Why a kernel could not run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// The op (or this form of it) has no kernel on this backend. Our gap, not the user's.
+    #[error("{op}: not supported: {reason}")]
+    Unsupported {
+        /// Op name as in the IR text form.
+        op: &'static str,
+        /// What is missing.
+        reason: String,
+    },
+    /// The inputs do not fit the op: wrong count, dtype or shape, out-of-range indices, integer
+    /// division by zero. The caller's input (or an unverified graph), not a kernel bug.
+    #[error("{op}: bad input: {message}")]
+    BadInput {
+        /// Op name as in the IR text form.
+        op: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The backend needs a cargo feature this build lacks (e.g. `"cuda"`).
+    #[error("autopar was built without {0} support (rebuild with `--features {0}`)")]
+    NotCompiledWith(&'static str),
+    /// The worker thread pool could not be created.
+    #[error("cannot start a pool of {threads} threads: {message}")]
+    ThreadPool {
+        /// Threads requested.
+        threads: usize,
+        /// The operating system's reason.
+        message: String,
+    },
+}

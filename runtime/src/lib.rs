@@ -1,0 +1,205 @@
+//! Executes autopar graphs.
+//!
+//! [`Interpreter`] runs an [`ir::Graph`] on one CPU device: nodes in the graph's topological
+//! order, each through [`kernels::cpu::eval`], every intermediate freed right after its last
+//! use. It reports the peak bytes it held (inputs and intermediates; parameters are counted
+//! separately because they stay resident).
+//!
+//! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
+//! error (weight-free models can be planned, not run, until they are initialised).
+#![warn(missing_docs)]
+
+pub mod npy;
+
+use std::collections::{BTreeMap, HashMap};
+
+use ir::{Graph, NodeIndex, Op, Tensor, Value};
+use kernels::cpu::CpuContext;
+
+/// Why a run failed. Feed and parameter problems are the user's input; `Kernel` names the node.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A graph input was not fed.
+    #[error("missing feed for input {name} (expects {expected}); pass it with --feed {name}=FILE.npy")]
+    MissingFeed {
+        /// Input name.
+        name: String,
+        /// Its meta.
+        expected: String,
+    },
+    /// A feed names no graph input.
+    #[error("--feed {name}: the model has no input of that name (inputs: {inputs})")]
+    UnknownFeed {
+        /// Feed name.
+        name: String,
+        /// The graph's input names.
+        inputs: String,
+    },
+    /// A feed's dtype or shape differs from the input's.
+    #[error("feed {name} is {got} but the input expects {expected}")]
+    FeedMismatch {
+        /// Input name.
+        name: String,
+        /// What was fed.
+        got: String,
+        /// What the input expects.
+        expected: String,
+    },
+    /// A parameter has no data (weight-free model).
+    #[error("parameter {name} has no data (the model is weight-free); it can be planned but not run")]
+    MissingParam {
+        /// Parameter name.
+        name: String,
+    },
+    /// A kernel failed.
+    #[error("node {node} ({op}): {message}")]
+    Kernel {
+        /// Node name.
+        node: String,
+        /// Op name.
+        op: &'static str,
+        /// Kernel message.
+        message: String,
+    },
+    /// The graph has a cycle (it was not verified).
+    #[error("graph has a cycle through node {0}")]
+    Cycle(String),
+}
+
+/// Result of one forward run.
+#[derive(Debug)]
+pub struct RunReport {
+    /// Graph outputs by name.
+    pub outputs: BTreeMap<String, Tensor>,
+    /// Peak bytes of inputs and intermediates held at once.
+    pub peak_bytes: usize,
+    /// Bytes of the parameters (resident throughout).
+    pub param_bytes: usize,
+}
+
+/// A single-device interpreter with a fixed schedule.
+pub struct Interpreter<'g> {
+    graph: &'g Graph,
+    order: Vec<NodeIndex>,
+    /// For each value, the schedule position of its last reader (`usize::MAX`: a graph output).
+    last_use: HashMap<Value, usize>,
+    inputs: HashMap<NodeIndex, Vec<Value>>,
+}
+
+enum Held<'a> {
+    Borrowed(&'a Tensor),
+    Owned(Tensor),
+}
+
+impl Held<'_> {
+    fn get(&self) -> &Tensor {
+        match self {
+            Held::Borrowed(t) => t,
+            Held::Owned(t) => t,
+        }
+    }
+}
+
+impl<'g> Interpreter<'g> {
+    /// Schedules `graph` (topological order) and computes last uses.
+    pub fn new(graph: &'g Graph) -> Result<Self, RunError> {
+        let order = graph.topo_order().map_err(|n| RunError::Cycle(graph.node(n).name.clone()))?;
+        let mut last_use = HashMap::new();
+        let mut inputs = HashMap::new();
+        for (pos, &n) in order.iter().enumerate() {
+            let ins = graph.node_inputs(n);
+            for &v in &ins {
+                last_use.insert(v, pos);
+            }
+            inputs.insert(n, ins);
+        }
+        for (_, v) in &graph.outputs {
+            last_use.insert(*v, usize::MAX);
+        }
+        Ok(Interpreter { graph, order, last_use, inputs })
+    }
+
+    /// The schedule.
+    pub fn order(&self) -> &[NodeIndex] {
+        &self.order
+    }
+
+    /// Runs the graph on `feeds` (by input name) with the graph's own parameter data.
+    pub fn run(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<RunReport, RunError> {
+        self.run_with_params(ctx, feeds, &self.graph.param_data)
+    }
+
+    /// Runs the graph with parameters taken from `params` (by parameter name).
+    pub fn run_with_params(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>, params: &BTreeMap<String, Tensor>) -> Result<RunReport, RunError> {
+        let g = self.graph;
+        let input_names: Vec<String> = g
+            .inputs
+            .iter()
+            .filter_map(|&i| match &g.node(i).op {
+                Op::Input { name } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        for name in feeds.keys() {
+            if !input_names.contains(name) {
+                return Err(RunError::UnknownFeed { name: name.clone(), inputs: input_names.join(", ") });
+            }
+        }
+        let mut vals: HashMap<Value, Held> = HashMap::new();
+        let mut live = 0usize;
+        let mut peak = 0usize;
+        let mut param_bytes = 0usize;
+        for (pos, &n) in self.order.iter().enumerate() {
+            let node = g.node(n);
+            let out: Vec<Held> = match &node.op {
+                Op::Input { name } => {
+                    let expected = &node.outputs[0];
+                    let t = feeds.get(name).ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
+                    if &t.meta() != expected {
+                        return Err(RunError::FeedMismatch { name: name.clone(), got: t.meta().to_string(), expected: expected.to_string() });
+                    }
+                    live += t.bytes();
+                    vec![Held::Borrowed(t)]
+                }
+                Op::Param { name } => {
+                    let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;
+                    param_bytes += t.bytes();
+                    vec![Held::Borrowed(t)]
+                }
+                Op::Constant(t) => vec![Held::Borrowed(t)],
+                op => {
+                    let ins = &self.inputs[&n];
+                    let ts: Vec<&Tensor> = ins.iter().map(|v| vals[v].get()).collect();
+                    let outs = kernels::cpu::eval(ctx, op, &ts).map_err(|e| RunError::Kernel { node: node.name.clone(), op: op.name(), message: e.to_string() })?;
+                    for t in &outs {
+                        live += t.bytes();
+                    }
+                    outs.into_iter().map(Held::Owned).collect()
+                }
+            };
+            for (slot, h) in out.into_iter().enumerate() {
+                vals.insert(Value::new(n, slot), h);
+            }
+            peak = peak.max(live);
+            // Free what this node read for the last time, and outputs nobody reads.
+            let mut dead: Vec<Value> = self.inputs[&n].iter().copied().filter(|v| self.last_use.get(v) == Some(&pos)).collect();
+            dead.extend((0..node.outputs.len()).map(|s| Value::new(n, s)).filter(|v| !self.last_use.contains_key(v)));
+            dead.sort();
+            dead.dedup();
+            for v in dead {
+                if let Some(h) = vals.remove(&v) {
+                    let is_param_or_const = matches!(g.node(v.node).op, Op::Param { .. } | Op::Constant(_));
+                    if !is_param_or_const {
+                        live -= h.get().bytes();
+                    }
+                }
+            }
+        }
+        let mut outputs = BTreeMap::new();
+        for (name, v) in &g.outputs {
+            let t = vals.get(v).map(|h| h.get().clone()).ok_or_else(|| RunError::Kernel { node: name.clone(), op: "output", message: "output was not computed".into() })?;
+            outputs.insert(name.clone(), t);
+        }
+        Ok(RunReport { outputs, peak_bytes: peak, param_bytes })
+    }
+}

@@ -1,0 +1,81 @@
+//! `.npy` reading and writing (through the `npyz` crate) for feeds and outputs.
+
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use ir::{Data, Tensor};
+use npyz::WriterBuilder;
+
+/// A `.npy` file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NpyError {
+    /// I/O failure.
+    #[error("{path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Not a readable `.npy` file.
+    #[error("{path}: not a valid .npy file: {message}")]
+    Format {
+        /// File.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// An element type autopar does not handle.
+    #[error("{path}: element type {descr} is not supported (use float32, int64, int32 or bool)")]
+    DType {
+        /// File.
+        path: PathBuf,
+        /// numpy type string.
+        descr: String,
+    },
+}
+
+/// Reads a C-order `.npy` file of float32, int64, int32 (widened to int64) or bool.
+pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
+    let bytes = std::fs::read(path).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?;
+    let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message };
+    let f = npyz::NpyFile::new(&bytes[..]).map_err(|e| fmt(e.to_string()))?;
+    if f.order() != npyz::Order::C {
+        return Err(fmt("Fortran-order arrays are not supported".into()));
+    }
+    let shape: Vec<usize> = f.shape().iter().map(|&d| d as usize).collect();
+    let descr = f.dtype().descr();
+    let data = match descr.trim_matches('\'') {
+        "<f4" => Data::F32(f.into_vec::<f32>().map_err(|e| fmt(e.to_string()))?),
+        "<i8" => Data::I64(f.into_vec::<i64>().map_err(|e| fmt(e.to_string()))?),
+        "<i4" => Data::I64(f.into_vec::<i32>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
+        "|b1" => Data::Bool(f.into_vec::<bool>().map_err(|e| fmt(e.to_string()))?),
+        other => return Err(NpyError::DType { path: path.to_path_buf(), descr: other.to_string() }),
+    };
+    Tensor::new(shape, data).map_err(|e| fmt(e.to_string()))
+}
+
+/// Writes a tensor as a C-order `.npy` file.
+pub fn write_npy(path: &Path, t: &Tensor) -> Result<(), NpyError> {
+    let io = |source: std::io::Error| NpyError::Io { path: path.to_path_buf(), source };
+    let file = std::fs::File::create(path).map_err(io)?;
+    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+    let w = BufWriter::new(file);
+    match t.data() {
+        Data::F32(v) => {
+            let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
+            wr.extend(v.iter().copied()).map_err(io)?;
+            wr.finish().map_err(io)
+        }
+        Data::I64(v) => {
+            let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
+            wr.extend(v.iter().copied()).map_err(io)?;
+            wr.finish().map_err(io)
+        }
+        Data::Bool(v) => {
+            let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
+            wr.extend(v.iter().copied()).map_err(io)?;
+            wr.finish().map_err(io)
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The compiled form of a [`Problem`] that the search, the ILP and the bounds work on.
+//!
+//! Invariants: parallel edges are merged (one matrix per unordered node pair) and self-loops are
+//! folded into node costs, so the adjacency is simple; time is compressed to the *maximal* steps,
+//! the starts of segments whose live set is not contained in a neighbouring segment's (a step
+//! where some interval starts and after which some interval ends), and every node covers a
+//! contiguous range `range[i] = [a, b)` of those steps. Checking usage at these steps is exactly
+//! checking it at every time step.
+
+use std::collections::HashMap;
+
+use crate::problem::Problem;
+
+/// An entry of a node's adjacency list.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Adj {
+    /// The neighbour.
+    pub other: usize,
+    /// Offset in `Model::mats` of the matrix oriented `[s_other][s_self]` (row-major), so the
+    /// row for the neighbour's current strategy is a contiguous slice over our strategies.
+    pub mat: usize,
+    /// The edge forbids some pairs (entries of 10^17 or more): the two nodes must move together.
+    pub hard: bool,
+}
+
+/// A merged edge `(u, v)` with `u < v` and its matrix `[s_u][s_v]` at offset `mat`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MEdge {
+    pub u: usize,
+    pub v: usize,
+    pub mat: usize,
+}
+
+pub(crate) struct Model {
+    pub n: usize,
+    pub k: Vec<usize>,
+    pub off: Vec<usize>,
+    pub cost: Vec<f64>,
+    pub usage: Vec<i64>,
+    pub range: Vec<(usize, usize)>,
+    /// The original time of each compressed step.
+    pub steps: Vec<u64>,
+    pub limit: i64,
+    pub adj_start: Vec<usize>,
+    pub adj: Vec<Adj>,
+    pub mats: Vec<f64>,
+    pub edges: Vec<MEdge>,
+}
+
+impl Model {
+    pub fn new(p: &Problem) -> Model {
+        let n = p.nodes.len();
+        // Clamp usages so that no sum over all nodes can overflow an i64.
+        let cap = (i64::MAX as u64 / 4) / (n as u64 + 1);
+        let k: Vec<usize> = p.nodes.iter().map(|x| x.strategies()).collect();
+        let mut off = Vec::with_capacity(n + 1);
+        let mut acc = 0;
+        for &ki in &k {
+            off.push(acc);
+            acc += ki;
+        }
+        off.push(acc);
+        let mut cost: Vec<f64> = Vec::with_capacity(acc);
+        let mut usage: Vec<i64> = Vec::with_capacity(acc);
+        for node in &p.nodes {
+            cost.extend(node.costs.iter().map(|&c| c as f64));
+            usage.extend(node.usages.iter().map(|&u| u.min(cap) as i64));
+        }
+        let limit = p.usage_limit.map_or(i64::MAX / 2, |l| l.min(i64::MAX as u64 / 2) as i64);
+
+        // Merge parallel edges; fold self-loops.
+        let mut pair_index: HashMap<(usize, usize), usize> = HashMap::new();
+        let mut merged: Vec<(usize, usize, Vec<f64>)> = Vec::new();
+        for e in &p.edges {
+            let (a, b) = e.nodes;
+            if a == b {
+                let ka = k[a];
+                for s in 0..ka {
+                    cost[off[a] + s] += e.costs[s * ka + s] as f64;
+                }
+                continue;
+            }
+            let (u, v) = (a.min(b), a.max(b));
+            let idx = *pair_index.entry((u, v)).or_insert_with(|| {
+                merged.push((u, v, vec![0.0; k[u] * k[v]]));
+                merged.len() - 1
+            });
+            let m = &mut merged[idx].2;
+            let kb = k[b];
+            for sa in 0..k[a] {
+                for sb in 0..kb {
+                    let c = e.costs[sa * kb + sb] as f64;
+                    if a == u {
+                        m[sa * k[v] + sb] += c;
+                    } else {
+                        m[sb * k[v] + sa] += c;
+                    }
+                }
+            }
+        }
+        let mut mats = Vec::new();
+        let mut edges = Vec::with_capacity(merged.len());
+        let mut deg = vec![0usize; n];
+        let mut entries: Vec<(usize, Adj)> = Vec::with_capacity(2 * merged.len());
+        for (u, v, m) in merged {
+            let base = mats.len();
+            let (ku, kv) = (k[u], k[v]);
+            mats.extend_from_slice(&m);
+            // transpose [s_v][s_u]
+            for sv in 0..kv {
+                for su in 0..ku {
+                    mats.push(m[su * kv + sv]);
+                }
+            }
+            edges.push(MEdge { u, v, mat: base });
+            let hard = m.iter().any(|&c| c >= 1e17);
+            // For v the neighbour is u: oriented [s_u][s_v] = m.
+            entries.push((
+                v,
+                Adj {
+                    other: u,
+                    mat: base,
+                    hard,
+                },
+            ));
+            // For u the neighbour is v: oriented [s_v][s_u] = transpose.
+            entries.push((
+                u,
+                Adj {
+                    other: v,
+                    mat: base + ku * kv,
+                    hard,
+                },
+            ));
+            deg[u] += 1;
+            deg[v] += 1;
+        }
+        let mut adj_start = vec![0; n + 1];
+        for i in 0..n {
+            adj_start[i + 1] = adj_start[i] + deg[i];
+        }
+        let mut fill = adj_start.clone();
+        let mut adj = vec![
+            Adj {
+                other: 0,
+                mat: 0,
+                hard: false,
+            };
+            entries.len()
+        ];
+        for (i, a) in entries {
+            adj[fill[i]] = a;
+            fill[i] += 1;
+        }
+
+        let (steps, range) = compress_time(p);
+        Model {
+            n,
+            k,
+            off,
+            cost,
+            usage,
+            range,
+            steps,
+            limit,
+            adj_start,
+            adj,
+            mats,
+            edges,
+        }
+    }
+
+    #[inline]
+    pub fn adj(&self, i: usize) -> &[Adj] {
+        &self.adj[self.adj_start[i]..self.adj_start[i + 1]]
+    }
+
+    #[inline]
+    pub fn costs(&self, i: usize) -> &[f64] {
+        &self.cost[self.off[i]..self.off[i + 1]]
+    }
+
+    #[inline]
+    pub fn usages(&self, i: usize) -> &[i64] {
+        &self.usage[self.off[i]..self.off[i + 1]]
+    }
+
+    /// Row of the matrix of adjacency `a` of node `i` for the neighbour's strategy `so`.
+    #[inline]
+    pub fn row(&self, i: usize, a: &Adj, so: usize) -> &[f64] {
+        let ki = self.k[i];
+        &self.mats[a.mat + so * ki..a.mat + (so + 1) * ki]
+    }
+
+    /// Number of compressed time steps.
+    pub fn nsteps(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Cost of `x` computed from scratch (floating point).
+    pub fn total_cost(&self, x: &[usize]) -> f64 {
+        let mut c = 0.0;
+        for i in 0..self.n {
+            c += self.cost[self.off[i] + x[i]];
+        }
+        for e in &self.edges {
+            c += self.mats[e.mat + x[e.u] * self.k[e.v] + x[e.v]];
+        }
+        c
+    }
+
+    /// Usage at every compressed step for `x`.
+    pub fn usage_profile(&self, x: &[usize]) -> Vec<i64> {
+        let t = self.nsteps();
+        let mut diff = vec![0i64; t + 1];
+        for i in 0..self.n {
+            let (a, b) = self.range[i];
+            if a < b {
+                let u = self.usage[self.off[i] + x[i]];
+                diff[a] += u;
+                diff[b] -= u;
+            }
+        }
+        let mut cur = 0;
+        let mut out = Vec::with_capacity(t);
+        for d in diff.iter().take(t) {
+            cur += d;
+            out.push(cur);
+        }
+        out
+    }
+}
+
+/// Compressed maximal steps and each node's range over them.
+fn compress_time(p: &Problem) -> (Vec<u64>, Vec<(usize, usize)>) {
+    let mut starts: Vec<u64> = Vec::new();
+    let mut ends: Vec<u64> = Vec::new();
+    for node in &p.nodes {
+        let (s, e) = node.interval;
+        if s < e {
+            starts.push(s);
+            ends.push(e);
+        }
+    }
+    starts.sort_unstable();
+    starts.dedup();
+    ends.sort_unstable();
+    ends.dedup();
+    let mut points: Vec<u64> = starts.iter().chain(&ends).copied().collect();
+    points.sort_unstable();
+    points.dedup();
+    let mut steps = Vec::new();
+    for w in points.windows(2) {
+        if starts.binary_search(&w[0]).is_ok() && ends.binary_search(&w[1]).is_ok() {
+            steps.push(w[0]);
+        }
+    }
+    let range = p
+        .nodes
+        .iter()
+        .map(|node| {
+            let (s, e) = node.interval;
+            if s >= e {
+                return (0, 0);
+            }
+            let a = steps.partition_point(|&t| t < s);
+            let b = steps.partition_point(|&t| t < e);
+            (a, b)
+        })
+        .collect();
+    (steps, range)
+}

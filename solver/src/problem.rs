@@ -1,0 +1,310 @@
+//! The cost-graph problem and its IOPDDL JSON form.
+//!
+//! Invariants kept by [`Problem::validate`] (and so by every problem this module reads):
+//! every node has at least one strategy and as many usages as costs; every interval has
+//! `start <= end`; every edge names existing nodes and its cost matrix has
+//! `|strategies(u)| * |strategies(v)|` entries, row-major over `u` then `v`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One operator: its live interval and its strategies' costs and memory usages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// Half-open live interval `[start, end)`: the node is live at time `t` iff `start <= t < end`.
+    pub interval: (u64, u64),
+    /// Cost of each strategy.
+    pub costs: Vec<u64>,
+    /// Memory usage of each strategy while the node is live.
+    pub usages: Vec<u64>,
+}
+
+impl Node {
+    /// Number of strategies.
+    pub fn strategies(&self) -> usize {
+        self.costs.len()
+    }
+}
+
+/// A dependency between two nodes with a cost for every pair of their strategies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Edge {
+    /// The two endpoints `(u, v)`.
+    pub nodes: (usize, usize),
+    /// Row-major costs: the pair `(s_u, s_v)` costs `costs[s_u * |strategies(v)| + s_v]`.
+    pub costs: Vec<u64>,
+}
+
+/// A cost-graph problem: choose one strategy per node minimising node plus edge costs, such that
+/// at every time step the usages of the live nodes sum to at most `usage_limit`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Problem {
+    /// Name (free text).
+    pub name: String,
+    /// Nodes, indexed from 0.
+    pub nodes: Vec<Node>,
+    /// Edges.
+    pub edges: Vec<Edge>,
+    /// Memory limit per time step; `None` means unlimited.
+    pub usage_limit: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileJson {
+    problem: ProblemJson,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ProblemJson {
+    #[serde(default)]
+    name: String,
+    nodes: NodesJson,
+    #[serde(default)]
+    edges: EdgesJson,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    usage_limit: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct NodesJson {
+    intervals: Vec<[u64; 2]>,
+    costs: Vec<Vec<u64>>,
+    usages: Vec<Vec<u64>>,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct EdgesJson {
+    #[serde(default)]
+    nodes: Vec<[usize; 2]>,
+    #[serde(default)]
+    costs: Vec<Vec<u64>>,
+}
+
+impl Problem {
+    /// Reads an IOPDDL problem from a `.json` or gzipped file (detected by its magic bytes).
+    pub fn read(path: impl AsRef<Path>) -> Result<Problem> {
+        let path = path.as_ref();
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let raw = std::fs::read(path).map_err(io)?;
+        let text = if raw.starts_with(&[0x1f, 0x8b]) {
+            let mut out = Vec::new();
+            flate2::read::MultiGzDecoder::new(&raw[..])
+                .read_to_end(&mut out)
+                .map_err(|e| Error::Parse {
+                    path: path.to_path_buf(),
+                    message: format!("bad gzip data: {e}"),
+                })?;
+            out
+        } else {
+            raw
+        };
+        Self::from_json_bytes_at(&text, path.to_path_buf())
+    }
+
+    /// Parses an IOPDDL problem from JSON bytes.
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<Problem> {
+        Self::from_json_bytes_at(bytes, PathBuf::from("<memory>"))
+    }
+
+    fn from_json_bytes_at(bytes: &[u8], path: PathBuf) -> Result<Problem> {
+        let file: FileJson = serde_json::from_slice(bytes).map_err(|e| Error::Parse {
+            path,
+            message: e.to_string(),
+        })?;
+        let p = file.problem;
+        let n = p.nodes.intervals.len();
+        if p.nodes.costs.len() != n || p.nodes.usages.len() != n {
+            return Err(Error::InvalidProblem(format!(
+                "nodes.intervals has {n} entries but nodes.costs has {} and nodes.usages has {}",
+                p.nodes.costs.len(),
+                p.nodes.usages.len()
+            )));
+        }
+        if p.edges.nodes.len() != p.edges.costs.len() {
+            return Err(Error::InvalidProblem(format!(
+                "edges.nodes has {} entries but edges.costs has {}",
+                p.edges.nodes.len(),
+                p.edges.costs.len()
+            )));
+        }
+        let nodes = p
+            .nodes
+            .intervals
+            .into_iter()
+            .zip(p.nodes.costs)
+            .zip(p.nodes.usages)
+            .map(|((iv, costs), usages)| Node {
+                interval: (iv[0], iv[1]),
+                costs,
+                usages,
+            })
+            .collect();
+        let edges = p
+            .edges
+            .nodes
+            .into_iter()
+            .zip(p.edges.costs)
+            .map(|(uv, costs)| Edge {
+                nodes: (uv[0], uv[1]),
+                costs,
+            })
+            .collect();
+        let problem = Problem {
+            name: p.name,
+            nodes,
+            edges,
+            usage_limit: p.usage_limit,
+        };
+        problem.validate()?;
+        Ok(problem)
+    }
+
+    /// Checks the invariants listed in the module docs.
+    pub fn validate(&self) -> Result<()> {
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.costs.is_empty() {
+                return Err(Error::InvalidProblem(format!("node {i} has no strategies")));
+            }
+            if node.costs.len() != node.usages.len() {
+                return Err(Error::InvalidProblem(format!(
+                    "node {i} has {} costs but {} usages",
+                    node.costs.len(),
+                    node.usages.len()
+                )));
+            }
+            if node.interval.0 > node.interval.1 {
+                return Err(Error::InvalidProblem(format!(
+                    "node {i} has interval [{}, {}) with start after end",
+                    node.interval.0, node.interval.1
+                )));
+            }
+        }
+        let n = self.nodes.len();
+        for (e, edge) in self.edges.iter().enumerate() {
+            let (u, v) = edge.nodes;
+            if u >= n || v >= n {
+                return Err(Error::InvalidProblem(format!(
+                    "edge {e} joins nodes {u} and {v} but there are only {n} nodes"
+                )));
+            }
+            let want = self.nodes[u].strategies() * self.nodes[v].strategies();
+            if edge.costs.len() != want {
+                return Err(Error::InvalidProblem(format!(
+                    "edge {e} ({u}, {v}) has {} costs, expected {} x {} = {want}",
+                    edge.costs.len(),
+                    self.nodes[u].strategies(),
+                    self.nodes[v].strategies()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The IOPDDL JSON text of this problem.
+    pub fn to_json(&self) -> String {
+        let file = FileJson {
+            problem: ProblemJson {
+                name: self.name.clone(),
+                nodes: NodesJson {
+                    intervals: self
+                        .nodes
+                        .iter()
+                        .map(|n| [n.interval.0, n.interval.1])
+                        .collect(),
+                    costs: self.nodes.iter().map(|n| n.costs.clone()).collect(),
+                    usages: self.nodes.iter().map(|n| n.usages.clone()).collect(),
+                },
+                edges: EdgesJson {
+                    nodes: self.edges.iter().map(|e| [e.nodes.0, e.nodes.1]).collect(),
+                    costs: self.edges.iter().map(|e| e.costs.clone()).collect(),
+                },
+                usage_limit: self.usage_limit,
+            },
+        };
+        // Serialising plain integers and strings cannot fail.
+        serde_json::to_string(&file).unwrap_or_default()
+    }
+
+    /// Writes the problem as IOPDDL JSON, gzipped when the path ends in `.gz`.
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let text = self.to_json();
+        if path.extension().is_some_and(|e| e == "gz") {
+            let file = std::fs::File::create(path).map_err(io)?;
+            let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
+            gz.write_all(text.as_bytes()).map_err(io)?;
+            gz.finish().map_err(io)?;
+            Ok(())
+        } else {
+            std::fs::write(path, text).map_err(io)
+        }
+    }
+
+    /// Total number of strategies over all nodes.
+    pub fn total_strategies(&self) -> usize {
+        self.nodes.iter().map(Node::strategies).sum()
+    }
+
+    /// Checks that `solution` has one in-range strategy per node.
+    pub fn check_solution(&self, solution: &[usize]) -> Result<()> {
+        if solution.len() != self.nodes.len() {
+            return Err(Error::InvalidSolution(format!(
+                "{} strategies given for {} nodes",
+                solution.len(),
+                self.nodes.len()
+            )));
+        }
+        for (i, (&s, node)) in solution.iter().zip(&self.nodes).enumerate() {
+            if s >= node.strategies() {
+                return Err(Error::InvalidSolution(format!(
+                    "node {i} has strategy {s} but only {} strategies",
+                    node.strategies()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a solution file: a JSON list of strategy indices (or `{"solution": [...]}`).
+pub fn read_solution(path: impl AsRef<Path>) -> Result<Vec<usize>> {
+    let path = path.as_ref();
+    let raw = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Sol {
+        List(Vec<usize>),
+        Obj { solution: Vec<usize> },
+    }
+    match serde_json::from_slice::<Sol>(&raw) {
+        Ok(Sol::List(v)) | Ok(Sol::Obj { solution: v }) => Ok(v),
+        Err(e) => Err(Error::Parse {
+            path: path.to_path_buf(),
+            message: format!("expected a JSON list of strategy indices: {e}"),
+        }),
+    }
+}
+
+/// Writes a solution as a JSON list of strategy indices.
+pub fn write_solution(path: impl AsRef<Path>, solution: &[usize]) -> Result<()> {
+    let path = path.as_ref();
+    let text = serde_json::to_string(solution).unwrap_or_default();
+    std::fs::write(path, text + "\n").map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

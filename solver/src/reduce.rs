@@ -1,0 +1,501 @@
+//! Reductions that keep the optimum: a smaller problem plus the means to map its solutions back.
+//!
+//! In order:
+//! 1. self-loops are folded into node costs and parallel edges merged;
+//! 2. strategies costing [`INFINITE`] or more are removed where the node has a finite one (kept
+//!    only if removing them would make the memory limit unreachable);
+//! 3. dominated strategies are removed: `s` is dominated by `s'` when `s'` costs no more, uses no
+//!    more memory, and costs no more on every incident edge against every neighbour strategy;
+//! 4. edges to single-strategy nodes are folded into the neighbour's costs;
+//! 5. nodes whose memory does not depend on their strategy are eliminated when they have one
+//!    neighbour (their best response is folded into the neighbour's costs) or two (a new edge
+//!    between the two neighbours holds the best response to each pair), until nothing changes;
+//! 6. nodes left with no edges and irrelevant memory take their cheapest strategy.
+//!
+//! Node indices are kept: an eliminated node stays as a single-strategy node with cost 0 and its
+//! (fixed) usage, so intervals and time steps are untouched. For every solution `x` of the
+//! reduced problem, `expand(x)` is a solution of the original with exactly the same cost and
+//! usage profile, and the optimum is preserved.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::problem::{Edge, Node, Problem};
+
+/// Node and edge costs at or above this are treated as forbidden.
+pub const INFINITE: u64 = 100_000_000_000_000_000;
+
+/// How an eliminated node picks its strategy back.
+#[derive(Clone, Debug)]
+enum Recover {
+    /// Fixed strategy.
+    Fixed { node: usize, s: usize },
+    /// Best response to one neighbour: `table[s_nb]`.
+    One {
+        node: usize,
+        nb: usize,
+        table: Vec<u32>,
+    },
+    /// Best response to two neighbours: `table[s_a * k_b + s_b]`.
+    Two {
+        node: usize,
+        a: usize,
+        b: usize,
+        kb: usize,
+        table: Vec<u32>,
+    },
+}
+
+/// A reduced problem and the map back to the original.
+#[derive(Clone, Debug)]
+pub struct Reduction {
+    /// The reduced problem (same node count and intervals as the original).
+    pub problem: Problem,
+    /// For each node, the original index of each kept strategy.
+    keep: Vec<Vec<usize>>,
+    /// Eliminations in the order they were made.
+    steps: Vec<Recover>,
+    /// Statistics for messages.
+    pub stats: ReductionStats,
+}
+
+/// What the reductions removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReductionStats {
+    /// Strategies removed as infinite or dominated.
+    pub strategies_removed: usize,
+    /// Nodes eliminated (degree 0, 1 or 2) or left with one strategy.
+    pub nodes_eliminated: usize,
+    /// Edges left.
+    pub edges_left: usize,
+}
+
+impl Reduction {
+    /// Maps a solution of the reduced problem to one of the original with the same cost.
+    pub fn expand(&self, reduced: &[usize]) -> Vec<usize> {
+        let mut x: Vec<usize> = reduced.to_vec();
+        for step in self.steps.iter().rev() {
+            match step {
+                Recover::Fixed { node, s } => x[*node] = *s,
+                Recover::One { node, nb, table } => x[*node] = table[x[*nb]] as usize,
+                Recover::Two {
+                    node,
+                    a,
+                    b,
+                    kb,
+                    table,
+                } => x[*node] = table[x[*a] * kb + x[*b]] as usize,
+            }
+        }
+        x.iter()
+            .enumerate()
+            .map(|(i, &s)| self.keep[i].get(s).copied().unwrap_or(0))
+            .collect()
+    }
+}
+
+struct Work {
+    costs: Vec<Vec<u64>>,
+    usages: Vec<Vec<u64>>,
+    intervals: Vec<(u64, u64)>,
+    /// Edge matrices keyed by `(u, v)` with `u < v`, oriented `[s_u][s_v]`.
+    edges: BTreeMap<(usize, usize), Vec<u64>>,
+    nbrs: Vec<BTreeSet<usize>>,
+}
+
+impl Work {
+    fn k(&self, i: usize) -> usize {
+        self.costs[i].len()
+    }
+
+    /// Edge cost between `i` at `si` and `j` at `sj`.
+    fn cost(&self, i: usize, si: usize, j: usize, sj: usize) -> u64 {
+        if i < j {
+            self.edges[&(i, j)][si * self.k(j) + sj]
+        } else {
+            self.edges[&(j, i)][sj * self.k(i) + si]
+        }
+    }
+
+    fn add_edge(&mut self, i: usize, j: usize, f: impl Fn(usize, usize) -> u64) {
+        let (u, v) = (i.min(j), i.max(j));
+        let (ku, kv) = (self.k(u), self.k(v));
+        let m = self
+            .edges
+            .entry((u, v))
+            .or_insert_with(|| vec![0; ku * kv]);
+        for su in 0..ku {
+            for sv in 0..kv {
+                let c = if u == i { f(su, sv) } else { f(sv, su) };
+                m[su * kv + sv] = m[su * kv + sv].saturating_add(c);
+            }
+        }
+        self.nbrs[u].insert(v);
+        self.nbrs[v].insert(u);
+    }
+
+    fn remove_edge(&mut self, i: usize, j: usize) {
+        self.edges.remove(&(i.min(j), i.max(j)));
+        self.nbrs[i].remove(&j);
+        self.nbrs[j].remove(&i);
+    }
+
+    fn memory_free(&self, i: usize) -> bool {
+        let (s, e) = self.intervals[i];
+        s >= e || self.usages[i].iter().all(|&u| u == self.usages[i][0])
+    }
+
+    /// Keeps only strategies `keep` (indices into the current list) of node `i`.
+    fn restrict(&mut self, i: usize, keep: &[usize]) {
+        let ki = self.k(i);
+        self.costs[i] = keep.iter().map(|&s| self.costs[i][s]).collect();
+        self.usages[i] = keep.iter().map(|&s| self.usages[i][s]).collect();
+        let nk = keep.len();
+        for &j in &self.nbrs[i].clone() {
+            let kj = self.k(j);
+            let key = (i.min(j), i.max(j));
+            let old = &self.edges[&key];
+            let new: Vec<u64> = if i < j {
+                keep.iter()
+                    .flat_map(|&s| old[s * kj..(s + 1) * kj].iter().copied())
+                    .collect()
+            } else {
+                (0..kj)
+                    .flat_map(|t| keep.iter().map(move |&s| old[t * ki + s]))
+                    .collect()
+            };
+            debug_assert_eq!(new.len(), nk * kj);
+            self.edges.insert(key, new);
+        }
+    }
+
+    fn min_peak_ok(&self, limit: Option<u64>) -> bool {
+        let Some(limit) = limit else { return true };
+        let p = Problem {
+            name: String::new(),
+            nodes: (0..self.costs.len())
+                .map(|i| Node {
+                    interval: self.intervals[i],
+                    costs: vec![0],
+                    usages: vec![self.usages[i].iter().copied().min().unwrap_or(0)],
+                })
+                .collect(),
+            edges: vec![],
+            usage_limit: Some(limit),
+        };
+        p.min_peak_usage().0 <= limit as u128
+    }
+}
+
+/// Reduces a (valid) problem.
+pub fn reduce(p: &Problem) -> Reduction {
+    let n = p.nodes.len();
+    let mut w = Work {
+        costs: p.nodes.iter().map(|x| x.costs.clone()).collect(),
+        usages: p.nodes.iter().map(|x| x.usages.clone()).collect(),
+        intervals: p.nodes.iter().map(|x| x.interval).collect(),
+        edges: BTreeMap::new(),
+        nbrs: vec![BTreeSet::new(); n],
+    };
+    // 1. Self-loops and parallel edges.
+    for e in &p.edges {
+        let (a, b) = e.nodes;
+        let kb = p.nodes[b].strategies();
+        if a == b {
+            for s in 0..kb {
+                w.costs[a][s] = w.costs[a][s].saturating_add(e.costs[s * kb + s]);
+            }
+        } else {
+            w.add_edge(a, b, |sa, sb| e.costs[sa * kb + sb]);
+        }
+    }
+    let mut keep: Vec<Vec<usize>> = p.nodes.iter().map(|x| (0..x.strategies()).collect()).collect();
+    let mut stats = ReductionStats::default();
+
+    // 2. Infinite strategies, if memory still fits without them.
+    let mut finite_keep: Vec<Option<Vec<usize>>> = vec![None; n];
+    for i in 0..n {
+        let fin: Vec<usize> = (0..w.k(i)).filter(|&s| w.costs[i][s] < INFINITE).collect();
+        if !fin.is_empty() && fin.len() < w.k(i) {
+            finite_keep[i] = Some(fin);
+        }
+    }
+    let saved_usages = w.usages.clone();
+    for (i, f) in finite_keep.iter().enumerate() {
+        if let Some(f) = f {
+            w.usages[i] = f.iter().map(|&s| saved_usages[i][s]).collect();
+        }
+    }
+    let drop_infinite = w.min_peak_ok(p.usage_limit);
+    w.usages = saved_usages;
+    if drop_infinite {
+        for (i, f) in finite_keep.into_iter().enumerate() {
+            if let Some(f) = f {
+                stats.strategies_removed += w.k(i) - f.len();
+                keep[i] = f.iter().map(|&s| keep[i][s]).collect();
+                w.restrict(i, &f);
+            }
+        }
+    }
+
+    // 3. Dominated strategies.
+    for i in 0..n {
+        let ki = w.k(i);
+        if ki < 2 {
+            continue;
+        }
+        let mem = !w.memory_free(i);
+        let nb: Vec<usize> = w.nbrs[i].iter().copied().collect();
+        let mut dominated = vec![false; ki];
+        for s in 0..ki {
+            for t in 0..ki {
+                if s == t || dominated[t] {
+                    continue;
+                }
+                // Does t dominate s? (Ties: the lower index survives.)
+                if w.costs[i][t] > w.costs[i][s] || (mem && w.usages[i][t] > w.usages[i][s]) {
+                    continue;
+                }
+                let equal_node = w.costs[i][t] == w.costs[i][s]
+                    && (!mem || w.usages[i][t] == w.usages[i][s]);
+                let mut all_le = true;
+                let mut all_eq = equal_node;
+                'nb: for &j in &nb {
+                    for sj in 0..w.k(j) {
+                        let (ct, cs) = (w.cost(i, t, j, sj), w.cost(i, s, j, sj));
+                        if ct > cs {
+                            all_le = false;
+                            break 'nb;
+                        }
+                        if ct != cs {
+                            all_eq = false;
+                        }
+                    }
+                }
+                if all_le && (!all_eq || t < s) {
+                    dominated[s] = true;
+                    break;
+                }
+            }
+        }
+        if dominated.iter().any(|&d| d) {
+            let kept: Vec<usize> = (0..ki).filter(|&s| !dominated[s]).collect();
+            stats.strategies_removed += ki - kept.len();
+            keep[i] = kept.iter().map(|&s| keep[i][s]).collect();
+            w.restrict(i, &kept);
+        }
+    }
+
+    // 4-6. Folding and elimination, driven by a work list.
+    let mut steps = Vec::new();
+    let mut eliminated = vec![false; n];
+    let mut queue: Vec<usize> = (0..n).collect();
+    while let Some(i) = queue.pop() {
+        if eliminated[i] {
+            continue;
+        }
+        let deg = w.nbrs[i].len();
+        if w.k(i) == 1 && deg > 0 {
+            // Fold edges into neighbours.
+            for j in w.nbrs[i].clone() {
+                let kj = w.k(j);
+                let add: Vec<u64> = (0..kj).map(|sj| w.cost(i, 0, j, sj)).collect();
+                for (c, a) in w.costs[j].iter_mut().zip(add) {
+                    *c = c.saturating_add(a);
+                }
+                w.remove_edge(i, j);
+                queue.push(j);
+            }
+            continue;
+        }
+        if w.k(i) == 1 || !w.memory_free(i) {
+            continue;
+        }
+        let ki = w.k(i);
+        match deg {
+            0 => {
+                let s = (0..ki).min_by_key(|&s| w.costs[i][s]).unwrap_or(0);
+                steps.push(Recover::Fixed { node: i, s });
+                let c = w.costs[i][s];
+                make_ghost(&mut w, i, s);
+                w.costs[i][0] = c;
+                eliminated[i] = true;
+            }
+            1 => {
+                let j = *w.nbrs[i].iter().next().unwrap_or(&i);
+                let kj = w.k(j);
+                let mut table = Vec::with_capacity(kj);
+                let mut add = Vec::with_capacity(kj);
+                for sj in 0..kj {
+                    let (s, c) = (0..ki)
+                        .map(|s| (s, w.costs[i][s].saturating_add(w.cost(i, s, j, sj))))
+                        .min_by_key(|&(_, c)| c)
+                        .unwrap_or((0, 0));
+                    table.push(s as u32);
+                    add.push(c);
+                }
+                for (c, a) in w.costs[j].iter_mut().zip(add) {
+                    *c = c.saturating_add(a);
+                }
+                w.remove_edge(i, j);
+                steps.push(Recover::One {
+                    node: i,
+                    nb: j,
+                    table,
+                });
+                make_ghost(&mut w, i, 0);
+                eliminated[i] = true;
+                queue.push(j);
+            }
+            2 => {
+                let mut it = w.nbrs[i].iter();
+                let (a, b) = match (it.next(), it.next()) {
+                    (Some(&a), Some(&b)) => (a, b),
+                    _ => continue,
+                };
+                let (ka, kb) = (w.k(a), w.k(b));
+                if ka * kb > 4096 && ka * kb > ki * (ka + kb) {
+                    continue;
+                }
+                let mut table = Vec::with_capacity(ka * kb);
+                let mut mat = Vec::with_capacity(ka * kb);
+                let ca: Vec<Vec<u64>> = (0..ki)
+                    .map(|s| (0..ka).map(|sa| w.cost(i, s, a, sa)).collect())
+                    .collect();
+                let cb: Vec<Vec<u64>> = (0..ki)
+                    .map(|s| (0..kb).map(|sb| w.cost(i, s, b, sb)).collect())
+                    .collect();
+                for sa in 0..ka {
+                    for sb in 0..kb {
+                        let (s, c) = (0..ki)
+                            .map(|s| {
+                                (
+                                    s,
+                                    w.costs[i][s]
+                                        .saturating_add(ca[s][sa])
+                                        .saturating_add(cb[s][sb]),
+                                )
+                            })
+                            .min_by_key(|&(_, c)| c)
+                            .unwrap_or((0, 0));
+                        table.push(s as u32);
+                        mat.push(c);
+                    }
+                }
+                w.remove_edge(i, a);
+                w.remove_edge(i, b);
+                w.add_edge(a, b, |sa, sb| mat[sa * kb + sb]);
+                steps.push(Recover::Two {
+                    node: i,
+                    a,
+                    b,
+                    kb,
+                    table,
+                });
+                make_ghost(&mut w, i, 0);
+                eliminated[i] = true;
+                queue.push(a);
+                queue.push(b);
+            }
+            _ => {}
+        }
+    }
+    stats.nodes_eliminated = (0..n).filter(|&i| w.k(i) == 1).count();
+    stats.edges_left = w.edges.len();
+
+    let nodes = (0..n)
+        .map(|i| Node {
+            interval: w.intervals[i],
+            costs: w.costs[i].clone(),
+            usages: w.usages[i].clone(),
+        })
+        .collect();
+    let edges = w
+        .edges
+        .iter()
+        .map(|(&(u, v), m)| Edge {
+            nodes: (u, v),
+            costs: m.clone(),
+        })
+        .collect();
+    Reduction {
+        problem: Problem {
+            name: p.name.clone(),
+            nodes,
+            edges,
+            usage_limit: p.usage_limit,
+        },
+        keep,
+        steps,
+        stats,
+    }
+}
+
+/// Turns node `i` into a single-strategy node with cost 0 and the usage of strategy `s`
+/// (which is its usage whatever the strategy, or irrelevant).
+fn make_ghost(w: &mut Work, i: usize, s: usize) {
+    let u = w.usages[i].get(s).copied().unwrap_or(0);
+    w.costs[i] = vec![0];
+    w.usages[i] = vec![u];
+}
+
+/// The trivial reduction (the problem itself, with self-loops and parallel edges left as they
+/// are): for comparing with and without reductions.
+pub fn identity(p: &Problem) -> Reduction {
+    Reduction {
+        problem: p.clone(),
+        keep: p.nodes.iter().map(|x| (0..x.strategies()).collect()).collect(),
+        steps: Vec::new(),
+        stats: ReductionStats {
+            strategies_removed: 0,
+            nodes_eliminated: 0,
+            edges_left: p.edges.len(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Model;
+    use rand::{Rng, SeedableRng};
+
+    fn check(p: &Problem) {
+        let r = reduce(p);
+        let m = Model::new(p);
+        let mr = Model::new(&r.problem);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        for _ in 0..20 {
+            let x: Vec<usize> = r
+                .problem
+                .nodes
+                .iter()
+                .map(|n| rng.random_range(0..n.strategies()))
+                .collect();
+            let full = r.expand(&x);
+            let a = r.problem.evaluate(&x).unwrap();
+            let b = p.evaluate(&full).unwrap();
+            assert_eq!(a.cost, b.cost, "expand keeps the cost");
+            assert_eq!(a.peak_usage, b.peak_usage, "expand keeps the usage");
+            let close = |x: f64, y: u128| (x - y as f64).abs() <= 1e-9 * (y as f64).max(1.0);
+            assert!(close(mr.total_cost(&x), a.cost));
+            assert!(close(m.total_cost(&full), b.cost));
+        }
+    }
+
+    #[test]
+    fn expand_keeps_cost_on_example() {
+        let p = Problem::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/example.json"))
+            .unwrap();
+        check(&p);
+    }
+
+    #[test]
+    fn expand_keeps_cost_on_b() {
+        let p = Problem::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/asplos-2025-iopddl-B.json.gz"
+        ))
+        .unwrap();
+        check(&p);
+    }
+}

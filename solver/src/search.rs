@@ -1,0 +1,1134 @@
+//! Large-scale heuristic search: Lagrangian construction, greedy memory repair, then local search
+//! with node moves and exact dynamic programming over random induced trees, under a deadline,
+//! keeping the best feasible solution found (anytime).
+//!
+//! The search only ever reports solutions whose memory feasibility was checked at every maximal
+//! time step (see [`crate::model`]); costs are tracked in floating point and recomputed exactly by
+//! the caller.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::ilp::MipBackend;
+use crate::model::Model;
+use crate::segtree::SegTree;
+
+/// The state of one search thread.
+pub(crate) struct State<'m> {
+    m: &'m Model,
+    pub x: Vec<usize>,
+    seg: SegTree,
+    pub cost: f64,
+    buf: Vec<f64>,
+}
+
+impl<'m> State<'m> {
+    pub fn new(m: &'m Model, x: Vec<usize>) -> State<'m> {
+        let seg = SegTree::new(&m.usage_profile(&x));
+        let cost = m.total_cost(&x);
+        State {
+            m,
+            x,
+            seg,
+            cost,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Largest usage over the compressed steps `[l, r)`.
+    pub fn usage_max(&self, l: usize, r: usize) -> i64 {
+        self.seg.max(l, r)
+    }
+
+    pub fn feasible(&self) -> bool {
+        self.m.nsteps() == 0 || self.seg.global_max() <= self.m.limit
+    }
+
+    /// Local cost of every strategy of `i` given its neighbours: node cost plus edge costs.
+    fn local_into(m: &Model, x: &[usize], i: usize, out: &mut Vec<f64>) {
+        out.clear();
+        out.extend_from_slice(m.costs(i));
+        for a in m.adj(i) {
+            let row = m.row(i, a, x[a.other]);
+            for (o, r) in out.iter_mut().zip(row) {
+                *o += r;
+            }
+        }
+    }
+
+    /// Sets node `i` to strategy `s`, keeping cost and usage up to date.
+    pub fn set(&mut self, i: usize, s: usize) {
+        let old = self.x[i];
+        if old == s {
+            return;
+        }
+        let m = self.m;
+        let mut d = m.cost[m.off[i] + s] - m.cost[m.off[i] + old];
+        for a in m.adj(i) {
+            let row = m.row(i, a, self.x[a.other]);
+            d += row[s] - row[old];
+        }
+        self.cost += d;
+        let du = m.usage[m.off[i] + s] - m.usage[m.off[i] + old];
+        let (l, r) = m.range[i];
+        self.seg.add(l, r, du);
+        self.x[i] = s;
+    }
+
+    /// One sweep of best-improvement node moves on `cost + pen[i] * usage`, with the memory limit
+    /// enforced when `feasible_only`. Returns the number of moves.
+    pub fn sweep(&mut self, order: &[usize], pen: Option<&[f64]>, feasible_only: bool) -> usize {
+        let m = self.m;
+        let mut moves = 0;
+        let mut buf = std::mem::take(&mut self.buf);
+        for &i in order {
+            if m.k[i] < 2 {
+                continue;
+            }
+            Self::local_into(m, &self.x, i, &mut buf);
+            let us = m.usages(i);
+            let cur = self.x[i];
+            let p = pen.map_or(0.0, |p| p[i]);
+            if p != 0.0 {
+                for (b, &u) in buf.iter_mut().zip(us) {
+                    *b += p * u as f64;
+                }
+            }
+            let (l, r) = m.range[i];
+            let head = if feasible_only && l < r {
+                m.limit - self.seg.max(l, r) + us[cur]
+            } else {
+                i64::MAX
+            };
+            let mut best = cur;
+            let mut best_v = buf[cur];
+            for (s, (&v, &u)) in buf.iter().zip(us).enumerate() {
+                if v < best_v - 1e-9 * best_v.abs().max(1.0) && u <= head {
+                    best = s;
+                    best_v = v;
+                }
+            }
+            if best != cur {
+                self.set(i, best);
+                moves += 1;
+            }
+        }
+        self.buf = buf;
+        moves
+    }
+
+    /// Memory-coupled pair move: try every usage-increasing strategy of `i` that the limit
+    /// blocks, together with a usage-decreasing strategy of some node live at the blocking step.
+    /// Keeps the first combination that lowers the cost. For small problems, where single-node
+    /// and tree moves cannot trade memory between unconnected nodes.
+    pub fn pair_move(&mut self, i: usize) -> bool {
+        let m = self.m;
+        let (l, r) = m.range[i];
+        if l >= r || m.k[i] < 2 {
+            return false;
+        }
+        let before = self.cost;
+        let tol = 1e-9 * before.abs().max(1.0);
+        let cur = self.x[i];
+        let us = m.usages(i);
+        for s in 0..m.k[i] {
+            if s == cur || us[s] <= us[cur] {
+                continue;
+            }
+            self.set(i, s);
+            if self.feasible() {
+                if self.cost < before - tol {
+                    return true;
+                }
+                self.set(i, cur);
+                continue;
+            }
+            let t = self.seg.argmax();
+            for j in 0..m.n {
+                let (lj, rj) = m.range[j];
+                if j == i || m.k[j] < 2 || !(lj <= t && t < rj) {
+                    continue;
+                }
+                let old = self.x[j];
+                let uj = m.usages(j);
+                for s2 in 0..m.k[j] {
+                    if uj[s2] >= uj[old] {
+                        continue;
+                    }
+                    self.set(j, s2);
+                    if self.feasible() && self.cost < before - tol {
+                        return true;
+                    }
+                    self.set(j, old);
+                }
+            }
+            self.set(i, cur);
+        }
+        false
+    }
+
+    /// Greedy memory repair: while some step is over the limit, take the step with the largest
+    /// excess and apply the usage-reducing move with the best cost per unit of usage removed.
+    /// Returns false when no move can reduce the excess (cannot happen on a feasible problem).
+    pub fn repair(&mut self, pen: Option<&[f64]>, deadline: Instant) -> bool {
+        let m = self.m;
+        let mut buf = Vec::new();
+        let mut iter = 0usize;
+        while !self.feasible() {
+            iter += 1;
+            if iter % 64 == 0 && Instant::now() > deadline {
+                return false;
+            }
+            let t = self.seg.argmax();
+            let excess = self.seg.global_max() - m.limit;
+            let mut best: Option<(f64, usize, usize)> = None;
+            for i in 0..m.n {
+                let (l, r) = m.range[i];
+                if !(l <= t && t < r) || m.k[i] < 2 {
+                    continue;
+                }
+                let us = m.usages(i);
+                let cur = self.x[i];
+                if us.iter().all(|&u| u >= us[cur]) {
+                    continue;
+                }
+                Self::local_into(m, &self.x, i, &mut buf);
+                let p = pen.map_or(0.0, |p| p[i]);
+                for s in 0..m.k[i] {
+                    if us[s] >= us[cur] {
+                        continue;
+                    }
+                    let gain = (us[cur] - us[s]).min(excess) as f64;
+                    let dc = (buf[s] - buf[cur]) + p * (us[s] - us[cur]) as f64;
+                    if dc >= 1e17 {
+                        continue; // would break a hard edge
+                    }
+                    let ratio = dc / gain;
+                    if best.is_none_or(|b| ratio < b.0) {
+                        best = Some((ratio, i, s));
+                    }
+                }
+            }
+            match best {
+                Some((_, i, s)) => self.set(i, s),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Dynamic programming over `tree` on `cost + pen * scale * usage`, where edges to nodes
+    /// outside the tree, and non-tree edges inside it, are conditioned on the current strategies
+    /// (exact when the tree is induced). Applies the result when `accept` allows it.
+    /// Returns true if the accepted objective strictly decreased.
+    pub fn tree_move(
+        &mut self,
+        tree: &Tree,
+        pen: &[f64],
+        scale: f64,
+        accept: Accept,
+        ws: &mut TreeWork,
+    ) -> bool {
+        let m = self.m;
+        let nt = tree.nodes.len();
+        if nt == 0 {
+            return false;
+        }
+        ws.off.clear();
+        let mut acc = 0;
+        for &v in &tree.nodes {
+            ws.off.push(acc);
+            acc += m.k[v];
+        }
+        ws.total.clear();
+        ws.total.resize(acc, 0.0);
+        ws.parent_adj.clear();
+        ws.parent_adj.resize(nt, usize::MAX);
+        for (j, &v) in tree.nodes.iter().enumerate() {
+            let o = ws.off[j];
+            let kv = m.k[v];
+            let tot = &mut ws.total[o..o + kv];
+            tot.copy_from_slice(m.costs(v));
+            let pv = tree.parent[j];
+            for (ai, a) in m.adj(v).iter().enumerate() {
+                let w = a.other;
+                if tree.contains(w) {
+                    let pw = tree.parent[tree.pos[w]];
+                    if pv != usize::MAX && tree.nodes[pv] == w {
+                        ws.parent_adj[j] = m.adj_start[v] + ai;
+                        continue;
+                    }
+                    if pw == j {
+                        continue; // child edge: handled by the child's message
+                    }
+                }
+                let row = m.row(v, a, self.x[w]);
+                for (t, r) in tot.iter_mut().zip(row) {
+                    *t += r;
+                }
+            }
+            let p = pen[v] * scale;
+            if p != 0.0 {
+                for (t, &u) in tot.iter_mut().zip(m.usages(v)) {
+                    *t += p * u as f64;
+                }
+            }
+        }
+        ws.arg.clear();
+        ws.arg_off.clear();
+        ws.arg_off.resize(nt, 0);
+        for j in (1..nt).rev() {
+            let v = tree.nodes[j];
+            let pj = tree.parent[j];
+            if pj == usize::MAX {
+                continue; // another root of the forest
+            }
+            let kv = m.k[v];
+            let kp = m.k[tree.nodes[pj]];
+            let a = m.adj[ws.parent_adj[j]];
+            let start = ws.arg.len();
+            ws.arg_off[j] = start;
+            let ov = ws.off[j];
+            let op = ws.off[pj];
+            for sp in 0..kp {
+                let row = &m.mats[a.mat + sp * kv..a.mat + (sp + 1) * kv];
+                let mut best = f64::INFINITY;
+                let mut arg = 0u32;
+                for (sv, (&t, &r)) in ws.total[ov..ov + kv].iter().zip(row).enumerate() {
+                    let val = t + r;
+                    if val < best {
+                        best = val;
+                        arg = sv as u32;
+                    }
+                }
+                ws.arg.push(arg);
+                ws.total[op + sp] += best;
+            }
+        }
+        ws.choice.clear();
+        ws.choice.resize(nt, 0);
+        // Roots: the first node, and any node whose parent is MAX (forest).
+        for j in 0..nt {
+            if tree.parent[j] == usize::MAX {
+                let o = ws.off[j];
+                let mut best = f64::INFINITY;
+                for s in 0..m.k[tree.nodes[j]] {
+                    if ws.total[o + s] < best {
+                        best = ws.total[o + s];
+                        ws.choice[j] = s;
+                    }
+                }
+            } else {
+                let sp = ws.choice[tree.parent[j]];
+                ws.choice[j] = ws.arg[ws.arg_off[j] + sp] as usize;
+            }
+        }
+        let before = self.cost;
+        ws.old.clear();
+        let mut changed = false;
+        let mut dpen = 0.0;
+        for (j, &v) in tree.nodes.iter().enumerate() {
+            ws.old.push(self.x[v]);
+            if self.x[v] != ws.choice[j] {
+                changed = true;
+                let us = m.usages(v);
+                dpen += pen[v] * scale * (us[ws.choice[j]] - us[self.x[v]]) as f64;
+                self.set(v, ws.choice[j]);
+            }
+        }
+        if !changed {
+            return false;
+        }
+        let tol = 1e-9 * before.abs().max(1.0);
+        let delta = self.cost - before;
+        let ok = match accept {
+            Accept::Force => true,
+            Accept::Feasible => delta <= tol && self.feasible(),
+            Accept::Penalized => delta + dpen <= tol,
+        };
+        if ok {
+            return match accept {
+                Accept::Penalized => delta + dpen < -tol,
+                _ => delta < -tol,
+            };
+        }
+        for (j, &v) in tree.nodes.iter().enumerate() {
+            self.set(v, ws.old[j]);
+        }
+        false
+    }
+}
+
+/// A group of nodes tied by bijective hard edges (each strategy of one allows exactly one of the
+/// other): choosing the root's strategy fixes every member's.
+pub(crate) struct Group {
+    /// `(node, position of its parent in the group, perm)` with `perm[s_parent] = s_node`; the
+    /// root comes first with an empty perm.
+    members: Vec<(usize, usize, Vec<u32>)>,
+    /// Nodes outside the group adjacent to it (with at least two strategies).
+    nbrs: Vec<usize>,
+}
+
+/// The groups with at least two members.
+pub(crate) fn tie_groups(m: &Model) -> Vec<Group> {
+    // perm of the edge seen from `i` (oriented [s_other][s_i]): Some(perm[s_other] = s_i).
+    let bijection = |i: usize, a: &crate::model::Adj| -> Option<Vec<u32>> {
+        let (ki, ko) = (m.k[i], m.k[a.other]);
+        if !a.hard || ki != ko {
+            return None;
+        }
+        let mut perm = vec![u32::MAX; ko];
+        let mut seen = vec![false; ki];
+        for (so, p) in perm.iter_mut().enumerate() {
+            let row = &m.mats[a.mat + so * ki..a.mat + (so + 1) * ki];
+            let mut fin = row.iter().enumerate().filter(|(_, c)| **c < 1e17);
+            let (si, _) = fin.next()?;
+            if fin.next().is_some() || seen[si] {
+                return None;
+            }
+            seen[si] = true;
+            *p = si as u32;
+        }
+        Some(perm)
+    };
+    let mut done = vec![false; m.n];
+    let mut groups = Vec::new();
+    for r in 0..m.n {
+        if done[r] || m.k[r] < 2 {
+            continue;
+        }
+        done[r] = true;
+        let mut members = vec![(r, usize::MAX, Vec::new())];
+        let mut head = 0;
+        while head < members.len() {
+            let v = members[head].0;
+            for a in m.adj(v) {
+                let w = a.other;
+                if done[w] || m.k[w] < 2 {
+                    continue;
+                }
+                // Seen from w, the neighbour is v: the adjacency entry of w for v.
+                let Some(aw) = m.adj(w).iter().find(|b| b.other == v) else {
+                    continue;
+                };
+                if let Some(perm) = bijection(w, aw) {
+                    done[w] = true;
+                    members.push((w, head, perm));
+                }
+            }
+            head += 1;
+        }
+        if members.len() >= 2 {
+            let mut nbrs: Vec<usize> = members
+                .iter()
+                .flat_map(|t| m.adj(t.0).iter().map(|a| a.other))
+                .filter(|&w| m.k[w] >= 2 && !members.iter().any(|t| t.0 == w))
+                .collect();
+            nbrs.sort_unstable();
+            nbrs.dedup();
+            groups.push(Group { members, nbrs });
+        }
+    }
+    groups
+}
+
+impl State<'_> {
+    /// Moves a whole tie group to the root strategy that minimises the (penalised) cost, keeping
+    /// memory feasible when `feasible_only`. Returns true if it moved.
+    pub fn group_move(&mut self, g: &Group, pen: Option<&[f64]>, feasible_only: bool) -> bool {
+        let m = self.m;
+        let root = g.members[0].0;
+        let old: Vec<usize> = g.members.iter().map(|t| self.x[t.0]).collect();
+        let old_nb: Vec<usize> = g.nbrs.iter().map(|&w| self.x[w]).collect();
+        let mut buf = std::mem::take(&mut self.buf);
+        // Best responses of the neighbours to the group's new strategies.
+        let respond = |st: &mut State, buf: &mut Vec<f64>| {
+            for &w in &g.nbrs {
+                Self::local_into(m, &st.x, w, buf);
+                let p = pen.map_or(0.0, |p| p[w]);
+                let us = m.usages(w);
+                let mut best = st.x[w];
+                let mut bv = buf[best] + p * us[best] as f64;
+                for s in 0..m.k[w] {
+                    let v = buf[s] + p * us[s] as f64;
+                    if v < bv {
+                        bv = v;
+                        best = s;
+                    }
+                }
+                st.set(w, best);
+            }
+        };
+        let penalty_nb = |st: &State| -> f64 {
+            pen.map_or(0.0, |p| {
+                g.nbrs
+                    .iter()
+                    .map(|&w| p[w] * m.usage[m.off[w] + st.x[w]] as f64)
+                    .sum()
+            })
+        };
+        let cur_s = old[0];
+        let penalty = |st: &State| -> f64 {
+            pen.map_or(0.0, |p| {
+                g.members
+                    .iter()
+                    .map(|t| p[t.0] * m.usage[m.off[t.0] + st.x[t.0]] as f64)
+                    .sum()
+            })
+        };
+        let base = self.cost + penalty(self) + penalty_nb(self);
+        let mut best: Option<(f64, usize)> = None;
+        let mut choice = vec![0usize; g.members.len()];
+        for s in 0..m.k[root] {
+            if s == cur_s {
+                continue;
+            }
+            choice[0] = s;
+            for j in 1..g.members.len() {
+                let (_, p, perm) = &g.members[j];
+                choice[j] = perm[choice[*p]] as usize;
+            }
+            for (j, t) in g.members.iter().enumerate() {
+                self.set(t.0, choice[j]);
+            }
+            respond(self, &mut buf);
+            let val = self.cost + penalty(self) + penalty_nb(self);
+            let ok = !feasible_only || self.feasible();
+            if ok && val < base - 1e-9 * base.abs().max(1.0) && best.is_none_or(|b| val < b.0) {
+                best = Some((val, s));
+            }
+            for (j, &w) in g.nbrs.iter().enumerate() {
+                self.set(w, old_nb[j]);
+            }
+        }
+        match best {
+            Some((_, s)) => {
+                choice[0] = s;
+                for j in 1..g.members.len() {
+                    let (_, p, perm) = &g.members[j];
+                    choice[j] = perm[choice[*p]] as usize;
+                }
+                for (j, t) in g.members.iter().enumerate() {
+                    self.set(t.0, choice[j]);
+                }
+                respond(self, &mut buf);
+                self.buf = buf;
+                true
+            }
+            None => {
+                for (j, t) in g.members.iter().enumerate() {
+                    self.set(t.0, old[j]);
+                }
+                self.buf = buf;
+                false
+            }
+        }
+    }
+}
+
+/// When [`State::tree_move`] keeps its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Accept {
+    /// Always.
+    Force,
+    /// If memory stays feasible and the true cost does not increase.
+    Feasible,
+    /// If the penalised objective does not increase (memory unchecked).
+    Penalized,
+}
+
+/// Scratch buffers for [`State::tree_move`].
+#[derive(Default)]
+pub(crate) struct TreeWork {
+    off: Vec<usize>,
+    total: Vec<f64>,
+    arg: Vec<u32>,
+    arg_off: Vec<usize>,
+    choice: Vec<usize>,
+    old: Vec<usize>,
+    parent_adj: Vec<usize>,
+}
+
+/// A tree (or forest) of nodes in BFS order: `parent[j]` is the position of node `nodes[j]`'s
+/// parent, `usize::MAX` for a root; parents always come before children.
+pub(crate) struct Tree {
+    pub nodes: Vec<usize>,
+    pub parent: Vec<usize>,
+    pos: Vec<usize>,
+    mark: Vec<u32>,
+    stamp: u32,
+    queue_head: usize,
+}
+
+impl Tree {
+    pub fn new(n: usize) -> Tree {
+        Tree {
+            nodes: Vec::new(),
+            parent: Vec::new(),
+            pos: vec![0; n],
+            mark: vec![0; n],
+            stamp: 0,
+            queue_head: 0,
+        }
+    }
+
+    #[inline]
+    pub fn contains(&self, v: usize) -> bool {
+        self.mark[v] == self.stamp
+    }
+
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.parent.clear();
+        self.queue_head = 0;
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.mark.fill(0);
+            self.stamp = 1;
+        }
+    }
+
+    fn push(&mut self, v: usize, parent: usize) {
+        self.mark[v] = self.stamp;
+        self.pos[v] = self.nodes.len();
+        self.nodes.push(v);
+        self.parent.push(parent);
+    }
+
+    /// Grows a BFS tree from `root` up to `max` nodes with at least two strategies. Nodes joined
+    /// by hard edges (forbidden pairs) are pulled in together first, so that tied nodes move
+    /// together. With `induced`, a node joins only if exactly one of its edges leads into the
+    /// tree, so the induced subgraph is a tree and the DP is exact.
+    pub fn grow(&mut self, m: &Model, root: usize, max: usize, induced: bool, rng: &mut SmallRng) {
+        if self.contains(root) || m.k[root] < 2 {
+            return;
+        }
+        let first = self.nodes.len();
+        self.push(root, usize::MAX);
+        let mut stack = Vec::new();
+        self.hard_closure(m, first, max, induced, &mut stack);
+        let mut head = first;
+        while head < self.nodes.len() && self.nodes.len() < max {
+            let v = self.nodes[head];
+            let adj = m.adj(v);
+            let n = adj.len();
+            if n > 0 {
+                let start = rng.random_range(0..n);
+                for t in 0..n {
+                    let w = adj[(start + t) % n].other;
+                    if self.try_push(m, w, head, induced) {
+                        let pos = self.nodes.len() - 1;
+                        self.hard_closure(m, pos, max, induced, &mut stack);
+                    }
+                    if self.nodes.len() >= max {
+                        break;
+                    }
+                }
+            }
+            head += 1;
+        }
+        self.queue_head = head;
+    }
+
+    fn try_push(&mut self, m: &Model, w: usize, parent: usize, induced: bool) -> bool {
+        if self.contains(w) || m.k[w] < 2 {
+            return false;
+        }
+        if induced {
+            let links = m.adj(w).iter().filter(|a| self.contains(a.other)).count();
+            if links != 1 {
+                return false;
+            }
+        }
+        self.push(w, parent);
+        true
+    }
+
+    /// Adds, depth first, the nodes reachable from position `pos` over hard edges.
+    fn hard_closure(
+        &mut self,
+        m: &Model,
+        pos: usize,
+        max: usize,
+        induced: bool,
+        stack: &mut Vec<usize>,
+    ) {
+        stack.clear();
+        stack.push(pos);
+        while let Some(p) = stack.pop() {
+            let v = self.nodes[p];
+            for a in m.adj(v) {
+                if self.nodes.len() >= max.saturating_mul(2) {
+                    return;
+                }
+                if a.hard && self.try_push(m, a.other, p, induced) {
+                    stack.push(self.nodes.len() - 1);
+                }
+            }
+        }
+    }
+
+    /// A maximum spanning forest of the nodes with at least two strategies, by edge importance
+    /// (hard edges first, then the spread of the edge's costs) with random jitter, so that the
+    /// DP sees the edges that matter most and conditions only the cheap ones on the incumbent.
+    pub fn max_spanning_forest(&mut self, m: &Model, weight: &[f64], rng: &mut SmallRng) {
+        self.clear();
+        let mut order: Vec<(f64, usize)> = m
+            .edges
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| m.k[e.u] >= 2 && m.k[e.v] >= 2)
+            .map(|(i, _)| (weight[i] * rng.random_range(0.5..1.5), i))
+            .collect();
+        order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        let n = m.n;
+        let mut uf: Vec<usize> = (0..n).collect();
+        fn find(uf: &mut [usize], mut x: usize) -> usize {
+            while uf[x] != x {
+                uf[x] = uf[uf[x]];
+                x = uf[x];
+            }
+            x
+        }
+        let mut tadj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(_, ei) in &order {
+            let e = m.edges[ei];
+            let (a, b) = (find(&mut uf, e.u), find(&mut uf, e.v));
+            if a != b {
+                uf[a] = b;
+                tadj[e.u].push(e.v);
+                tadj[e.v].push(e.u);
+            }
+        }
+        let mut roots: Vec<usize> = (0..n).filter(|&i| m.k[i] >= 2).collect();
+        for i in (1..roots.len()).rev() {
+            let j = rng.random_range(0..=i);
+            roots.swap(i, j);
+        }
+        for r in roots {
+            if self.contains(r) {
+                continue;
+            }
+            let first = self.nodes.len();
+            self.push(r, usize::MAX);
+            let mut head = first;
+            while head < self.nodes.len() {
+                let v = self.nodes[head];
+                for &w in &tadj[v] {
+                    if !self.contains(w) {
+                        self.push(w, head);
+                    }
+                }
+                head += 1;
+            }
+        }
+    }
+
+}
+
+/// Options of one search run.
+pub(crate) struct SearchConfig<'a> {
+    pub deadline: Instant,
+    pub seed: u64,
+    /// Stop early when this cost is reached (a proven lower bound).
+    pub target: f64,
+    /// Re-optimise regions with this MIP back end (large-neighbourhood search).
+    pub lns: Option<&'a dyn MipBackend>,
+    /// Best solution shared between threads.
+    pub shared: &'a Mutex<Option<(Vec<usize>, f64)>>,
+    /// Skip construction and start from this feasible solution.
+    pub start: Option<Vec<usize>>,
+}
+
+/// Runs the whole search; returns the best feasible solution found (if any) and its cost.
+pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
+    let publish = |best: &Option<(Vec<usize>, f64)>| {
+        if let Some((x, c)) = best {
+            if let Ok(mut g) = cfg.shared.lock() {
+                if g.as_ref().is_none_or(|b| *c < b.1) {
+                    *g = Some((x.clone(), *c));
+                }
+            }
+        }
+    };
+    let shared_best = || cfg.shared.lock().ok().and_then(|g| g.clone());
+    let mut rng = SmallRng::seed_from_u64(cfg.seed);
+    let n = m.n;
+    let start = Instant::now();
+    let total = cfg.deadline.saturating_duration_since(start);
+    let lagr_deadline = start + total.mul_f64(0.25);
+
+    let mut order: Vec<usize> = (0..n).filter(|&i| m.k[i] >= 2).collect();
+    let mut best: Option<(Vec<usize>, f64)> = None;
+    let consider = |st: &mut State, best: &mut Option<(Vec<usize>, f64)>| {
+        // Resynchronise: running sums drift when forbidden (huge) costs come and go.
+        st.cost = m.total_cost(&st.x);
+        if st.feasible() && best.as_ref().is_none_or(|b| st.cost < b.1) {
+            *best = Some((st.x.clone(), st.cost));
+            true
+        } else {
+            false
+        }
+    };
+
+    // Start: cheapest node cost, ties to smaller usage.
+    let x0: Vec<usize> = (0..n)
+        .map(|i| {
+            let cs = m.costs(i);
+            let us = m.usages(i);
+            (0..m.k[i])
+                .min_by(|&a, &b| cs[a].total_cmp(&cs[b]).then(us[a].cmp(&us[b])))
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut st = State::new(m, x0);
+    if order.is_empty() {
+        // Every node has a single strategy: nothing to choose.
+        consider(&mut st, &mut best);
+        return best;
+    }
+    let mut tree = Tree::new(n);
+    let weight = edge_weights(m);
+    let groups = tie_groups(m);
+    if debug() {
+        let big = groups.iter().map(|g| g.members.len()).max().unwrap_or(0);
+        eprintln!("{} tie groups, largest {big}", groups.len());
+    }
+    let mut ws = TreeWork::default();
+
+    // Construction: whole-graph spanning-forest DP and node sweeps on Lagrangian prices.
+    let nsteps = m.nsteps();
+    let mut lambda = vec![0.0f64; nsteps];
+    let mut pen = vec![0.0f64; n];
+    let seed_price = price_scale(m);
+    let mut best_lambda = lambda.clone();
+    let mut iter = 0;
+    if let Some(x) = &cfg.start {
+        let mut s0 = State::new(m, x.clone());
+        consider(&mut s0, &mut best);
+    }
+    while cfg.start.is_none() {
+        iter += 1;
+        order_shuffle(&mut order, &mut rng);
+        for r in 0..40 {
+            if r == 0 {
+                tree.max_spanning_forest(m, &weight, &mut rng);
+            } else {
+                let root = order[rng.random_range(0..order.len())];
+                let size = [16usize, 64, 256, 1024, usize::MAX][rng.random_range(0..5)];
+                tree.clear();
+                tree.grow(m, root, size, rng.random_bool(0.5), &mut rng);
+            }
+            let accept = if iter == 1 && r == 0 { Accept::Force } else { Accept::Penalized };
+            st.tree_move(&tree, &pen, 1.0, accept, &mut ws);
+        }
+        for _ in 0..10 {
+            let mut moved = st.sweep(&order, Some(&pen), false);
+            for g in &groups {
+                moved += st.group_move(g, Some(&pen), false) as usize;
+            }
+            if moved == 0 {
+                break;
+            }
+        }
+        let prof = m.usage_profile(&st.x);
+        // Feasible copy: repair then improve with the true cost.
+        let mut fx = State::new(m, st.x.clone());
+        if fx.repair(Some(&pen), cfg.deadline) {
+            for _ in 0..10 {
+                if fx.sweep(&order, None, true) == 0 {
+                    break;
+                }
+            }
+            if consider(&mut fx, &mut best) {
+                best_lambda.clone_from(&lambda);
+            }
+        }
+        if debug() {
+            let over = prof.iter().filter(|&&u| u > m.limit).count();
+            eprintln!(
+                "[{:.1}s] lagr {iter}: cost {:.0} over-steps {over} max {} limit {} | repaired {:.0} | best {:?}",
+                start.elapsed().as_secs_f64(),
+                m.total_cost(&st.x),
+                prof.iter().max().copied().unwrap_or(0),
+                m.limit,
+                fx.cost,
+                best.as_ref().map(|b| b.1)
+            );
+        }
+        if Instant::now() > lagr_deadline
+            || nsteps == 0
+            || (best.is_some() && iter >= if cfg.lns.is_some() { 3 } else { 20 })
+        {
+            break;
+        }
+        for (t, &u) in prof.iter().enumerate() {
+            if u > m.limit {
+                lambda[t] = if lambda[t] == 0.0 {
+                    seed_price
+                } else {
+                    lambda[t] * 2.0
+                };
+            } else if (u as f64) < 0.95 * m.limit as f64 {
+                lambda[t] *= 0.9;
+            }
+        }
+        penalties(m, &lambda, &mut pen);
+    }
+    penalties(m, &best_lambda, &mut pen);
+
+    // Local search from the best feasible solution.
+    publish(&best);
+    let (bx, _) = best.clone()?;
+    let mut st = State::new(m, bx);
+    let mut since_improve = 0usize;
+    let mut rounds = 0usize;
+    let mut region_vars = 20_000usize;
+    let mut in_region = vec![false; n];
+    let mut lns_solves = 0usize;
+    while Instant::now() < cfg.deadline && !order.is_empty() {
+        rounds += 1;
+        if st.cost <= cfg.target + 1e-9 * cfg.target.abs().max(1.0) {
+            break;
+        }
+        let before = st.cost;
+        let left = cfg.deadline.saturating_duration_since(Instant::now());
+        // CBC can overrun its limit a little: keep a margin.
+        let lns_limit = left
+            .saturating_sub(Duration::from_millis(700))
+            .min(Duration::from_secs(8));
+        if let Some(backend) = cfg.lns.filter(|_| lns_limit >= Duration::from_millis(300)) {
+            // Adopt a better solution from another thread.
+            if let Some((x, c)) = shared_best() {
+                if c < st.cost - 1e-9 * c.abs().max(1.0) {
+                    st = State::new(m, x);
+                }
+            }
+            let root = order[rng.random_range(0..order.len())];
+            let region = grow_region(m, root, region_vars, &mut rng, &mut in_region);
+            let t0 = Instant::now();
+            let out =
+                crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
+            for &v in &region {
+                in_region[v] = false;
+            }
+            lns_solves += 1;
+            match out {
+                Ok(o) => {
+                    if o.optimal && t0.elapsed() < lns_limit / 4 {
+                        region_vars = (region_vars * 5 / 4).min(400_000);
+                    } else if !o.optimal {
+                        region_vars = (region_vars * 3 / 4).max(500);
+                    }
+                }
+                Err(_) => region_vars = (region_vars / 2).max(500),
+            }
+        }
+        if rounds % 2 == 0 {
+            tree.max_spanning_forest(m, &weight, &mut rng);
+            let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
+            st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
+        }
+        for _ in 0..50 {
+            let root = order[rng.random_range(0..order.len())];
+            let size = [4usize, 16, 64, 256, 1024, usize::MAX][rng.random_range(0..6)];
+            let induced = rng.random_bool(0.5);
+            tree.clear();
+            tree.grow(m, root, size, induced, &mut rng);
+            let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
+            st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
+        }
+        if rounds % 8 == 0 {
+            order_shuffle(&mut order, &mut rng);
+            st.sweep(&order, None, true);
+        }
+        if rounds % 4 == 0 {
+            for g in &groups {
+                st.group_move(g, None, true);
+            }
+        }
+        if order.len() <= 300 {
+            for &i in &order {
+                st.pair_move(i);
+            }
+        }
+        if consider(&mut st, &mut best) {
+            publish(&best);
+        }
+        if st.cost < before - 1e-9 * before.abs().max(1.0) {
+            since_improve = 0;
+        } else {
+            since_improve += 1;
+        }
+        if since_improve > 30 && cfg.lns.is_none() {
+            // Perturb: random strategies on a random region, then repair and descend; or
+            // restart from the best solution any thread has found.
+            since_improve = 0;
+            if let Some((x, c)) = shared_best() {
+                if c < st.cost - 1e-9 * c.abs().max(1.0) {
+                    st = State::new(m, x);
+                    continue;
+                }
+            }
+            let root = order[rng.random_range(0..order.len())];
+            tree.clear();
+            tree.grow(m, root, rng.random_range(2..64), false, &mut rng);
+            for &v in &tree.nodes {
+                let s = rng.random_range(0..m.k[v]);
+                if m.cost[m.off[v] + s] < 1e17 {
+                    st.set(v, s);
+                }
+            }
+            st.repair(Some(&pen), cfg.deadline);
+            for _ in 0..5 {
+                if st.sweep(&order, None, true) == 0 {
+                    break;
+                }
+            }
+            if !st.feasible() {
+                if let Some((bx, _)) = &best {
+                    st = State::new(m, bx.clone());
+                }
+            }
+        }
+    }
+    if debug() {
+        eprintln!("lns: {lns_solves} region solves, final region size {region_vars}");
+    }
+    consider(&mut st, &mut best);
+    publish(&best);
+    if debug() {
+        eprintln!("search: {rounds} rounds, best {:?}", best.as_ref().map(|b| b.1));
+    }
+    best
+}
+
+/// A connected region grown by BFS from `root` until its ILP would need about `budget`
+/// variables; marks members in `in_region` (the caller clears the marks).
+fn grow_region(
+    m: &Model,
+    root: usize,
+    budget: usize,
+    rng: &mut SmallRng,
+    in_region: &mut [bool],
+) -> Vec<usize> {
+    let mut region = vec![root];
+    in_region[root] = true;
+    let mut vars = m.k[root];
+    let mut head = 0;
+    while head < region.len() && vars < budget {
+        let v = region[head];
+        let adj = m.adj(v);
+        let n = adj.len();
+        if n > 0 {
+            let start = rng.random_range(0..n);
+            for t in 0..n {
+                let w = adj[(start + t) % n].other;
+                if in_region[w] || m.k[w] < 2 {
+                    continue;
+                }
+                let mut add = m.k[w];
+                for a in m.adj(w) {
+                    if in_region[a.other] {
+                        add += m.k[w] * m.k[a.other];
+                    }
+                }
+                if vars + add > budget && region.len() > 1 {
+                    continue;
+                }
+                in_region[w] = true;
+                region.push(w);
+                vars += add;
+                // Nodes tied by hard edges come along (up to twice the budget).
+                let mut stack = vec![w];
+                while let Some(x) = stack.pop() {
+                    for b in m.adj(x) {
+                        let y = b.other;
+                        if b.hard && !in_region[y] && m.k[y] >= 2 && vars < 2 * budget {
+                            in_region[y] = true;
+                            region.push(y);
+                            vars += m.k[y] * (1 + m.k[x]);
+                            stack.push(y);
+                        }
+                    }
+                }
+            }
+        }
+        head += 1;
+    }
+    region
+}
+
+fn debug() -> bool {
+    std::env::var_os("SOLVER_DEBUG").is_some()
+}
+
+/// Importance of each merged edge: very large for hard edges, else the spread of its finite costs.
+fn edge_weights(m: &Model) -> Vec<f64> {
+    m.edges
+        .iter()
+        .map(|e| {
+            let mat = &m.mats[e.mat..e.mat + m.k[e.u] * m.k[e.v]];
+            let mut lo = f64::INFINITY;
+            let mut hi = f64::NEG_INFINITY;
+            let mut hard = false;
+            for &c in mat {
+                if c >= 1e17 {
+                    hard = true;
+                } else {
+                    lo = lo.min(c);
+                    hi = hi.max(c);
+                }
+            }
+            if hard { 1e30 } else if hi > lo { hi - lo } else { 0.0 }
+        })
+        .collect()
+}
+
+fn order_shuffle(order: &mut [usize], rng: &mut SmallRng) {
+    for i in (1..order.len()).rev() {
+        let j = rng.random_range(0..=i);
+        order.swap(i, j);
+    }
+}
+
+/// Ratio of typical cost spread to typical usage spread: the unit of a memory price.
+fn price_scale(m: &Model) -> f64 {
+    let mut dc = 0.0;
+    let mut du = 0.0;
+    for i in 0..m.n {
+        let cs: Vec<f64> = m.costs(i).iter().copied().filter(|&c| c < 1e17).collect();
+        if cs.len() < 2 {
+            continue;
+        }
+        let (lo, hi) = cs
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
+        dc += hi - lo;
+        let us = m.usages(i);
+        let (ulo, uhi) = us
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(a, b), &u| (a.min(u), b.max(u)));
+        let (l, r) = m.range[i];
+        du += (uhi - ulo) as f64 * (r - l) as f64;
+    }
+    if du > 0.0 { dc / du } else { 0.0 }
+}
+
+/// `pen[i] = sum of lambda over node i's steps`.
+fn penalties(m: &Model, lambda: &[f64], pen: &mut [f64]) {
+    let mut prefix = Vec::with_capacity(lambda.len() + 1);
+    prefix.push(0.0);
+    let mut acc = 0.0;
+    for &l in lambda {
+        acc += l;
+        prefix.push(acc);
+    }
+    for i in 0..m.n {
+        let (a, b) = m.range[i];
+        pen[i] = if a < b { prefix[b] - prefix[a] } else { 0.0 };
+    }
+}

@@ -1,0 +1,76 @@
+//! `autopar infer`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use super::common;
+
+/// Arguments of `autopar infer`.
+#[derive(clap::Args, Debug)]
+pub struct InferArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Feed a graph input from a .npy file: `NAME=FILE.npy` (float32, int64, int32 or bool).
+    #[arg(long = "feed", value_name = "NAME=FILE.npy")]
+    pub feeds: Vec<String>,
+    /// Bind an input's shape, e.g. `input_ids=2x128` (default: the shapes of the feeds).
+    #[arg(long = "input", value_name = "NAME=DIMS")]
+    pub inputs: Vec<String>,
+    /// Directory for the outputs (`DIR/<output name>.npy`); created if missing.
+    #[arg(long, default_value = "out")]
+    pub out: PathBuf,
+    /// CPU threads for the kernels.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `autopar infer`.
+pub fn run(a: &InferArgs) -> Result<()> {
+    let feeds = common::read_feeds(&a.feeds)?;
+    let mut opts = common::import_options(&a.inputs, true)?;
+    // The feeds bind any input shape not given explicitly, so dynamic dims need no --input.
+    for (name, t) in &feeds {
+        opts.input_shapes.entry(name.clone()).or_insert_with(|| t.shape().to_vec());
+    }
+    let g = match common::load_model(&a.model, &opts) {
+        Err(e) if e.chain().any(|c| c.to_string().contains("has no input of that name")) && !feeds.is_empty() => {
+            // A feed that names no input: report it as a feed problem.
+            let plain = common::import_options(&a.inputs, false)?;
+            let g = common::load_model(&a.model, &plain)?;
+            let names: Vec<String> = g.inputs.iter().filter_map(|&i| match &g.node(i).op { ir::Op::Input { name } => Some(name.clone()), _ => None }).collect();
+            let bad = feeds.keys().find(|k| !names.contains(k)).cloned().unwrap_or_default();
+            anyhow::bail!("--feed {bad}: the model has no input of that name (inputs: {})", names.join(", "));
+        }
+        r => r?,
+    };
+    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1)).context("starting the CPU thread pool")?;
+    let interp = runtime::Interpreter::new(&g)?;
+    let t0 = std::time::Instant::now();
+    let rep = interp.run(&ctx, &feeds)?;
+    let dt = t0.elapsed();
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut written = Vec::new();
+    for (name, t) in &rep.outputs {
+        let file = a.out.join(format!("{}.npy", sanitize(name)));
+        runtime::npy::write_npy(&file, t)?;
+        written.push((name.clone(), t.meta().to_string(), file));
+    }
+    if a.json {
+        let outs: Vec<_> = written.iter().map(|(n, m, f)| serde_json::json!({"name": n, "type": m, "file": f})).collect();
+        println!("{}", serde_json::json!({"outputs": outs, "seconds": dt.as_secs_f64(), "peak_bytes": rep.peak_bytes, "param_bytes": rep.param_bytes}));
+    } else {
+        for (n, m, f) in &written {
+            println!("{n:<24} {m:<20} -> {}", f.display());
+        }
+        println!("forward {:.1} ms, peak activations {:.2} MiB, parameters {:.2} MiB", dt.as_secs_f64() * 1e3, rep.peak_bytes as f64 / 1048576.0, rep.param_bytes as f64 / 1048576.0);
+    }
+    Ok(())
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect()
+}

@@ -1,0 +1,5 @@
+//! Subcommands.
+pub mod common;
+pub mod infer;
+pub mod inspect;
+pub mod solve;

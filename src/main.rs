@@ -1,0 +1,53 @@
+//! The `autopar` command line.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// autopar: plan and run data/tensor-parallel training of ONNX models.
+///
+/// Typical flow: `autopar inspect model.onnx` to see what was imported, `autopar infer` to check
+/// the forward pass on CPU, then plan and run training across a device mesh.
+#[derive(Parser, Debug)]
+#[command(name = "autopar", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Import a model and describe it: inputs, outputs, parameters, ops, FLOPs.
+    #[command(after_help = "Examples:\n  autopar inspect model.onnx\n  autopar inspect gpt2.onnx --input input_ids=4x128 --graph\n  autopar inspect --ops")]
+    Inspect(cmd::inspect::InspectArgs),
+    /// Run the forward pass on CPU and write every graph output as .npy.
+    #[command(after_help = "Example:\n  autopar infer mlp.onnx --feed x=x.npy --out out/\n  (writes out/y.npy for the graph output y)")]
+    Infer(cmd::infer::InferArgs),
+    /// Solve a sharding cost-graph problem (IOPDDL JSON format).
+    #[command(after_help = "Example:\n  autopar solve problem.json.gz --time-limit 60 --out solution.json")]
+    Solve(cmd::solve::SolveArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("AUTOPAR_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let res = match &cli.command {
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Infer(a) => cmd::infer::run(a),
+        Command::Solve(a) => cmd::solve::run(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes.
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! ONNX import into autopar's IR.
+//!
+//! [`import_file`] reads an ONNX model through tract-onnx's protobuf types and produces an
+//! [`ir::Graph`] in which every shape is static and no node computes a shape:
+//! - graph inputs get their dims from the model, or from [`ImportOptions::input_shapes`]
+//!   (`--input NAME=2x128`); a dim left unbound is an error naming the input;
+//! - float initializers become trainable [`ir::Op::Param`]s (their data in `param_data`), other
+//!   initializers and `Constant` nodes become constants;
+//! - every node whose inputs are all constant is evaluated at import (shape arithmetic: `Shape`,
+//!   `Gather`/`Slice`/`Concat`/`Unsqueeze` on shapes, `ConstantOfShape`, `Range`, `Cast`, ...),
+//!   and inputs that must be static (reshape targets, split sizes, slice bounds, expand shapes,
+//!   reduction axes, pads) are read from those constants into op attributes;
+//! - weight-free models (initializer data absent, external data file missing) import with shapes
+//!   only; a `ConstantOfShape` that feeds a weight operand (the topology-only model convention)
+//!   becomes a weight-free parameter rather than a materialised fill.
+//!
+//! An ONNX op outside [`SUPPORTED_OPS`] is an error naming the node and its op type.
+#![warn(missing_docs)]
+
+mod import;
+mod proto;
+
+pub use import::{ImportOptions, import_bytes, import_file, parse_input_binding};
+pub use proto::{dtype_name, read_tensor_file, tensor_from_proto};
+
+use std::path::PathBuf;
+
+/// ONNX ops (default domain) the importer accepts.
+pub const SUPPORTED_OPS: &[&str] = &[
+    "Abs", "Add", "And", "AveragePool", "BatchNormalization", "Cast", "CastLike", "Ceil", "Clip", "Concat", "Constant",
+    "ConstantOfShape", "Conv", "Cos", "Div", "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather",
+    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "Identity", "LRN",
+    "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "MaxPool", "Mean", "Min", "Mul",
+    "Neg", "Not", "Or", "Pad", "Pow", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+    "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Shape",
+    "Sigmoid", "Sign", "Sin", "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Transpose",
+    "Unsqueeze", "Where", "Xor",
+];
+
+/// Why a model could not be imported. Every variant is a problem with the user's model or
+/// options except [`ImportError::Internal`].
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The bytes are not an ONNX model.
+    #[error("{path} is not a valid ONNX model: {message}")]
+    Decode {
+        /// File.
+        path: String,
+        /// Decoder message.
+        message: String,
+    },
+    /// A node uses an op outside the supported set.
+    #[error("node {node}: op {op_type}{} is not supported (see `autopar inspect --ops` for the supported list)",
+        if domain.is_empty() { String::new() } else { format!(" (domain {domain})") })]
+    UnsupportedOp {
+        /// Node name.
+        node: String,
+        /// ONNX op type.
+        op_type: String,
+        /// ONNX domain.
+        domain: String,
+    },
+    /// A graph input has a dynamic dim that nothing binds.
+    #[error("input {input} has dynamic dim {dim} ({dim_name}); bind it with --input {input}={example}")]
+    UnboundDim {
+        /// Input name.
+        input: String,
+        /// Dim index.
+        dim: usize,
+        /// Symbolic name in the model.
+        dim_name: String,
+        /// An example binding with the known dims filled in.
+        example: String,
+    },
+    /// A binding names no graph input, or disagrees with the model's static dims.
+    #[error("--input {name}: {message}")]
+    BadBinding {
+        /// Input name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A node is malformed or its inputs do not fit it.
+    #[error("node {node} ({op_type}): {message}")]
+    Node {
+        /// Node name.
+        node: String,
+        /// ONNX op type.
+        op_type: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor has an element type autopar does not handle.
+    #[error("tensor {tensor}: element type {dtype} is not supported (f32, i64 and bool are)")]
+    UnsupportedDType {
+        /// Tensor name.
+        tensor: String,
+        /// ONNX type name.
+        dtype: String,
+    },
+    /// A tensor's data is inconsistent with its declared shape.
+    #[error("tensor {tensor}: {message}")]
+    BadTensor {
+        /// Tensor name.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The imported graph failed verification (a bug in the importer).
+    #[error("internal error: imported graph is invalid: {0}")]
+    Internal(String),
+}
