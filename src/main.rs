@@ -31,6 +31,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`autopar inspect --graph | head`), as command-line tools do,
+    // instead of panicking on the failed write.
+    #[cfg(unix)]
+    // SAFETY: called before any thread starts; restores the default disposition of one signal.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("AUTOPAR_LOG"))
         .with_writer(std::io::stderr)

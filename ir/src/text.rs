@@ -11,7 +11,8 @@
 //! }
 //! ```
 //! Nodes are numbered in topological order; `%N.k` is output `k` of node `N` (`%N` = `%N.0`).
-//! Parameter data is not part of the text form; constants print their elements in full.
+//! Parameter data is not part of the text form; constants print their elements in full (bools
+//! as 0/1).
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -59,7 +60,7 @@ fn fmt_attr(a: &Attr, out: &mut String) {
             let items: Vec<String> = match t.data() {
                 Data::F32(v) => v.iter().map(|x| fmt_f32(*x)).collect(),
                 Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
-                Data::Bool(v) => v.iter().map(|x| x.to_string()).collect(),
+                Data::Bool(v) => v.iter().map(|&x| if x { "1" } else { "0" }.to_string()).collect(),
             };
             out.push_str(&items.join(", "));
             out.push(']');
@@ -523,10 +524,12 @@ impl Parser {
                             let n = p.num()?;
                             n.parse::<i64>().or_else(|_| p.err(format!("bad integer {n}")))
                         })?),
-                        DType::Bool => Data::Bool(self.list(|p| match p.ident()?.as_str() {
-                            "true" => Ok(true),
-                            "false" => Ok(false),
-                            s => p.err(format!("bad bool {s}")),
+                        DType::Bool => Data::Bool(self.list(|p| match p.next()? {
+                            Tok::Num(s) if s == "1" => Ok(true),
+                            Tok::Num(s) if s == "0" => Ok(false),
+                            Tok::Ident(s) if s == "true" => Ok(true),
+                            Tok::Ident(s) if s == "false" => Ok(false),
+                            t => p.err(format!("bad bool {t:?} (expected 0 or 1)")),
                         })?),
                     };
                     match Tensor::new(meta.shape, data) {

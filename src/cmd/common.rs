@@ -20,7 +20,9 @@ pub fn load_model(path: &Path, opts: &tracer::ImportOptions) -> Result<ir::Graph
     if !path.exists() {
         bail!("model file {} does not exist", path.display());
     }
-    tracer::import_file(path, opts).with_context(|| format!("importing {}", path.display()))
+    let mut g = tracer::import_file(path, opts).with_context(|| format!("importing {}", path.display()))?;
+    ir::passes::canonicalize(&mut g)?;
+    Ok(g)
 }
 
 /// Parses `NAME=FILE.npy` feeds and reads them.

@@ -23,6 +23,13 @@ pub struct InferArgs {
     /// CPU threads for the kernels.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// Compare an output with a reference .npy: `NAME=FILE.npy`. Prints the max relative error
+    /// (max |ours - ref| / max |ref|) and fails if it exceeds --tolerance.
+    #[arg(long = "expect", value_name = "NAME=FILE.npy")]
+    pub expect: Vec<String>,
+    /// Largest max-relative error --expect accepts.
+    #[arg(long, default_value_t = 1e-4)]
+    pub tolerance: f64,
     /// Print a JSON summary instead of text.
     #[arg(long)]
     pub json: bool,
@@ -59,14 +66,36 @@ pub fn run(a: &InferArgs) -> Result<()> {
         runtime::npy::write_npy(&file, t)?;
         written.push((name.clone(), t.meta().to_string(), file));
     }
+    let expected = common::read_feeds(&a.expect).context("reading --expect references")?;
+    let mut checks = Vec::new();
+    for (name, r) in &expected {
+        let Some(t) = rep.outputs.get(name) else {
+            anyhow::bail!("--expect {name}: the model has no output of that name (outputs: {})", rep.outputs.keys().cloned().collect::<Vec<_>>().join(", "));
+        };
+        if t.meta() != r.meta() {
+            anyhow::bail!("--expect {name}: output is {} but the reference is {}", t.meta(), r.meta());
+        }
+        let (x, y) = (t.to_f32_vec(), r.to_f32_vec());
+        let scale = y.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+        let err = x.iter().zip(&y).fold(0f64, |m, (p, q)| m.max((p - q).abs() as f64));
+        checks.push((name.clone(), if scale > 0.0 { err / scale } else { err }));
+    }
     if a.json {
         let outs: Vec<_> = written.iter().map(|(n, m, f)| serde_json::json!({"name": n, "type": m, "file": f})).collect();
-        println!("{}", serde_json::json!({"outputs": outs, "seconds": dt.as_secs_f64(), "peak_bytes": rep.peak_bytes, "param_bytes": rep.param_bytes}));
+        let ch: Vec<_> = checks.iter().map(|(n, e)| serde_json::json!({"name": n, "max_rel_error": e})).collect();
+        println!("{}", serde_json::json!({"outputs": outs, "checks": ch, "seconds": dt.as_secs_f64(), "peak_bytes": rep.peak_bytes, "param_bytes": rep.param_bytes}));
     } else {
         for (n, m, f) in &written {
             println!("{n:<24} {m:<20} -> {}", f.display());
         }
         println!("forward {:.1} ms, peak activations {:.2} MiB, parameters {:.2} MiB", dt.as_secs_f64() * 1e3, rep.peak_bytes as f64 / 1048576.0, rep.param_bytes as f64 / 1048576.0);
+        for (n, e) in &checks {
+            let verdict = if *e <= a.tolerance { "ok" } else { "MISMATCH" };
+            println!("check {n:<18} max relative error {e:.2e} (tolerance {:.0e}): {verdict}", a.tolerance);
+        }
+    }
+    if let Some((n, e)) = checks.iter().find(|(_, e)| *e > a.tolerance || e.is_nan()) {
+        anyhow::bail!("output {n} differs from its reference: max relative error {e:.3e} > {:.0e}", a.tolerance);
     }
     Ok(())
 }

@@ -277,6 +277,8 @@ fn nan_min(a: f32, b: f32) -> f32 {
 fn pow_f32(a: f32, b: f32) -> f32 {
     if b == 2.0 {
         a * a
+    } else if b == 3.0 {
+        a * a * a
     } else if b == 1.0 {
         a
     } else if b == 0.5 {

@@ -1,0 +1,53 @@
+//! Golden text tests (in the style of cranelift's filetests).
+//!
+//! Each `tests/golden/*.ir` file holds a header line `; pass: NAME` (`roundtrip` or
+//! `canonicalize`), an input graph, a line `; expect:` and the expected printed graph after the
+//! pass. The input must verify, the output must verify, and the printer/parser must round-trip.
+//! Run with `BLESS=1` to rewrite the expectations from the current output.
+
+use std::path::Path;
+
+fn run_case(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let pass = text.lines().next().and_then(|l| l.strip_prefix("; pass:")).map(str::trim).ok_or("first line must be `; pass: NAME`")?.to_string();
+    let (input, expected) = text.split_once("; expect:\n").ok_or("missing `; expect:` line")?;
+    let input_body: String = input.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    let mut g = ir::Graph::parse(&input_body).map_err(|e| format!("parse: {e}"))?;
+    ir::verify(&g).map_err(|e| format!("input does not verify: {e}"))?;
+    match pass.as_str() {
+        "roundtrip" => {}
+        "canonicalize" => {
+            ir::passes::canonicalize(&mut g).map_err(|e| e.to_string())?;
+        }
+        p => return Err(format!("unknown pass {p}")),
+    }
+    ir::verify(&g).map_err(|e| format!("output does not verify: {e}"))?;
+    let got = g.to_text();
+    let again = ir::Graph::parse(&got).map_err(|e| format!("reparse: {e}"))?.to_text();
+    if again != got {
+        return Err(format!("printer/parser do not round-trip:\n{got}\nvs\n{again}"));
+    }
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(path, format!("{input}; expect:\n{got}")).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    if got != expected {
+        return Err(format!("output differs (BLESS=1 to accept)\n--- expected\n{expected}--- got\n{got}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn golden() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("golden dir").filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "ir")).collect();
+    files.sort();
+    assert!(!files.is_empty());
+    let mut failed = Vec::new();
+    for f in &files {
+        if let Err(e) = run_case(f) {
+            failed.push(format!("{}: {e}", f.display()));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
