@@ -20,10 +20,14 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Import a model and describe it: inputs, outputs, parameters, ops, FLOPs.
-    #[command(after_help = "Examples:\n  autopar inspect model.onnx\n  autopar inspect gpt2.onnx --input input_ids=4x128 --graph\n  autopar inspect --ops")]
+    #[command(
+        after_help = "Examples:\n  autopar inspect model.onnx\n  autopar inspect gpt2.onnx --input input_ids=4x128 --graph\n  autopar inspect --ops"
+    )]
     Inspect(cmd::inspect::InspectArgs),
     /// Run the forward pass on CPU and write every graph output as .npy.
-    #[command(after_help = "Example:\n  autopar infer mlp.onnx --feed x=x.npy --out out/\n  (writes out/y.npy for the graph output y)")]
+    #[command(
+        after_help = "Example:\n  autopar infer mlp.onnx --feed x=x.npy --out out/\n  (writes out/y.npy for the graph output y)"
+    )]
     Infer(cmd::infer::InferArgs),
     /// Solve a sharding cost-graph problem (IOPDDL JSON format).
     #[command(after_help = "Example:\n  autopar solve problem.json.gz --time-limit 60 --out solution.json")]

@@ -107,7 +107,13 @@ impl Graph {
     }
 
     /// Adds a node without inference (used by the parser and passes that know the metas).
-    pub fn add_node_raw(&mut self, name: impl Into<String>, op: Op, inputs: &[Value], outputs: Vec<TensorMeta>) -> NodeIndex {
+    pub fn add_node_raw(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: &[Value],
+        outputs: Vec<TensorMeta>,
+    ) -> NodeIndex {
         let name = name.into();
         let idx = self.g.add_node(Node { name, op, outputs });
         for (i, v) in inputs.iter().enumerate() {
@@ -154,7 +160,8 @@ impl Graph {
                 .ok_or_else(|| GraphError::MissingValue { node: name.to_string(), slot })?;
             metas.push(m.clone());
         }
-        let outs = op.infer(&metas).map_err(|message| GraphError::Infer { node: name.to_string(), op: op.name(), message })?;
+        let outs =
+            op.infer(&metas).map_err(|message| GraphError::Infer { node: name.to_string(), op: op.name(), message })?;
         let n = outs.len();
         let name = self.unique_name(name);
         let idx = self.add_node_raw(name, op, inputs, outs);
@@ -305,7 +312,11 @@ impl Graph {
             }
             let ins: Vec<TensorMeta> = self.node_inputs(n).iter().map(|&v| self.meta(v).clone()).collect();
             let node = &self.g[n];
-            let outs = node.op.infer(&ins).map_err(|message| GraphError::Infer { node: node.name.clone(), op: node.op.name(), message })?;
+            let outs = node.op.infer(&ins).map_err(|message| GraphError::Infer {
+                node: node.name.clone(),
+                op: node.op.name(),
+                message,
+            })?;
             self.g[n].outputs = outs;
         }
         Ok(())

@@ -155,7 +155,10 @@ impl PoolAttrs {
     /// Output spatial size for input spatial size `(h, w)`.
     pub fn out_hw(&self, h: usize, w: usize) -> Option<(usize, usize)> {
         let one = |i: usize, x: usize| -> Option<usize> {
-            let ext = self.dilations[i] * (self.kernel[i] - 1) + 1;
+            if self.kernel[i] == 0 || self.dilations[i] == 0 {
+                return None;
+            }
+            let ext = self.dilations[i].checked_mul(self.kernel[i] - 1)? + 1;
             let padded = x + self.pads[i] + self.pads[i + 2];
             if padded < ext || self.strides[i] == 0 {
                 return None;
@@ -496,7 +499,9 @@ impl Op {
                 let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
                 let (k2, nn) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
                 if k != k2 {
-                    return Err(format!("{n}: inner dims differ: A{a:?} B{b:?} (trans_a={trans_a}, trans_b={trans_b})"));
+                    return Err(format!(
+                        "{n}: inner dims differ: A{a:?} B{b:?} (trans_a={trans_a}, trans_b={trans_b})"
+                    ));
                 }
                 if let Some(c) = ins.get(2) {
                     let bc = broadcast(&[m, nn], &c.shape).map_err(|e| format!("{n}: C: {e}"))?;
@@ -531,7 +536,9 @@ impl Op {
                     ceil_mode: false,
                     count_include_pad: false,
                 };
-                let (oh, ow) = pa.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: kernel larger than padded input X{x:?} W{w:?}"))?;
+                let (oh, ow) = pa
+                    .out_hw(x[2], x[3])
+                    .ok_or_else(|| format!("{n}: kernel larger than padded input X{x:?} W{w:?}"))?;
                 one(TensorMeta::new(DType::F32, vec![x[0], w[0], oh, ow]))
             }
             MaxPool(a) | AveragePool(a) => {
@@ -541,7 +548,8 @@ impl Op {
                 if x.len() != 4 {
                     return Err(format!("{n}: only 2-D pooling (4-D input) is supported, got {x:?}"));
                 }
-                let (oh, ow) = a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: window larger than padded input {x:?}"))?;
+                let (oh, ow) =
+                    a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: window larger than padded input {x:?}"))?;
                 one(TensorMeta::new(DType::F32, vec![x[0], x[1], oh, ow]))
             }
             GlobalAveragePool | GlobalMaxPool => {
@@ -580,7 +588,11 @@ impl Op {
                 for (i, m) in ins.iter().enumerate() {
                     want_float(n, m)?;
                     if i > 0 && broadcast(&x[*axis..], &m.shape).ok().as_deref() != Some(&x[*axis..]) {
-                        return Err(format!("{n}: input {i} shape {:?} does not broadcast to {:?}", m.shape, &x[*axis..]));
+                        return Err(format!(
+                            "{n}: input {i} shape {:?} does not broadcast to {:?}",
+                            m.shape,
+                            &x[*axis..]
+                        ));
                     }
                 }
                 one(ins[0].clone())
@@ -604,7 +616,11 @@ impl Op {
             Reshape { shape } => {
                 want_inputs(n, ins, 1, 1)?;
                 if shape.iter().product::<usize>() != ins[0].numel() {
-                    return Err(format!("{n}: cannot reshape {:?} ({} elements) to {shape:?}", ins[0].shape, ins[0].numel()));
+                    return Err(format!(
+                        "{n}: cannot reshape {:?} ({} elements) to {shape:?}",
+                        ins[0].shape,
+                        ins[0].numel()
+                    ));
                 }
                 one(TensorMeta { shape: shape.clone(), dtype: ins[0].dtype })
             }
@@ -612,7 +628,8 @@ impl Op {
                 want_inputs(n, ins, 1, 1)?;
                 let x = &ins[0].shape;
                 let mut seen = vec![false; x.len()];
-                if perm.len() != x.len() || perm.iter().any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true)) {
+                if perm.len() != x.len() || perm.iter().any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true))
+                {
                     return Err(format!("{n}: {perm:?} is not a permutation of the {} dims of {x:?}", x.len()));
                 }
                 one(TensorMeta { shape: perm.iter().map(|&p| x[p]).collect(), dtype: ins[0].dtype })
@@ -725,21 +742,20 @@ impl Op {
         let out_n = outs.first().map(|m| m.numel() as u64).unwrap_or(0);
         match self {
             MatMul => {
-                let k = ins[0].shape.last().copied().unwrap_or(1) as u64;
+                let k = ins.first().and_then(|m| m.shape.last()).copied().unwrap_or(1) as u64;
                 2 * k * out_n
             }
             Gemm { trans_a, .. } => {
-                let k = if *trans_a { ins[0].shape[0] } else { ins[0].shape[1] } as u64;
+                let a = ins.first().map(|m| m.shape.as_slice()).unwrap_or(&[]);
+                let k = a.get(if *trans_a { 0 } else { 1 }).copied().unwrap_or(0) as u64;
                 2 * k * out_n + if ins.len() > 2 { out_n } else { 0 }
             }
-            Conv(a) => {
-                let w = &ins[1].shape;
-                let per_out = (w[1] * w[2] * w[3]) as u64;
-                let _ = a;
+            Conv(_) => {
+                let per_out: u64 = ins.get(1).map(|w| w.shape.iter().skip(1).product::<usize>() as u64).unwrap_or(0);
                 2 * per_out * out_n + if ins.len() > 2 { out_n } else { 0 }
             }
             MaxPool(a) | AveragePool(a) => (a.kernel[0] * a.kernel[1]) as u64 * out_n,
-            GlobalAveragePool | GlobalMaxPool | Reduce { .. } => ins[0].numel() as u64,
+            GlobalAveragePool | GlobalMaxPool | Reduce { .. } => ins.first().map(|m| m.numel() as u64).unwrap_or(0),
             Unary(_) | Binary(_) | Where => out_n,
             Softmax { .. } | LogSoftmax { .. } => 5 * out_n,
             LayerNorm { .. } | BatchNorm { .. } => 8 * out_n,

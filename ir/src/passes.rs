@@ -99,15 +99,28 @@ fn is_const(eg: &EGraph<Canon, Shapes>, id: Id, prefix: &str) -> bool {
 }
 
 /// `?x op ?c` may drop `?c` when `?c` is the neutral constant and the result keeps `?x`'s meta.
-fn neutral(x: &'static str, c: &'static str, prefix: &'static str) -> impl Fn(&mut EGraph<Canon, Shapes>, Id, &egg::Subst) -> bool {
+fn neutral(
+    x: &'static str,
+    c: &'static str,
+    prefix: &'static str,
+) -> impl Fn(&mut EGraph<Canon, Shapes>, Id, &egg::Subst) -> bool {
     let (xv, cv): (egg::Var, egg::Var) = (x.parse().expect("pattern var"), c.parse().expect("pattern var"));
-    move |eg, id, subst| is_const(eg, subst[cv], prefix) && eg[subst[xv]].data.is_some() && eg[subst[xv]].data == eg[id].data
+    move |eg, id, subst| {
+        is_const(eg, subst[cv], prefix) && eg[subst[xv]].data.is_some() && eg[subst[xv]].data == eg[id].data
+    }
 }
 
 struct ComposeTranspose;
 
 impl egg::Applier<Canon, Shapes> for ComposeTranspose {
-    fn apply_one(&self, eg: &mut EGraph<Canon, Shapes>, id: Id, subst: &egg::Subst, _: Option<&egg::PatternAst<Canon>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        eg: &mut EGraph<Canon, Shapes>,
+        id: Id,
+        subst: &egg::Subst,
+        _: Option<&egg::PatternAst<Canon>>,
+        _: Symbol,
+    ) -> Vec<Id> {
         let v = |s: &str| subst[s.parse::<egg::Var>().expect("pattern var")];
         let (Some(p), Some(q)) = (leaf_list(eg, v("?p")), leaf_list(eg, v("?q"))) else { return vec![] };
         if p.len() != q.len() {
@@ -129,7 +142,9 @@ impl egg::Applier<Canon, Shapes> for ComposeTranspose {
 fn rules() -> Vec<egg::Rewrite<Canon, Shapes>> {
     let same_shape = |x: &'static str| {
         let xv: egg::Var = x.parse().expect("pattern var");
-        move |eg: &mut EGraph<Canon, Shapes>, id: Id, subst: &egg::Subst| eg[subst[xv]].data.is_some() && eg[subst[xv]].data == eg[id].data
+        move |eg: &mut EGraph<Canon, Shapes>, id: Id, subst: &egg::Subst| {
+            eg[subst[xv]].data.is_some() && eg[subst[xv]].data == eg[id].data
+        }
     };
     vec![
         rewrite!("identity"; "(identity ?x)" => "?x"),
@@ -237,7 +252,8 @@ pub fn canonicalize(g: &mut Graph) -> Result<CanonStats, PassError> {
             continue;
         }
         let v = Value::new(n, 0);
-        let read_outside = g.users(v).iter().any(|(u, _)| !rewritable(&g.node(*u).op)) || g.outputs.iter().any(|(_, o)| *o == v);
+        let read_outside =
+            g.users(v).iter().any(|(u, _)| !rewritable(&g.node(*u).op)) || g.outputs.iter().any(|(_, o)| *o == v);
         if read_outside {
             boundary.push(v);
         }
@@ -261,9 +277,16 @@ pub fn canonicalize(g: &mut Graph) -> Result<CanonStats, PassError> {
     Ok(stats)
 }
 
-fn build(g: &mut Graph, expr: &egg::RecExpr<Canon>, leaf_of: &HashMap<Symbol, Value>, name: &str) -> Result<Value, String> {
+fn build(
+    g: &mut Graph,
+    expr: &egg::RecExpr<Canon>,
+    leaf_of: &HashMap<Symbol, Value>,
+    name: &str,
+) -> Result<Value, String> {
     let mut vals: Vec<Option<Value>> = Vec::with_capacity(expr.len());
-    let get = |vals: &Vec<Option<Value>>, i: Id| vals[usize::from(i)].ok_or_else(|| "extracted term uses an attribute as a value".to_string());
+    let get = |vals: &Vec<Option<Value>>, i: Id| {
+        vals[usize::from(i)].ok_or_else(|| "extracted term uses an attribute as a value".to_string())
+    };
     for node in expr.as_ref() {
         let attr = |j: Id| match &expr[j] {
             Canon::Leaf(s) => Ok(parse_list(s.as_str())),
@@ -272,10 +295,22 @@ fn build(g: &mut Graph, expr: &egg::RecExpr<Canon>, leaf_of: &HashMap<Symbol, Va
         let v = match node {
             Canon::Leaf(s) => leaf_of.get(s).copied(),
             Canon::Identity([x]) => Some(get(&vals, *x)?),
-            Canon::Transpose([p, x]) => Some(g.add1(&format!("{name}.t"), Op::Transpose { perm: attr(*p)? }, &[get(&vals, *x)?]).map_err(|e| e.to_string())?),
-            Canon::Reshape([s, x]) => Some(g.add1(&format!("{name}.r"), Op::Reshape { shape: attr(*s)? }, &[get(&vals, *x)?]).map_err(|e| e.to_string())?),
-            Canon::Add([a, b]) => Some(g.add1(name, Op::Binary(BinaryOp::Add), &[get(&vals, *a)?, get(&vals, *b)?]).map_err(|e| e.to_string())?),
-            Canon::Mul([a, b]) => Some(g.add1(name, Op::Binary(BinaryOp::Mul), &[get(&vals, *a)?, get(&vals, *b)?]).map_err(|e| e.to_string())?),
+            Canon::Transpose([p, x]) => Some(
+                g.add1(&format!("{name}.t"), Op::Transpose { perm: attr(*p)? }, &[get(&vals, *x)?])
+                    .map_err(|e| e.to_string())?,
+            ),
+            Canon::Reshape([s, x]) => Some(
+                g.add1(&format!("{name}.r"), Op::Reshape { shape: attr(*s)? }, &[get(&vals, *x)?])
+                    .map_err(|e| e.to_string())?,
+            ),
+            Canon::Add([a, b]) => Some(
+                g.add1(name, Op::Binary(BinaryOp::Add), &[get(&vals, *a)?, get(&vals, *b)?])
+                    .map_err(|e| e.to_string())?,
+            ),
+            Canon::Mul([a, b]) => Some(
+                g.add1(name, Op::Binary(BinaryOp::Mul), &[get(&vals, *a)?, get(&vals, *b)?])
+                    .map_err(|e| e.to_string())?,
+            ),
         };
         vals.push(v);
     }

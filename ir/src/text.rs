@@ -52,7 +52,9 @@ fn fmt_attr(a: &Attr, out: &mut String) {
         Attr::Int(i) => write!(out, "{i}").unwrap_or(()),
         Attr::Float(x) => out.push_str(&fmt_f32(*x)),
         Attr::Bool(b) => write!(out, "{b}").unwrap_or(()),
-        Attr::Ints(v) => write!(out, "[{}]", v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")).unwrap_or(()),
+        Attr::Ints(v) => {
+            write!(out, "[{}]", v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")).unwrap_or(())
+        }
         Attr::Str(s) => write!(out, "{s:?}").unwrap_or(()),
         Attr::DType(d) => out.push_str(d.name()),
         Attr::Tensor(t) => {
@@ -110,7 +112,9 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
             ("beta", Attr::Float(*beta)),
             ("bias", Attr::Float(*bias)),
         ],
-        Softmax { axis } | LogSoftmax { axis } | Concat { axis } | Gather { axis } => vec![("axis", Attr::Int(*axis as i64))],
+        Softmax { axis } | LogSoftmax { axis } | Concat { axis } | Gather { axis } => {
+            vec![("axis", Attr::Int(*axis as i64))]
+        }
         Reshape { shape } | Expand { shape } => vec![("shape", us(shape))],
         Transpose { perm } => vec![("perm", us(perm))],
         Split { axis, sizes } => vec![("axis", Attr::Int(*axis as i64)), ("sizes", us(sizes))],
@@ -162,7 +166,10 @@ impl Attrs<'_> {
         }
     }
     fn usizes(&mut self, k: &str) -> Result<Vec<usize>, String> {
-        self.ints(k)?.into_iter().map(|i| usize::try_from(i).map_err(|_| format!("{}: attribute {k} must be >= 0", self.op))).collect()
+        self.ints(k)?
+            .into_iter()
+            .map(|i| usize::try_from(i).map_err(|_| format!("{}: attribute {k} must be >= 0", self.op)))
+            .collect()
     }
     fn arr<const N: usize>(&mut self, k: &str) -> Result<[usize; N], String> {
         let v = self.usizes(k)?;
@@ -217,13 +224,28 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
                 Attr::DType(d) => Op::Cast { to: d },
                 v => return Err(format!("cast: to must be a dtype, got {v:?}")),
             },
-            "gemm" => Op::Gemm { alpha: a.float("alpha")?, beta: a.float("beta")?, trans_a: a.bool("trans_a")?, trans_b: a.bool("trans_b")? },
-            "conv" => Op::Conv(ConvAttrs { strides: a.arr("strides")?, pads: a.arr("pads")?, dilations: a.arr("dilations")?, group: a.usize("group")? }),
+            "gemm" => Op::Gemm {
+                alpha: a.float("alpha")?,
+                beta: a.float("beta")?,
+                trans_a: a.bool("trans_a")?,
+                trans_b: a.bool("trans_b")?,
+            },
+            "conv" => Op::Conv(ConvAttrs {
+                strides: a.arr("strides")?,
+                pads: a.arr("pads")?,
+                dilations: a.arr("dilations")?,
+                group: a.usize("group")?,
+            }),
             "maxpool" => Op::MaxPool(pool(&mut a)?),
             "avgpool" => Op::AveragePool(pool(&mut a)?),
             "batchnorm" => Op::BatchNorm { epsilon: a.float("epsilon")? },
             "layernorm" => Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.float("epsilon")? },
-            "lrn" => Op::Lrn { size: a.usize("size")?, alpha: a.float("alpha")?, beta: a.float("beta")?, bias: a.float("bias")? },
+            "lrn" => Op::Lrn {
+                size: a.usize("size")?,
+                alpha: a.float("alpha")?,
+                beta: a.float("beta")?,
+                bias: a.float("bias")?,
+            },
             "softmax" => Op::Softmax { axis: a.usize("axis")? },
             "log_softmax" => Op::LogSoftmax { axis: a.usize("axis")? },
             "concat" => Op::Concat { axis: a.usize("axis")? },
@@ -237,7 +259,12 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
                 if v.len() % 4 != 0 || v.chunks(4).any(|c| c[0] < 0 || c[2] < 0) {
                     return Err("slice: axes must be (axis, start, len, step) quadruples".into());
                 }
-                Op::Slice { axes: v.chunks(4).map(|c| SliceAxis { axis: c[0] as usize, start: c[1], len: c[2] as usize, step: c[3] }).collect() }
+                Op::Slice {
+                    axes: v
+                        .chunks(4)
+                        .map(|c| SliceAxis { axis: c[0] as usize, start: c[1], len: c[2] as usize, step: c[3] })
+                        .collect(),
+                }
             }
             "pad" => Op::Pad { pads: a.usizes("pads")?, value: a.float("value")? },
             _ => return Err(format!("unknown op {name}")),
@@ -331,7 +358,11 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ParseError> {
             while i < cs.len() && cs[i].is_ascii_digit() {
                 i += 1;
             }
-            let n: usize = cs[s..i].iter().collect::<String>().parse().map_err(|_| err(line, "expected a node number after %".into()))?;
+            let n: usize = cs[s..i]
+                .iter()
+                .collect::<String>()
+                .parse()
+                .map_err(|_| err(line, "expected a node number after %".into()))?;
             let mut slot = 0;
             if cs.get(i) == Some(&'.') && cs.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
                 i += 1;
@@ -371,7 +402,11 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ParseError> {
         } else if c.is_ascii_digit() || c == '-' || c == '+' {
             let s = i;
             i += 1;
-            while i < cs.len() && (cs[i].is_ascii_alphanumeric() || cs[i] == '.' || ((cs[i] == '-' || cs[i] == '+') && matches!(cs[i - 1], 'e' | 'E'))) {
+            while i < cs.len()
+                && (cs[i].is_ascii_alphanumeric()
+                    || cs[i] == '.'
+                    || ((cs[i] == '-' || cs[i] == '+') && matches!(cs[i - 1], 'e' | 'E')))
+            {
                 i += 1;
             }
             toks.push((Tok::Num(cs[s..i].iter().collect()), line));

@@ -51,7 +51,8 @@ impl fmt::Display for VerifyErrors {
 /// Checks every invariant listed in the module docs, returning all violations.
 pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
     let mut errs = Vec::new();
-    let mut at = |node: Option<&str>, message: String| errs.push(VerifierError { node: node.map(str::to_string), message });
+    let mut at =
+        |node: Option<&str>, message: String| errs.push(VerifierError { node: node.map(str::to_string), message });
 
     let order = match g.topo_order() {
         Ok(o) => o,
@@ -76,7 +77,15 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
         let mut bad_edge = false;
         for e in g.g.edges_directed(n, Direction::Incoming) {
             if e.weight().src_slot >= g.g[e.source()].outputs.len() {
-                at(Some(name), format!("input {} reads missing output {} of {}", e.weight().dst_slot, e.weight().src_slot, g.g[e.source()].name));
+                at(
+                    Some(name),
+                    format!(
+                        "input {} reads missing output {} of {}",
+                        e.weight().dst_slot,
+                        e.weight().src_slot,
+                        g.g[e.source()].name
+                    ),
+                );
                 bad_edge = true;
             }
         }
@@ -102,8 +111,12 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
                 match op.infer(&ins) {
                     Ok(outs) if outs == node.outputs => {}
                     Ok(outs) => {
-                        let show = |v: &[crate::TensorMeta]| v.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ");
-                        at(Some(name), format!("outputs are [{}] but {} infers [{}]", show(&node.outputs), op.name(), show(&outs)))
+                        let show =
+                            |v: &[crate::TensorMeta]| v.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ");
+                        at(
+                            Some(name),
+                            format!("outputs are [{}] but {} infers [{}]", show(&node.outputs), op.name(), show(&outs)),
+                        )
                     }
                     Err(m) => at(Some(name), m),
                 }
@@ -125,7 +138,10 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
                 if let Some(t) = g.param_data.get(name)
                     && t.meta() != g.g[p].outputs[0]
                 {
-                    at(Some(&g.g[p].name), format!("parameter data is {} but the node says {}", t.meta(), g.g[p].outputs[0]));
+                    at(
+                        Some(&g.g[p].name),
+                        format!("parameter data is {} but the node says {}", t.meta(), g.g[p].outputs[0]),
+                    );
                 }
             }
             _ => at(None, format!("param list names {p:?}, which is not a param node")),

@@ -9,7 +9,13 @@ use std::path::Path;
 
 fn run_case(path: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let pass = text.lines().next().and_then(|l| l.strip_prefix("; pass:")).map(str::trim).ok_or("first line must be `; pass: NAME`")?.to_string();
+    let pass = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("; pass:"))
+        .map(str::trim)
+        .ok_or("first line must be `; pass: NAME`")?
+        .to_string();
     let (input, expected) = text.split_once("; expect:\n").ok_or("missing `; expect:` line")?;
     let input_body: String = input.lines().skip(1).map(|l| format!("{l}\n")).collect();
     let mut g = ir::Graph::parse(&input_body).map_err(|e| format!("parse: {e}"))?;
@@ -40,7 +46,12 @@ fn run_case(path: &Path) -> Result<(), String> {
 #[test]
 fn golden() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("golden dir").filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "ir")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("golden dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ir"))
+        .collect();
     files.sort();
     assert!(!files.is_empty());
     let mut failed = Vec::new();

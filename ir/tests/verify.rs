@@ -25,7 +25,11 @@ fn verifier_collects_all_errors_with_locations() {
 fn parser_errors_name_the_line() {
     for (text, line, phrase) in [
         ("graph \"g\" {\n  %0 \"x\" = input{name=\"x\"} : f99[2]\n}", 2, "unknown dtype"),
-        ("graph \"g\" {\n  %0 \"x\" = input{name=\"x\"} : f32[2]\n  %1 \"y\" = frobnicate(%0) : f32[2]\n}", 3, "unknown op"),
+        (
+            "graph \"g\" {\n  %0 \"x\" = input{name=\"x\"} : f32[2]\n  %1 \"y\" = frobnicate(%0) : f32[2]\n}",
+            3,
+            "unknown op",
+        ),
         ("graph \"g\" {\n  %1 \"y\" = relu(%0) : f32[2]\n}", 2, "before it is defined"),
         ("graph \"g\" {\n  %0 \"x\" = input{name=\"x\"} : f32[2]\n", 2, "end of text"),
         ("graph \"g\" {\n  %0 \"c\" = const{value=f32[3] [1.0, 2.0]} : f32[3]\n}", 2, "elements"),

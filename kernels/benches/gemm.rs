@@ -25,12 +25,8 @@ fn best_gflops(n: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
-    let a = (0..n * n)
-        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 13.0)
-        .collect();
-    let b = (0..n * n)
-        .map(|i| ((i * 5 % 11) as f32 - 5.0) / 11.0)
-        .collect();
+    let a = (0..n * n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 13.0).collect();
+    let b = (0..n * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 11.0).collect();
     (a, b)
 }
 
@@ -39,15 +35,8 @@ fn run(n: usize, threads: usize) {
     let mut c = vec![0f32; n * n];
     let row = |name: &str, g: f64| println!("| {name:<34} | {threads} | {n:>5} | {g:>7.1} |");
 
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("rayon pool");
-    let par = if threads == 1 {
-        gemm::Parallelism::None
-    } else {
-        gemm::Parallelism::Rayon(threads)
-    };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool");
+    let par = if threads == 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) };
     let g = best_gflops(n, || {
         pool.install(|| unsafe {
             gemm::gemm(
@@ -114,17 +103,13 @@ fn run(n: usize, threads: usize) {
 
     let ctx = kernels::cpu::CpuContext::new(threads).expect("cpu context");
     let g = best_gflops(n, || {
-        kernels::cpu::gemm_f32(&ctx, n, n, n, &a, false, &b, false, &mut c, 1.0, 0.0)
-            .expect("gemm_f32")
+        kernels::cpu::gemm_f32(&ctx, n, n, n, &a, false, &b, false, &mut c, 1.0, 0.0).expect("gemm_f32")
     });
     row("kernels::cpu::gemm_f32 (chosen)", g);
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|s| s.parse().ok())
-        .collect();
+    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|s| s.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![1024] } else { sizes };
     if let Ok(t) = std::env::var("GEMM_BENCH_THREADS") {
         let threads = t.parse().expect("GEMM_BENCH_THREADS is a number");

@@ -23,11 +23,7 @@ impl CudaContext {
 }
 
 /// Evaluates `op` on device tensors. Same contract as [`crate::cpu::eval`].
-pub fn eval(
-    ctx: &CudaContext,
-    op: &ir::Op,
-    inputs: &[&ir::Tensor],
-) -> Result<Vec<ir::Tensor>, Error> {
+pub fn eval(ctx: &CudaContext, op: &ir::Op, inputs: &[&ir::Tensor]) -> Result<Vec<ir::Tensor>, Error> {
     let _ = (ctx, op, inputs);
     unavailable()
 }
@@ -44,10 +40,7 @@ fn unavailable<T>() -> Result<T, Error> {
 
 #[cfg(feature = "cuda")]
 fn unavailable<T>() -> Result<T, Error> {
-    Err(Error::Unsupported {
-        op: "cuda",
-        reason: "the CUDA backend is not implemented yet".into(),
-    })
+    Err(Error::Unsupported { op: "cuda", reason: "the CUDA backend is not implemented yet".into() })
 }
 
 #[cfg(test)]
@@ -55,10 +48,7 @@ mod tests {
     #[test]
     #[cfg(not(feature = "cuda"))]
     fn stub_reports_missing_feature() {
-        assert_eq!(
-            super::CudaContext::new(0).unwrap_err(),
-            crate::Error::NotCompiledWith("cuda")
-        );
+        assert_eq!(super::CudaContext::new(0).unwrap_err(), crate::Error::NotCompiledWith("cuda"));
         assert!(!super::is_available());
     }
 }

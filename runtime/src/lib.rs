@@ -130,7 +130,12 @@ impl<'g> Interpreter<'g> {
     }
 
     /// Runs the graph with parameters taken from `params` (by parameter name).
-    pub fn run_with_params(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>, params: &BTreeMap<String, Tensor>) -> Result<RunReport, RunError> {
+    pub fn run_with_params(
+        &self,
+        ctx: &CpuContext,
+        feeds: &BTreeMap<String, Tensor>,
+        params: &BTreeMap<String, Tensor>,
+    ) -> Result<RunReport, RunError> {
         let g = self.graph;
         let input_names: Vec<String> = g
             .inputs
@@ -154,9 +159,15 @@ impl<'g> Interpreter<'g> {
             let out: Vec<Held> = match &node.op {
                 Op::Input { name } => {
                     let expected = &node.outputs[0];
-                    let t = feeds.get(name).ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
+                    let t = feeds
+                        .get(name)
+                        .ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
                     if &t.meta() != expected {
-                        return Err(RunError::FeedMismatch { name: name.clone(), got: t.meta().to_string(), expected: expected.to_string() });
+                        return Err(RunError::FeedMismatch {
+                            name: name.clone(),
+                            got: t.meta().to_string(),
+                            expected: expected.to_string(),
+                        });
                     }
                     live += t.bytes();
                     vec![Held::Borrowed(t)]
@@ -170,7 +181,11 @@ impl<'g> Interpreter<'g> {
                 op => {
                     let ins = &self.inputs[&n];
                     let ts: Vec<&Tensor> = ins.iter().map(|v| vals[v].get()).collect();
-                    let outs = kernels::cpu::eval(ctx, op, &ts).map_err(|e| RunError::Kernel { node: node.name.clone(), op: op.name(), message: e.to_string() })?;
+                    let outs = kernels::cpu::eval(ctx, op, &ts).map_err(|e| RunError::Kernel {
+                        node: node.name.clone(),
+                        op: op.name(),
+                        message: e.to_string(),
+                    })?;
                     for t in &outs {
                         live += t.bytes();
                     }
@@ -182,7 +197,8 @@ impl<'g> Interpreter<'g> {
             }
             peak = peak.max(live);
             // Free what this node read for the last time, and outputs nobody reads.
-            let mut dead: Vec<Value> = self.inputs[&n].iter().copied().filter(|v| self.last_use.get(v) == Some(&pos)).collect();
+            let mut dead: Vec<Value> =
+                self.inputs[&n].iter().copied().filter(|v| self.last_use.get(v) == Some(&pos)).collect();
             dead.extend((0..node.outputs.len()).map(|s| Value::new(n, s)).filter(|v| !self.last_use.contains_key(v)));
             dead.sort();
             dead.dedup();
@@ -197,7 +213,11 @@ impl<'g> Interpreter<'g> {
         }
         let mut outputs = BTreeMap::new();
         for (name, v) in &g.outputs {
-            let t = vals.get(v).map(|h| h.get().clone()).ok_or_else(|| RunError::Kernel { node: name.clone(), op: "output", message: "output was not computed".into() })?;
+            let t = vals.get(v).map(|h| h.get().clone()).ok_or_else(|| RunError::Kernel {
+                node: name.clone(),
+                op: "output",
+                message: "output was not computed".into(),
+            })?;
             outputs.insert(name.clone(), t);
         }
         Ok(RunReport { outputs, peak_bytes: peak, param_bytes })

@@ -10,12 +10,12 @@ use npyz::WriterBuilder;
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     /// I/O failure.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// File.
         path: PathBuf,
         /// Cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// Not a readable `.npy` file.
     #[error("{path}: not a valid .npy file: {message}")]
@@ -37,7 +37,7 @@ pub enum NpyError {
 
 /// Reads a C-order `.npy` file of float32, int64, int32 (widened to int64) or bool.
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|cause| NpyError::Io { path: path.to_path_buf(), cause })?;
     let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message };
     let f = npyz::NpyFile::new(&bytes[..]).map_err(|e| fmt(e.to_string()))?;
     if f.order() != npyz::Order::C {
@@ -57,7 +57,7 @@ pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
 
 /// Writes a tensor as a C-order `.npy` file.
 pub fn write_npy(path: &Path, t: &Tensor) -> Result<(), NpyError> {
-    let io = |source: std::io::Error| NpyError::Io { path: path.to_path_buf(), source };
+    let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
     let file = std::fs::File::create(path).map_err(io)?;
     let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
     let w = BufWriter::new(file);

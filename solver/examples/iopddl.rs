@@ -13,13 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let secs: f64 = args.get(1).map_or(Ok(60.0), |s| s.parse())?;
     let threads: usize = args.get(2).map_or(Ok(2), |s| s.parse())?;
     let which = args.get(3).cloned().unwrap_or("BGKPV".into());
-    let best = [
-        ('B', 532_843u128),
-        ('G', 217_039),
-        ('K', 2_274_276_676),
-        ('P', 651_833_115_436),
-        ('V', 1_632_051),
-    ];
+    let best = [('B', 532_843u128), ('G', 217_039), ('K', 2_274_276_676), ('P', 651_833_115_436), ('V', 1_632_051)];
     for (name, best) in best {
         if !which.contains(name) {
             continue;

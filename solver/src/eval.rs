@@ -41,30 +41,15 @@ impl Problem {
             let kv = self.nodes[v].strategies();
             cost += edge.costs[solution[u] * kv + solution[v]] as u128;
         }
-        let usages: Vec<u64> = self
-            .nodes
-            .iter()
-            .zip(solution)
-            .map(|(n, &s)| n.usages[s])
-            .collect();
-        let (peak_usage, peak_time, first_violation) =
-            usage_profile(self, &usages, self.usage_limit);
-        Ok(Evaluation {
-            cost,
-            peak_usage,
-            peak_time,
-            first_violation,
-        })
+        let usages: Vec<u64> = self.nodes.iter().zip(solution).map(|(n, &s)| n.usages[s]).collect();
+        let (peak_usage, peak_time, first_violation) = usage_profile(self, &usages, self.usage_limit);
+        Ok(Evaluation { cost, peak_usage, peak_time, first_violation })
     }
 
     /// The smallest peak usage any solution can reach (every node at its smallest usage) and a
     /// time step where it is reached.
     pub fn min_peak_usage(&self) -> (u128, u64) {
-        let usages: Vec<u64> = self
-            .nodes
-            .iter()
-            .map(|n| n.usages.iter().copied().min().unwrap_or(0))
-            .collect();
+        let usages: Vec<u64> = self.nodes.iter().map(|n| n.usages.iter().copied().min().unwrap_or(0)).collect();
         let (peak, time, _) = usage_profile(self, &usages, None);
         (peak, time)
     }

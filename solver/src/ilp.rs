@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use good_lp::solvers::coin_cbc::coin_cbc;
 use good_lp::{
-    Expression, ProblemVariables, ResolutionError, Solution, SolverModel, Variable,
-    WithInitialSolution, WithTimeLimit, variable,
+    Expression, ProblemVariables, ResolutionError, Solution, SolverModel, Variable, WithInitialSolution, WithTimeLimit,
+    variable,
 };
 
 use crate::error::{Error, Result};
@@ -118,13 +118,15 @@ impl MipBackend for Cbc {
         for &(v, c) in &mip.objective {
             objective.add_mul(c, vars[v]);
         }
-        let mut model = pv
-            .minimise(objective)
-            .using(coin_cbc)
-            .with_time_limit(time_limit.as_secs_f64().max(0.01));
+        let mut model = pv.minimise(objective).using(coin_cbc).with_time_limit(time_limit.as_secs_f64().max(0.01));
         model.set_parameter("logLevel", "0");
+        // Count wall-clock time: CPU time runs slow on a loaded machine and overshoots.
+        model.set_parameter("timeMode", "elapsed");
         if self.no_preprocess {
             model.set_parameter("preprocess", "off");
+            // With a starting point, a problem solved in presolve can come back without its
+            // column values: keep presolve off too.
+            model.set_parameter("presolve", "off");
         }
         if let Some(init) = &mip.initial {
             model = model.with_initial_solution(vars.iter().copied().zip(init.iter().copied()));
@@ -153,21 +155,12 @@ impl MipBackend for Cbc {
                 };
                 let bound = sol.model().best_possible_value();
                 let values: Vec<f64> = vars.iter().map(|&v| sol.value(v)).collect();
-                Ok(MipOutcome {
-                    status,
-                    values: Some(values),
-                    bound,
-                })
+                Ok(MipOutcome { status, values: Some(values), bound })
             }
-            Err(ResolutionError::Infeasible) => Ok(MipOutcome {
-                status: MipStatus::Infeasible,
-                values: None,
-                bound: f64::INFINITY,
-            }),
-            Err(e) => Err(Error::Backend {
-                backend: "cbc",
-                message: e.to_string(),
-            }),
+            Err(ResolutionError::Infeasible) => {
+                Ok(MipOutcome { status: MipStatus::Infeasible, values: None, bound: f64::INFINITY })
+            }
+            Err(e) => Err(Error::Backend { backend: "cbc", message: e.to_string() }),
         }
     }
 }
@@ -183,12 +176,7 @@ pub(crate) fn size(m: &Model) -> usize {
     let edge_vars: usize = m
         .edges
         .iter()
-        .map(|e| {
-            m.mats[e.mat..e.mat + m.k[e.u] * m.k[e.v]]
-                .iter()
-                .filter(|&&c| c < INFINITE_COST)
-                .count()
-        })
+        .map(|e| m.mats[e.mat..e.mat + m.k[e.u] * m.k[e.v]].iter().filter(|&&c| c < INFINITE_COST).count())
         .sum();
     m.cost.len() + edge_vars
 }
@@ -213,11 +201,7 @@ pub(crate) fn formulate(m: &Model) -> Formulation {
             }
             one.push((v, 1.0));
         }
-        mip.constraints.push(Constraint {
-            terms: one,
-            lo: 1.0,
-            hi: 1.0,
-        });
+        mip.constraints.push(Constraint { terms: one, lo: 1.0, hi: 1.0 });
     }
     for e in &m.edges {
         let (ku, kv) = (m.k[e.u], m.k[e.v]);
@@ -241,19 +225,11 @@ pub(crate) fn formulate(m: &Model) -> Formulation {
         }
         for (a, mut terms) in rows.into_iter().enumerate() {
             terms.push((x_start[e.u] + a, -1.0));
-            mip.constraints.push(Constraint {
-                terms,
-                lo: 0.0,
-                hi: 0.0,
-            });
+            mip.constraints.push(Constraint { terms, lo: 0.0, hi: 0.0 });
         }
         for (b, mut terms) in cols.into_iter().enumerate() {
             terms.push((x_start[e.v] + b, -1.0));
-            mip.constraints.push(Constraint {
-                terms,
-                lo: 0.0,
-                hi: 0.0,
-            });
+            mip.constraints.push(Constraint { terms, lo: 0.0, hi: 0.0 });
         }
     }
     // Memory: constant part and worst case per step.
@@ -297,11 +273,7 @@ pub(crate) fn formulate(m: &Model) -> Formulation {
                 }
             }
         }
-        mip.constraints.push(Constraint {
-            terms,
-            lo: f64::NEG_INFINITY,
-            hi: (m.limit - cb) as f64,
-        });
+        mip.constraints.push(Constraint { terms, lo: f64::NEG_INFINITY, hi: (m.limit - cb) as f64 });
     }
     Formulation { mip, x_start }
 }
@@ -311,9 +283,7 @@ pub(crate) fn extract(m: &Model, f: &Formulation, values: &[f64]) -> Vec<usize> 
     (0..m.n)
         .map(|i| {
             let xs = &values[f.x_start[i]..f.x_start[i] + m.k[i]];
-            (0..m.k[i])
-                .max_by(|&a, &b| xs[a].total_cmp(&xs[b]))
-                .unwrap_or(0)
+            (0..m.k[i]).max_by(|&a, &b| xs[a].total_cmp(&xs[b])).unwrap_or(0)
         })
         .collect()
 }

@@ -5,10 +5,25 @@
 //! usage limit that the live nodes must respect at every time step. This is exactly the IOPDDL
 //! contest format (ASPLOS 2025), which [`Problem::read`] and [`Problem::write`] handle (gzip too).
 //!
-//! [`solve`] picks a method by size: the exact ILP ([`ilp`], good_lp + CBC behind the
-//! [`ilp::MipBackend`] trait) for small problems after [`reduce`]tions, the anytime search
-//! otherwise. A reached time limit is a result ([`Status::TimeLimit`], with a lower bound and the
-//! gap), not an error.
+//! [`solve`] first applies optimum-preserving [`reduce`]tions, then picks a method by size:
+//!
+//! - **small** (the reduced ILP has at most [`SolveOptions::ilp_max_vars`] variables): a short
+//!   search gives a starting point and the exact ILP ([`ilp`], good_lp + CBC behind the
+//!   [`ilp::MipBackend`] trait) proves the optimum or improves on it until the time limit;
+//! - **large**: parallel anytime search threads sharing their best solution. Each builds a start
+//!   with Lagrangian memory prices (dynamic programming over maximum spanning forests of the cost
+//!   graph, node sweeps, moves of whole groups of nodes tied by forbidden edge entries, greedy
+//!   memory repair), then improves it with exact DP over random trees, memory-coupled pair moves
+//!   and perturbations; thread 0 also re-solves connected regions exactly with the ILP
+//!   (large-neighbourhood search). On graphs of a few thousand nodes, rounds of an ILP restricted
+//!   to promising strategies per node run in between.
+//!
+//! Memory feasibility is checked exactly at the *maximal* time steps (where some interval starts
+//! and the next event is an end), with a segment tree for range-add / range-max. A reached time
+//! limit is a result ([`Status::TimeLimit`], with a lower bound and the gap), not an error; a
+//! problem whose smallest possible peak exceeds the limit is [`Error::Infeasible`], naming that
+//! peak and its time step. Every returned solution is re-evaluated exactly ([`Problem::evaluate`],
+//! `u128` sums) on the original problem.
 //!
 //! ```
 //! use solver::{Problem, SolveOptions, Status};
@@ -25,12 +40,14 @@
 //! # Ok::<(), solver::Error>(())
 //! ```
 #![warn(missing_docs)]
+// The numerical loops index several parallel arrays by strategy; iterators would obscure them.
+#![allow(clippy::needless_range_loop)]
 
 mod bound;
 mod error;
 mod eval;
-mod lns;
 pub mod ilp;
+mod lns;
 mod model;
 mod problem;
 pub mod reduce;

@@ -14,6 +14,8 @@ use crate::search::State;
 pub(crate) struct RegionOutcome {
     /// The back end proved the region optimal within its time limit.
     pub optimal: bool,
+    /// A lower bound on the total cost given the fixed nodes (`-inf` if unknown).
+    pub bound: f64,
 }
 
 /// Re-optimises `region` (distinct nodes) exactly, keeping everything else fixed.
@@ -56,16 +58,11 @@ pub(crate) fn solve_region(
             init.push(if current { 1.0 } else { 0.0 });
             one.push((v, 1.0));
         }
-        mip.constraints.push(Constraint {
-            terms: one,
-            lo: 1.0,
-            hi: 1.0,
-        });
+        mip.constraints.push(Constraint { terms: one, lo: 1.0, hi: 1.0 });
     }
     // Edges inside the region: each once, from its larger endpoint (whose adjacency to the
     // smaller one holds the matrix oriented [s_small][s_large]).
-    let index: std::collections::HashMap<usize, usize> =
-        region.iter().enumerate().map(|(p, &i)| (i, p)).collect();
+    let index: std::collections::HashMap<usize, usize> = region.iter().enumerate().map(|(p, &i)| (i, p)).collect();
     for (pv, &v) in region.iter().enumerate() {
         for a in m.adj(v) {
             let u = a.other;
@@ -95,19 +92,11 @@ pub(crate) fn solve_region(
             }
             for (su, mut terms) in rows.into_iter().enumerate() {
                 terms.push((x_start[pu] + su, -1.0));
-                mip.constraints.push(Constraint {
-                    terms,
-                    lo: 0.0,
-                    hi: 0.0,
-                });
+                mip.constraints.push(Constraint { terms, lo: 0.0, hi: 0.0 });
             }
             for (sv, mut terms) in cols.into_iter().enumerate() {
                 terms.push((x_start[pv] + sv, -1.0));
-                mip.constraints.push(Constraint {
-                    terms,
-                    lo: 0.0,
-                    hi: 0.0,
-                });
+                mip.constraints.push(Constraint { terms, lo: 0.0, hi: 0.0 });
             }
         }
     }
@@ -151,30 +140,29 @@ pub(crate) fn solve_region(
         if worst <= rhs || terms.is_empty() {
             continue;
         }
-        mip.constraints.push(Constraint {
-            terms,
-            lo: f64::NEG_INFINITY,
-            hi: rhs as f64,
-        });
+        mip.constraints.push(Constraint { terms, lo: f64::NEG_INFINITY, hi: rhs as f64 });
     }
+    // The MIP objective leaves out what the fixed nodes cost on their own.
+    let init_obj: f64 = mip.objective.iter().map(|&(v, c)| c * init[v]).sum();
+    let constant = st.cost - init_obj;
     mip.initial = Some(init);
     let out = backend.solve(&mip, time_limit)?;
+    let bound = if out.bound.is_finite() { out.bound + constant } else { f64::NEG_INFINITY };
     let Some(values) = out.values.filter(|_| out.status != MipStatus::Infeasible) else {
-        return Ok(RegionOutcome { optimal: false });
+        return Ok(RegionOutcome { optimal: false, bound });
     };
     let before = st.cost;
     let old: Vec<usize> = region.iter().map(|&i| st.x[i]).collect();
     for (p, &i) in region.iter().enumerate() {
         let xs = &values[x_start[p]..x_start[p] + m.k[i]];
-        let s = (0..m.k[i])
-            .max_by(|&a, &b| xs[a].total_cmp(&xs[b]))
-            .unwrap_or(0);
+        let s = (0..m.k[i]).max_by(|&a, &b| xs[a].total_cmp(&xs[b])).unwrap_or(0);
         st.set(i, s);
     }
     let tol = 1e-9 * before.abs().max(1.0);
     if std::env::var_os("SOLVER_DEBUG").is_some() {
+        let obj: f64 = mip.objective.iter().map(|&(v, c)| c * values[v]).sum();
         eprintln!(
-            "region {} nodes: {:?} bound {:.0} cost {before:.0} -> {:.0} feasible {}",
+            "region {} nodes (mip objective at values {obj} + {constant}): {:?} bound {:.0} cost {before:.0} -> {:.0} feasible {}",
             region.len(),
             out.status,
             out.bound,
@@ -183,14 +171,10 @@ pub(crate) fn solve_region(
         );
     }
     if st.feasible() && st.cost <= before + tol {
-        return Ok(RegionOutcome {
-            optimal: out.status == MipStatus::Optimal,
-        });
+        return Ok(RegionOutcome { optimal: out.status == MipStatus::Optimal, bound });
     }
     for (p, &i) in region.iter().enumerate() {
         st.set(i, old[p]);
     }
-    Ok(RegionOutcome {
-        optimal: out.status == MipStatus::Optimal,
-    })
+    Ok(RegionOutcome { optimal: out.status == MipStatus::Optimal, bound })
 }

@@ -115,23 +115,9 @@ impl Model {
             edges.push(MEdge { u, v, mat: base });
             let hard = m.iter().any(|&c| c >= 1e17);
             // For v the neighbour is u: oriented [s_u][s_v] = m.
-            entries.push((
-                v,
-                Adj {
-                    other: u,
-                    mat: base,
-                    hard,
-                },
-            ));
+            entries.push((v, Adj { other: u, mat: base, hard }));
             // For u the neighbour is v: oriented [s_v][s_u] = transpose.
-            entries.push((
-                u,
-                Adj {
-                    other: v,
-                    mat: base + ku * kv,
-                    hard,
-                },
-            ));
+            entries.push((u, Adj { other: v, mat: base + ku * kv, hard }));
             deg[u] += 1;
             deg[v] += 1;
         }
@@ -140,34 +126,14 @@ impl Model {
             adj_start[i + 1] = adj_start[i] + deg[i];
         }
         let mut fill = adj_start.clone();
-        let mut adj = vec![
-            Adj {
-                other: 0,
-                mat: 0,
-                hard: false,
-            };
-            entries.len()
-        ];
+        let mut adj = vec![Adj { other: 0, mat: 0, hard: false }; entries.len()];
         for (i, a) in entries {
             adj[fill[i]] = a;
             fill[i] += 1;
         }
 
         let (steps, range) = compress_time(p);
-        Model {
-            n,
-            k,
-            off,
-            cost,
-            usage,
-            range,
-            steps,
-            limit,
-            adj_start,
-            adj,
-            mats,
-            edges,
-        }
+        Model { n, k, off, cost, usage, range, steps, limit, adj_start, adj, mats, edges }
     }
 
     #[inline]

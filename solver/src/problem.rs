@@ -88,19 +88,13 @@ impl Problem {
     /// Reads an IOPDDL problem from a `.json` or gzipped file (detected by its magic bytes).
     pub fn read(path: impl AsRef<Path>) -> Result<Problem> {
         let path = path.as_ref();
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| Error::Io { path: path.to_path_buf(), source };
         let raw = std::fs::read(path).map_err(io)?;
         let text = if raw.starts_with(&[0x1f, 0x8b]) {
             let mut out = Vec::new();
             flate2::read::MultiGzDecoder::new(&raw[..])
                 .read_to_end(&mut out)
-                .map_err(|e| Error::Parse {
-                    path: path.to_path_buf(),
-                    message: format!("bad gzip data: {e}"),
-                })?;
+                .map_err(|e| Error::Parse { path: path.to_path_buf(), message: format!("bad gzip data: {e}") })?;
             out
         } else {
             raw
@@ -114,10 +108,8 @@ impl Problem {
     }
 
     fn from_json_bytes_at(bytes: &[u8], path: PathBuf) -> Result<Problem> {
-        let file: FileJson = serde_json::from_slice(bytes).map_err(|e| Error::Parse {
-            path,
-            message: e.to_string(),
-        })?;
+        let file: FileJson =
+            serde_json::from_slice(bytes).map_err(|e| Error::Parse { path, message: e.to_string() })?;
         let p = file.problem;
         let n = p.nodes.intervals.len();
         if p.nodes.costs.len() != n || p.nodes.usages.len() != n {
@@ -140,28 +132,16 @@ impl Problem {
             .into_iter()
             .zip(p.nodes.costs)
             .zip(p.nodes.usages)
-            .map(|((iv, costs), usages)| Node {
-                interval: (iv[0], iv[1]),
-                costs,
-                usages,
-            })
+            .map(|((iv, costs), usages)| Node { interval: (iv[0], iv[1]), costs, usages })
             .collect();
         let edges = p
             .edges
             .nodes
             .into_iter()
             .zip(p.edges.costs)
-            .map(|(uv, costs)| Edge {
-                nodes: (uv[0], uv[1]),
-                costs,
-            })
+            .map(|(uv, costs)| Edge { nodes: (uv[0], uv[1]), costs })
             .collect();
-        let problem = Problem {
-            name: p.name,
-            nodes,
-            edges,
-            usage_limit: p.usage_limit,
-        };
+        let problem = Problem { name: p.name, nodes, edges, usage_limit: p.usage_limit };
         problem.validate()?;
         Ok(problem)
     }
@@ -213,11 +193,7 @@ impl Problem {
             problem: ProblemJson {
                 name: self.name.clone(),
                 nodes: NodesJson {
-                    intervals: self
-                        .nodes
-                        .iter()
-                        .map(|n| [n.interval.0, n.interval.1])
-                        .collect(),
+                    intervals: self.nodes.iter().map(|n| [n.interval.0, n.interval.1]).collect(),
                     costs: self.nodes.iter().map(|n| n.costs.clone()).collect(),
                     usages: self.nodes.iter().map(|n| n.usages.clone()).collect(),
                 },
@@ -235,10 +211,7 @@ impl Problem {
     /// Writes the problem as IOPDDL JSON, gzipped when the path ends in `.gz`.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| Error::Io { path: path.to_path_buf(), source };
         let text = self.to_json();
         if path.extension().is_some_and(|e| e == "gz") {
             let file = std::fs::File::create(path).map_err(io)?;
@@ -280,10 +253,7 @@ impl Problem {
 /// Reads a solution file: a JSON list of strategy indices (or `{"solution": [...]}`).
 pub fn read_solution(path: impl AsRef<Path>) -> Result<Vec<usize>> {
     let path = path.as_ref();
-    let raw = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let raw = std::fs::read(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Sol {
@@ -303,8 +273,5 @@ pub fn read_solution(path: impl AsRef<Path>) -> Result<Vec<usize>> {
 pub fn write_solution(path: impl AsRef<Path>, solution: &[usize]) -> Result<()> {
     let path = path.as_ref();
     let text = serde_json::to_string(solution).unwrap_or_default();
-    std::fs::write(path, text + "\n").map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::write(path, text + "\n").map_err(|source| Error::Io { path: path.to_path_buf(), source })
 }

@@ -30,19 +30,9 @@ enum Recover {
     /// Fixed strategy.
     Fixed { node: usize, s: usize },
     /// Best response to one neighbour: `table[s_nb]`.
-    One {
-        node: usize,
-        nb: usize,
-        table: Vec<u32>,
-    },
+    One { node: usize, nb: usize, table: Vec<u32> },
     /// Best response to two neighbours: `table[s_a * k_b + s_b]`.
-    Two {
-        node: usize,
-        a: usize,
-        b: usize,
-        kb: usize,
-        table: Vec<u32>,
-    },
+    Two { node: usize, a: usize, b: usize, kb: usize, table: Vec<u32> },
 }
 
 /// A reduced problem and the map back to the original.
@@ -77,19 +67,10 @@ impl Reduction {
             match step {
                 Recover::Fixed { node, s } => x[*node] = *s,
                 Recover::One { node, nb, table } => x[*node] = table[x[*nb]] as usize,
-                Recover::Two {
-                    node,
-                    a,
-                    b,
-                    kb,
-                    table,
-                } => x[*node] = table[x[*a] * kb + x[*b]] as usize,
+                Recover::Two { node, a, b, kb, table } => x[*node] = table[x[*a] * kb + x[*b]] as usize,
             }
         }
-        x.iter()
-            .enumerate()
-            .map(|(i, &s)| self.keep[i].get(s).copied().unwrap_or(0))
-            .collect()
+        x.iter().enumerate().map(|(i, &s)| self.keep[i].get(s).copied().unwrap_or(0)).collect()
     }
 }
 
@@ -109,20 +90,13 @@ impl Work {
 
     /// Edge cost between `i` at `si` and `j` at `sj`.
     fn cost(&self, i: usize, si: usize, j: usize, sj: usize) -> u64 {
-        if i < j {
-            self.edges[&(i, j)][si * self.k(j) + sj]
-        } else {
-            self.edges[&(j, i)][sj * self.k(i) + si]
-        }
+        if i < j { self.edges[&(i, j)][si * self.k(j) + sj] } else { self.edges[&(j, i)][sj * self.k(i) + si] }
     }
 
     fn add_edge(&mut self, i: usize, j: usize, f: impl Fn(usize, usize) -> u64) {
         let (u, v) = (i.min(j), i.max(j));
         let (ku, kv) = (self.k(u), self.k(v));
-        let m = self
-            .edges
-            .entry((u, v))
-            .or_insert_with(|| vec![0; ku * kv]);
+        let m = self.edges.entry((u, v)).or_insert_with(|| vec![0; ku * kv]);
         for su in 0..ku {
             for sv in 0..kv {
                 let c = if u == i { f(su, sv) } else { f(sv, su) };
@@ -155,13 +129,9 @@ impl Work {
             let key = (i.min(j), i.max(j));
             let old = &self.edges[&key];
             let new: Vec<u64> = if i < j {
-                keep.iter()
-                    .flat_map(|&s| old[s * kj..(s + 1) * kj].iter().copied())
-                    .collect()
+                keep.iter().flat_map(|&s| old[s * kj..(s + 1) * kj].iter().copied()).collect()
             } else {
-                (0..kj)
-                    .flat_map(|t| keep.iter().map(move |&s| old[t * ki + s]))
-                    .collect()
+                (0..kj).flat_map(|t| keep.iter().map(move |&s| old[t * ki + s])).collect()
             };
             debug_assert_eq!(new.len(), nk * kj);
             self.edges.insert(key, new);
@@ -255,8 +225,7 @@ pub fn reduce(p: &Problem) -> Reduction {
                 if w.costs[i][t] > w.costs[i][s] || (mem && w.usages[i][t] > w.usages[i][s]) {
                     continue;
                 }
-                let equal_node = w.costs[i][t] == w.costs[i][s]
-                    && (!mem || w.usages[i][t] == w.usages[i][s]);
+                let equal_node = w.costs[i][t] == w.costs[i][s] && (!mem || w.usages[i][t] == w.usages[i][s]);
                 let mut all_le = true;
                 let mut all_eq = equal_node;
                 'nb: for &j in &nb {
@@ -337,11 +306,7 @@ pub fn reduce(p: &Problem) -> Reduction {
                     *c = c.saturating_add(a);
                 }
                 w.remove_edge(i, j);
-                steps.push(Recover::One {
-                    node: i,
-                    nb: j,
-                    table,
-                });
+                steps.push(Recover::One { node: i, nb: j, table });
                 make_ghost(&mut w, i, 0);
                 eliminated[i] = true;
                 queue.push(j);
@@ -358,23 +323,12 @@ pub fn reduce(p: &Problem) -> Reduction {
                 }
                 let mut table = Vec::with_capacity(ka * kb);
                 let mut mat = Vec::with_capacity(ka * kb);
-                let ca: Vec<Vec<u64>> = (0..ki)
-                    .map(|s| (0..ka).map(|sa| w.cost(i, s, a, sa)).collect())
-                    .collect();
-                let cb: Vec<Vec<u64>> = (0..ki)
-                    .map(|s| (0..kb).map(|sb| w.cost(i, s, b, sb)).collect())
-                    .collect();
+                let ca: Vec<Vec<u64>> = (0..ki).map(|s| (0..ka).map(|sa| w.cost(i, s, a, sa)).collect()).collect();
+                let cb: Vec<Vec<u64>> = (0..ki).map(|s| (0..kb).map(|sb| w.cost(i, s, b, sb)).collect()).collect();
                 for sa in 0..ka {
                     for sb in 0..kb {
                         let (s, c) = (0..ki)
-                            .map(|s| {
-                                (
-                                    s,
-                                    w.costs[i][s]
-                                        .saturating_add(ca[s][sa])
-                                        .saturating_add(cb[s][sb]),
-                                )
-                            })
+                            .map(|s| (s, w.costs[i][s].saturating_add(ca[s][sa]).saturating_add(cb[s][sb])))
                             .min_by_key(|&(_, c)| c)
                             .unwrap_or((0, 0));
                         table.push(s as u32);
@@ -384,13 +338,7 @@ pub fn reduce(p: &Problem) -> Reduction {
                 w.remove_edge(i, a);
                 w.remove_edge(i, b);
                 w.add_edge(a, b, |sa, sb| mat[sa * kb + sb]);
-                steps.push(Recover::Two {
-                    node: i,
-                    a,
-                    b,
-                    kb,
-                    table,
-                });
+                steps.push(Recover::Two { node: i, a, b, kb, table });
                 make_ghost(&mut w, i, 0);
                 eliminated[i] = true;
                 queue.push(a);
@@ -403,27 +351,11 @@ pub fn reduce(p: &Problem) -> Reduction {
     stats.edges_left = w.edges.len();
 
     let nodes = (0..n)
-        .map(|i| Node {
-            interval: w.intervals[i],
-            costs: w.costs[i].clone(),
-            usages: w.usages[i].clone(),
-        })
+        .map(|i| Node { interval: w.intervals[i], costs: w.costs[i].clone(), usages: w.usages[i].clone() })
         .collect();
-    let edges = w
-        .edges
-        .iter()
-        .map(|(&(u, v), m)| Edge {
-            nodes: (u, v),
-            costs: m.clone(),
-        })
-        .collect();
+    let edges = w.edges.iter().map(|(&(u, v), m)| Edge { nodes: (u, v), costs: m.clone() }).collect();
     Reduction {
-        problem: Problem {
-            name: p.name.clone(),
-            nodes,
-            edges,
-            usage_limit: p.usage_limit,
-        },
+        problem: Problem { name: p.name.clone(), nodes, edges, usage_limit: p.usage_limit },
         keep,
         steps,
         stats,
@@ -445,11 +377,7 @@ pub fn identity(p: &Problem) -> Reduction {
         problem: p.clone(),
         keep: p.nodes.iter().map(|x| (0..x.strategies()).collect()).collect(),
         steps: Vec::new(),
-        stats: ReductionStats {
-            strategies_removed: 0,
-            nodes_eliminated: 0,
-            edges_left: p.edges.len(),
-        },
+        stats: ReductionStats { strategies_removed: 0, nodes_eliminated: 0, edges_left: p.edges.len() },
     }
 }
 
@@ -465,12 +393,7 @@ mod tests {
         let mr = Model::new(&r.problem);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         for _ in 0..20 {
-            let x: Vec<usize> = r
-                .problem
-                .nodes
-                .iter()
-                .map(|n| rng.random_range(0..n.strategies()))
-                .collect();
+            let x: Vec<usize> = r.problem.nodes.iter().map(|n| rng.random_range(0..n.strategies())).collect();
             let full = r.expand(&x);
             let a = r.problem.evaluate(&x).unwrap();
             let b = p.evaluate(&full).unwrap();
@@ -484,18 +407,13 @@ mod tests {
 
     #[test]
     fn expand_keeps_cost_on_example() {
-        let p = Problem::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/example.json"))
-            .unwrap();
+        let p = Problem::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/example.json")).unwrap();
         check(&p);
     }
 
     #[test]
     fn expand_keeps_cost_on_b() {
-        let p = Problem::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/asplos-2025-iopddl-B.json.gz"
-        ))
-        .unwrap();
+        let p = Problem::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/asplos-2025-iopddl-B.json.gz")).unwrap();
         check(&p);
     }
 }

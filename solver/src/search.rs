@@ -29,13 +29,7 @@ impl<'m> State<'m> {
     pub fn new(m: &'m Model, x: Vec<usize>) -> State<'m> {
         let seg = SegTree::new(&m.usage_profile(&x));
         let cost = m.total_cost(&x);
-        State {
-            m,
-            x,
-            seg,
-            cost,
-            buf: Vec::new(),
-        }
+        State { m, x, seg, cost, buf: Vec::new() }
     }
 
     /// Largest usage over the compressed steps `[l, r)`.
@@ -98,11 +92,7 @@ impl<'m> State<'m> {
                 }
             }
             let (l, r) = m.range[i];
-            let head = if feasible_only && l < r {
-                m.limit - self.seg.max(l, r) + us[cur]
-            } else {
-                i64::MAX
-            };
+            let head = if feasible_only && l < r { m.limit - self.seg.max(l, r) + us[cur] } else { i64::MAX };
             let mut best = cur;
             let mut best_v = buf[cur];
             for (s, (&v, &u)) in buf.iter().zip(us).enumerate() {
@@ -179,7 +169,7 @@ impl<'m> State<'m> {
         let mut iter = 0usize;
         while !self.feasible() {
             iter += 1;
-            if iter % 64 == 0 && Instant::now() > deadline {
+            if iter.is_multiple_of(64) && Instant::now() > deadline {
                 return false;
             }
             let t = self.seg.argmax();
@@ -224,14 +214,7 @@ impl<'m> State<'m> {
     /// outside the tree, and non-tree edges inside it, are conditioned on the current strategies
     /// (exact when the tree is induced). Applies the result when `accept` allows it.
     /// Returns true if the accepted objective strictly decreased.
-    pub fn tree_move(
-        &mut self,
-        tree: &Tree,
-        pen: &[f64],
-        scale: f64,
-        accept: Accept,
-        ws: &mut TreeWork,
-    ) -> bool {
+    pub fn tree_move(&mut self, tree: &Tree, pen: &[f64], scale: f64, accept: Accept, ws: &mut TreeWork) -> bool {
         let m = self.m;
         let nt = tree.nodes.len();
         if nt == 0 {
@@ -463,21 +446,11 @@ impl State<'_> {
             }
         };
         let penalty_nb = |st: &State| -> f64 {
-            pen.map_or(0.0, |p| {
-                g.nbrs
-                    .iter()
-                    .map(|&w| p[w] * m.usage[m.off[w] + st.x[w]] as f64)
-                    .sum()
-            })
+            pen.map_or(0.0, |p| g.nbrs.iter().map(|&w| p[w] * m.usage[m.off[w] + st.x[w]] as f64).sum())
         };
         let cur_s = old[0];
         let penalty = |st: &State| -> f64 {
-            pen.map_or(0.0, |p| {
-                g.members
-                    .iter()
-                    .map(|t| p[t.0] * m.usage[m.off[t.0] + st.x[t.0]] as f64)
-                    .sum()
-            })
+            pen.map_or(0.0, |p| g.members.iter().map(|t| p[t.0] * m.usage[m.off[t.0] + st.x[t.0]] as f64).sum())
         };
         let base = self.cost + penalty(self) + penalty_nb(self);
         let mut best: Option<(f64, usize)> = None;
@@ -565,14 +538,7 @@ pub(crate) struct Tree {
 
 impl Tree {
     pub fn new(n: usize) -> Tree {
-        Tree {
-            nodes: Vec::new(),
-            parent: Vec::new(),
-            pos: vec![0; n],
-            mark: vec![0; n],
-            stamp: 0,
-            queue_head: 0,
-        }
+        Tree { nodes: Vec::new(), parent: Vec::new(), pos: vec![0; n], mark: vec![0; n], stamp: 0, queue_head: 0 }
     }
 
     #[inline]
@@ -648,14 +614,7 @@ impl Tree {
     }
 
     /// Adds, depth first, the nodes reachable from position `pos` over hard edges.
-    fn hard_closure(
-        &mut self,
-        m: &Model,
-        pos: usize,
-        max: usize,
-        induced: bool,
-        stack: &mut Vec<usize>,
-    ) {
+    fn hard_closure(&mut self, m: &Model, pos: usize, max: usize, induced: bool, stack: &mut Vec<usize>) {
         stack.clear();
         stack.push(pos);
         while let Some(p) = stack.pop() {
@@ -726,7 +685,6 @@ impl Tree {
             }
         }
     }
-
 }
 
 /// Options of one search run.
@@ -746,12 +704,11 @@ pub(crate) struct SearchConfig<'a> {
 /// Runs the whole search; returns the best feasible solution found (if any) and its cost.
 pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     let publish = |best: &Option<(Vec<usize>, f64)>| {
-        if let Some((x, c)) = best {
-            if let Ok(mut g) = cfg.shared.lock() {
-                if g.as_ref().is_none_or(|b| *c < b.1) {
-                    *g = Some((x.clone(), *c));
-                }
-            }
+        if let Some((x, c)) = best
+            && let Ok(mut g) = cfg.shared.lock()
+            && g.as_ref().is_none_or(|b| *c < b.1)
+        {
+            *g = Some((x.clone(), *c));
         }
     };
     let shared_best = || cfg.shared.lock().ok().and_then(|g| g.clone());
@@ -779,9 +736,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         .map(|i| {
             let cs = m.costs(i);
             let us = m.usages(i);
-            (0..m.k[i])
-                .min_by(|&a, &b| cs[a].total_cmp(&cs[b]).then(us[a].cmp(&us[b])))
-                .unwrap_or(0)
+            (0..m.k[i]).min_by(|&a, &b| cs[a].total_cmp(&cs[b]).then(us[a].cmp(&us[b]))).unwrap_or(0)
         })
         .collect();
     let mut st = State::new(m, x0);
@@ -867,11 +822,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         }
         for (t, &u) in prof.iter().enumerate() {
             if u > m.limit {
-                lambda[t] = if lambda[t] == 0.0 {
-                    seed_price
-                } else {
-                    lambda[t] * 2.0
-                };
+                lambda[t] = if lambda[t] == 0.0 { seed_price } else { lambda[t] * 2.0 };
             } else if (u as f64) < 0.95 * m.limit as f64 {
                 lambda[t] *= 0.9;
             }
@@ -879,6 +830,19 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         penalties(m, &lambda, &mut pen);
     }
     penalties(m, &best_lambda, &mut pen);
+    if best.is_none() {
+        // Out of time before the first repair: the smallest usages always fit (the caller
+        // checked the minimum peak), whatever they cost.
+        let xmin: Vec<usize> = (0..n)
+            .map(|i| {
+                let us = m.usages(i);
+                let cs = m.costs(i);
+                (0..m.k[i]).min_by(|&a, &b| us[a].cmp(&us[b]).then(cs[a].total_cmp(&cs[b]))).unwrap_or(0)
+            })
+            .collect();
+        let mut s0 = State::new(m, xmin);
+        consider(&mut s0, &mut best);
+    }
 
     // Local search from the best feasible solution.
     publish(&best);
@@ -889,6 +853,27 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     let mut region_vars = 20_000usize;
     let mut in_region = vec![false; n];
     let mut lns_solves = 0usize;
+    if let Some(backend) = cfg.lns {
+        // Small enough for one region: solve the whole problem exactly first.
+        let all_vars: usize =
+            order.iter().map(|&v| m.k[v] * (1 + m.adj(v).iter().map(|a| m.k[a.other]).sum::<usize>())).sum();
+        let left = cfg.deadline.saturating_duration_since(Instant::now());
+        if all_vars <= region_vars && !left.is_zero() {
+            for &v in &order {
+                in_region[v] = true;
+            }
+            let limit = left - left / 8;
+            // CBC with its default pre-processing: on tiny models without it, CBC can report
+            // optimal with column values that are not the optimum.
+            let _ = backend;
+            let cbc = crate::ilp::Cbc::default();
+            let _ = crate::lns::solve_region(m, &mut st, &order, &in_region, &cbc, limit);
+            for &v in &order {
+                in_region[v] = false;
+            }
+            lns_solves += 1;
+        }
+    }
     while Instant::now() < cfg.deadline && !order.is_empty() {
         rounds += 1;
         if st.cost <= cfg.target + 1e-9 * cfg.target.abs().max(1.0) {
@@ -897,21 +882,31 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         let before = st.cost;
         let left = cfg.deadline.saturating_duration_since(Instant::now());
         // CBC can overrun its limit a little: keep a margin.
-        let lns_limit = left
-            .saturating_sub(Duration::from_millis(700))
-            .min(Duration::from_secs(8));
-        if let Some(backend) = cfg.lns.filter(|_| lns_limit >= Duration::from_millis(300)) {
+        let margin = (left / 4).min(Duration::from_millis(700));
+        let lns_limit = left.saturating_sub(margin).min(Duration::from_secs(8));
+        if let Some(backend) = cfg.lns.filter(|_| lns_limit >= Duration::from_millis(5)) {
             // Adopt a better solution from another thread.
-            if let Some((x, c)) = shared_best() {
-                if c < st.cost - 1e-9 * c.abs().max(1.0) {
-                    st = State::new(m, x);
-                }
+            if let Some((x, c)) = shared_best()
+                && c < st.cost - 1e-9 * c.abs().max(1.0)
+            {
+                st = State::new(m, x);
             }
             let root = order[rng.random_range(0..order.len())];
-            let region = grow_region(m, root, region_vars, &mut rng, &mut in_region);
+            let mut region = grow_region(m, root, region_vars, &mut rng, &mut in_region);
+            // Memory couples components: when the component is exhausted, add more balls.
+            for _ in 0..32 {
+                let vars: usize = region.iter().map(|&v| m.k[v] * (1 + m.adj(v).len())).sum();
+                if vars >= region_vars || region.len() >= order.len() {
+                    break;
+                }
+                let r = order[rng.random_range(0..order.len())];
+                if !in_region[r] {
+                    let more = grow_region(m, r, region_vars - vars, &mut rng, &mut in_region);
+                    region.extend(more);
+                }
+            }
             let t0 = Instant::now();
-            let out =
-                crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
+            let out = crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
             for &v in &region {
                 in_region[v] = false;
             }
@@ -919,7 +914,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             match out {
                 Ok(o) => {
                     if o.optimal && t0.elapsed() < lns_limit / 4 {
-                        region_vars = (region_vars * 5 / 4).min(400_000);
+                        region_vars = (region_vars * 5 / 4).min(60_000);
                     } else if !o.optimal {
                         region_vars = (region_vars * 3 / 4).max(500);
                     }
@@ -927,7 +922,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                 Err(_) => region_vars = (region_vars / 2).max(500),
             }
         }
-        if rounds % 2 == 0 {
+        if rounds.is_multiple_of(2) {
             tree.max_spanning_forest(m, &weight, &mut rng);
             let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
             st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
@@ -941,11 +936,11 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
             st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
         }
-        if rounds % 8 == 0 {
+        if rounds.is_multiple_of(8) {
             order_shuffle(&mut order, &mut rng);
             st.sweep(&order, None, true);
         }
-        if rounds % 4 == 0 {
+        if rounds.is_multiple_of(4) {
             for g in &groups {
                 st.group_move(g, None, true);
             }
@@ -967,11 +962,11 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             // Perturb: random strategies on a random region, then repair and descend; or
             // restart from the best solution any thread has found.
             since_improve = 0;
-            if let Some((x, c)) = shared_best() {
-                if c < st.cost - 1e-9 * c.abs().max(1.0) {
-                    st = State::new(m, x);
-                    continue;
-                }
+            if let Some((x, c)) = shared_best()
+                && c < st.cost - 1e-9 * c.abs().max(1.0)
+            {
+                st = State::new(m, x);
+                continue;
             }
             let root = order[rng.random_range(0..order.len())];
             tree.clear();
@@ -988,10 +983,10 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                     break;
                 }
             }
-            if !st.feasible() {
-                if let Some((bx, _)) = &best {
-                    st = State::new(m, bx.clone());
-                }
+            if !st.feasible()
+                && let Some((bx, _)) = &best
+            {
+                st = State::new(m, bx.clone());
             }
         }
     }
@@ -1008,13 +1003,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
 
 /// A connected region grown by BFS from `root` until its ILP would need about `budget`
 /// variables; marks members in `in_region` (the caller clears the marks).
-fn grow_region(
-    m: &Model,
-    root: usize,
-    budget: usize,
-    rng: &mut SmallRng,
-    in_region: &mut [bool],
-) -> Vec<usize> {
+fn grow_region(m: &Model, root: usize, budget: usize, rng: &mut SmallRng, in_region: &mut [bool]) -> Vec<usize> {
     let mut region = vec![root];
     in_region[root] = true;
     let mut vars = m.k[root];
@@ -1083,7 +1072,13 @@ fn edge_weights(m: &Model) -> Vec<f64> {
                     hi = hi.max(c);
                 }
             }
-            if hard { 1e30 } else if hi > lo { hi - lo } else { 0.0 }
+            if hard {
+                1e30
+            } else if hi > lo {
+                hi - lo
+            } else {
+                0.0
+            }
         })
         .collect()
 }
@@ -1104,14 +1099,10 @@ fn price_scale(m: &Model) -> f64 {
         if cs.len() < 2 {
             continue;
         }
-        let (lo, hi) = cs
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
+        let (lo, hi) = cs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
         dc += hi - lo;
         let us = m.usages(i);
-        let (ulo, uhi) = us
-            .iter()
-            .fold((i64::MAX, i64::MIN), |(a, b), &u| (a.min(u), b.max(u)));
+        let (ulo, uhi) = us.iter().fold((i64::MAX, i64::MIN), |(a, b), &u| (a.min(u), b.max(u)));
         let (l, r) = m.range[i];
         du += (uhi - ulo) as f64 * (r - l) as f64;
     }

@@ -17,11 +17,7 @@ impl SegTree {
         for i in (1..size).rev() {
             mx[i] = mx[2 * i].max(mx[2 * i + 1]);
         }
-        SegTree {
-            size,
-            mx,
-            add: vec![0; 2 * size],
-        }
+        SegTree { size, mx, add: vec![0; 2 * size] }
     }
 
     /// Adds `v` to every step in `[l, r)`.
@@ -62,9 +58,7 @@ impl SegTree {
             return self.mx[node];
         }
         let mid = (nl + nr) / 2;
-        self.max_rec(2 * node, nl, mid, l, r)
-            .max(self.max_rec(2 * node + 1, mid, nr, l, r))
-            + self.add[node]
+        self.max_rec(2 * node, nl, mid, l, r).max(self.max_rec(2 * node + 1, mid, nr, l, r)) + self.add[node]
     }
 
     /// Max over all steps.
@@ -76,11 +70,7 @@ impl SegTree {
     pub fn argmax(&self) -> usize {
         let mut node = 1;
         while node < self.size {
-            node = if self.mx[2 * node] >= self.mx[2 * node + 1] {
-                2 * node
-            } else {
-                2 * node + 1
-            };
+            node = if self.mx[2 * node] >= self.mx[2 * node + 1] { 2 * node } else { 2 * node + 1 };
         }
         node - self.size
     }

@@ -89,11 +89,7 @@ pub struct SolveResult {
 impl SolveResult {
     /// Relative gap `(cost - bound) / cost` (0 when optimal or cost is 0).
     pub fn gap(&self) -> f64 {
-        if self.cost == 0 {
-            0.0
-        } else {
-            (self.cost.saturating_sub(self.lower_bound)) as f64 / self.cost as f64
-        }
+        if self.cost == 0 { 0.0 } else { (self.cost.saturating_sub(self.lower_bound)) as f64 / self.cost as f64 }
     }
 }
 
@@ -108,27 +104,14 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
     if let Some(limit) = problem.usage_limit {
         let (min_peak, time) = problem.min_peak_usage();
         if min_peak > limit as u128 {
-            return Err(Error::Infeasible {
-                min_peak,
-                time,
-                limit,
-            });
+            return Err(Error::Infeasible { min_peak, time, limit });
         }
     }
-    let red = if opts.reduce {
-        reduce::reduce(problem)
-    } else {
-        reduce::identity(problem)
-    };
+    let red = if opts.reduce { reduce::reduce(problem) } else { reduce::identity(problem) };
     let m = Model::new(&red.problem);
     let mut bound = edge_charged_bound(&m);
     if std::env::var_os("SOLVER_DEBUG").is_some() {
-        eprintln!(
-            "reduced and compiled in {:?}: {} steps, ilp size {}",
-            start.elapsed(),
-            m.nsteps(),
-            ilp::size(&m)
-        );
+        eprintln!("reduced and compiled in {:?}: {} steps, ilp size {}", start.elapsed(), m.nsteps(), ilp::size(&m));
     }
     let mut candidates: Vec<(Vec<usize>, &'static str)> = Vec::new();
     let mut proven = false;
@@ -138,7 +121,28 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         Method::Search => false,
         Method::Auto => ilp::size(&m) <= opts.ilp_max_vars,
     };
-    if try_ilp {
+    if try_ilp && opts.method == Method::Auto {
+        // A quick search gives CBC a starting point (it may find none on its own in time),
+        // then the whole problem is one "region" of the ILP.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let quick = Instant::now() + (left / 10).min(Duration::from_secs(3));
+        if let Some((x0, _)) = run_search(&m, opts, quick, bound, None) {
+            let budget = deadline.saturating_duration_since(Instant::now()).mul_f64(0.85);
+            let mut st = search::State::new(&m, x0);
+            let region: Vec<usize> = (0..m.n).filter(|&i| m.k[i] >= 2).collect();
+            let in_region: Vec<bool> = (0..m.n).map(|i| m.k[i] >= 2).collect();
+            if std::env::var_os("SOLVER_DEBUG").is_some() {
+                eprintln!("ilp from a search start, budget {budget:?}");
+            }
+            let cbc = Cbc { no_preprocess: true };
+            let out = crate::lns::solve_region(&m, &mut st, &region, &in_region, &cbc, budget)?;
+            if out.bound.is_finite() {
+                bound = bound.max(out.bound);
+            }
+            proven = out.optimal;
+            candidates.push((st.x.clone(), "ilp"));
+        }
+    } else if try_ilp {
         let budget = match opts.method {
             Method::Ilp => deadline.saturating_duration_since(Instant::now()),
             // The ILP is far stronger than the search when it fits: give it most of the time,
@@ -171,10 +175,10 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             }
         }
     }
-    let need_search = !proven && !(opts.method == Method::Ilp && !candidates.is_empty());
+    let need_search = !proven && (opts.method != Method::Ilp || candidates.is_empty());
     if need_search {
         let small_graph = (0..m.n).filter(|&i| m.k[i] >= 2).count() <= 5000;
-        let restricted = opts.method == Method::Auto && opts.lns && small_graph;
+        let restricted = opts.method == Method::Auto && opts.lns && small_graph && !try_ilp;
         // With a restricted ILP in the middle: search 30%, ILP up to 40%, search the rest.
         let first_deadline = if restricted {
             Instant::now() + deadline.saturating_duration_since(Instant::now()).mul_f64(0.3)
@@ -184,39 +188,37 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         // Start from the ILP's incumbent when it stopped on time without a proof.
         let ilp_start = candidates.first().map(|c| c.0.clone());
         let mut incumbent = run_search(&m, opts, first_deadline, bound, ilp_start);
-        if restricted {
-            if let Some((x, _)) = &incumbent {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let until = Instant::now() + left.mul_f64(0.6);
-                let mut cur = x.clone();
-                // Rounds: each re-selects strategies around the new incumbent.
-                let mut round = 0;
-                loop {
-                    let left = until.saturating_duration_since(Instant::now());
-                    if left < Duration::from_secs(1) {
-                        break;
-                    }
-                    let budget = left.min(Duration::from_secs(12));
-                    let Some(y) = restricted_ilp(&red.problem, &m, &cur, budget, round) else {
-                        break;
-                    };
-                    round += 1;
-                    if m.total_cost(&y) < m.total_cost(&cur) {
-                        cur = y;
-                    } else if round > 3 {
-                        break;
-                    }
+        if restricted && let Some((x, _)) = &incumbent {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let until = Instant::now() + left.mul_f64(0.6);
+            let mut cur = x.clone();
+            // Rounds: each re-selects strategies around the new incumbent.
+            let mut round = 0;
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                if left < Duration::from_secs(1) {
+                    break;
                 }
-                if m.total_cost(&cur) < m.total_cost(x) {
-                    candidates.push((cur.clone(), "restricted ilp"));
-                    incumbent = Some((cur, 0.0));
+                let budget = left.min(Duration::from_secs(20));
+                let Some(y) = restricted_ilp(&red.problem, &m, &cur, budget, round) else {
+                    break;
+                };
+                round += 1;
+                if m.total_cost(&y) < m.total_cost(&cur) {
+                    cur = y;
+                } else if round > 3 {
+                    break;
                 }
-                let start = incumbent.as_ref().map(|b| b.0.clone());
-                if let Some(x) = &incumbent {
-                    candidates.push((x.0.clone(), "search"));
-                }
-                incumbent = run_search(&m, opts, deadline, bound, start);
             }
+            if m.total_cost(&cur) < m.total_cost(x) {
+                candidates.push((cur.clone(), "restricted ilp"));
+                incumbent = Some((cur, 0.0));
+            }
+            let start = incumbent.as_ref().map(|b| b.0.clone());
+            if let Some(x) = &incumbent {
+                candidates.push((x.0.clone(), "search"));
+            }
+            incumbent = run_search(&m, opts, deadline, bound, start);
         }
         if let Some((x, _)) = incumbent {
             candidates.push((x, "search"));
@@ -238,20 +240,10 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         }
     }
     let Some((solution, evaluation, method)) = best else {
-        return Err(Error::Internal(
-            "no feasible solution found although the minimum peak fits the limit".into(),
-        ));
+        return Err(Error::Internal("no feasible solution found although the minimum peak fits the limit".into()));
     };
-    let lower_bound = if proven {
-        evaluation.cost
-    } else {
-        (bound.max(0.0).floor() as u128).min(evaluation.cost)
-    };
-    let status = if proven || lower_bound == evaluation.cost {
-        Status::Optimal
-    } else {
-        Status::TimeLimit
-    };
+    let lower_bound = if proven { evaluation.cost } else { (bound.max(0.0).floor() as u128).min(evaluation.cost) };
+    let status = if proven || lower_bound == evaluation.cost { Status::Optimal } else { Status::TimeLimit };
     Ok(SolveResult {
         cost: evaluation.cost,
         solution,
@@ -275,9 +267,7 @@ fn run_search(
 ) -> Option<(Vec<usize>, f64)> {
     let threads = opts.threads.max(1);
     let shared = std::sync::Mutex::new(None);
-    let cbc = Cbc {
-        no_preprocess: true,
-    };
+    let cbc = Cbc { no_preprocess: true };
     let results: Vec<Option<(Vec<usize>, f64)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -296,28 +286,16 @@ fn run_search(
                 scope.spawn(move || search::run(m, &cfg))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or(None))
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
     });
-    results
-        .into_iter()
-        .flatten()
-        .min_by(|a, b| a.1.total_cmp(&b.1))
+    results.into_iter().flatten().min_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 /// The ILP restricted to a few promising strategies per node (the incumbent's, the smallest
 /// usage, and the best by node cost plus cheapest edges), solved from the incumbent: a
 /// heuristic, since the pruned strategies are not proven useless.
-fn restricted_ilp(
-    p: &Problem,
-    m: &Model,
-    x: &[usize],
-    time_limit: Duration,
-    round: usize,
-) -> Option<Vec<usize>> {
-    let budget_vars = 150_000usize;
+fn restricted_ilp(p: &Problem, m: &Model, x: &[usize], time_limit: Duration, round: usize) -> Option<Vec<usize>> {
+    let budget_vars = 250_000usize;
     // Best responses to the incumbent's neighbours.
     let local: Vec<Vec<f64>> = (0..m.n)
         .map(|i| {
@@ -388,10 +366,7 @@ fn restricted_ilp(
             })
             .collect();
         let vars: usize = keep.iter().map(Vec::len).sum::<usize>()
-            + m.edges
-                .iter()
-                .map(|e| keep[e.u].len() * keep[e.v].len())
-                .sum::<usize>();
+            + m.edges.iter().map(|e| keep[e.u].len() * keep[e.v].len()).sum::<usize>();
         if vars <= budget_vars || per_node <= 2 {
             break keep;
         }
@@ -417,19 +392,14 @@ fn restricted_ilp(
                 let kv = p.nodes[v].strategies();
                 crate::problem::Edge {
                     nodes: e.nodes,
-                    costs: keep[u]
-                        .iter()
-                        .flat_map(|&a| keep[v].iter().map(move |&b| e.costs[a * kv + b]))
-                        .collect(),
+                    costs: keep[u].iter().flat_map(|&a| keep[v].iter().map(move |&b| e.costs[a * kv + b])).collect(),
                 }
             })
             .collect(),
         usage_limit: p.usage_limit,
     };
     let ms = Model::new(&sub);
-    let xs: Vec<usize> = (0..m.n)
-        .map(|i| keep[i].iter().position(|&s| s == x[i]).unwrap_or(0))
-        .collect();
+    let xs: Vec<usize> = (0..m.n).map(|i| keep[i].iter().position(|&s| s == x[i]).unwrap_or(0)).collect();
     let mut st = search::State::new(&ms, xs);
     let region: Vec<usize> = (0..ms.n).filter(|&i| ms.k[i] >= 2).collect();
     let in_region: Vec<bool> = (0..ms.n).map(|i| ms.k[i] >= 2).collect();
@@ -440,9 +410,7 @@ fn restricted_ilp(
             st.cost
         );
     }
-    let cbc = Cbc {
-        no_preprocess: true,
-    };
+    let cbc = Cbc { no_preprocess: true };
     crate::lns::solve_region(&ms, &mut st, &region, &in_region, &cbc, time_limit).ok()?;
     Some((0..m.n).map(|i| keep[i][st.x[i]]).collect())
 }
@@ -451,14 +419,9 @@ fn restricted_ilp(
 /// solution and its cost, or `None` if none is feasible. Refuses more than 10^7 combinations.
 pub fn brute_force(problem: &Problem) -> Result<Option<(Vec<usize>, u128)>> {
     problem.validate()?;
-    let combos = problem
-        .nodes
-        .iter()
-        .try_fold(1u64, |acc, n| acc.checked_mul(n.strategies() as u64));
+    let combos = problem.nodes.iter().try_fold(1u64, |acc, n| acc.checked_mul(n.strategies() as u64));
     if combos.is_none_or(|c| c > 10_000_000) {
-        return Err(Error::InvalidProblem(
-            "too many combinations for brute force (more than 10^7)".into(),
-        ));
+        return Err(Error::InvalidProblem("too many combinations for brute force (more than 10^7)".into()));
     }
     let n = problem.nodes.len();
     let mut x = vec![0usize; n];

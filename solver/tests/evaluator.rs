@@ -49,22 +49,11 @@ fn two_nodes(iv0: (u64, u64), iv1: (u64, u64), limit: u64) -> Problem {
     Problem {
         name: "hand".into(),
         nodes: vec![
-            Node {
-                interval: iv0,
-                costs: vec![1, 2],
-                usages: vec![5, 1],
-            },
-            Node {
-                interval: iv1,
-                costs: vec![10, 20, 30],
-                usages: vec![3, 3, 3],
-            },
+            Node { interval: iv0, costs: vec![1, 2], usages: vec![5, 1] },
+            Node { interval: iv1, costs: vec![10, 20, 30], usages: vec![3, 3, 3] },
         ],
         // Row-major over (s0, s1): index = s0 * 3 + s1.
-        edges: vec![Edge {
-            nodes: (0, 1),
-            costs: vec![100, 200, 300, 400, 500, 600],
-        }],
+        edges: vec![Edge { nodes: (0, 1), costs: vec![100, 200, 300, 400, 500, 600] }],
         usage_limit: Some(limit),
     }
 }
@@ -127,11 +116,7 @@ fn infeasible_problem_names_min_peak_and_time() {
     let p = two_nodes((0, 6), (5, 9), 3);
     let err = solver::solve(&p, &solver::SolveOptions::default()).unwrap_err();
     match &err {
-        Error::Infeasible {
-            min_peak,
-            time,
-            limit,
-        } => {
+        Error::Infeasible { min_peak, time, limit } => {
             assert_eq!((*min_peak, *time, *limit), (4, 5, 3));
         }
         e => panic!("unexpected {e}"),

@@ -8,10 +8,7 @@ use solver::{Problem, SolveOptions};
 fn check(name: &str, best_known: u128, seconds: u64) {
     let path = format!("{}/tests/data/asplos-2025-iopddl-{name}.json.gz", env!("CARGO_MANIFEST_DIR"));
     let p = Problem::read(&path).unwrap();
-    let opts = SolveOptions {
-        time_limit: Duration::from_secs(seconds),
-        ..SolveOptions::default()
-    };
+    let opts = SolveOptions { time_limit: Duration::from_secs(seconds), ..SolveOptions::default() };
     let r = solver::solve(&p, &opts).unwrap();
     let ev = p.evaluate(&r.solution).unwrap();
     assert!(ev.feasible(), "{name}: infeasible at {:?}", ev.first_violation);
@@ -24,10 +21,10 @@ fn check(name: &str, best_known: u128, seconds: u64) {
 
 #[test]
 fn iopddl_b() {
-    check("B", 532_843, 25);
+    check("B", 532_843, 30);
 }
 
 #[test]
 fn iopddl_g() {
-    check("G", 217_039, 25);
+    check("G", 217_039, 30);
 }

@@ -39,21 +39,11 @@ pub struct InferArgs {
 pub fn run(a: &InferArgs) -> Result<()> {
     let feeds = common::read_feeds(&a.feeds)?;
     let mut opts = common::import_options(&a.inputs, true)?;
-    // The feeds bind any input shape not given explicitly, so dynamic dims need no --input.
+    // The feeds fill the model's dynamic dims, so a dynamic model needs no --input.
     for (name, t) in &feeds {
-        opts.input_shapes.entry(name.clone()).or_insert_with(|| t.shape().to_vec());
+        opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
     }
-    let g = match common::load_model(&a.model, &opts) {
-        Err(e) if e.chain().any(|c| c.to_string().contains("has no input of that name")) && !feeds.is_empty() => {
-            // A feed that names no input: report it as a feed problem.
-            let plain = common::import_options(&a.inputs, false)?;
-            let g = common::load_model(&a.model, &plain)?;
-            let names: Vec<String> = g.inputs.iter().filter_map(|&i| match &g.node(i).op { ir::Op::Input { name } => Some(name.clone()), _ => None }).collect();
-            let bad = feeds.keys().find(|k| !names.contains(k)).cloned().unwrap_or_default();
-            anyhow::bail!("--feed {bad}: the model has no input of that name (inputs: {})", names.join(", "));
-        }
-        r => r?,
-    };
+    let g = common::load_model(&a.model, &opts)?;
     let ctx = kernels::cpu::CpuContext::new(a.threads.max(1)).context("starting the CPU thread pool")?;
     let interp = runtime::Interpreter::new(&g)?;
     let t0 = std::time::Instant::now();
@@ -70,7 +60,10 @@ pub fn run(a: &InferArgs) -> Result<()> {
     let mut checks = Vec::new();
     for (name, r) in &expected {
         let Some(t) = rep.outputs.get(name) else {
-            anyhow::bail!("--expect {name}: the model has no output of that name (outputs: {})", rep.outputs.keys().cloned().collect::<Vec<_>>().join(", "));
+            anyhow::bail!(
+                "--expect {name}: the model has no output of that name (outputs: {})",
+                rep.outputs.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
         };
         if t.meta() != r.meta() {
             anyhow::bail!("--expect {name}: output is {} but the reference is {}", t.meta(), r.meta());
@@ -81,14 +74,23 @@ pub fn run(a: &InferArgs) -> Result<()> {
         checks.push((name.clone(), if scale > 0.0 { err / scale } else { err }));
     }
     if a.json {
-        let outs: Vec<_> = written.iter().map(|(n, m, f)| serde_json::json!({"name": n, "type": m, "file": f})).collect();
+        let outs: Vec<_> =
+            written.iter().map(|(n, m, f)| serde_json::json!({"name": n, "type": m, "file": f})).collect();
         let ch: Vec<_> = checks.iter().map(|(n, e)| serde_json::json!({"name": n, "max_rel_error": e})).collect();
-        println!("{}", serde_json::json!({"outputs": outs, "checks": ch, "seconds": dt.as_secs_f64(), "peak_bytes": rep.peak_bytes, "param_bytes": rep.param_bytes}));
+        println!(
+            "{}",
+            serde_json::json!({"outputs": outs, "checks": ch, "seconds": dt.as_secs_f64(), "peak_bytes": rep.peak_bytes, "param_bytes": rep.param_bytes})
+        );
     } else {
         for (n, m, f) in &written {
             println!("{n:<24} {m:<20} -> {}", f.display());
         }
-        println!("forward {:.1} ms, peak activations {:.2} MiB, parameters {:.2} MiB", dt.as_secs_f64() * 1e3, rep.peak_bytes as f64 / 1048576.0, rep.param_bytes as f64 / 1048576.0);
+        println!(
+            "forward {:.1} ms, peak activations {:.2} MiB, parameters {:.2} MiB",
+            dt.as_secs_f64() * 1e3,
+            rep.peak_bytes as f64 / 1048576.0,
+            rep.param_bytes as f64 / 1048576.0
+        );
         for (n, e) in &checks {
             let verdict = if *e <= a.tolerance { "ok" } else { "MISMATCH" };
             println!("check {n:<18} max relative error {e:.2e} (tolerance {:.0e}): {verdict}", a.tolerance);

@@ -111,7 +111,13 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     for (n, m) in &outputs {
         println!("  {n:<24} {m}");
     }
-    println!("params   {} ({} parameters in {} tensors, {})", human_count(params as u64), params, g.params.len(), human_bytes(param_bytes));
+    println!(
+        "params   {} ({} parameters in {} tensors, {})",
+        human_count(params as u64),
+        params,
+        g.params.len(),
+        human_bytes(param_bytes)
+    );
     println!("forward  {} FLOPs", human_count(flops));
     println!("nodes    {ops_total}");
     let mut by_count: Vec<_> = per_op.into_iter().collect();

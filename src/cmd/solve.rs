@@ -75,9 +75,7 @@ pub fn run(a: &SolveArgs) -> Result<()> {
 
     if let Some(path) = &a.check {
         let sol = solver::read_solution(path)?;
-        let ev = problem
-            .evaluate(&sol)
-            .with_context(|| format!("checking {}", path.display()))?;
+        let ev = problem.evaluate(&sol).with_context(|| format!("checking {}", path.display()))?;
         if a.json {
             let v = serde_json::json!({
                 "problem": problem.name,
@@ -105,9 +103,7 @@ pub fn run(a: &SolveArgs) -> Result<()> {
 
     let opts = SolveOptions {
         time_limit: Duration::from_secs_f64(a.time_limit),
-        threads: a
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         seed: a.seed,
         method: match a.method.as_str() {
             "ilp" => Method::Ilp,
@@ -151,10 +147,7 @@ pub fn run(a: &SolveArgs) -> Result<()> {
         println!("status    {status} (via {})", r.method);
         println!("cost      {}", r.cost);
         println!("bound     {} (gap {:.2}%)", r.lower_bound, 100.0 * r.gap());
-        println!(
-            "feasible  yes (peak usage {} at t={})",
-            r.evaluation.peak_usage, r.evaluation.peak_time
-        );
+        println!("feasible  yes (peak usage {} at t={})", r.evaluation.peak_usage, r.evaluation.peak_time);
         println!("time      {:.2} s", r.elapsed.as_secs_f64());
         if let Some(out) = &a.out {
             println!("solution  {}", out.display());

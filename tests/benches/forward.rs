@@ -29,8 +29,14 @@ fn to_tract(t: &ir::Tensor) -> Tensor {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let runs: usize = args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(10);
-    let models: [(&str, &[(&str, &str)]); 2] = [("resnet18", &[("input", "resnet18.input.npy")]), ("gpt2-tiny", &[("input_ids", "gpt2-tiny.input_ids.npy")])];
+    let runs: usize = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let models: [(&str, &[(&str, &str)]); 2] =
+        [("resnet18", &[("input", "resnet18.input.npy")]), ("gpt2-tiny", &[("input_ids", "gpt2-tiny.input_ids.npy")])];
     println!("| model | threads | autopar (ms) | tract (ms) | autopar / tract |");
     println!("|---|---|---|---|---|");
     for (model, feeds) in models {
@@ -44,7 +50,8 @@ fn main() -> anyhow::Result<()> {
             tv.push(to_tract(&t).into_tvalue());
             f.insert(name.to_string(), t);
         }
-        let mut tm = tract_onnx::onnx().with_ignore_value_info(true).with_ignore_output_shapes(true).model_for_path(&path)?;
+        let mut tm =
+            tract_onnx::onnx().with_ignore_value_info(true).with_ignore_output_shapes(true).model_for_path(&path)?;
         for (i, t) in tv.iter().enumerate() {
             tm = tm.with_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape()))?;
         }
@@ -53,11 +60,15 @@ fn main() -> anyhow::Result<()> {
             let ctx = kernels::cpu::CpuContext::new(threads)?;
             let interp = runtime::Interpreter::new(&g)?;
             interp.run(&ctx, &f)?;
-            let ours = median((0..runs).map(|_| {
-                let t0 = Instant::now();
-                interp.run(&ctx, &f).expect("run");
-                t0.elapsed().as_secs_f64() * 1e3
-            }).collect());
+            let ours = median(
+                (0..runs)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        interp.run(&ctx, &f).expect("run");
+                        t0.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect(),
+            );
             let exec = if threads == 1 { Executor::SingleThread } else { Executor::multithread(threads) };
             let theirs = multithread_tract_scope(exec, || -> anyhow::Result<f64> {
                 plan.run(tv.clone())?;

@@ -57,12 +57,23 @@ fn node(name: &str, op_type: &str, inputs: &[&str], outputs: &[&str]) -> pb::Nod
 }
 
 /// A model (ONNX IR version 8, opset 17) with one graph.
-fn model(graph_name: &str, nodes: Vec<pb::NodeProto>, inputs: Vec<pb::ValueInfoProto>, outputs: Vec<pb::ValueInfoProto>) -> Vec<u8> {
+fn model(
+    graph_name: &str,
+    nodes: Vec<pb::NodeProto>,
+    inputs: Vec<pb::ValueInfoProto>,
+    outputs: Vec<pb::ValueInfoProto>,
+) -> Vec<u8> {
     pb::ModelProto {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 17 }],
         producer_name: "autopar tests/examples/make_bad_models.rs".into(),
-        graph: Some(pb::GraphProto { name: graph_name.into(), node: nodes, input: inputs, output: outputs, ..Default::default() }),
+        graph: Some(pb::GraphProto {
+            name: graph_name.into(),
+            node: nodes,
+            input: inputs,
+            output: outputs,
+            ..Default::default()
+        }),
         ..Default::default()
     }
     .encode_to_vec()

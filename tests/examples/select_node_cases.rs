@@ -73,8 +73,7 @@ fn judge(model: &pb::ModelProto) -> Verdict {
         return Verdict::Ops;
     };
     let supported = |n: &pb::NodeProto| {
-        (n.domain.is_empty() || n.domain == "ai.onnx")
-            && tracer::SUPPORTED_OPS.contains(&n.op_type.as_str())
+        (n.domain.is_empty() || n.domain == "ai.onnx") && tracer::SUPPORTED_OPS.contains(&n.op_type.as_str())
     };
     if !g.node.iter().all(supported) {
         return Verdict::Ops;
@@ -106,11 +105,7 @@ fn judge(model: &pb::ModelProto) -> Verdict {
             }
         }
     }
-    if bad.is_empty() {
-        Verdict::Copy
-    } else {
-        Verdict::DType(bad)
-    }
+    if bad.is_empty() { Verdict::Copy } else { Verdict::DType(bad) }
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -130,9 +125,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [src, dst] = args.as_slice() else {
-        bail!(
-            "usage: select_node_cases SUITE_DIR DEST_DIR (e.g. /work/shared/onnx-node tests/data/onnx-node)"
-        );
+        bail!("usage: select_node_cases SUITE_DIR DEST_DIR (e.g. /work/shared/onnx-node tests/data/onnx-node)");
     };
     let (src, dst) = (PathBuf::from(src), PathBuf::from(dst));
     let mut cases: Vec<PathBuf> = fs::read_dir(&src)
@@ -151,13 +144,9 @@ fn main() -> Result<()> {
     }
     let (mut copied, mut by_ops, mut by_dtype) = (0, 0, Vec::new());
     for case in &cases {
-        let name = case
-            .file_name()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_default();
+        let name = case.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
         let bytes = fs::read(case.join("model.onnx"))?;
-        let model = pb::ModelProto::decode(&*bytes)
-            .with_context(|| format!("decoding {name}/model.onnx"))?;
+        let model = pb::ModelProto::decode(&*bytes).with_context(|| format!("decoding {name}/model.onnx"))?;
         match judge(&model) {
             Verdict::Copy => {
                 copy_dir(case, &dst.join(&name))?;
@@ -186,8 +175,7 @@ fn main() -> Result<()> {
         },
         Err(_) => String::new(),
     };
-    fs::write(&manifest, kept + &section)
-        .with_context(|| format!("writing {}", manifest.display()))?;
+    fs::write(&manifest, kept + &section).with_context(|| format!("writing {}", manifest.display()))?;
     eprintln!(
         "{} cases: {copied} copied, {by_ops} with unsupported ops, {} with unsupported dtypes",
         cases.len(),

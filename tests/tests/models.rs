@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail, ensure};
 use ir::{Data, Op};
 use kernels::cpu::CpuContext;
-use tract_onnx::prelude::{DatumExt, Framework, InferenceModelExt, IntoRunnable, TValue, TVec, tvec};
 use tracer::{ImportError, ImportOptions};
+use tract_onnx::prelude::{DatumExt, Framework, InferenceModelExt, IntoRunnable, TValue, TVec, tvec};
 
 #[allow(dead_code)] // Only `models()` is used here; `main` writes the files.
 #[path = "../examples/make_bad_models.rs"]
@@ -66,7 +66,8 @@ fn f32_output(t: &ir::Tensor, what: &str) -> Result<Output> {
 
 /// Runs `model` on autopar's interpreter; outputs by name.
 fn run_autopar(model: &Path, feeds: &BTreeMap<String, ir::Tensor>) -> Result<BTreeMap<String, Output>> {
-    let g = tracer::import_file(model, &ImportOptions::default()).with_context(|| format!("importing {}", model.display()))?;
+    let g = tracer::import_file(model, &ImportOptions::default())
+        .with_context(|| format!("importing {}", model.display()))?;
     let ctx = CpuContext::new(2)?;
     let report = runtime::Interpreter::new(&g)?.run(&ctx, feeds).context("running on autopar's interpreter")?;
     report.outputs.iter().map(|(name, t)| Ok((name.clone(), f32_output(t, name)?))).collect()
@@ -95,7 +96,12 @@ fn run_tract(model: &Path, feeds: &BTreeMap<String, ir::Tensor>) -> Result<BTree
         values.push(value.into());
     }
     let results = m.into_optimized()?.into_runnable()?.run(values)?;
-    ensure!(results.len() == outputs.len(), "tract returned {} outputs, the model declares {}", results.len(), outputs.len());
+    ensure!(
+        results.len() == outputs.len(),
+        "tract returned {} outputs, the model declares {}",
+        results.len(),
+        outputs.len()
+    );
     outputs
         .iter()
         .zip(results.iter())
@@ -111,7 +117,10 @@ fn run_tract(model: &Path, feeds: &BTreeMap<String, ir::Tensor>) -> Result<BTree
 fn check_model(model: &str, inputs: &[&str], outputs: &[&str]) -> Result<()> {
     let dir = models_dir();
     let path = dir.join(format!("{model}.onnx"));
-    let feeds: BTreeMap<String, ir::Tensor> = inputs.iter().map(|i| Ok((i.to_string(), read_npy(&dir.join(format!("{model}.{i}.npy")))?))).collect::<Result<_>>()?;
+    let feeds: BTreeMap<String, ir::Tensor> = inputs
+        .iter()
+        .map(|i| Ok((i.to_string(), read_npy(&dir.join(format!("{model}.{i}.npy")))?)))
+        .collect::<Result<_>>()?;
 
     let ours = run_autopar(&path, &feeds)?;
     let names: Vec<&str> = ours.keys().map(String::as_str).collect();
@@ -213,7 +222,10 @@ fn bad_models_are_reproducible() -> Result<()> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/bad");
     for (file, _, bytes) in make_bad_models::models() {
         let committed = std::fs::read(dir.join(file)).with_context(|| format!("reading tests/data/bad/{file}"))?;
-        assert!(committed == bytes, "tests/data/bad/{file} differs from what examples/make_bad_models.rs builds; run `cargo run -p tests --example make_bad_models`");
+        assert!(
+            committed == bytes,
+            "tests/data/bad/{file} differs from what examples/make_bad_models.rs builds; run `cargo run -p tests --example make_bad_models`"
+        );
     }
     Ok(())
 }
@@ -223,15 +235,21 @@ fn bad_models_are_rejected_with_the_right_error() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/bad");
     let import = |file: &str| tracer::import_file(&dir.join(file), &ImportOptions::default());
     match import("unsupported_op.onnx") {
-        Err(ImportError::UnsupportedOp { node, op_type, .. }) => assert_eq!((node.as_str(), op_type.as_str()), ("nonzero_0", "NonZero")),
+        Err(ImportError::UnsupportedOp { node, op_type, .. }) => {
+            assert_eq!((node.as_str(), op_type.as_str()), ("nonzero_0", "NonZero"))
+        }
         other => panic!("unsupported_op.onnx: {:?}", other.map(|_| "imported")),
     }
     match import("dynamic_dim.onnx") {
-        Err(ImportError::UnboundDim { input, dim, dim_name, .. }) => assert_eq!((input.as_str(), dim, dim_name.as_str()), ("x", 0, "batch")),
+        Err(ImportError::UnboundDim { input, dim, dim_name, .. }) => {
+            assert_eq!((input.as_str(), dim, dim_name.as_str()), ("x", 0, "batch"))
+        }
         other => panic!("dynamic_dim.onnx: {:?}", other.map(|_| "imported")),
     }
     match import("shape_mismatch.onnx") {
-        Err(ImportError::Node { node, op_type, .. }) => assert_eq!((node.as_str(), op_type.as_str()), ("matmul_0", "MatMul")),
+        Err(ImportError::Node { node, op_type, .. }) => {
+            assert_eq!((node.as_str(), op_type.as_str()), ("matmul_0", "MatMul"))
+        }
         other => panic!("shape_mismatch.onnx: {:?}", other.map(|_| "imported")),
     }
     // Bound, the dynamic dim imports.

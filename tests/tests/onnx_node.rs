@@ -60,8 +60,7 @@ struct Entry {
 }
 
 fn read_manifest(path: &Path) -> Result<BTreeMap<String, Entry>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -69,27 +68,18 @@ fn read_manifest(path: &Path) -> Result<BTreeMap<String, Entry>> {
             continue;
         }
         let (name, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
-        let (status, reason) = rest
-            .trim_start()
-            .split_once(char::is_whitespace)
-            .unwrap_or((rest.trim_start(), ""));
+        let (status, reason) = rest.trim_start().split_once(char::is_whitespace).unwrap_or((rest.trim_start(), ""));
         let status = match status {
             "exclude" => Status::Exclude,
             "fail" => Status::Fail,
             "not-copied" => Status::NotCopied,
-            other => bail!(
-                "manifest line {}: unknown status `{other}` (exclude | fail | not-copied)",
-                i + 1
-            ),
+            other => bail!("manifest line {}: unknown status `{other}` (exclude | fail | not-copied)", i + 1),
         };
         let reason = reason.trim().to_string();
         if reason.is_empty() {
             bail!("manifest line {}: {name} has no reason", i + 1);
         }
-        if out
-            .insert(name.to_string(), Entry { status, reason })
-            .is_some()
-        {
+        if out.insert(name.to_string(), Entry { status, reason }).is_some() {
             bail!("manifest line {}: {name} is listed twice", i + 1);
         }
     }
@@ -101,10 +91,7 @@ fn expected_dtype(code: i32) -> Result<DType> {
         1 => Ok(DType::F32),
         7 => Ok(DType::I64),
         9 => Ok(DType::Bool),
-        c => bail!(
-            "expected output has element type {}, which autopar does not support",
-            tracer::dtype_name(c)
-        ),
+        c => bail!("expected output has element type {}, which autopar does not support", tracer::dtype_name(c)),
     }
 }
 
@@ -112,19 +99,15 @@ fn expected_dtype(code: i32) -> Result<DType> {
 /// narrows float64, which must not hide a dtype difference).
 fn read_pb(path: &Path) -> Result<(DType, Tensor)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let proto =
-        pb::TensorProto::decode(&*bytes).with_context(|| format!("decoding {}", path.display()))?;
+    let proto = pb::TensorProto::decode(&*bytes).with_context(|| format!("decoding {}", path.display()))?;
     let dtype = expected_dtype(proto.data_type)?;
-    let t = tracer::tensor_from_proto(&proto, path.parent())?
-        .ok_or_else(|| anyhow!("{} has no data", path.display()))?;
+    let t =
+        tracer::tensor_from_proto(&proto, path.parent())?.ok_or_else(|| anyhow!("{} has no data", path.display()))?;
     Ok((dtype, t))
 }
 
 fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    (0..)
-        .map(|i| dir.join(format!("{prefix}_{i}.pb")))
-        .take_while(|p| p.is_file())
-        .collect()
+    (0..).map(|i| dir.join(format!("{prefix}_{i}.pb"))).take_while(|p| p.is_file()).collect()
 }
 
 /// First difference between `got` and `want`, if any.
@@ -133,11 +116,7 @@ fn compare(got: &Tensor, want: &Tensor, want_dtype: DType) -> Option<String> {
         return Some(format!("dtype {} instead of {}", got.dtype(), want_dtype));
     }
     if got.shape() != want.shape() {
-        return Some(format!(
-            "shape {:?} instead of {:?}",
-            got.shape(),
-            want.shape()
-        ));
+        return Some(format!("shape {:?} instead of {:?}", got.shape(), want.shape()));
     }
     let at = |i: usize| {
         let mut idx = vec![0; want.shape().len()];
@@ -163,11 +142,8 @@ fn compare(got: &Tensor, want: &Tensor, want_dtype: DType) -> Option<String> {
                 })
                 .collect();
             let &i = bad.first()?;
-            let worst = bad
-                .iter()
-                .copied()
-                .max_by(|&p, &q| (a[p] - b[p]).abs().total_cmp(&(a[q] - b[q]).abs()))
-                .unwrap_or(i);
+            let worst =
+                bad.iter().copied().max_by(|&p, &q| (a[p] - b[p]).abs().total_cmp(&(a[q] - b[q]).abs())).unwrap_or(i);
             Some(format!(
                 "{} of {} values differ; first at {:?}: {} instead of {}; worst at {:?}: {} instead of {}",
                 bad.len(),
@@ -183,37 +159,23 @@ fn compare(got: &Tensor, want: &Tensor, want_dtype: DType) -> Option<String> {
         (Data::I64(a), Data::I64(b)) => {
             let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
             let i = a.iter().zip(b).position(|(x, y)| x != y)?;
-            Some(format!(
-                "{n} of {} values differ; first at {:?}: {} instead of {}",
-                a.len(),
-                at(i),
-                a[i],
-                b[i]
-            ))
+            Some(format!("{n} of {} values differ; first at {:?}: {} instead of {}", a.len(), at(i), a[i], b[i]))
         }
         (Data::Bool(a), Data::Bool(b)) => {
             let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
             let i = a.iter().zip(b).position(|(x, y)| x != y)?;
-            Some(format!(
-                "{n} of {} values differ; first at {:?}: {} instead of {}",
-                a.len(),
-                at(i),
-                a[i],
-                b[i]
-            ))
+            Some(format!("{n} of {} values differ; first at {:?}: {} instead of {}", a.len(), at(i), a[i], b[i]))
         }
-        _ => Some(format!(
-            "expected data is {} but declared {}",
-            want.dtype(),
-            want_dtype
-        )),
+        _ => Some(format!("expected data is {} but declared {}", want.dtype(), want_dtype)),
     }
 }
 
 fn is_static(vi: &pb::ValueInfoProto) -> bool {
     match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
         Some(pb::type_proto::Value::TensorType(tt)) => tt.shape.as_ref().is_some_and(|s| {
-            s.dim.iter().all(|d| matches!(d.value, Some(pb::tensor_shape_proto::dimension::Value::DimValue(v)) if v > 0))
+            s.dim
+                .iter()
+                .all(|d| matches!(d.value, Some(pb::tensor_shape_proto::dimension::Value::DimValue(v)) if v > 0))
         }),
         None => false,
     }
@@ -224,8 +186,8 @@ fn is_static(vi: &pb::ValueInfoProto) -> bool {
 fn static_slots(op_type: &str) -> &'static [usize] {
     match op_type {
         "Reshape" | "Expand" | "Split" | "Squeeze" | "Unsqueeze" => &[1],
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd"
-        | "ReduceSumSquare" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => &[1],
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceSumSquare" | "ReduceL1"
+        | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => &[1],
         "Slice" => &[1, 2, 3, 4],
         "Pad" => &[1, 2, 3],
         "Dropout" => &[1, 2],
@@ -240,19 +202,12 @@ fn static_slots(op_type: &str) -> &'static [usize] {
 /// binds them to their test values as `Constant` nodes, as a user folds such inputs before
 /// planning, instead of feeding them.
 fn static_operand_inputs(g: &pb::GraphProto) -> BTreeSet<&str> {
-    let producer: BTreeMap<&str, &pb::NodeProto> = g
-        .node
-        .iter()
-        .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
-        .collect();
+    let producer: BTreeMap<&str, &pb::NodeProto> =
+        g.node.iter().flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n))).collect();
     let mut todo: Vec<&str> = g
         .node
         .iter()
-        .flat_map(|n| {
-            static_slots(&n.op_type)
-                .iter()
-                .filter_map(|&s| n.input.get(s))
-        })
+        .flat_map(|n| static_slots(&n.op_type).iter().filter_map(|&s| n.input.get(s)))
         .map(|s| s.as_str())
         .collect();
     let (mut seen, mut bound) = (BTreeSet::new(), BTreeSet::new());
@@ -263,10 +218,7 @@ fn static_operand_inputs(g: &pb::GraphProto) -> BTreeSet<&str> {
         if g.input.iter().any(|i| i.name == v) {
             bound.insert(v);
         }
-        if let Some(n) = producer
-            .get(v)
-            .filter(|n| !matches!(n.op_type.as_str(), "Shape" | "Size"))
-        {
+        if let Some(n) = producer.get(v).filter(|n| !matches!(n.op_type.as_str(), "Shape" | "Size")) {
             todo.extend(n.input.iter().map(|s| s.as_str()));
         }
     }
@@ -277,59 +229,37 @@ fn static_operand_inputs(g: &pb::GraphProto) -> BTreeSet<&str> {
 /// bound as constants.
 fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
     let model_path = dir.join("model.onnx");
-    let bytes =
-        std::fs::read(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
+    let bytes = std::fs::read(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
     let model = pb::ModelProto::decode(&*bytes).context("decoding model.onnx")?;
-    let g = model
-        .graph
-        .as_ref()
-        .ok_or_else(|| anyhow!("model.onnx has no graph"))?;
+    let g = model.graph.as_ref().ok_or_else(|| anyhow!("model.onnx has no graph"))?;
     let inits: BTreeSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let inputs: Vec<&pb::ValueInfoProto> = g
-        .input
-        .iter()
-        .filter(|i| !inits.contains(i.name.as_str()))
-        .collect();
+    let inputs: Vec<&pb::ValueInfoProto> = g.input.iter().filter(|i| !inits.contains(i.name.as_str())).collect();
 
     let data = dir.join("test_data_set_0");
     let input_files = numbered(&data, "input");
     let output_files = numbered(&data, "output");
     if input_files.len() != inputs.len() {
-        bail!(
-            "{} input files for {} graph inputs",
-            input_files.len(),
-            inputs.len()
-        );
+        bail!("{} input files for {} graph inputs", input_files.len(), inputs.len());
     }
     if output_files.len() != g.output.len() {
-        bail!(
-            "{} output files for {} graph outputs",
-            output_files.len(),
-            g.output.len()
-        );
+        bail!("{} output files for {} graph outputs", output_files.len(), g.output.len());
     }
 
     let static_inputs = static_operand_inputs(g);
     let mut feeds = BTreeMap::new();
     let mut constants = Vec::new();
-    let mut opts = tracer::ImportOptions {
-        load_weights: true,
-        ..Default::default()
-    };
+    let mut opts = tracer::ImportOptions { load_weights: true, ..Default::default() };
     for (vi, file) in inputs.iter().zip(&input_files) {
         if static_inputs.contains(vi.name.as_str()) {
-            let bytes =
-                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-            let mut t = pb::TensorProto::decode(&*bytes)
-                .with_context(|| format!("decoding {}", file.display()))?;
+            let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            let mut t = pb::TensorProto::decode(&*bytes).with_context(|| format!("decoding {}", file.display()))?;
             t.name = vi.name.clone();
             constants.push(t);
             continue;
         }
         let (_, t) = read_pb(file).with_context(|| format!("input {}", vi.name))?;
         if !is_static(vi) {
-            opts.input_shapes
-                .insert(vi.name.clone(), t.shape().to_vec());
+            opts.input_shapes.insert(vi.name.clone(), t.shape().to_vec());
         }
         feeds.insert(vi.name.clone(), t);
     }
@@ -340,8 +270,7 @@ fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
     } else {
         let mut model = model.clone();
         let g = model.graph.as_mut().expect("checked above");
-        g.input
-            .retain(|i| !constants.iter().any(|c| c.name == i.name));
+        g.input.retain(|i| !constants.iter().any(|c| c.name == i.name));
         let nodes = constants.into_iter().map(|t| pb::NodeProto {
             op_type: "Constant".into(),
             output: vec![t.name.clone()],
@@ -355,18 +284,9 @@ fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
             ..Default::default()
         });
         g.node.splice(0..0, nodes);
-        let name = dir
-            .file_name()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_default();
-        tracer::import_bytes(
-            &model.encode_to_vec(),
-            &model_path.display().to_string(),
-            &name,
-            Some(dir),
-            &opts,
-        )
-        .context("import")?
+        let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        tracer::import_bytes(&model.encode_to_vec(), &model_path.display().to_string(), &name, Some(dir), &opts)
+            .context("import")?
     };
     let interp = runtime::Interpreter::new(&graph).context("schedule")?;
     let report = interp.run(ctx, &feeds).context("run")?;
@@ -383,11 +303,7 @@ fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
             }
         }
     }
-    if problems.is_empty() {
-        Ok(bound)
-    } else {
-        Err(anyhow!(problems.join("; ")))
-    }
+    if problems.is_empty() { Ok(bound) } else { Err(anyhow!(problems.join("; "))) }
 }
 
 /// The message and location of the last panic on this test's threads (the hook records it).
@@ -410,12 +326,9 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 #[test]
 fn onnx_node_suite() -> Result<()> {
     let manifest = read_manifest(&data_dir().join("manifest.txt"))?;
-    let dir = std::env::var_os("ONNX_NODE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(data_dir);
-    let filter = std::env::var("ONNX_NODE_FILTER")
-        .ok()
-        .or_else(|| std::env::var_os("ONNX_NODE_DIR").map(|_| String::new()));
+    let dir = std::env::var_os("ONNX_NODE_DIR").map(PathBuf::from).unwrap_or_else(data_dir);
+    let filter =
+        std::env::var("ONNX_NODE_FILTER").ok().or_else(|| std::env::var_os("ONNX_NODE_DIR").map(|_| String::new()));
     let mut cases: Vec<String> = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok())
         .filter(|e| e.path().join("model.onnx").is_file())
@@ -427,21 +340,14 @@ fn onnx_node_suite() -> Result<()> {
     let ctx = CpuContext::new(1)?;
     let prev_hook = panic::take_hook();
     panic::set_hook(Box::new(|info| {
-        let mut loc = info
-            .location()
-            .map(|l| format!(" at {}:{}", l.file(), l.line()))
-            .unwrap_or_default();
+        let mut loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         if loc.contains("/rustc/") {
             // A panic inside std (an overflow in `product`, say): name the innermost workspace frame.
             let bt = std::backtrace::Backtrace::force_capture().to_string();
             let lines: Vec<&str> = bt.lines().map(str::trim).collect();
-            let from = lines
-                .iter()
-                .rposition(|l| l.contains("core::panicking::"))
-                .unwrap_or(0);
-            if let Some(at) = lines[from..]
-                .iter()
-                .find(|l| l.starts_with("at ") && !l.contains("/rustc/") && !l.contains(".cargo"))
+            let from = lines.iter().rposition(|l| l.contains("core::panicking::")).unwrap_or(0);
+            if let Some(at) =
+                lines[from..].iter().find(|l| l.starts_with("at ") && !l.contains("/rustc/") && !l.contains(".cargo"))
             {
                 loc = format!("{loc}, called from {}", &at[3..]);
             }
@@ -467,15 +373,14 @@ fn onnx_node_suite() -> Result<()> {
             continue;
         }
         let known_fail = entry.is_some_and(|e| e.status == Status::Fail);
-        let outcome =
-            match panic::catch_unwind(AssertUnwindSafe(|| run_case(&dir.join(name), &ctx))) {
-                Ok(r) => r.map_err(|e| format!("{e:#}")),
-                Err(payload) => {
-                    let m = format!("PANIC: {}", panic_message(&*payload));
-                    panics.push(format!("{name}: {m}"));
-                    Err(m)
-                }
-            };
+        let outcome = match panic::catch_unwind(AssertUnwindSafe(|| run_case(&dir.join(name), &ctx))) {
+            Ok(r) => r.map_err(|e| format!("{e:#}")),
+            Err(payload) => {
+                let m = format!("PANIC: {}", panic_message(&*payload));
+                panics.push(format!("{name}: {m}"));
+                Err(m)
+            }
+        };
         match outcome {
             Ok(bound) => {
                 passed += 1;
@@ -497,11 +402,7 @@ fn onnx_node_suite() -> Result<()> {
     panic::set_hook(prev_hook);
 
     let run = passed + failed;
-    let rate = if run == 0 {
-        1.0
-    } else {
-        passed as f64 / run as f64
-    };
+    let rate = if run == 0 { 1.0 } else { passed as f64 / run as f64 };
     let mut problems = Vec::new();
     for n in &now_passing {
         report!("NOW PASSES {n}: listed as failing in manifest.txt; remove its line");
@@ -514,11 +415,7 @@ fn onnx_node_suite() -> Result<()> {
         ));
     }
     if !unexpected.is_empty() {
-        problems.push(format!(
-            "{} cases fail without a manifest line: {}",
-            unexpected.len(),
-            unexpected.join(", ")
-        ));
+        problems.push(format!("{} cases fail without a manifest line: {}", unexpected.len(), unexpected.join(", ")));
     }
     if !panics.is_empty() {
         problems.extend(
@@ -531,24 +428,17 @@ fn onnx_node_suite() -> Result<()> {
     if filter.is_none() {
         for (n, e) in &manifest {
             match (e.status, present.contains(n.as_str())) {
-                (Status::NotCopied, true) => problems.push(format!(
-                    "manifest says {n} is not copied, but it is in {}",
-                    dir.display()
-                )),
-                (Status::Exclude | Status::Fail, false) => problems.push(format!(
-                    "manifest lists {n} ({}), which is not in {}",
-                    e.reason,
-                    dir.display()
-                )),
+                (Status::NotCopied, true) => {
+                    problems.push(format!("manifest says {n} is not copied, but it is in {}", dir.display()))
+                }
+                (Status::Exclude | Status::Fail, false) => {
+                    problems.push(format!("manifest lists {n} ({}), which is not in {}", e.reason, dir.display()))
+                }
                 _ => {}
             }
         }
         if rate < MIN_PASS_RATE {
-            problems.push(format!(
-                "pass rate {:.1}% is below {:.0}%",
-                rate * 100.0,
-                MIN_PASS_RATE * 100.0
-            ));
+            problems.push(format!("pass rate {:.1}% is below {:.0}%", rate * 100.0, MIN_PASS_RATE * 100.0));
         }
     }
     report!(
@@ -556,17 +446,10 @@ fn onnx_node_suite() -> Result<()> {
     );
     report!(
         "onnx-node: {skipped} skipped (excluded in manifest.txt), {} not copied; {:.1}% of run cases pass; {:.1}s",
-        manifest
-            .values()
-            .filter(|e| e.status == Status::NotCopied)
-            .count(),
+        manifest.values().filter(|e| e.status == Status::NotCopied).count(),
         rate * 100.0,
         start.elapsed().as_secs_f64()
     );
     report!("onnx-node: {passed} passed, {failed} failed");
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(anyhow!(problems.join("\n")))
-    }
+    if problems.is_empty() { Ok(()) } else { Err(anyhow!(problems.join("\n"))) }
 }

@@ -20,11 +20,15 @@ pub struct ImportOptions {
     pub input_shapes: BTreeMap<String, Vec<usize>>,
     /// Read parameter data. When false (or when the data is absent) parameters are shape-only.
     pub load_weights: bool,
+    /// Shapes of the data that will be fed (e.g. from `--feed` files). Unlike `input_shapes` they
+    /// only fill the model's dynamic dims, and only when the rank agrees: a feed whose static dims
+    /// disagree with the model is reported when it is fed, not silently re-shaped into the graph.
+    pub feed_shapes: BTreeMap<String, Vec<usize>>,
 }
 
 impl Default for ImportOptions {
     fn default() -> Self {
-        ImportOptions { input_shapes: BTreeMap::new(), load_weights: true }
+        ImportOptions { input_shapes: BTreeMap::new(), load_weights: true, feed_shapes: BTreeMap::new() }
     }
 }
 
@@ -38,7 +42,11 @@ pub fn parse_input_binding(s: &str) -> Result<(String, Vec<usize>), String> {
         vec![]
     } else {
         dims.split(['x', 'X', ','])
-            .map(|d| d.trim().parse::<usize>().map_err(|_| format!("`{s}`: `{d}` is not a dimension (expected NAME=DIMS, e.g. input_ids=2x128)")))
+            .map(|d| {
+                d.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("`{s}`: `{d}` is not a dimension (expected NAME=DIMS, e.g. input_ids=2x128)"))
+            })
             .collect::<Result<_, _>>()?
     };
     Ok((name.to_string(), dims))
@@ -46,15 +54,22 @@ pub fn parse_input_binding(s: &str) -> Result<(String, Vec<usize>), String> {
 
 /// Imports an ONNX model file. External data is looked up next to the file.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     import_bytes(&bytes, &path.display().to_string(), &name, path.parent(), opts)
 }
 
 /// Imports a model from its serialized bytes. `source` names it in errors; `base_dir` is where
 /// external data files are looked up (none: parameters with external data are shape-only).
-pub fn import_bytes(bytes: &[u8], source: &str, name: &str, base_dir: Option<&Path>, opts: &ImportOptions) -> Result<Graph, ImportError> {
-    let model = pb::ModelProto::decode(bytes).map_err(|e| ImportError::Decode { path: source.to_string(), message: e.to_string() })?;
+pub fn import_bytes(
+    bytes: &[u8],
+    source: &str,
+    name: &str,
+    base_dir: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<Graph, ImportError> {
+    let model = pb::ModelProto::decode(bytes)
+        .map_err(|e| ImportError::Decode { path: source.to_string(), message: e.to_string() })?;
     let Some(graph) = model.graph.as_ref() else {
         return Err(ImportError::Decode { path: source.to_string(), message: "the model has no graph".into() });
     };
@@ -85,7 +100,11 @@ pub fn import_bytes(bytes: &[u8], source: &str, name: &str, base_dir: Option<&Pa
         imp.node(i, node)?;
     }
     for o in &graph.output {
-        let v = imp.val(&o.name).map_err(|m| ImportError::Node { node: format!("graph output {}", o.name), op_type: "output".into(), message: m })?;
+        let v = imp.val(&o.name).map_err(|m| ImportError::Node {
+            node: format!("graph output {}", o.name),
+            op_type: "output".into(),
+            message: m,
+        })?;
         let v = imp.materialize(&o.name, &v);
         imp.g.set_output(&o.name, v);
     }
@@ -160,7 +179,13 @@ fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
     Ok(a as usize)
 }
 
-fn same_pads(auto_pad: &str, input: [usize; 2], kernel: [usize; 2], strides: [usize; 2], dil: [usize; 2]) -> Option<[usize; 4]> {
+fn same_pads(
+    auto_pad: &str,
+    input: [usize; 2],
+    kernel: [usize; 2],
+    strides: [usize; 2],
+    dil: [usize; 2],
+) -> Option<[usize; 4]> {
     let mut p = [0; 4];
     match auto_pad {
         "SAME_UPPER" | "SAME_LOWER" => {
@@ -208,7 +233,10 @@ impl<'a> Importer<'a> {
         for name in opts.input_shapes.keys() {
             if !real.iter().any(|i| &i.name == name) {
                 let names: Vec<_> = real.iter().map(|i| i.name.as_str()).collect();
-                return Err(ImportError::BadBinding { name: name.clone(), message: format!("the model has no input of that name (inputs: {})", names.join(", ")) });
+                return Err(ImportError::BadBinding {
+                    name: name.clone(),
+                    message: format!("the model has no input of that name (inputs: {})", names.join(", ")),
+                });
             }
         }
         for vi in real {
@@ -230,25 +258,46 @@ impl<'a> Importer<'a> {
             let shape = match opts.input_shapes.get(&vi.name) {
                 Some(b) => {
                     if tt.shape.is_some() && b.len() != declared.len() {
-                        return Err(ImportError::BadBinding { name: vi.name.clone(), message: format!("binds {} dims but the input has rank {}", b.len(), declared.len()) });
+                        return Err(ImportError::BadBinding {
+                            name: vi.name.clone(),
+                            message: format!("binds {} dims but the input has rank {}", b.len(), declared.len()),
+                        });
                     }
                     b.clone()
                 }
                 None => {
                     if tt.shape.is_none() {
-                        return Err(ImportError::UnboundDim { input: vi.name.clone(), dim: 0, dim_name: "unknown rank".into(), example: "2x128".into() });
+                        return Err(ImportError::UnboundDim {
+                            input: vi.name.clone(),
+                            dim: 0,
+                            dim_name: "unknown rank".into(),
+                            example: "2x128".into(),
+                        });
                     }
+                    let hint = opts.feed_shapes.get(&vi.name).filter(|h| h.len() == declared.len());
                     let mut s = Vec::new();
                     for (i, d) in declared.iter().enumerate() {
-                        match d {
-                            Some(v) => s.push(*v),
-                            None => {
+                        match (d, hint) {
+                            (Some(v), _) => s.push(*v),
+                            (None, Some(h)) => s.push(h[i]),
+                            (None, None) => {
                                 let dim_name = match &tt.shape.as_ref().expect("checked").dim[i].value {
-                                    Some(pb::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => p.clone(),
+                                    Some(pb::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
+                                        p.clone()
+                                    }
                                     _ => "unnamed".into(),
                                 };
-                                let example = declared.iter().map(|d| d.map(|x| x.to_string()).unwrap_or_else(|| "N".into())).collect::<Vec<_>>().join("x");
-                                return Err(ImportError::UnboundDim { input: vi.name.clone(), dim: i, dim_name, example });
+                                let example = declared
+                                    .iter()
+                                    .map(|d| d.map(|x| x.to_string()).unwrap_or_else(|| "N".into()))
+                                    .collect::<Vec<_>>()
+                                    .join("x");
+                                return Err(ImportError::UnboundDim {
+                                    input: vi.name.clone(),
+                                    dim: i,
+                                    dim_name,
+                                    example,
+                                });
                             }
                         }
                     }
@@ -271,12 +320,18 @@ impl<'a> Importer<'a> {
         };
         let v = if t.data_type == 1 {
             let shape = proto_shape(t).map_err(|e| e.to_string())?;
-            let data = if self.load_weights { tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())? } else { None };
+            let data =
+                if self.load_weights { tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())? } else { None };
             V::G(self.g.param(name, TensorMeta::new(DType::F32, shape), data))
         } else {
             match tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())? {
                 Some(c) => V::C(Rc::new(c)),
-                None => return Err(format!("initializer {name} ({}) has no data, and only float initializers may be weight-free", dtype_name(t.data_type))),
+                None => {
+                    return Err(format!(
+                        "initializer {name} ({}) has no data, and only float initializers may be weight-free",
+                        dtype_name(t.data_type)
+                    ));
+                }
             }
         };
         self.vals.insert(name.to_string(), v.clone());
@@ -320,7 +375,8 @@ impl<'a> Importer<'a> {
             let outs = kernels::cpu::eval(&self.cpu, &op, &ts).map_err(|e| format!("folding {}: {e}", op.name()))?;
             return Ok(outs.into_iter().map(|t| V::C(Rc::new(t))).collect());
         }
-        let vals: Vec<Value> = ins.iter().enumerate().map(|(i, v)| self.materialize(&format!("{name}.in{i}"), v)).collect();
+        let vals: Vec<Value> =
+            ins.iter().enumerate().map(|(i, v)| self.materialize(&format!("{name}.in{i}"), v)).collect();
         let outs = self.g.add_op(name, op, &vals).map_err(|e| e.to_string())?;
         Ok(outs.into_iter().map(V::G).collect())
     }
@@ -338,9 +394,17 @@ impl<'a> Importer<'a> {
         let n = N { node, name: name.clone() };
         let ok_domain = node.domain.is_empty() || node.domain == "ai.onnx";
         if !ok_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
-            return Err(ImportError::UnsupportedOp { node: name, op_type: node.op_type.clone(), domain: node.domain.clone() });
+            return Err(ImportError::UnsupportedOp {
+                node: name,
+                op_type: node.op_type.clone(),
+                domain: node.domain.clone(),
+            });
         }
-        let outs = self.translate(&n).map_err(|message| ImportError::Node { node: name.clone(), op_type: node.op_type.clone(), message })?;
+        let outs = self.translate(&n).map_err(|message| ImportError::Node {
+            node: name.clone(),
+            op_type: node.op_type.clone(),
+            message,
+        })?;
         for (k, out) in node.output.iter().enumerate() {
             if out.is_empty() {
                 continue;
@@ -353,7 +417,9 @@ impl<'a> Importer<'a> {
                     return Err(ImportError::Node {
                         node: name,
                         op_type: node.op_type.clone(),
-                        message: format!("output {k} ({out}) is used, but autopar only computes this op's first output"),
+                        message: format!(
+                            "output {k} ({out}) is used, but autopar only computes this op's first output"
+                        ),
                     });
                 }
                 _ => {}
@@ -380,7 +446,9 @@ impl<'a> Importer<'a> {
         match self.opt(n, i)? {
             None => Ok(None),
             Some(V::C(t)) => Ok(Some(t.to_i64_vec())),
-            Some(V::G(_)) => Err(format!("{what} (input {i}) must be a constant after folding shape computations, but it depends on graph inputs")),
+            Some(V::G(_)) => Err(format!(
+                "{what} (input {i}) must be a constant after folding shape computations, but it depends on graph inputs"
+            )),
         }
     }
 
@@ -434,7 +502,9 @@ impl<'a> Importer<'a> {
                     .map(|d| usize::try_from(d).map_err(|_| format!("negative dim {d}")))
                     .collect::<Result<_, _>>()?;
                 let value = match n.attr("value").and_then(|a| a.t.as_ref()) {
-                    Some(t) => tensor_from_proto(t, None).map_err(|e| e.to_string())?.ok_or("value tensor has no data")?,
+                    Some(t) => {
+                        tensor_from_proto(t, None).map_err(|e| e.to_string())?.ok_or("value tensor has no data")?
+                    }
                     None => Tensor::scalar_f32(0.0),
                 };
                 let out = n.node.output.first().cloned().unwrap_or_default();
@@ -494,7 +564,8 @@ impl<'a> Importer<'a> {
                 };
                 one(V::C(Rc::new(t)))
             }
-            "Relu" | "Tanh" | "Erf" | "Sigmoid" | "Exp" | "Log" | "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Not" | "Floor" | "Ceil" | "Sin" | "Cos" | "Sign" => {
+            "Relu" | "Tanh" | "Erf" | "Sigmoid" | "Exp" | "Log" | "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Not"
+            | "Floor" | "Ceil" | "Sin" | "Cos" | "Sign" => {
                 let u = match op_type {
                     "Relu" => UnaryOp::Relu,
                     "Tanh" => UnaryOp::Tanh,
@@ -522,9 +593,13 @@ impl<'a> Importer<'a> {
                     "tanh" => UnaryOp::GeluTanh,
                     a => return Err(format!("approximate={a} is not supported")),
                 };
-                { let x = self.need(n, 0)?; one(self.emit1(&nm, unary(u), &[x])?) }
+                {
+                    let x = self.need(n, 0)?;
+                    one(self.emit1(&nm, unary(u), &[x])?)
+                }
             }
-            "Add" | "Sub" | "Mul" | "Div" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
+            "Add" | "Sub" | "Mul" | "Div" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And"
+            | "Or" | "Xor" => {
                 let b = match op_type {
                     "Add" => BinaryOp::Add,
                     "Sub" => BinaryOp::Sub,
@@ -628,7 +703,12 @@ impl<'a> Importer<'a> {
                 if let Some(c) = self.opt(n, 2)? {
                     ins.push(c);
                 }
-                let op = Op::Gemm { alpha: n.float("alpha", 1.0), beta: n.float("beta", 1.0), trans_a: n.int("transA", 0) != 0, trans_b: n.int("transB", 0) != 0 };
+                let op = Op::Gemm {
+                    alpha: n.float("alpha", 1.0),
+                    beta: n.float("beta", 1.0),
+                    trans_a: n.int("transA", 0) != 0,
+                    trans_b: n.int("transB", 0) != 0,
+                };
                 one(self.emit1(&nm, op, &ins)?)
             }
             "Conv" => {
@@ -648,7 +728,11 @@ impl<'a> Importer<'a> {
                 if let Some(b) = self.opt(n, 2)? {
                     ins.push(b);
                 }
-                one(self.emit1(&nm, Op::Conv(ConvAttrs { strides, pads, dilations: dil, group: group as usize }), &ins)?)
+                one(self.emit1(
+                    &nm,
+                    Op::Conv(ConvAttrs { strides, pads, dilations: dil, group: group as usize }),
+                    &ins,
+                )?)
             }
             "MaxPool" | "AveragePool" => {
                 let x = self.need(n, 0)?;
@@ -666,7 +750,14 @@ impl<'a> Importer<'a> {
                 }
                 let (strides, dil) = (self.pair(n, "strides")?, self.pair(n, "dilations")?);
                 let pads = self.pads(n, [xm.shape[2], xm.shape[3]], k, strides, dil)?;
-                let a = PoolAttrs { kernel: k, strides, pads, dilations: dil, ceil_mode: n.int("ceil_mode", 0) != 0, count_include_pad: n.int("count_include_pad", 0) != 0 };
+                let a = PoolAttrs {
+                    kernel: k,
+                    strides,
+                    pads,
+                    dilations: dil,
+                    ceil_mode: n.int("ceil_mode", 0) != 0,
+                    count_include_pad: n.int("count_include_pad", 0) != 0,
+                };
                 let op = if op_type == "MaxPool" { Op::MaxPool(a) } else { Op::AveragePool(a) };
                 one(self.emit1(&nm, op, &[x])?)
             }
@@ -702,10 +793,15 @@ impl<'a> Importer<'a> {
                 // The optional Mean and InvStdDev outputs, computed as ordinary ops when read.
                 let rank = self.meta(&x).rank();
                 let axes: Vec<usize> = (axis..rank).collect();
-                let mean = self.emit1(&format!("{nm}.mean"), Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keepdims: true }, &[x.clone()])?;
+                let mean = self.emit1(
+                    &format!("{nm}.mean"),
+                    Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keepdims: true },
+                    std::slice::from_ref(&x),
+                )?;
                 let centered = self.emit1(&format!("{nm}.centered"), Op::Binary(BinaryOp::Sub), &[x, mean.clone()])?;
                 let sq = self.emit1(&format!("{nm}.sq"), Op::Binary(BinaryOp::Mul), &[centered.clone(), centered])?;
-                let var = self.emit1(&format!("{nm}.var"), Op::Reduce { op: ReduceOp::Mean, axes, keepdims: true }, &[sq])?;
+                let var =
+                    self.emit1(&format!("{nm}.var"), Op::Reduce { op: ReduceOp::Mean, axes, keepdims: true }, &[sq])?;
                 let eps = V::C(Rc::new(Tensor::scalar_f32(epsilon)));
                 let ve = self.emit1(&format!("{nm}.var_eps"), Op::Binary(BinaryOp::Add), &[var, eps])?;
                 let sd = self.emit1(&format!("{nm}.std"), Op::Unary(UnaryOp::Sqrt), &[ve])?;
@@ -717,7 +813,12 @@ impl<'a> Importer<'a> {
                 if size < 1 {
                     return Err("size must be >= 1".into());
                 }
-                let op = Op::Lrn { size: size as usize, alpha: n.float("alpha", 1e-4), beta: n.float("beta", 0.75), bias: n.float("bias", 1.0) };
+                let op = Op::Lrn {
+                    size: size as usize,
+                    alpha: n.float("alpha", 1e-4),
+                    beta: n.float("beta", 0.75),
+                    bias: n.float("bias", 1.0),
+                };
                 {
                     let x = self.need(n, 0)?;
                     one(self.emit1(&nm, op, &[x])?)
@@ -756,7 +857,11 @@ impl<'a> Importer<'a> {
                             infer = Some(i);
                             shape.push(1);
                         }
-                        0 if !allowzero => shape.push(*m.shape.get(i).ok_or(format!("shape {spec:?} copies dim {i}, but the input has rank {}", m.rank()))?),
+                        0 if !allowzero => shape.push(
+                            *m.shape
+                                .get(i)
+                                .ok_or(format!("shape {spec:?} copies dim {i}, but the input has rank {}", m.rank()))?,
+                        ),
                         d if d >= 0 => shape.push(d as usize),
                         _ => return Err(format!("bad target shape {spec:?}")),
                     }
@@ -793,7 +898,10 @@ impl<'a> Importer<'a> {
                         Some(a) => {
                             let a = a.iter().map(|&x| norm_axis(x, m.rank())).collect::<Result<Vec<_>, _>>()?;
                             if let Some(&bad) = a.iter().find(|&&i| m.shape[i] != 1) {
-                                return Err(format!("cannot squeeze dim {bad} of size {} in {:?}", m.shape[bad], m.shape));
+                                return Err(format!(
+                                    "cannot squeeze dim {bad} of size {} in {:?}",
+                                    m.shape[bad], m.shape
+                                ));
                             }
                             m.shape.iter().enumerate().filter(|(i, _)| !a.contains(i)).map(|(_, &d)| d).collect()
                         }
@@ -820,12 +928,17 @@ impl<'a> Importer<'a> {
             "Expand" => {
                 let x = self.need(n, 0)?;
                 let spec = self.const_ints(n, 1, "shape")?.ok_or("shape input is missing")?;
-                let spec = spec.iter().map(|&d| usize::try_from(d).map_err(|_| format!("bad shape {spec:?}"))).collect::<Result<Vec<_>, _>>()?;
+                let spec = spec
+                    .iter()
+                    .map(|&d| usize::try_from(d).map_err(|_| format!("bad shape {spec:?}")))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let shape = ir::broadcast_shapes(&self.meta(&x).shape, &spec)?;
                 one(self.emit1(&nm, Op::Expand { shape }, &[x])?)
             }
             "Concat" => {
-                let ins = (0..n.node.input.len()).filter_map(|i| self.opt(n, i).transpose()).collect::<Result<Vec<_>, _>>()?;
+                let ins = (0..n.node.input.len())
+                    .filter_map(|i| self.opt(n, i).transpose())
+                    .collect::<Result<Vec<_>, _>>()?;
                 let r = ins.first().map(|v| self.meta(v).rank()).ok_or("needs at least one input")?;
                 let axis = norm_axis(n.attr("axis").ok_or("axis is required")?.i, r)?;
                 one(self.emit1(&nm, Op::Concat { axis }, &ins)?)
@@ -837,7 +950,10 @@ impl<'a> Importer<'a> {
                 let d = m.shape[axis];
                 let given = if self.opset >= 13 { self.const_ints(n, 1, "split")? } else { n.ints("split") };
                 let sizes: Vec<usize> = match given {
-                    Some(s) => s.iter().map(|&x| usize::try_from(x).map_err(|_| format!("bad split {s:?}"))).collect::<Result<_, _>>()?,
+                    Some(s) => s
+                        .iter()
+                        .map(|&x| usize::try_from(x).map_err(|_| format!("bad split {s:?}")))
+                        .collect::<Result<_, _>>()?,
                     None => {
                         let k = match n.attr("num_outputs") {
                             Some(a) => a.i as usize,
@@ -863,7 +979,12 @@ impl<'a> Importer<'a> {
                         self.const_ints(n, 4, "steps")?,
                     )
                 } else {
-                    (n.ints("starts").ok_or("starts are required")?, n.ints("ends").ok_or("ends are required")?, n.ints("axes"), None)
+                    (
+                        n.ints("starts").ok_or("starts are required")?,
+                        n.ints("ends").ok_or("ends are required")?,
+                        n.ints("axes"),
+                        None,
+                    )
                 };
                 let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
                 let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
@@ -887,7 +1008,12 @@ impl<'a> Importer<'a> {
                         let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
                         (s, if s > e { (s - e + (-step) - 1) / (-step) } else { 0 })
                     };
-                    out.push(SliceAxis { axis, start: if len > 0 { s as i64 } else { 0 }, len: len as usize, step: step as i64 });
+                    out.push(SliceAxis {
+                        axis,
+                        start: if len > 0 { s as i64 } else { 0 },
+                        len: len as usize,
+                        step: step as i64,
+                    });
                 }
                 one(self.emit1(&nm, Op::Slice { axes: out }, &[x])?)
             }
@@ -896,7 +1022,8 @@ impl<'a> Importer<'a> {
                 let axis = norm_axis(n.int("axis", 0), self.meta(&x).rank())?;
                 one(self.emit1(&nm, Op::Gather { axis }, &[x, idx])?)
             }
-            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceSumSquare" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => {
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceSumSquare" | "ReduceL1"
+            | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => {
                 let r = match op_type {
                     "ReduceSum" => ReduceOp::Sum,
                     "ReduceMean" => ReduceOp::Mean,
@@ -970,14 +1097,23 @@ impl<'a> Importer<'a> {
         }
     }
 
-    fn pads(&self, n: &N, input: [usize; 2], k: [usize; 2], strides: [usize; 2], dil: [usize; 2]) -> Result<[usize; 4], String> {
+    fn pads(
+        &self,
+        n: &N,
+        input: [usize; 2],
+        k: [usize; 2],
+        strides: [usize; 2],
+        dil: [usize; 2],
+    ) -> Result<[usize; 4], String> {
         let auto = n.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
         if auto != "NOTSET" && !auto.is_empty() {
             return same_pads(&auto, input, k, strides, dil).ok_or_else(|| format!("auto_pad={auto} is not supported"));
         }
         match n.ints("pads") {
             None => Ok([0; 4]),
-            Some(p) if p.len() == 4 && p.iter().all(|&x| x >= 0) => Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]),
+            Some(p) if p.len() == 4 && p.iter().all(|&x| x >= 0) => {
+                Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])
+            }
             Some(p) => Err(format!("pads={p:?} must be four values >= 0")),
         }
     }

@@ -32,18 +32,21 @@ pub fn dtype_name(code: i32) -> String {
 
 /// Reads a serialized `TensorProto` file (as in the ONNX backend test data).
 pub fn read_tensor_file(path: &Path) -> Result<Tensor, ImportError> {
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let t = TensorProto::decode(&*bytes)
         .map_err(|e| ImportError::Decode { path: path.display().to_string(), message: e.to_string() })?;
-    tensor_from_proto(&t, path.parent())?.ok_or_else(|| ImportError::BadTensor {
-        tensor: path.display().to_string(),
-        message: "has no data".into(),
-    })
+    tensor_from_proto(&t, path.parent())?
+        .ok_or_else(|| ImportError::BadTensor { tensor: path.display().to_string(), message: "has no data".into() })
 }
 
 fn dims(t: &TensorProto) -> Result<Vec<usize>, ImportError> {
     let bad = |m: String| ImportError::BadTensor { tensor: t.name.clone(), message: m };
-    let d: Vec<usize> = t.dims.iter().map(|&d| usize::try_from(d)).collect::<Result<_, _>>().map_err(|_| bad(format!("negative dim in {:?}", t.dims)))?;
+    let d: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad(format!("negative dim in {:?}", t.dims)))?;
     // Shapes from a file are untrusted: element and byte counts must fit in memory arithmetic.
     if d.iter().try_fold(8usize, |a, &x| a.checked_mul(x)).is_none() {
         return Err(bad(format!("shape {:?} is too large", t.dims)));
@@ -78,7 +81,11 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Opt
         let len: Option<usize> = get("length").and_then(|s| s.parse().ok());
         let end = len.map(|l| off + l).unwrap_or(bytes.len());
         if off > end || end > bytes.len() {
-            return Err(bad(format!("external data range {off}..{end} is outside {} ({} bytes)", path.display(), bytes.len())));
+            return Err(bad(format!(
+                "external data range {off}..{end} is outside {} ({} bytes)",
+                path.display(),
+                bytes.len()
+            )));
         }
         Some(bytes[off..end].to_vec())
     } else if !t.raw_data.is_empty() {
@@ -109,17 +116,25 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Opt
             None => return Ok(None),
         },
         11 => match elem(8)? {
-            Some(r) => Data::F32(r.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect()),
-            None if check(t.double_data.len())? || n == 0 => Data::F32(t.double_data.iter().map(|&x| x as f32).collect()),
+            Some(r) => Data::F32(
+                r.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
+            ),
+            None if check(t.double_data.len())? || n == 0 => {
+                Data::F32(t.double_data.iter().map(|&x| x as f32).collect())
+            }
             None => return Ok(None),
         },
         7 => match elem(8)? {
-            Some(r) => Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+            Some(r) => {
+                Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+            }
             None if check(t.int64_data.len())? || n == 0 => Data::I64(t.int64_data.clone()),
             None => return Ok(None),
         },
         6 => match elem(4)? {
-            Some(r) => Data::I64(r.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect()),
+            Some(r) => {
+                Data::I64(r.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect())
+            }
             None if check(t.int32_data.len())? || n == 0 => Data::I64(t.int32_data.iter().map(|&x| x as i64).collect()),
             None => return Ok(None),
         },

@@ -59,20 +59,12 @@ fn im2col(
     };
     match ctx {
         Some(ctx) => ctx.for_rows(col, p, fill_row),
-        None => col
-            .chunks_mut(p)
-            .enumerate()
-            .for_each(|(r, row)| fill_row(r, row)),
+        None => col.chunks_mut(p).enumerate().for_each(|(r, row)| fill_row(r, row)),
     }
 }
 
 /// Conv: X `[N,C,H,W]`, W `[M,C/group,kh,kw]`, optional bias `[M]`.
-pub(crate) fn conv(
-    ctx: &CpuContext,
-    a: &ConvAttrs,
-    inputs: &[&Tensor],
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shape: &[usize]) -> Result<Tensor, Error> {
     let (x, w) = (f32s("conv", inputs[0])?, f32s("conv", inputs[1])?);
     let (xs, ws) = (inputs[0].shape(), inputs[1].shape());
     let (n, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
@@ -96,12 +88,7 @@ pub(crate) fn conv(
     let plane = h * wd;
     let tasks = n * g;
     let par_tasks = ctx.threads() > 1 && tasks >= 2 * ctx.threads() && mg * kk * p < (1 << 22);
-    let run = |t: usize,
-               outg: &mut [f32],
-               col: &mut Vec<f32>,
-               inner: Option<&CpuContext>,
-               par|
-     -> Result<(), Error> {
+    let run = |t: usize, outg: &mut [f32], col: &mut Vec<f32>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let xin = &x[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
         let wg = &w[gi * mg * kk..(gi + 1) * mg * kk];
@@ -119,16 +106,10 @@ pub(crate) fn conv(
         ctx.install(|| {
             out.par_chunks_mut(mg * p)
                 .enumerate()
-                .try_for_each_init(Vec::new, |col, (t, outg)| {
-                    run(t, outg, col, None, gemm::Parallelism::None)
-                })
+                .try_for_each_init(Vec::new, |col, (t, outg)| run(t, outg, col, None, gemm::Parallelism::None))
         })?;
     } else {
-        let par = if ctx.threads() > 1 {
-            gemm::Parallelism::Rayon(ctx.threads())
-        } else {
-            gemm::Parallelism::None
-        };
+        let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
         let mut col = Vec::new();
         for (t, outg) in out.chunks_mut(mg * p).enumerate() {
             ctx.install(|| run(t, outg, &mut col, Some(ctx), par))?;
@@ -139,15 +120,7 @@ pub(crate) fn conv(
 
 /// Visits the in-image cells of the window of output `(oy, ox)`: calls `f(value)` for each.
 #[inline]
-fn window(
-    a: &PoolAttrs,
-    plane: &[f32],
-    h: usize,
-    w: usize,
-    oy: usize,
-    ox: usize,
-    mut f: impl FnMut(f32),
-) {
+fn window(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy: usize, ox: usize, mut f: impl FnMut(f32)) {
     let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
     let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
     for i in 0..a.kernel[0] {
@@ -166,46 +139,31 @@ fn window(
 }
 
 /// Max pooling; padding cells never win.
-pub(crate) fn max_pool(
-    ctx: &CpuContext,
-    a: &PoolAttrs,
-    x: &Tensor,
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let xv = f32s("maxpool", x)?;
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
     let mut out = vec![0f32; out_shape.iter().product()];
-    ctx.for_rows_weighted(
-        &mut out,
-        (oh * ow).max(1),
-        a.kernel[0] * a.kernel[1],
-        |r, row| {
-            let plane = &xv[r * h * w..(r + 1) * h * w];
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut best = f32::NEG_INFINITY;
-                    window(a, plane, h, w, oy, ox, |v| {
-                        if v > best || v.is_nan() {
-                            best = v
-                        }
-                    });
-                    row[oy * ow + ox] = best;
-                }
+    ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
+        let plane = &xv[r * h * w..(r + 1) * h * w];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = f32::NEG_INFINITY;
+                window(a, plane, h, w, oy, ox, |v| {
+                    if v > best || v.is_nan() {
+                        best = v
+                    }
+                });
+                row[oy * ow + ox] = best;
             }
-        },
-    );
+        }
+    });
     tensor("maxpool", out_shape, Data::F32(out))
 }
 
 /// Average pooling. With `count_include_pad`, the divisor counts the window cells inside the
 /// padded input (cells past the end padding, possible with `ceil_mode`, never count).
-pub(crate) fn avg_pool(
-    ctx: &CpuContext,
-    a: &PoolAttrs,
-    x: &Tensor,
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn avg_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let xv = f32s("avgpool", x)?;
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
@@ -213,41 +171,30 @@ pub(crate) fn avg_pool(
     let padded_count = |o: usize, d: usize, len: usize| -> usize {
         let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
         let end = (len + a.pads[d + 2]) as isize;
-        (0..a.kernel[d])
-            .filter(|&i| start + ((i * a.dilations[d]) as isize) < end)
-            .count()
+        (0..a.kernel[d]).filter(|&i| start + ((i * a.dilations[d]) as isize) < end).count()
     };
-    ctx.for_rows_weighted(
-        &mut out,
-        (oh * ow).max(1),
-        a.kernel[0] * a.kernel[1],
-        |r, row| {
-            let plane = &xv[r * h * w..(r + 1) * h * w];
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let (mut sum, mut cnt) = (0f32, 0usize);
-                    window(a, plane, h, w, oy, ox, |v| {
-                        sum += v;
-                        cnt += 1;
-                    });
-                    if a.count_include_pad {
-                        cnt = padded_count(oy, 0, h) * padded_count(ox, 1, w);
-                    }
-                    row[oy * ow + ox] = if cnt == 0 { 0.0 } else { sum / cnt as f32 };
+    ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
+        let plane = &xv[r * h * w..(r + 1) * h * w];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let (mut sum, mut cnt) = (0f32, 0usize);
+                window(a, plane, h, w, oy, ox, |v| {
+                    sum += v;
+                    cnt += 1;
+                });
+                if a.count_include_pad {
+                    cnt = padded_count(oy, 0, h) * padded_count(ox, 1, w);
                 }
+                row[oy * ow + ox] = if cnt == 0 { 0.0 } else { sum / cnt as f32 };
             }
-        },
-    );
+        }
+    });
     tensor("avgpool", out_shape, Data::F32(out))
 }
 
 /// Mean or max over all spatial dims (`[N, C, ...] -> [N, C, 1, ...]`).
 pub(crate) fn global_pool(ctx: &CpuContext, x: &Tensor, max: bool) -> Result<Tensor, Error> {
-    let op = if max {
-        "global_maxpool"
-    } else {
-        "global_avgpool"
-    };
+    let op = if max { "global_maxpool" } else { "global_avgpool" };
     let xv = f32s(op, x)?;
     let s = x.shape();
     let (nc, sp) = (s[0] * s[1], s[2..].iter().product::<usize>());
@@ -255,10 +202,7 @@ pub(crate) fn global_pool(ctx: &CpuContext, x: &Tensor, max: bool) -> Result<Ten
     ctx.for_rows_weighted(&mut out, 1, sp, |r, o| {
         let v = &xv[r * sp..(r + 1) * sp];
         o[0] = if max {
-            v.iter().fold(
-                f32::NEG_INFINITY,
-                |m, &x| if x > m || x.is_nan() { x } else { m },
-            )
+            v.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m || x.is_nan() { x } else { m })
         } else {
             (v.iter().map(|&x| x as f64).sum::<f64>() / sp as f64) as f32
         };

@@ -177,12 +177,7 @@ pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, 
         (Data::F32(v), _) => {
             let mut out = vec![0f32; v.len()];
             let weight = match u {
-                UnaryOp::Relu
-                | UnaryOp::Neg
-                | UnaryOp::Abs
-                | UnaryOp::Floor
-                | UnaryOp::Ceil
-                | UnaryOp::Sign => 1,
+                UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => 1,
                 _ => 8,
             };
             macro_rules! apply {
@@ -229,10 +224,10 @@ pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, 
     tensor(op, x.shape(), data)
 }
 
-/// x·Φ(x) with the exact normal CDF, computed in f64 so it matches PyTorch to the last bits.
+/// x·Φ(x) with the exact normal CDF, written with erfc so the negative tail keeps its relative
+/// accuracy (`1 + erf(x)` cancels there).
 pub(crate) fn gelu(x: f32) -> f32 {
-    let x = x as f64;
-    (0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
+    0.5 * x * libm::erfcf(-x * std::f32::consts::FRAC_1_SQRT_2)
 }
 
 /// The tanh approximation of GELU.
@@ -252,26 +247,15 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 }
 
 fn bad(op: &'static str, message: &str) -> Error {
-    Error::BadInput {
-        op,
-        message: message.to_string(),
-    }
+    Error::BadInput { op, message: message.to_string() }
 }
 
 fn nan_max(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else {
-        a.max(b)
-    }
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
 }
 
 fn nan_min(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else {
-        a.min(b)
-    }
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) }
 }
 
 fn pow_f32(a: f32, b: f32) -> f32 {
@@ -315,13 +299,7 @@ fn pow_i64(a: i64, b: i64) -> i64 {
 }
 
 /// Applies a binary op with numpy broadcasting.
-pub(crate) fn binary(
-    ctx: &CpuContext,
-    op: BinaryOp,
-    a: &Tensor,
-    b: &Tensor,
-    out: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, Error> {
     use BinaryOp::*;
     let name = ir::binary_name(op);
     let (ash, bsh) = (a.shape(), b.shape());
@@ -380,26 +358,15 @@ pub(crate) fn binary(
             }
         }
         (x, y) => {
-            return Err(bad(
-                name,
-                &format!("input dtypes differ ({} vs {})", x.dtype(), y.dtype()),
-            ));
+            return Err(bad(name, &format!("input dtypes differ ({} vs {})", x.dtype(), y.dtype())));
         }
     };
     tensor(name, out, data)
 }
 
 /// `cond ? a : b` with broadcasting of all three.
-pub(crate) fn where_(
-    ctx: &CpuContext,
-    cond: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    out: &[usize],
-) -> Result<Tensor, Error> {
-    let c = cond
-        .as_bool()
-        .ok_or_else(|| bad("where", "condition must be bool"))?;
+pub(crate) fn where_(ctx: &CpuContext, cond: &Tensor, a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, Error> {
+    let c = cond.as_bool().ok_or_else(|| bad("where", "condition must be bool"))?;
     let bc = Broadcast::new(&[cond.shape(), a.shape(), b.shape()], out);
     let n: usize = out.iter().product();
     fn pick<T: Copy + Send + Sync + Default>(
@@ -416,17 +383,10 @@ pub(crate) fn where_(
         }
         let (sc, sx, sy) = (bc.inner_stride(0), bc.inner_stride(1), bc.inner_stride(2));
         bc.for_segments(ctx, &mut o, |r, j, seg| {
-            let (oc, ox, oy) = (
-                bc.row_offset(0, r) + j * sc,
-                bc.row_offset(1, r) + j * sx,
-                bc.row_offset(2, r) + j * sy,
-            );
+            let (oc, ox, oy) =
+                (bc.row_offset(0, r) + j * sc, bc.row_offset(1, r) + j * sx, bc.row_offset(2, r) + j * sy);
             for (k, v) in seg.iter_mut().enumerate() {
-                *v = if c[oc + k * sc] {
-                    x[ox + k * sx]
-                } else {
-                    y[oy + k * sy]
-                };
+                *v = if c[oc + k * sc] { x[ox + k * sx] } else { y[oy + k * sy] };
             }
         });
         o
@@ -466,10 +426,7 @@ pub(crate) fn broadcast_f32(
     let v = f32s(op, t)?;
     let b = ir::broadcast_shapes(t.shape(), shape).map_err(|m| bad(op, &m))?;
     if b != shape {
-        return Err(bad(
-            op,
-            &format!("{:?} does not broadcast to {shape:?}", t.shape()),
-        ));
+        return Err(bad(op, &format!("{:?} does not broadcast to {shape:?}", t.shape())));
     }
     Ok(map2(ctx, v, t.shape(), &[0f32], &[], shape, |x, _| x))
 }

@@ -36,11 +36,7 @@ pub fn gemm_f32(
     alpha: f32,
     beta: f32,
 ) -> Result<(), Error> {
-    let par = if ctx.threads() > 1 {
-        gemm::Parallelism::Rayon(ctx.threads())
-    } else {
-        gemm::Parallelism::None
-    };
+    let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
     ctx.install(|| gemm_with(par, m, n, k, a, trans_a, b, trans_b, c, alpha, beta))
 }
 
@@ -67,12 +63,7 @@ pub(crate) fn gemm_with(
     if a.len() != mk || b.len() != kn || c.len() != mn {
         return Err(bad(
             "gemm",
-            format!(
-                "buffer sizes a={} b={} c={} do not fit m={m} n={n} k={k}",
-                a.len(),
-                b.len(),
-                c.len()
-            ),
+            format!("buffer sizes a={} b={} c={} do not fit m={m} n={n} k={k}", a.len(), b.len(), c.len()),
         ));
     }
     if mn == 0 {
@@ -86,16 +77,8 @@ pub(crate) fn gemm_with(
         }
         return Ok(());
     }
-    let (lhs_cs, lhs_rs) = if trans_a {
-        (m as isize, 1)
-    } else {
-        (1, k as isize)
-    };
-    let (rhs_cs, rhs_rs) = if trans_b {
-        (k as isize, 1)
-    } else {
-        (1, n as isize)
-    };
+    let (lhs_cs, lhs_rs) = if trans_a { (m as isize, 1) } else { (1, k as isize) };
+    let (rhs_cs, rhs_rs) = if trans_b { (k as isize, 1) } else { (1, n as isize) };
     // SAFETY: the pointers cover exactly m*k, k*n and m*n elements (checked above) and the
     // strides stay inside them; `c` is borrowed mutably, so it aliases neither input.
     unsafe {
@@ -148,23 +131,10 @@ fn batch_offsets(dims: &[usize], batch: &[usize]) -> Vec<usize> {
 }
 
 /// Numpy matmul: 1-D operands are promoted (and the added dim dropped), batch dims broadcast.
-pub(crate) fn matmul(
-    ctx: &CpuContext,
-    a: &Tensor,
-    b: &Tensor,
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let (av, bv) = (f32s("matmul", a)?, f32s("matmul", b)?);
-    let a2: Vec<usize> = if a.shape().len() == 1 {
-        vec![1, a.shape()[0]]
-    } else {
-        a.shape().to_vec()
-    };
-    let b2: Vec<usize> = if b.shape().len() == 1 {
-        vec![b.shape()[0], 1]
-    } else {
-        b.shape().to_vec()
-    };
+    let a2: Vec<usize> = if a.shape().len() == 1 { vec![1, a.shape()[0]] } else { a.shape().to_vec() };
+    let b2: Vec<usize> = if b.shape().len() == 1 { vec![b.shape()[0], 1] } else { b.shape().to_vec() };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let n = b2[b2.len() - 1];
     let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
@@ -181,19 +151,7 @@ pub(crate) fn matmul(
         let (mk, kn, mn) = (m * k, k * n, m * n);
         let one = |i: usize, c: &mut [f32], par| {
             let (x, y) = (ao[i] * mk, bo[i] * kn);
-            gemm_with(
-                par,
-                m,
-                n,
-                k,
-                &av[x..x + mk],
-                false,
-                &bv[y..y + kn],
-                false,
-                c,
-                1.0,
-                0.0,
-            )
+            gemm_with(par, m, n, k, &av[x..x + mk], false, &bv[y..y + kn], false, c, 1.0, 0.0)
         };
         if mn > 0
             && ctx.threads() > 1
@@ -202,21 +160,11 @@ pub(crate) fn matmul(
             && nb * m * n * k >= super::PAR_MIN_ELEMS
         {
             ctx.install(|| {
-                out.par_chunks_mut(mn)
-                    .enumerate()
-                    .try_for_each(|(i, c)| one(i, c, gemm::Parallelism::None))
+                out.par_chunks_mut(mn).enumerate().try_for_each(|(i, c)| one(i, c, gemm::Parallelism::None))
             })?;
         } else if mn > 0 {
-            let par = if ctx.threads() > 1 {
-                gemm::Parallelism::Rayon(ctx.threads())
-            } else {
-                gemm::Parallelism::None
-            };
-            ctx.install(|| {
-                out.chunks_mut(mn)
-                    .enumerate()
-                    .try_for_each(|(i, c)| one(i, c, par))
-            })?;
+            let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
+            ctx.install(|| out.chunks_mut(mn).enumerate().try_for_each(|(i, c)| one(i, c, par)))?;
         }
     }
     tensor("matmul", out_shape, Data::F32(out))
@@ -234,11 +182,7 @@ pub(crate) fn gemm_op(
 ) -> Result<Tensor, Error> {
     let (a, b) = (f32s("gemm", inputs[0])?, f32s("gemm", inputs[1])?);
     let (m, n) = (out_shape[0], out_shape[1]);
-    let k = if trans_a {
-        inputs[0].shape()[0]
-    } else {
-        inputs[0].shape()[1]
-    };
+    let k = if trans_a { inputs[0].shape()[0] } else { inputs[0].shape()[1] };
     let (mut out, beta) = match inputs.get(2) {
         Some(c) if beta != 0.0 => (broadcast_f32(ctx, "gemm", c, out_shape)?, beta),
         _ => (vec![0f32; m * n], 0.0),

@@ -39,9 +39,7 @@ pub struct CpuContext {
 
 impl std::fmt::Debug for CpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuContext")
-            .field("threads", &self.threads)
-            .finish()
+        f.debug_struct("CpuContext").field("threads", &self.threads).finish()
     }
 }
 
@@ -49,21 +47,13 @@ impl CpuContext {
     /// A context running kernels on `threads` worker threads (0 means one per available core).
     /// With one thread every kernel runs sequentially on the caller's thread.
     pub fn new(threads: usize) -> Result<CpuContext, Error> {
-        let threads = if threads == 0 {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        } else {
-            threads
-        };
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("autopar-cpu-{i}"))
             .build()
-            .map_err(|e| Error::ThreadPool {
-                threads,
-                message: e.to_string(),
-            })?;
+            .map_err(|e| Error::ThreadPool { threads, message: e.to_string() })?;
         Ok(CpuContext { pool, threads })
     }
 
@@ -74,11 +64,7 @@ impl CpuContext {
 
     /// Runs `f` inside this context's pool (rayon calls in `f` use its workers).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads == 1 {
-            f()
-        } else {
-            self.pool.install(f)
-        }
+        if self.threads == 1 { f() } else { self.pool.install(f) }
     }
 
     /// True when `work` elements are worth splitting over the pool.
@@ -89,12 +75,7 @@ impl CpuContext {
     /// Calls `f(row_index, row)` for every `row_len`-long row of `out`, in parallel when `out` is
     /// large. `out.len()` must be a multiple of `row_len`; rows are grouped so that each task
     /// carries at least [`PAR_MIN_ELEMS`]/4 elements.
-    pub(crate) fn for_rows<T: Send>(
-        &self,
-        out: &mut [T],
-        row_len: usize,
-        f: impl Fn(usize, &mut [T]) + Sync + Send,
-    ) {
+    pub(crate) fn for_rows<T: Send>(&self, out: &mut [T], row_len: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
         self.for_rows_weighted(out, row_len, 1, f)
     }
 
@@ -122,13 +103,11 @@ impl CpuContext {
         // Enough tasks for load balance, each big enough to amortise scheduling.
         let rows_per_task = rows.div_ceil(self.threads * 8).max(min_rows);
         self.pool.install(|| {
-            out.par_chunks_mut(rows_per_task * row_len)
-                .enumerate()
-                .for_each(|(t, chunk)| {
-                    for (j, r) in chunk.chunks_mut(row_len).enumerate() {
-                        f(t * rows_per_task + j, r);
-                    }
-                })
+            out.par_chunks_mut(rows_per_task * row_len).enumerate().for_each(|(t, chunk)| {
+                for (j, r) in chunk.chunks_mut(row_len).enumerate() {
+                    f(t * rows_per_task + j, r);
+                }
+            })
         });
     }
 }
@@ -146,46 +125,28 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
             reason: "inputs and params are fed by the runtime, not computed".into(),
         });
     }
+    // `PoolAttrs::out_hw` (used by inference) assumes windows of at least one cell.
+    let empty_window = match op {
+        Op::MaxPool(a) | Op::AveragePool(a) => a.kernel.contains(&0),
+        Op::Conv(_) => inputs.get(1).is_some_and(|w| w.shape().len() == 4 && (w.shape()[2] == 0 || w.shape()[3] == 0)),
+        _ => false,
+    };
+    if empty_window {
+        return Err(Error::BadInput { op: name, message: "kernel window has a zero-sized dim".into() });
+    }
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
-    let outs = op
-        .infer(&metas)
-        .map_err(|message| Error::BadInput { op: name, message })?;
+    let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
     let result = match op {
         Op::Input { .. } | Op::Param { .. } => unreachable!("handled above"),
         Op::Constant(t) => vec![t.clone()],
         Op::Identity => vec![inputs[0].clone()],
         Op::Unary(u) => vec![elementwise::unary(ctx, *u, inputs[0])?],
-        Op::Binary(b) => vec![elementwise::binary(
-            ctx,
-            *b,
-            inputs[0],
-            inputs[1],
-            &outs[0].shape,
-        )?],
-        Op::Where => vec![elementwise::where_(
-            ctx,
-            inputs[0],
-            inputs[1],
-            inputs[2],
-            &outs[0].shape,
-        )?],
+        Op::Binary(b) => vec![elementwise::binary(ctx, *b, inputs[0], inputs[1], &outs[0].shape)?],
+        Op::Where => vec![elementwise::where_(ctx, inputs[0], inputs[1], inputs[2], &outs[0].shape)?],
         Op::Cast { to } => vec![elementwise::cast(inputs[0], *to)?],
         Op::MatMul => vec![linalg::matmul(ctx, inputs[0], inputs[1], &outs[0].shape)?],
-        Op::Gemm {
-            alpha,
-            beta,
-            trans_a,
-            trans_b,
-        } => {
-            vec![linalg::gemm_op(
-                ctx,
-                inputs,
-                *alpha,
-                *beta,
-                *trans_a,
-                *trans_b,
-                &outs[0].shape,
-            )?]
+        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            vec![linalg::gemm_op(ctx, inputs, *alpha, *beta, *trans_a, *trans_b, &outs[0].shape)?]
         }
         Op::Conv(a) => vec![conv::conv(ctx, a, inputs, &outs[0].shape)?],
         Op::MaxPool(a) => vec![conv::max_pool(ctx, a, inputs[0], &outs[0].shape)?],
@@ -194,12 +155,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::GlobalMaxPool => vec![conv::global_pool(ctx, inputs[0], true)?],
         Op::BatchNorm { epsilon } => vec![norm::batch_norm(ctx, inputs, *epsilon)?],
         Op::LayerNorm { axis, epsilon } => vec![norm::layer_norm(ctx, inputs, *axis, *epsilon)?],
-        Op::Lrn {
-            size,
-            alpha,
-            beta,
-            bias,
-        } => vec![norm::lrn(ctx, inputs[0], *size, *alpha, *beta, *bias)?],
+        Op::Lrn { size, alpha, beta, bias } => vec![norm::lrn(ctx, inputs[0], *size, *alpha, *beta, *bias)?],
         Op::Softmax { axis } => vec![norm::softmax(ctx, inputs[0], *axis, false)?],
         Op::LogSoftmax { axis } => vec![norm::softmax(ctx, inputs[0], *axis, true)?],
         Op::Reshape { shape } => vec![reshape(inputs[0], shape)?],
@@ -209,44 +165,25 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::Split { axis, sizes } => shape::split(inputs[0], *axis, sizes)?,
         Op::Slice { axes } => vec![shape::slice(ctx, inputs[0], axes, &outs[0].shape)?],
         Op::Gather { axis } => vec![shape::gather(inputs[0], inputs[1], *axis, &outs[0].shape)?],
-        Op::Reduce {
-            op: r,
-            axes,
-            keepdims,
-        } => vec![reduce::reduce(ctx, *r, inputs[0], axes, *keepdims)?],
+        Op::Reduce { op: r, axes, keepdims } => vec![reduce::reduce(ctx, *r, inputs[0], axes, *keepdims)?],
         Op::Pad { pads, value } => vec![shape::pad(inputs[0], pads, *value, &outs[0].shape)?],
     };
-    debug_assert_eq!(
-        result.iter().map(|t| t.meta()).collect::<Vec<_>>(),
-        outs,
-        "{name}: kernel output metas"
-    );
+    debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
 }
 
 fn reshape(x: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
-    x.clone()
-        .reshaped(shape.to_vec())
-        .map_err(|e| Error::BadInput {
-            op: "reshape",
-            message: e.to_string(),
-        })
+    x.clone().reshaped(shape.to_vec()).map_err(|e| Error::BadInput { op: "reshape", message: e.to_string() })
 }
 
 /// A tensor from a shape and data whose length the kernel computed from that same shape.
 pub(crate) fn tensor(op: &'static str, shape: &[usize], data: Data) -> Result<Tensor, Error> {
-    Tensor::new(shape.to_vec(), data).map_err(|e| Error::BadInput {
-        op,
-        message: format!("internal size error: {e}"),
-    })
+    Tensor::new(shape.to_vec(), data).map_err(|e| Error::BadInput { op, message: format!("internal size error: {e}") })
 }
 
 /// The f32 elements of `t` (callers have checked the dtype through `Op::infer`).
 pub(crate) fn f32s<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f32], Error> {
-    t.as_f32().ok_or_else(|| Error::BadInput {
-        op,
-        message: format!("expected f32, got {}", t.dtype()),
-    })
+    t.as_f32().ok_or_else(|| Error::BadInput { op, message: format!("expected f32, got {}", t.dtype()) })
 }
 
 /// Row-major strides of `shape`.

@@ -27,12 +27,7 @@ pub(crate) fn batch_norm(ctx: &CpuContext, inputs: &[&Tensor], eps: f32) -> Resu
 }
 
 /// Normalises over dims `axis..`, then scales and shifts (scale/bias broadcast to those dims).
-pub(crate) fn layer_norm(
-    ctx: &CpuContext,
-    inputs: &[&Tensor],
-    axis: usize,
-    eps: f32,
-) -> Result<Tensor, Error> {
+pub(crate) fn layer_norm(ctx: &CpuContext, inputs: &[&Tensor], axis: usize, eps: f32) -> Result<Tensor, Error> {
     let op = "layernorm";
     let x = f32s(op, inputs[0])?;
     let s = inputs[0].shape();
@@ -90,9 +85,7 @@ pub(crate) fn lrn(
         let hi = (ch + after).min(c - 1);
         let block = &xv[n * c * sp..(n + 1) * c * sp];
         for (i, o) in row.iter_mut().enumerate() {
-            let sq: f32 = (lo..=hi)
-                .map(|k| block[k * sp + i] * block[k * sp + i])
-                .sum();
+            let sq: f32 = (lo..=hi).map(|k| block[k * sp + i] * block[k * sp + i]).sum();
             *o = block[ch * sp + i] / (bias + alpha / size as f32 * sq).powf(beta);
         }
     });
@@ -100,12 +93,7 @@ pub(crate) fn lrn(
 }
 
 /// Softmax (or log-softmax) along `axis`, subtracting the max first.
-pub(crate) fn softmax(
-    ctx: &CpuContext,
-    x: &Tensor,
-    axis: usize,
-    log: bool,
-) -> Result<Tensor, Error> {
+pub(crate) fn softmax(ctx: &CpuContext, x: &Tensor, axis: usize, log: bool) -> Result<Tensor, Error> {
     let op = if log { "log_softmax" } else { "softmax" };
     let xv = f32s(op, x)?;
     let s = x.shape();

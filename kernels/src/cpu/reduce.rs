@@ -9,19 +9,11 @@ use crate::Error;
 use ir::{Data, ReduceOp, Tensor};
 
 fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
 }
 
 fn nan_min(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.min(b)
-    }
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
 }
 
 /// Initial value, per-element map and combine of a kind (LogSumExp is handled separately).
@@ -51,14 +43,7 @@ fn finish(op: ReduceOp, acc: f64, red: usize) -> f64 {
     }
 }
 
-fn reduce_f32(
-    ctx: &CpuContext,
-    op: ReduceOp,
-    x: &[f32],
-    outer: usize,
-    red: usize,
-    inner: usize,
-) -> Vec<f32> {
+fn reduce_f32(ctx: &CpuContext, op: ReduceOp, x: &[f32], outer: usize, red: usize, inner: usize) -> Vec<f32> {
     let mut out = vec![0f32; outer * inner];
     if out.is_empty() {
         return out;
@@ -94,33 +79,20 @@ fn reduce_f32(
             }
         }
         for ((y, &a), &m) in row.iter_mut().zip(&acc).zip(&shift) {
-            *y = if op == ReduceOp::LogSumExp {
-                (m + a.ln()) as f32
-            } else {
-                finish(op, a, red) as f32
-            };
+            *y = if op == ReduceOp::LogSumExp { (m + a.ln()) as f32 } else { finish(op, a, red) as f32 };
         }
     });
     out
 }
 
-fn reduce_i64(
-    op: ReduceOp,
-    x: &[i64],
-    outer: usize,
-    red: usize,
-    inner: usize,
-) -> Result<Vec<i64>, Error> {
+fn reduce_i64(op: ReduceOp, x: &[i64], outer: usize, red: usize, inner: usize) -> Result<Vec<i64>, Error> {
     let (init, comb): (i64, fn(i64, i64) -> i64) = match op {
         ReduceOp::Sum => (0, i64::wrapping_add),
         ReduceOp::Prod => (1, i64::wrapping_mul),
         ReduceOp::Max => (i64::MIN, i64::max),
         ReduceOp::Min => (i64::MAX, i64::min),
         _ => {
-            return Err(Error::BadInput {
-                op: ir::reduce_name(op),
-                message: "this reduction takes f32 input".into(),
-            });
+            return Err(Error::BadInput { op: ir::reduce_name(op), message: "this reduction takes f32 input".into() });
         }
     };
     let mut out = vec![init; outer * inner];
@@ -152,12 +124,7 @@ pub(crate) fn reduce(
         (x, x.numel(), 1, 1)
     } else if contiguous {
         let (a0, a1) = (axes[0], axes[axes.len() - 1]);
-        (
-            x,
-            s[..a0].iter().product(),
-            s[a0..=a1].iter().product(),
-            s[a1 + 1..].iter().product(),
-        )
+        (x, s[..a0].iter().product(), s[a0..=a1].iter().product(), s[a1 + 1..].iter().product())
     } else {
         let kept: Vec<usize> = (0..s.len()).filter(|d| !axes.contains(d)).collect();
         let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
@@ -168,11 +135,25 @@ pub(crate) fn reduce(
     let data = match src.data() {
         Data::F32(v) => Data::F32(reduce_f32(ctx, op, v, outer, red, inner)),
         Data::I64(v) => Data::I64(reduce_i64(op, v, outer, red, inner)?),
-        Data::Bool(_) => {
-            return Err(Error::BadInput {
-                op: name,
-                message: "input must be numeric".into(),
-            });
+        Data::Bool(v) => {
+            // On bool, max is `any` and min is `all` (ONNX opset 20).
+            let (init, comb): (bool, fn(bool, bool) -> bool) = match op {
+                ReduceOp::Max => (false, |a, b| a || b),
+                ReduceOp::Min => (true, |a, b| a && b),
+                _ => {
+                    return Err(Error::BadInput { op: name, message: "input must be numeric".into() });
+                }
+            };
+            let mut out = vec![init; outer * inner];
+            for o in 0..outer {
+                for k in 0..red {
+                    let src = &v[(o * red + k) * inner..(o * red + k + 1) * inner];
+                    for (a, &b) in out[o * inner..(o + 1) * inner].iter_mut().zip(src) {
+                        *a = comb(*a, b);
+                    }
+                }
+            }
+            Data::Bool(out)
         }
     };
     tensor(name, &out_shape, data)

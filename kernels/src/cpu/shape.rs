@@ -98,12 +98,7 @@ pub(crate) fn expand(ctx: &CpuContext, x: &Tensor, shape: &[usize]) -> Result<Te
 }
 
 /// Strided slice (negative steps walk backwards; bounds were checked by inference).
-pub(crate) fn slice(
-    ctx: &CpuContext,
-    x: &Tensor,
-    axes: &[SliceAxis],
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn slice(ctx: &CpuContext, x: &Tensor, axes: &[SliceAxis], out_shape: &[usize]) -> Result<Tensor, Error> {
     let s = x.shape();
     let ist = strides(s);
     let mut start = vec![0i64; s.len()];
@@ -135,21 +130,14 @@ fn concat_vec<T: Copy>(parts: &[&[T]], chunks: &[usize], outer: usize) -> Vec<T>
 }
 
 /// Concatenation along `axis`.
-pub(crate) fn concat(
-    inputs: &[&Tensor],
-    axis: usize,
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn concat(inputs: &[&Tensor], axis: usize, out_shape: &[usize]) -> Result<Tensor, Error> {
     let outer: usize = out_shape[..axis].iter().product();
     let inner: usize = out_shape[axis + 1..].iter().product();
     let chunks: Vec<usize> = inputs.iter().map(|t| t.shape()[axis] * inner).collect();
     macro_rules! cat {
         ($variant:ident, $get:ident) => {{
             let parts: Option<Vec<_>> = inputs.iter().map(|t| t.$get()).collect();
-            let parts = parts.ok_or_else(|| Error::BadInput {
-                op: "concat",
-                message: "input dtypes differ".into(),
-            })?;
+            let parts = parts.ok_or_else(|| Error::BadInput { op: "concat", message: "input dtypes differ".into() })?;
             Data::$variant(concat_vec(&parts, &chunks, outer))
         }};
     }
@@ -181,16 +169,9 @@ pub(crate) fn split(x: &Tensor, axis: usize, sizes: &[usize]) -> Result<Vec<Tens
 }
 
 /// Gathers slices of `x` along `axis` at i64 `indices` (negative indices count from the end).
-pub(crate) fn gather(
-    x: &Tensor,
-    indices: &Tensor,
-    axis: usize,
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
-    let idx = indices.as_i64().ok_or_else(|| Error::BadInput {
-        op: "gather",
-        message: "indices must be i64".into(),
-    })?;
+pub(crate) fn gather(x: &Tensor, indices: &Tensor, axis: usize, out_shape: &[usize]) -> Result<Tensor, Error> {
+    let idx =
+        indices.as_i64().ok_or_else(|| Error::BadInput { op: "gather", message: "indices must be i64".into() })?;
     let s = x.shape();
     let d = s[axis];
     let outer: usize = s[..axis].iter().product();
@@ -221,12 +202,7 @@ pub(crate) fn gather(
 }
 
 /// Constant padding: `pads` holds the begins then the ends of every dim.
-pub(crate) fn pad(
-    x: &Tensor,
-    pads: &[usize],
-    value: f32,
-    out_shape: &[usize],
-) -> Result<Tensor, Error> {
+pub(crate) fn pad(x: &Tensor, pads: &[usize], value: f32, out_shape: &[usize]) -> Result<Tensor, Error> {
     let s = x.shape();
     let r = s.len();
     fn go<T: Copy>(v: &[T], s: &[usize], pads: &[usize], out_shape: &[usize], fill: T) -> Vec<T> {

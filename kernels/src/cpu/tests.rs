@@ -15,10 +15,7 @@ fn ctx2() -> CpuContext {
 fn run(op: Op, ins: &[&Tensor]) -> Vec<Tensor> {
     let outs = eval(&ctx1(), &op, ins).unwrap();
     let metas: Vec<TensorMeta> = ins.iter().map(|t| t.meta()).collect();
-    assert_eq!(
-        outs.iter().map(|t| t.meta()).collect::<Vec<_>>(),
-        op.infer(&metas).unwrap()
-    );
+    assert_eq!(outs.iter().map(|t| t.meta()).collect::<Vec<_>>(), op.infer(&metas).unwrap());
     outs
 }
 
@@ -40,14 +37,10 @@ fn iota(shape: impl Into<Vec<usize>>) -> Tensor {
 fn rnd(shape: impl Into<Vec<usize>>, seed: u64) -> Tensor {
     let shape = shape.into();
     let n = shape.iter().product::<usize>();
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let v = (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
@@ -61,10 +54,7 @@ fn close(t: &Tensor, shape: &[usize], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ok = (g - w).abs() <= 1e-5 + 1e-4 * w.abs() || (g.is_nan() && w.is_nan()) || g == w;
-        assert!(
-            ok,
-            "element {i}: got {g}, want {w}\n got {got:?}\nwant {want:?}"
-        );
+        assert!(ok, "element {i}: got {g}, want {w}\n got {got:?}\nwant {want:?}");
     }
 }
 
@@ -83,43 +73,15 @@ fn bad(op: Op, ins: &[&Tensor]) -> Error {
 fn binary_broadcasting() {
     let a = iota([2, 3]);
     let row = f([3], vec![10., 20., 30.]);
-    close(
-        &run1(Op::Binary(BinaryOp::Add), &[&a, &row]),
-        &[2, 3],
-        &[10., 21., 32., 13., 24., 35.],
-    );
+    close(&run1(Op::Binary(BinaryOp::Add), &[&a, &row]), &[2, 3], &[10., 21., 32., 13., 24., 35.]);
     let col = f([2, 1], vec![1., 2.]);
-    close(
-        &run1(Op::Binary(BinaryOp::Mul), &[&col, &row]),
-        &[2, 3],
-        &[10., 20., 30., 20., 40., 60.],
-    );
+    close(&run1(Op::Binary(BinaryOp::Mul), &[&col, &row]), &[2, 3], &[10., 20., 30., 20., 40., 60.]);
     let s = Tensor::scalar_f32(2.0);
-    close(
-        &run1(Op::Binary(BinaryOp::Sub), &[&s, &a]),
-        &[2, 3],
-        &[2., 1., 0., -1., -2., -3.],
-    );
-    close(
-        &run1(Op::Binary(BinaryOp::Pow), &[&a, &s]),
-        &[2, 3],
-        &[0., 1., 4., 9., 16., 25.],
-    );
-    close(
-        &run1(Op::Binary(BinaryOp::Div), &[&a, &s]),
-        &[2, 3],
-        &[0., 0.5, 1., 1.5, 2., 2.5],
-    );
-    close(
-        &run1(Op::Binary(BinaryOp::Max), &[&a, &s]),
-        &[2, 3],
-        &[2., 2., 2., 3., 4., 5.],
-    );
-    close(
-        &run1(Op::Binary(BinaryOp::Min), &[&a, &s]),
-        &[2, 3],
-        &[0., 1., 2., 2., 2., 2.],
-    );
+    close(&run1(Op::Binary(BinaryOp::Sub), &[&s, &a]), &[2, 3], &[2., 1., 0., -1., -2., -3.]);
+    close(&run1(Op::Binary(BinaryOp::Pow), &[&a, &s]), &[2, 3], &[0., 1., 4., 9., 16., 25.]);
+    close(&run1(Op::Binary(BinaryOp::Div), &[&a, &s]), &[2, 3], &[0., 0.5, 1., 1.5, 2., 2.5]);
+    close(&run1(Op::Binary(BinaryOp::Max), &[&a, &s]), &[2, 3], &[2., 2., 2., 3., 4., 5.]);
+    close(&run1(Op::Binary(BinaryOp::Min), &[&a, &s]), &[2, 3], &[0., 1., 2., 2., 2., 2.]);
     // Middle-dim broadcast: [2,1,2] + [1,3,1].
     let x = iota([2, 1, 2]);
     let y = f([1, 3, 1], vec![0., 10., 20.]);
@@ -128,77 +90,35 @@ fn binary_broadcasting() {
         &[2, 3, 2],
         &[0., 1., 10., 11., 20., 21., 2., 3., 12., 13., 22., 23.],
     );
-    assert!(matches!(
-        bad(Op::Binary(BinaryOp::Add), &[&iota([2, 3]), &iota([2])]),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Binary(BinaryOp::Add), &[&a, &Tensor::i64([1], vec![1])]),
-        Error::BadInput { .. }
-    ));
+    assert!(matches!(bad(Op::Binary(BinaryOp::Add), &[&iota([2, 3]), &iota([2])]), Error::BadInput { .. }));
+    assert!(matches!(bad(Op::Binary(BinaryOp::Add), &[&a, &Tensor::i64([1], vec![1])]), Error::BadInput { .. }));
 }
 
 #[test]
 fn binary_integers_and_bools() {
     let a = Tensor::i64([4], vec![-7, 7, 9, -9]);
     let b = Tensor::i64([4], vec![2, -2, 3, 4]);
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Div), &[&a, &b]),
-        Tensor::i64([4], vec![-3, -3, 3, -2])
-    );
+    assert_eq!(run1(Op::Binary(BinaryOp::Div), &[&a, &b]), Tensor::i64([4], vec![-3, -3, 3, -2]));
     assert_eq!(
         run1(Op::Binary(BinaryOp::Pow), &[&b, &Tensor::i64([], vec![3])]),
         Tensor::i64([4], vec![8, -8, 27, 64])
     );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Sub), &[&a, &b]),
-        Tensor::i64([4], vec![-9, 9, 6, -13])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Less), &[&a, &b]),
-        Tensor::bool([4], vec![true, false, false, true])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Equal), &[&a, &a]),
-        Tensor::bool([4], vec![true; 4])
-    );
+    assert_eq!(run1(Op::Binary(BinaryOp::Sub), &[&a, &b]), Tensor::i64([4], vec![-9, 9, 6, -13]));
+    assert_eq!(run1(Op::Binary(BinaryOp::Less), &[&a, &b]), Tensor::bool([4], vec![true, false, false, true]));
+    assert_eq!(run1(Op::Binary(BinaryOp::Equal), &[&a, &a]), Tensor::bool([4], vec![true; 4]));
     let zero = Tensor::i64([1], vec![0]);
-    assert!(matches!(
-        bad(Op::Binary(BinaryOp::Div), &[&a, &zero]),
-        Error::BadInput { .. }
-    ));
+    assert!(matches!(bad(Op::Binary(BinaryOp::Div), &[&a, &zero]), Error::BadInput { .. }));
     let p = Tensor::bool([4], vec![true, true, false, false]);
     let q = Tensor::bool([4], vec![true, false, true, false]);
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::And), &[&p, &q]),
-        Tensor::bool([4], vec![true, false, false, false])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Or), &[&p, &q]),
-        Tensor::bool([4], vec![true, true, true, false])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Xor), &[&p, &q]),
-        Tensor::bool([4], vec![false, true, true, false])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Equal), &[&p, &q]),
-        Tensor::bool([4], vec![true, false, false, true])
-    );
+    assert_eq!(run1(Op::Binary(BinaryOp::And), &[&p, &q]), Tensor::bool([4], vec![true, false, false, false]));
+    assert_eq!(run1(Op::Binary(BinaryOp::Or), &[&p, &q]), Tensor::bool([4], vec![true, true, true, false]));
+    assert_eq!(run1(Op::Binary(BinaryOp::Xor), &[&p, &q]), Tensor::bool([4], vec![false, true, true, false]));
+    assert_eq!(run1(Op::Binary(BinaryOp::Equal), &[&p, &q]), Tensor::bool([4], vec![true, false, false, true]));
     let x = f([3], vec![1., 2., 3.]);
     let y = f([1], vec![2.]);
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::GreaterOrEqual), &[&x, &y]),
-        Tensor::bool([3], vec![false, true, true])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::LessOrEqual), &[&x, &y]),
-        Tensor::bool([3], vec![true, true, false])
-    );
-    assert_eq!(
-        run1(Op::Binary(BinaryOp::Greater), &[&x, &y]),
-        Tensor::bool([3], vec![false, false, true])
-    );
+    assert_eq!(run1(Op::Binary(BinaryOp::GreaterOrEqual), &[&x, &y]), Tensor::bool([3], vec![false, true, true]));
+    assert_eq!(run1(Op::Binary(BinaryOp::LessOrEqual), &[&x, &y]), Tensor::bool([3], vec![true, true, false]));
+    assert_eq!(run1(Op::Binary(BinaryOp::Greater), &[&x, &y]), Tensor::bool([3], vec![false, false, true]));
 }
 
 #[test]
@@ -206,112 +126,54 @@ fn unary_values() {
     let x = f([5], vec![-2., -0.5, 0., 0.5, 1.]);
     let u = |op| run1(Op::Unary(op), &[&x]);
     close(&u(UnaryOp::Relu), &[5], &[0., 0., 0., 0.5, 1.]);
-    close(
-        &u(UnaryOp::Erf),
-        &[5],
-        &[-0.995_322_3, -0.520_499_9, 0., 0.520_499_9, 0.842_700_8],
-    );
-    close(
-        &u(UnaryOp::Gelu),
-        &[5],
-        &[-0.045_500_26, -0.154_268_5, 0., 0.345_731_5, 0.841_344_7],
-    );
-    close(
-        &u(UnaryOp::GeluTanh),
-        &[5],
-        &[-0.045_402_3, -0.154_286, 0., 0.345_714, 0.841_192],
-    );
-    close(
-        &u(UnaryOp::Sigmoid),
-        &[5],
-        &[0.119_202_92, 0.377_540_67, 0.5, 0.622_459_3, 0.731_058_6],
-    );
-    close(
-        &u(UnaryOp::Tanh),
-        &[5],
-        &[-0.964_027_6, -0.462_117_16, 0., 0.462_117_16, 0.761_594_2],
-    );
+    close(&u(UnaryOp::Erf), &[5], &[-0.995_322_3, -0.520_499_9, 0., 0.520_499_9, 0.842_700_8]);
+    close(&u(UnaryOp::Gelu), &[5], &[-0.045_500_26, -0.154_268_5, 0., 0.345_731_5, 0.841_344_7]);
+    close(&u(UnaryOp::GeluTanh), &[5], &[-0.045_402_3, -0.154_286, 0., 0.345_714, 0.841_192]);
+    close(&u(UnaryOp::Sigmoid), &[5], &[0.119_202_92, 0.377_540_67, 0.5, 0.622_459_3, 0.731_058_6]);
+    close(&u(UnaryOp::Tanh), &[5], &[-0.964_027_6, -0.462_117_16, 0., 0.462_117_16, 0.761_594_2]);
     close(&u(UnaryOp::Abs), &[5], &[2., 0.5, 0., 0.5, 1.]);
     close(&u(UnaryOp::Neg), &[5], &[2., 0.5, 0., -0.5, -1.]);
     close(&u(UnaryOp::Sign), &[5], &[-1., -1., 0., 1., 1.]);
     close(&u(UnaryOp::Floor), &[5], &[-2., -1., 0., 0., 1.]);
     close(&u(UnaryOp::Ceil), &[5], &[-2., -0., 0., 1., 1.]);
-    close(
-        &u(UnaryOp::Exp),
-        &[5],
-        &[
-            0.135_335_28,
-            0.606_530_66,
-            1.,
-            1.648_721_3,
-            std::f32::consts::E,
-        ],
-    );
-    close(
-        &u(UnaryOp::Sin),
-        &[5],
-        &[-0.909_297_4, -0.479_425_55, 0., 0.479_425_55, 0.841_470_96],
-    );
-    close(
-        &u(UnaryOp::Cos),
-        &[5],
-        &[-0.416_146_84, 0.877_582_55, 1., 0.877_582_55, 0.540_302_3],
-    );
+    close(&u(UnaryOp::Exp), &[5], &[0.135_335_28, 0.606_530_66, 1., 1.648_721_3, std::f32::consts::E]);
+    close(&u(UnaryOp::Sin), &[5], &[-0.909_297_4, -0.479_425_55, 0., 0.479_425_55, 0.841_470_96]);
+    close(&u(UnaryOp::Cos), &[5], &[-0.416_146_84, 0.877_582_55, 1., 0.877_582_55, 0.540_302_3]);
     let p = f([3], vec![4., 1., 0.25]);
     close(&run1(Op::Unary(UnaryOp::Sqrt), &[&p]), &[3], &[2., 1., 0.5]);
-    close(
-        &run1(Op::Unary(UnaryOp::Log), &[&p]),
-        &[3],
-        &[4f32.ln(), 0., 0.25f32.ln()],
-    );
-    close(
-        &run1(Op::Unary(UnaryOp::Reciprocal), &[&p]),
-        &[3],
-        &[0.25, 1., 4.],
-    );
+    close(&run1(Op::Unary(UnaryOp::Log), &[&p]), &[3], &[4f32.ln(), 0., 0.25f32.ln()]);
+    close(&run1(Op::Unary(UnaryOp::Reciprocal), &[&p]), &[3], &[0.25, 1., 4.]);
     // Extremes stay finite where the math is finite.
     let big = f([2], vec![-100., 100.]);
     close(&run1(Op::Unary(UnaryOp::Sigmoid), &[&big]), &[2], &[0., 1.]);
     let i = Tensor::i64([3], vec![-3, 0, 4]);
-    assert_eq!(
-        run1(Op::Unary(UnaryOp::Neg), &[&i]),
-        Tensor::i64([3], vec![3, 0, -4])
-    );
-    assert_eq!(
-        run1(Op::Unary(UnaryOp::Abs), &[&i]),
-        Tensor::i64([3], vec![3, 0, 4])
-    );
-    assert_eq!(
-        run1(Op::Unary(UnaryOp::Sign), &[&i]),
-        Tensor::i64([3], vec![-1, 0, 1])
-    );
+    assert_eq!(run1(Op::Unary(UnaryOp::Neg), &[&i]), Tensor::i64([3], vec![3, 0, -4]));
+    assert_eq!(run1(Op::Unary(UnaryOp::Abs), &[&i]), Tensor::i64([3], vec![3, 0, 4]));
+    assert_eq!(run1(Op::Unary(UnaryOp::Sign), &[&i]), Tensor::i64([3], vec![-1, 0, 1]));
     let b = Tensor::bool([2], vec![true, false]);
-    assert_eq!(
-        run1(Op::Unary(UnaryOp::Not), &[&b]),
-        Tensor::bool([2], vec![false, true])
-    );
-    assert!(matches!(
-        bad(Op::Unary(UnaryOp::Exp), &[&i]),
-        Error::BadInput { .. }
-    ));
+    assert_eq!(run1(Op::Unary(UnaryOp::Not), &[&b]), Tensor::bool([2], vec![false, true]));
+    assert!(matches!(bad(Op::Unary(UnaryOp::Exp), &[&i]), Error::BadInput { .. }));
 }
 
 #[test]
 fn erf_is_accurate() {
     // Reference values of erf to 9 digits.
     let xs = [0.1f32, 0.3, 0.8, 1.5, 2.2, 3.0, -1.2];
-    let want = [
-        0.112_462_916,
-        0.328_626_759,
-        0.742_100_965,
-        0.966_105_146,
-        0.998_137_154,
-        0.999_977_910,
-        -0.910_313_978,
-    ];
+    let want =
+        [0.112_462_916, 0.328_626_759, 0.742_100_965, 0.966_105_146, 0.998_137_154, 0.999_977_910, -0.910_313_978];
     let got = run1(Op::Unary(UnaryOp::Erf), &[&f([7], xs.to_vec())]);
     for (g, w) in got.as_f32().unwrap().iter().zip(want) {
         assert!(((*g as f64) - w).abs() < 2e-7, "{g} vs {w}");
+    }
+}
+
+#[test]
+fn gelu_tail_is_accurate() {
+    // x * Phi(x) from f64 erfc.
+    for x in [-6.0f32, -4.0, -2.5, 0.3, 3.0] {
+        let want = 0.5 * x as f64 * libm::erfc(-(x as f64) / std::f64::consts::SQRT_2);
+        let got = run1(Op::Unary(UnaryOp::Gelu), &[&f([1], vec![x])]).as_f32().unwrap()[0] as f64;
+        assert!((got - want).abs() <= 1e-5 * want.abs() + 1e-30, "gelu({x}) = {got}, want {want}");
     }
 }
 
@@ -320,32 +182,16 @@ fn where_and_cast() {
     let c = Tensor::bool([2, 1], vec![true, false]);
     let a = iota([2, 2]);
     let b = Tensor::scalar_f32(-1.0);
-    close(
-        &run1(Op::Where, &[&c, &a, &b]),
-        &[2, 2],
-        &[0., 1., -1., -1.],
-    );
+    close(&run1(Op::Where, &[&c, &a, &b]), &[2, 2], &[0., 1., -1., -1.]);
     let x = f([5], vec![-1.7, 1.7, 2.5, -0.2, 0.0]);
-    assert_eq!(
-        run1(Op::Cast { to: DType::I64 }, &[&x]),
-        Tensor::i64([5], vec![-1, 1, 2, 0, 0])
-    );
-    assert_eq!(
-        run1(Op::Cast { to: DType::Bool }, &[&x]),
-        Tensor::bool([5], vec![true, true, true, true, false])
-    );
+    assert_eq!(run1(Op::Cast { to: DType::I64 }, &[&x]), Tensor::i64([5], vec![-1, 1, 2, 0, 0]));
+    assert_eq!(run1(Op::Cast { to: DType::Bool }, &[&x]), Tensor::bool([5], vec![true, true, true, true, false]));
     let b = Tensor::bool([2], vec![true, false]);
     close(&run1(Op::Cast { to: DType::F32 }, &[&b]), &[2], &[1., 0.]);
-    assert_eq!(
-        run1(Op::Cast { to: DType::I64 }, &[&b]),
-        Tensor::i64([2], vec![1, 0])
-    );
+    assert_eq!(run1(Op::Cast { to: DType::I64 }, &[&b]), Tensor::i64([2], vec![1, 0]));
     let i = Tensor::i64([2], vec![3, 0]);
     close(&run1(Op::Cast { to: DType::F32 }, &[&i]), &[2], &[3., 0.]);
-    assert_eq!(
-        run1(Op::Cast { to: DType::Bool }, &[&i]),
-        Tensor::bool([2], vec![true, false])
-    );
+    assert_eq!(run1(Op::Cast { to: DType::Bool }, &[&i]), Tensor::bool([2], vec![true, false]));
     assert_eq!(run1(Op::Identity, &[&i]), i);
     assert_eq!(run1(Op::Constant(i.clone()), &[]), i);
 }
@@ -354,16 +200,8 @@ fn where_and_cast() {
 
 fn naive_matmul(a: &Tensor, b: &Tensor) -> Tensor {
     let shape = ir::matmul_shape(a.shape(), b.shape()).unwrap();
-    let a2: Vec<usize> = if a.shape().len() == 1 {
-        vec![1, a.shape()[0]]
-    } else {
-        a.shape().to_vec()
-    };
-    let b2: Vec<usize> = if b.shape().len() == 1 {
-        vec![b.shape()[0], 1]
-    } else {
-        b.shape().to_vec()
-    };
+    let a2: Vec<usize> = if a.shape().len() == 1 { vec![1, a.shape()[0]] } else { a.shape().to_vec() };
+    let b2: Vec<usize> = if b.shape().len() == 1 { vec![b.shape()[0], 1] } else { b.shape().to_vec() };
     let (m, k, n) = (a2[a2.len() - 2], a2[a2.len() - 1], b2[b2.len() - 1]);
     let batch = ir::broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2]).unwrap();
     let ab = ir::Tensor::f32(a2.clone(), a.to_f32_vec());
@@ -380,9 +218,8 @@ fn naive_matmul(a: &Tensor, b: &Tensor) -> Tensor {
     for t in 0..nb {
         for i in 0..m {
             for j in 0..n {
-                out[t * m * n + i * n + j] = (0..k)
-                    .map(|p| av[t * m * k + i * k + p] * bv[t * k * n + p * n + j])
-                    .sum();
+                out[t * m * n + i * n + j] =
+                    (0..k).map(|p| av[t * m * k + i * k + p] * bv[t * k * n + p * n + j]).sum();
             }
         }
     }
@@ -429,54 +266,24 @@ fn gemm_attrs() {
     let a = iota([2, 3]);
     let bt = iota([2, 3]); // B^T: B = [[0,3],[1,4],[2,5]]
     let c = f([2], vec![100., 200.]);
-    let op = Op::Gemm {
-        alpha: 2.0,
-        beta: 0.5,
-        trans_a: false,
-        trans_b: true,
-    };
+    let op = Op::Gemm { alpha: 2.0, beta: 0.5, trans_a: false, trans_b: true };
     // A @ B = [[5, 14], [14, 50]]
-    close(
-        &run1(op.clone(), &[&a, &bt, &c]),
-        &[2, 2],
-        &[60., 128., 78., 200.],
-    );
+    close(&run1(op.clone(), &[&a, &bt, &c]), &[2, 2], &[60., 128., 78., 200.]);
     let col = f([2, 1], vec![1., 2.]);
-    close(
-        &run1(op.clone(), &[&a, &bt, &col]),
-        &[2, 2],
-        &[10.5, 28.5, 29., 101.],
-    );
+    close(&run1(op.clone(), &[&a, &bt, &col]), &[2, 2], &[10.5, 28.5, 29., 101.]);
     close(&run1(op, &[&a, &bt]), &[2, 2], &[10., 28., 28., 100.]);
     let at = iota([3, 2]); // A = [[0,2,4],[1,3,5]]
     let b = iota([3, 2]);
-    let op = Op::Gemm {
-        alpha: 1.0,
-        beta: 1.0,
-        trans_a: true,
-        trans_b: false,
-    };
-    close(
-        &run1(op, &[&at, &b, &Tensor::scalar_f32(1.0)]),
-        &[2, 2],
-        &[21., 27., 27., 36.],
-    );
+    let op = Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: true, trans_b: false };
+    close(&run1(op, &[&at, &b, &Tensor::scalar_f32(1.0)]), &[2, 2], &[21., 27., 27., 36.]);
 }
 
 #[test]
 fn gemm_f32_checks_sizes() {
     let ctx = ctx1();
     let mut c = vec![0f32; 4];
-    assert!(
-        gemm_f32(
-            &ctx, 2, 2, 2, &[1.0; 3], false, &[1.0; 4], false, &mut c, 1.0, 0.0
-        )
-        .is_err()
-    );
-    gemm_f32(
-        &ctx, 2, 2, 2, &[1.0; 4], false, &[1.0; 4], false, &mut c, 1.0, 0.0,
-    )
-    .unwrap();
+    assert!(gemm_f32(&ctx, 2, 2, 2, &[1.0; 3], false, &[1.0; 4], false, &mut c, 1.0, 0.0).is_err());
+    gemm_f32(&ctx, 2, 2, 2, &[1.0; 4], false, &[1.0; 4], false, &mut c, 1.0, 0.0).unwrap();
     assert_eq!(c, vec![2.0; 4]);
     let mut c = vec![f32::NAN; 4];
     gemm_f32(&ctx, 2, 2, 0, &[], false, &[], false, &mut c, 1.0, 0.0).unwrap();
@@ -503,15 +310,12 @@ fn naive_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, a: &ConvAttrs) -> T
                     for ic in 0..cg {
                         for i in 0..kh {
                             for j in 0..kw {
-                                let iy = (oy * a.strides[0] + i * a.dilations[0]) as isize
-                                    - a.pads[0] as isize;
-                                let ix = (ox * a.strides[1] + j * a.dilations[1]) as isize
-                                    - a.pads[1] as isize;
+                                let iy = (oy * a.strides[0] + i * a.dilations[0]) as isize - a.pads[0] as isize;
+                                let ix = (ox * a.strides[1] + j * a.dilations[1]) as isize - a.pads[1] as isize;
                                 if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
                                     continue;
                                 }
-                                let xi =
-                                    ((n * c + g * cg + ic) * h + iy as usize) * wd + ix as usize;
+                                let xi = ((n * c + g * cg + ic) * h + iy as usize) * wd + ix as usize;
                                 s += xv[xi] * wv[((oc * cg + ic) * kh + i) * kw + j];
                             }
                         }
@@ -528,118 +332,32 @@ fn naive_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, a: &ConvAttrs) -> T
 fn conv_hand() {
     let x = iota([1, 1, 3, 3]);
     let w = f([1, 1, 2, 2], vec![1.; 4]);
-    let a = ConvAttrs {
-        strides: [1, 1],
-        pads: [0; 4],
-        dilations: [1, 1],
-        group: 1,
-    };
-    close(
-        &run1(Op::Conv(a.clone()), &[&x, &w]),
-        &[1, 1, 2, 2],
-        &[8., 12., 20., 24.],
-    );
+    let a = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group: 1 };
+    close(&run1(Op::Conv(a.clone()), &[&x, &w]), &[1, 1, 2, 2], &[8., 12., 20., 24.]);
     let b = f([1], vec![1.]);
-    let a = ConvAttrs {
-        strides: [2, 2],
-        pads: [1, 1, 1, 1],
-        ..a
-    };
+    let a = ConvAttrs { strides: [2, 2], pads: [1, 1, 1, 1], ..a };
     // Windows at (-1,-1), (-1,1), (1,-1), (1,1) over the zero-padded input.
-    close(
-        &run1(Op::Conv(a), &[&x, &w, &b]),
-        &[1, 1, 2, 2],
-        &[1., 4., 10., 25.],
-    );
+    close(&run1(Op::Conv(a), &[&x, &w, &b]), &[1, 1, 2, 2], &[1., 4., 10., 25.]);
 }
 
 #[test]
 fn conv_matches_naive() {
     let cases = [
         // (x shape, w shape, strides, pads, dilations, group, bias)
-        (
-            [2, 4, 7, 6],
-            [6, 2, 3, 3],
-            [1, 1],
-            [1, 1, 1, 1],
-            [1, 1],
-            2,
-            true,
-        ),
-        (
-            [1, 3, 9, 9],
-            [4, 3, 3, 2],
-            [2, 3],
-            [0, 2, 1, 0],
-            [1, 1],
-            1,
-            false,
-        ),
-        (
-            [1, 2, 10, 8],
-            [2, 2, 3, 3],
-            [1, 1],
-            [2, 1, 0, 3],
-            [2, 2],
-            1,
-            true,
-        ),
-        (
-            [2, 6, 5, 5],
-            [6, 1, 3, 3],
-            [1, 1],
-            [1, 1, 1, 1],
-            [1, 1],
-            6,
-            true,
-        ),
-        (
-            [1, 8, 6, 6],
-            [4, 8, 1, 1],
-            [1, 1],
-            [0, 0, 0, 0],
-            [1, 1],
-            1,
-            true,
-        ),
-        (
-            [1, 8, 6, 6],
-            [4, 8, 1, 1],
-            [2, 2],
-            [0, 0, 0, 0],
-            [1, 1],
-            1,
-            false,
-        ),
-        (
-            [1, 3, 40, 40],
-            [16, 3, 7, 7],
-            [2, 2],
-            [3, 3, 3, 3],
-            [1, 1],
-            1,
-            true,
-        ),
-        (
-            [4, 8, 16, 16],
-            [8, 2, 3, 3],
-            [1, 1],
-            [1, 1, 1, 1],
-            [1, 1],
-            4,
-            false,
-        ),
+        ([2, 4, 7, 6], [6, 2, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 2, true),
+        ([1, 3, 9, 9], [4, 3, 3, 2], [2, 3], [0, 2, 1, 0], [1, 1], 1, false),
+        ([1, 2, 10, 8], [2, 2, 3, 3], [1, 1], [2, 1, 0, 3], [2, 2], 1, true),
+        ([2, 6, 5, 5], [6, 1, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 6, true),
+        ([1, 8, 6, 6], [4, 8, 1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1, true),
+        ([1, 8, 6, 6], [4, 8, 1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1, false),
+        ([1, 3, 40, 40], [16, 3, 7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1, true),
+        ([4, 8, 16, 16], [8, 2, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4, false),
     ];
     for (i, (xs, ws, strides, pads, dilations, group, has_bias)) in cases.into_iter().enumerate() {
         let x = rnd(xs, i as u64);
         let w = rnd(ws, 50 + i as u64);
         let b = rnd([ws[0]], 99);
-        let a = ConvAttrs {
-            strides,
-            pads,
-            dilations,
-            group,
-        };
+        let a = ConvAttrs { strides, pads, dilations, group };
         let bias = has_bias.then_some(&b);
         let want = naive_conv(&x, &w, bias, &a);
         let mut ins = vec![&x, &w];
@@ -651,14 +369,7 @@ fn conv_matches_naive() {
 }
 
 fn pool(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4]) -> PoolAttrs {
-    PoolAttrs {
-        kernel,
-        strides,
-        pads,
-        dilations: [1, 1],
-        ceil_mode: false,
-        count_include_pad: false,
-    }
+    PoolAttrs { kernel, strides, pads, dilations: [1, 1], ceil_mode: false, count_include_pad: false }
 }
 
 #[test]
@@ -672,72 +383,32 @@ fn max_pool_padding_ceil_dilation() {
     );
     // ceil_mode: 5 wide, kernel 2, stride 2 -> 3 outputs; last window holds one cell.
     let x = iota([1, 1, 1, 5]);
-    let a = PoolAttrs {
-        ceil_mode: true,
-        ..pool([1, 2], [1, 2], [0; 4])
-    };
-    close(
-        &run1(Op::MaxPool(a.clone()), &[&x]),
-        &[1, 1, 1, 3],
-        &[1., 3., 4.],
-    );
-    let floor = PoolAttrs {
-        ceil_mode: false,
-        ..a
-    };
+    let a = PoolAttrs { ceil_mode: true, ..pool([1, 2], [1, 2], [0; 4]) };
+    close(&run1(Op::MaxPool(a.clone()), &[&x]), &[1, 1, 1, 3], &[1., 3., 4.]);
+    let floor = PoolAttrs { ceil_mode: false, ..a };
     close(&run1(Op::MaxPool(floor), &[&x]), &[1, 1, 1, 2], &[1., 3.]);
     let x = iota([1, 1, 1, 6]);
-    let d = PoolAttrs {
-        dilations: [1, 2],
-        ..pool([1, 2], [1, 1], [0; 4])
-    };
-    close(
-        &run1(Op::MaxPool(d), &[&x]),
-        &[1, 1, 1, 4],
-        &[2., 3., 4., 5.],
-    );
+    let d = PoolAttrs { dilations: [1, 2], ..pool([1, 2], [1, 1], [0; 4]) };
+    close(&run1(Op::MaxPool(d), &[&x]), &[1, 1, 1, 4], &[2., 3., 4., 5.]);
 }
 
 #[test]
 fn average_pool_count_include_pad() {
     let x = iota([1, 1, 2, 2]); // [[0,1],[2,3]]
     let excl = pool([2, 2], [1, 1], [1, 1, 0, 0]);
-    close(
-        &run1(Op::AveragePool(excl.clone()), &[&x]),
-        &[1, 1, 2, 2],
-        &[0., 0.5, 1., 1.5],
-    );
-    let incl = PoolAttrs {
-        count_include_pad: true,
-        ..excl
-    };
-    close(
-        &run1(Op::AveragePool(incl), &[&x]),
-        &[1, 1, 2, 2],
-        &[0., 0.25, 0.5, 1.5],
-    );
+    close(&run1(Op::AveragePool(excl.clone()), &[&x]), &[1, 1, 2, 2], &[0., 0.5, 1., 1.5]);
+    let incl = PoolAttrs { count_include_pad: true, ..excl };
+    close(&run1(Op::AveragePool(incl), &[&x]), &[1, 1, 2, 2], &[0., 0.25, 0.5, 1.5]);
     // ceil_mode with count_include_pad: cells past the end padding do not count.
     let x = iota([1, 1, 1, 5]);
-    let a = PoolAttrs {
-        ceil_mode: true,
-        count_include_pad: true,
-        ..pool([1, 2], [1, 2], [0; 4])
-    };
-    close(
-        &run1(Op::AveragePool(a), &[&x]),
-        &[1, 1, 1, 3],
-        &[0.5, 2.5, 4.],
-    );
+    let a = PoolAttrs { ceil_mode: true, count_include_pad: true, ..pool([1, 2], [1, 2], [0; 4]) };
+    close(&run1(Op::AveragePool(a), &[&x]), &[1, 1, 1, 3], &[0.5, 2.5, 4.]);
 }
 
 #[test]
 fn global_pools() {
     let x = iota([1, 2, 2, 2]);
-    close(
-        &run1(Op::GlobalAveragePool, &[&x]),
-        &[1, 2, 1, 1],
-        &[1.5, 5.5],
-    );
+    close(&run1(Op::GlobalAveragePool, &[&x]), &[1, 2, 1, 1], &[1.5, 5.5]);
     close(&run1(Op::GlobalMaxPool, &[&x]), &[1, 2, 1, 1], &[3., 7.]);
     let x3 = iota([2, 1, 3]);
     close(&run1(Op::GlobalAveragePool, &[&x3]), &[2, 1, 1], &[1., 4.]);
@@ -748,16 +419,8 @@ fn global_pools() {
 #[test]
 fn batch_norm_hand() {
     let x = iota([1, 2, 1, 2]);
-    let ins = [
-        f([2], vec![1., 2.]),
-        f([2], vec![0., 1.]),
-        f([2], vec![0.5, 2.]),
-        f([2], vec![4., 1.]),
-    ];
-    let y = run1(
-        Op::BatchNorm { epsilon: 0.0 },
-        &[&x, &ins[0], &ins[1], &ins[2], &ins[3]],
-    );
+    let ins = [f([2], vec![1., 2.]), f([2], vec![0., 1.]), f([2], vec![0.5, 2.]), f([2], vec![4., 1.])];
+    let y = run1(Op::BatchNorm { epsilon: 0.0 }, &[&x, &ins[0], &ins[1], &ins[2], &ins[3]]);
     close(&y, &[1, 2, 1, 2], &[-0.25, 0.25, 1., 3.]);
 }
 
@@ -767,28 +430,12 @@ fn layer_norm_hand() {
     let s = f([3], vec![1., 1., 2.]);
     let b = f([3], vec![0., 1., 0.]);
     let r = (2.0f32 / 3.0).sqrt();
-    let y = run1(
-        Op::LayerNorm {
-            axis: 1,
-            epsilon: 0.0,
-        },
-        &[&x, &s, &b],
-    );
+    let y = run1(Op::LayerNorm { axis: 1, epsilon: 0.0 }, &[&x, &s, &b]);
     let q = 2f32.sqrt(); // row 2: mean 1, var 2
-    close(
-        &y,
-        &[2, 3],
-        &[-1. / r, 1., 2. / r, -1. / q, 1. - 1. / q, 2. * 2. / q],
-    );
+    close(&y, &[2, 3], &[-1. / r, 1., 2. / r, -1. / q, 1. - 1. / q, 2. * 2. / q]);
     // Over the last two dims, scalar scale, no bias.
     let x = f([1, 2, 2], vec![1., 2., 3., 4.]);
-    let y = run1(
-        Op::LayerNorm {
-            axis: 1,
-            epsilon: 0.0,
-        },
-        &[&x, &Tensor::scalar_f32(1.0)],
-    );
+    let y = run1(Op::LayerNorm { axis: 1, epsilon: 0.0 }, &[&x, &Tensor::scalar_f32(1.0)]);
     let sd = 1.25f32.sqrt();
     close(&y, &[1, 2, 2], &[-1.5 / sd, -0.5 / sd, 0.5 / sd, 1.5 / sd]);
 }
@@ -797,34 +444,10 @@ fn layer_norm_hand() {
 fn lrn_windows() {
     // size 2: window of channel c is [c, c+1]; size 3: [c-1, c+1].
     let x = f([1, 3, 1, 1], vec![1., 2., 3.]);
-    let y = run1(
-        Op::Lrn {
-            size: 2,
-            alpha: 2.0,
-            beta: 1.0,
-            bias: 1.0,
-        },
-        &[&x],
-    );
-    close(
-        &y,
-        &[1, 3, 1, 1],
-        &[1. / (1. + 5.), 2. / (1. + 13.), 3. / (1. + 9.)],
-    );
-    let y = run1(
-        Op::Lrn {
-            size: 3,
-            alpha: 3.0,
-            beta: 0.5,
-            bias: 2.0,
-        },
-        &[&x],
-    );
-    close(
-        &y,
-        &[1, 3, 1, 1],
-        &[1. / 7f32.sqrt(), 2. / 16f32.sqrt(), 3. / 15f32.sqrt()],
-    );
+    let y = run1(Op::Lrn { size: 2, alpha: 2.0, beta: 1.0, bias: 1.0 }, &[&x]);
+    close(&y, &[1, 3, 1, 1], &[1. / (1. + 5.), 2. / (1. + 13.), 3. / (1. + 9.)]);
+    let y = run1(Op::Lrn { size: 3, alpha: 3.0, beta: 0.5, bias: 2.0 }, &[&x]);
+    close(&y, &[1, 3, 1, 1], &[1. / 7f32.sqrt(), 2. / 16f32.sqrt(), 3. / 15f32.sqrt()]);
 }
 
 #[test]
@@ -839,18 +462,10 @@ fn softmax_stable_and_axes() {
     let x = f([2, 2], vec![0., 1., 0., 3.]);
     let a = 1. / (1. + 1f32.exp());
     let b = 1. / (1. + 1f32.exp().powi(-2) * 1f32.exp().powi(0)); // e^1 / (e^1 + e^3)
-    close(
-        &run1(Op::Softmax { axis: 0 }, &[&x]),
-        &[2, 2],
-        &[0.5, 1. - b, 0.5, b],
-    );
+    close(&run1(Op::Softmax { axis: 0 }, &[&x]), &[2, 2], &[0.5, 1. - b, 0.5, b]);
     let _ = a;
     let ls = run1(Op::LogSoftmax { axis: 0 }, &[&x]);
-    close(
-        &ls,
-        &[2, 2],
-        &[0.5f32.ln(), (1. - b).ln(), 0.5f32.ln(), b.ln()],
-    );
+    close(&ls, &[2, 2], &[0.5f32.ln(), (1. - b).ln(), 0.5f32.ln(), b.ln()]);
 }
 
 // ---------- data movement ----------
@@ -858,27 +473,11 @@ fn softmax_stable_and_axes() {
 #[test]
 fn reshape_transpose_expand() {
     let x = iota([2, 3]);
-    close(
-        &run1(Op::Reshape { shape: vec![3, 2] }, &[&x]),
-        &[3, 2],
-        &[0., 1., 2., 3., 4., 5.],
-    );
-    assert!(matches!(
-        bad(Op::Reshape { shape: vec![4] }, &[&x]),
-        Error::BadInput { .. }
-    ));
-    close(
-        &run1(Op::Transpose { perm: vec![1, 0] }, &[&x]),
-        &[3, 2],
-        &[0., 3., 1., 4., 2., 5.],
-    );
+    close(&run1(Op::Reshape { shape: vec![3, 2] }, &[&x]), &[3, 2], &[0., 1., 2., 3., 4., 5.]);
+    assert!(matches!(bad(Op::Reshape { shape: vec![4] }, &[&x]), Error::BadInput { .. }));
+    close(&run1(Op::Transpose { perm: vec![1, 0] }, &[&x]), &[3, 2], &[0., 3., 1., 4., 2., 5.]);
     let y = iota([2, 3, 4]);
-    let t = run1(
-        Op::Transpose {
-            perm: vec![2, 0, 1],
-        },
-        &[&y],
-    );
+    let t = run1(Op::Transpose { perm: vec![2, 0, 1] }, &[&y]);
     let tv = t.as_f32().unwrap();
     for i in 0..2 {
         for j in 0..3 {
@@ -888,26 +487,15 @@ fn reshape_transpose_expand() {
         }
     }
     let b = Tensor::bool([2, 1], vec![true, false]);
-    assert_eq!(
-        run1(Op::Transpose { perm: vec![1, 0] }, &[&b]),
-        Tensor::bool([1, 2], vec![true, false])
-    );
+    assert_eq!(run1(Op::Transpose { perm: vec![1, 0] }, &[&b]), Tensor::bool([1, 2], vec![true, false]));
     let c = f([3, 1], vec![1., 2., 3.]);
     close(
-        &run1(
-            Op::Expand {
-                shape: vec![2, 3, 2],
-            },
-            &[&c],
-        ),
+        &run1(Op::Expand { shape: vec![2, 3, 2] }, &[&c]),
         &[2, 3, 2],
         &[1., 1., 2., 2., 3., 3., 1., 1., 2., 2., 3., 3.],
     );
     let i = Tensor::i64([1], vec![7]);
-    assert_eq!(
-        run1(Op::Expand { shape: vec![3] }, &[&i]),
-        Tensor::i64([3], vec![7; 3])
-    );
+    assert_eq!(run1(Op::Expand { shape: vec![3] }, &[&i]), Tensor::i64([3], vec![7; 3]));
 }
 
 #[test]
@@ -916,59 +504,24 @@ fn concat_split() {
     let b = f([2, 2], vec![10., 11., 12., 13.]);
     let c = run1(Op::Concat { axis: 1 }, &[&a, &b]);
     close(&c, &[2, 3], &[0., 10., 11., 1., 12., 13.]);
-    let parts = run(
-        Op::Split {
-            axis: 1,
-            sizes: vec![1, 2],
-        },
-        &[&c],
-    );
+    let parts = run(Op::Split { axis: 1, sizes: vec![1, 2] }, &[&c]);
     assert_eq!(parts, vec![a, b]);
-    let i = run1(
-        Op::Concat { axis: 0 },
-        &[&Tensor::i64([1], vec![1]), &Tensor::i64([2], vec![2, 3])],
-    );
+    let i = run1(Op::Concat { axis: 0 }, &[&Tensor::i64([1], vec![1]), &Tensor::i64([2], vec![2, 3])]);
     assert_eq!(i, Tensor::i64([3], vec![1, 2, 3]));
-    assert!(matches!(
-        bad(
-            Op::Concat { axis: 0 },
-            &[&iota([1]), &Tensor::i64([1], vec![1])]
-        ),
-        Error::BadInput { .. }
-    ));
+    assert!(matches!(bad(Op::Concat { axis: 0 }, &[&iota([1]), &Tensor::i64([1], vec![1])]), Error::BadInput { .. }));
 }
 
 #[test]
 fn slice_negative_steps() {
     let x = iota([6]);
-    let s = |start, len, step| Op::Slice {
-        axes: vec![SliceAxis {
-            axis: 0,
-            start,
-            len,
-            step,
-        }],
-    };
+    let s = |start, len, step| Op::Slice { axes: vec![SliceAxis { axis: 0, start, len, step }] };
     close(&run1(s(4, 3, -2), &[&x]), &[3], &[4., 2., 0.]);
     close(&run1(s(5, 6, -1), &[&x]), &[6], &[5., 4., 3., 2., 1., 0.]);
     close(&run1(s(1, 2, 3), &[&x]), &[2], &[1., 4.]);
     close(&run1(s(0, 0, 1), &[&x]), &[0], &[]);
     let y = iota([3, 4]);
     let op = Op::Slice {
-        axes: vec![
-            SliceAxis {
-                axis: 0,
-                start: 2,
-                len: 2,
-                step: -1,
-            },
-            SliceAxis {
-                axis: 1,
-                start: 1,
-                len: 2,
-                step: 2,
-            },
-        ],
+        axes: vec![SliceAxis { axis: 0, start: 2, len: 2, step: -1 }, SliceAxis { axis: 1, start: 1, len: 2, step: 2 }],
     };
     close(&run1(op, &[&y]), &[2, 2], &[9., 11., 5., 7.]);
     assert!(matches!(bad(s(4, 3, 2), &[&x]), Error::BadInput { .. }));
@@ -978,143 +531,53 @@ fn slice_negative_steps() {
 fn gather_wraps_and_checks() {
     let x = iota([3, 2]);
     let idx = Tensor::i64([2], vec![-1, 0]);
-    close(
-        &run1(Op::Gather { axis: 0 }, &[&x, &idx]),
-        &[2, 2],
-        &[4., 5., 0., 1.],
-    );
+    close(&run1(Op::Gather { axis: 0 }, &[&x, &idx]), &[2, 2], &[4., 5., 0., 1.]);
     let idx2 = Tensor::i64([2, 2], vec![1, 0, 1, 1]);
-    close(
-        &run1(Op::Gather { axis: 1 }, &[&x, &idx2]),
-        &[3, 2, 2],
-        &[1., 0., 1., 1., 3., 2., 3., 3., 5., 4., 5., 5.],
-    );
+    close(&run1(Op::Gather { axis: 1 }, &[&x, &idx2]), &[3, 2, 2], &[1., 0., 1., 1., 3., 2., 3., 3., 5., 4., 5., 5.]);
     let scalar = Tensor::i64([], vec![1]);
-    close(
-        &run1(Op::Gather { axis: 0 }, &[&x, &scalar]),
-        &[2],
-        &[2., 3.],
-    );
+    close(&run1(Op::Gather { axis: 0 }, &[&x, &scalar]), &[2], &[2., 3.]);
     for i in [3, -4] {
         let e = bad(Op::Gather { axis: 0 }, &[&x, &Tensor::i64([1], vec![i])]);
         assert!(matches!(e, Error::BadInput { .. }), "{e}");
     }
     let ids = Tensor::i64([4], vec![10, 20, 30, 40]);
-    assert_eq!(
-        run1(Op::Gather { axis: 0 }, &[&ids, &Tensor::i64([1], vec![2])]),
-        Tensor::i64([1], vec![30])
-    );
+    assert_eq!(run1(Op::Gather { axis: 0 }, &[&ids, &Tensor::i64([1], vec![2])]), Tensor::i64([1], vec![30]));
 }
 
 #[test]
 fn reductions() {
     let x = iota([2, 3]);
     let r = |op, axes: Vec<usize>, keepdims| Op::Reduce { op, axes, keepdims };
-    close(
-        &run1(r(ReduceOp::Sum, vec![1], true), &[&x]),
-        &[2, 1],
-        &[3., 12.],
-    );
-    close(
-        &run1(r(ReduceOp::Mean, vec![0], false), &[&x]),
-        &[3],
-        &[1.5, 2.5, 3.5],
-    );
-    close(
-        &run1(r(ReduceOp::Max, vec![0, 1], false), &[&x]),
-        &[],
-        &[5.],
-    );
-    close(
-        &run1(r(ReduceOp::Min, vec![1], false), &[&x]),
-        &[2],
-        &[0., 3.],
-    );
-    close(
-        &run1(r(ReduceOp::Prod, vec![1], false), &[&x]),
-        &[2],
-        &[0., 60.],
-    );
-    close(
-        &run1(r(ReduceOp::SumSquare, vec![1], false), &[&x]),
-        &[2],
-        &[5., 50.],
-    );
-    close(
-        &run1(r(ReduceOp::L2, vec![1], false), &[&x]),
-        &[2],
-        &[5f32.sqrt(), 50f32.sqrt()],
-    );
+    close(&run1(r(ReduceOp::Sum, vec![1], true), &[&x]), &[2, 1], &[3., 12.]);
+    close(&run1(r(ReduceOp::Mean, vec![0], false), &[&x]), &[3], &[1.5, 2.5, 3.5]);
+    close(&run1(r(ReduceOp::Max, vec![0, 1], false), &[&x]), &[], &[5.]);
+    close(&run1(r(ReduceOp::Min, vec![1], false), &[&x]), &[2], &[0., 3.]);
+    close(&run1(r(ReduceOp::Prod, vec![1], false), &[&x]), &[2], &[0., 60.]);
+    close(&run1(r(ReduceOp::SumSquare, vec![1], false), &[&x]), &[2], &[5., 50.]);
+    close(&run1(r(ReduceOp::L2, vec![1], false), &[&x]), &[2], &[5f32.sqrt(), 50f32.sqrt()]);
     let n = f([2], vec![-1., 2.]);
     close(&run1(r(ReduceOp::L1, vec![0], false), &[&n]), &[], &[3.]);
-    close(
-        &run1(r(ReduceOp::LogSum, vec![1], false), &[&x]),
-        &[2],
-        &[3f32.ln(), 12f32.ln()],
-    );
+    close(&run1(r(ReduceOp::LogSum, vec![1], false), &[&x]), &[2], &[3f32.ln(), 12f32.ln()]);
     let big = f([2], vec![1000., 1000.]);
-    close(
-        &run1(r(ReduceOp::LogSumExp, vec![0], true), &[&big]),
-        &[1],
-        &[1000. + 2f32.ln()],
-    );
-    close(
-        &run1(r(ReduceOp::Sum, vec![], false), &[&x]),
-        &[2, 3],
-        x.as_f32().unwrap(),
-    );
+    close(&run1(r(ReduceOp::LogSumExp, vec![0], true), &[&big]), &[1], &[1000. + 2f32.ln()]);
+    close(&run1(r(ReduceOp::Sum, vec![], false), &[&x]), &[2, 3], x.as_f32().unwrap());
     // Non-adjacent axes go through a transpose.
     let y = iota([2, 3, 2]);
-    close(
-        &run1(r(ReduceOp::Sum, vec![0, 2], true), &[&y]),
-        &[1, 3, 1],
-        &[14., 22., 30.],
-    );
+    close(&run1(r(ReduceOp::Sum, vec![0, 2], true), &[&y]), &[1, 3, 1], &[14., 22., 30.]);
     let i = Tensor::i64([2, 2], vec![3, -1, 7, 2]);
-    assert_eq!(
-        run1(r(ReduceOp::Max, vec![1], false), &[&i]),
-        Tensor::i64([2], vec![3, 7])
-    );
-    assert_eq!(
-        run1(r(ReduceOp::Sum, vec![0], true), &[&i]),
-        Tensor::i64([1, 2], vec![10, 1])
-    );
-    assert!(matches!(
-        bad(r(ReduceOp::Mean, vec![0], false), &[&i]),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(r(ReduceOp::Sum, vec![2], false), &[&x]),
-        Error::BadInput { .. }
-    ));
+    assert_eq!(run1(r(ReduceOp::Max, vec![1], false), &[&i]), Tensor::i64([2], vec![3, 7]));
+    assert_eq!(run1(r(ReduceOp::Sum, vec![0], true), &[&i]), Tensor::i64([1, 2], vec![10, 1]));
+    assert!(matches!(bad(r(ReduceOp::Mean, vec![0], false), &[&i]), Error::BadInput { .. }));
+    assert!(matches!(bad(r(ReduceOp::Sum, vec![2], false), &[&x]), Error::BadInput { .. }));
 }
 
 #[test]
 fn pad_constant() {
     let x = iota([2, 2]);
-    let y = run1(
-        Op::Pad {
-            pads: vec![1, 0, 0, 2],
-            value: 9.0,
-        },
-        &[&x],
-    );
-    close(
-        &y,
-        &[3, 4],
-        &[9., 9., 9., 9., 0., 1., 9., 9., 2., 3., 9., 9.],
-    );
+    let y = run1(Op::Pad { pads: vec![1, 0, 0, 2], value: 9.0 }, &[&x]);
+    close(&y, &[3, 4], &[9., 9., 9., 9., 0., 1., 9., 9., 2., 3., 9., 9.]);
     let i = Tensor::i64([2], vec![1, 2]);
-    assert_eq!(
-        run1(
-            Op::Pad {
-                pads: vec![1, 1],
-                value: 0.0
-            },
-            &[&i]
-        ),
-        Tensor::i64([4], vec![0, 1, 2, 0])
-    );
+    assert_eq!(run1(Op::Pad { pads: vec![1, 1], value: 0.0 }, &[&i]), Tensor::i64([4], vec![0, 1, 2, 0]));
 }
 
 // ---------- errors ----------
@@ -1122,57 +585,24 @@ fn pad_constant() {
 #[test]
 fn bad_inputs_are_errors() {
     let x = iota([2, 3]);
-    assert!(matches!(
-        bad(Op::Input { name: "x".into() }, &[]),
-        Error::Unsupported { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Param { name: "w".into() }, &[]),
-        Error::Unsupported { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Unary(UnaryOp::Relu), &[&x, &x]),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Unary(UnaryOp::Relu), &[]),
-        Error::BadInput { .. }
-    ));
+    assert!(matches!(bad(Op::Input { name: "x".into() }, &[]), Error::Unsupported { .. }));
+    assert!(matches!(bad(Op::Param { name: "w".into() }, &[]), Error::Unsupported { .. }));
+    assert!(matches!(bad(Op::Unary(UnaryOp::Relu), &[&x, &x]), Error::BadInput { .. }));
+    assert!(matches!(bad(Op::Unary(UnaryOp::Relu), &[]), Error::BadInput { .. }));
     let w = iota([1, 2, 1, 1]);
-    let a = ConvAttrs {
-        strides: [1, 1],
-        pads: [0; 4],
-        dilations: [1, 1],
-        group: 1,
-    };
-    assert!(matches!(
-        bad(Op::Conv(a), &[&iota([1, 3, 2, 2]), &w]),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(
-            Op::MaxPool(pool([5, 5], [1, 1], [0; 4])),
-            &[&iota([1, 1, 2, 2])]
-        ),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Softmax { axis: 2 }, &[&x]),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Transpose { perm: vec![0, 0] }, &[&x]),
-        Error::BadInput { .. }
-    ));
-    assert!(matches!(
-        bad(Op::Where, &[&x, &x, &x]),
-        Error::BadInput { .. }
-    ));
-    let e = bad(
-        Op::Gather { axis: 0 },
-        &[&x, &Tensor::i64([1], vec![i64::MIN])],
-    );
+    let a = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group: 1 };
+    assert!(matches!(bad(Op::Conv(a), &[&iota([1, 3, 2, 2]), &w]), Error::BadInput { .. }));
+    assert!(matches!(bad(Op::MaxPool(pool([5, 5], [1, 1], [0; 4])), &[&iota([1, 1, 2, 2])]), Error::BadInput { .. }));
+    assert!(matches!(bad(Op::Softmax { axis: 2 }, &[&x]), Error::BadInput { .. }));
+    assert!(matches!(bad(Op::Transpose { perm: vec![0, 0] }, &[&x]), Error::BadInput { .. }));
+    assert!(matches!(bad(Op::Where, &[&x, &x, &x]), Error::BadInput { .. }));
+    let e = bad(Op::Gather { axis: 0 }, &[&x, &Tensor::i64([1], vec![i64::MIN])]);
     assert!(e.to_string().contains("out of range"), "{e}");
+    let e = bad(Op::MaxPool(pool([0, 1], [1, 1], [0; 4])), &[&iota([1, 1, 2, 2])]);
+    assert!(matches!(e, Error::BadInput { .. }));
+    let empty_w = Tensor::f32([1, 1, 0, 1], vec![]);
+    let a = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group: 1 };
+    assert!(matches!(bad(Op::Conv(a), &[&iota([1, 1, 2, 2]), &empty_w]), Error::BadInput { .. }));
 }
 
 // ---------- parallel paths agree with the sequential ones ----------
@@ -1189,72 +619,17 @@ fn two_threads_match_one() {
         (Op::Where, vec![&mask, &x, &row]),
         (Op::Softmax { axis: 3 }, vec![&x]),
         (Op::Softmax { axis: 1 }, vec![&x]),
-        (
-            Op::LayerNorm {
-                axis: 3,
-                epsilon: 1e-5,
-            },
-            vec![&x, &row, &row],
-        ),
-        (
-            Op::Transpose {
-                perm: vec![0, 2, 1, 3],
-            },
-            vec![&x],
-        ),
-        (
-            Op::Reduce {
-                op: ReduceOp::Mean,
-                axes: vec![3],
-                keepdims: true,
-            },
-            vec![&x],
-        ),
-        (
-            Op::Reduce {
-                op: ReduceOp::LogSumExp,
-                axes: vec![1, 2],
-                keepdims: false,
-            },
-            vec![&x],
-        ),
-        (
-            Op::Reduce {
-                op: ReduceOp::Max,
-                axes: vec![0, 3],
-                keepdims: false,
-            },
-            vec![&x],
-        ),
+        (Op::LayerNorm { axis: 3, epsilon: 1e-5 }, vec![&x, &row, &row]),
+        (Op::Transpose { perm: vec![0, 2, 1, 3] }, vec![&x]),
+        (Op::Reduce { op: ReduceOp::Mean, axes: vec![3], keepdims: true }, vec![&x]),
+        (Op::Reduce { op: ReduceOp::LogSumExp, axes: vec![1, 2], keepdims: false }, vec![&x]),
+        (Op::Reduce { op: ReduceOp::Max, axes: vec![0, 3], keepdims: false }, vec![&x]),
         (Op::MaxPool(pool([3, 3], [2, 2], [1, 1, 1, 1])), vec![&x]),
         (Op::AveragePool(pool([2, 2], [2, 2], [0; 4])), vec![&x]),
         (Op::GlobalAveragePool, vec![&x]),
-        (
-            Op::Lrn {
-                size: 5,
-                alpha: 1e-4,
-                beta: 0.75,
-                bias: 1.0,
-            },
-            vec![&x],
-        ),
-        (
-            Op::Slice {
-                axes: vec![SliceAxis {
-                    axis: 2,
-                    start: 32,
-                    len: 16,
-                    step: -2,
-                }],
-            },
-            vec![&x],
-        ),
-        (
-            Op::Expand {
-                shape: vec![2, 4, 64, 33, 17],
-            },
-            vec![&x],
-        ),
+        (Op::Lrn { size: 5, alpha: 1e-4, beta: 0.75, bias: 1.0 }, vec![&x]),
+        (Op::Slice { axes: vec![SliceAxis { axis: 2, start: 32, len: 16, step: -2 }] }, vec![&x]),
+        (Op::Expand { shape: vec![2, 4, 64, 33, 17] }, vec![&x]),
     ];
     for (op, ins) in cases {
         let a = eval(&c1, &op, &ins).unwrap();
@@ -1263,11 +638,7 @@ fn two_threads_match_one() {
         for (p, q) in a.iter().zip(&b) {
             assert_eq!(p.shape(), q.shape(), "{}", op.name());
             for (u, v) in p.as_f32().unwrap().iter().zip(q.as_f32().unwrap()) {
-                assert!(
-                    (u - v).abs() <= 1e-5 * (1.0 + u.abs()),
-                    "{}: {u} vs {v}",
-                    op.name()
-                );
+                assert!((u - v).abs() <= 1e-5 * (1.0 + u.abs()), "{}: {u} vs {v}", op.name());
             }
         }
     }
