@@ -389,7 +389,6 @@ fn weight_free_model_cannot_run() {
 
 /// An I/O error's cause appears once in the error line.
 #[test]
-#[ignore = "tracer/src/lib.rs ImportError::Io and runtime/src/npy.rs NpyError::Io print `{source}` and also chain it as the source"]
 fn io_errors_are_not_repeated() {
     let dir = tempdir();
     let line = fails(&["inspect", &dir.path().display().to_string()], &["cannot read"]);

@@ -10,12 +10,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read or written (user input or environment).
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A file is not valid JSON of the expected shape (user input).
     #[error("{path}: not a valid IOPDDL file: {message}")]

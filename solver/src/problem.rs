@@ -88,7 +88,7 @@ impl Problem {
     /// Reads an IOPDDL problem from a `.json` or gzipped file (detected by its magic bytes).
     pub fn read(path: impl AsRef<Path>) -> Result<Problem> {
         let path = path.as_ref();
-        let io = |source| Error::Io { path: path.to_path_buf(), source };
+        let io = |cause| Error::Io { path: path.to_path_buf(), cause };
         let raw = std::fs::read(path).map_err(io)?;
         let text = if raw.starts_with(&[0x1f, 0x8b]) {
             let mut out = Vec::new();
@@ -211,7 +211,7 @@ impl Problem {
     /// Writes the problem as IOPDDL JSON, gzipped when the path ends in `.gz`.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let io = |source| Error::Io { path: path.to_path_buf(), source };
+        let io = |cause| Error::Io { path: path.to_path_buf(), cause };
         let text = self.to_json();
         if path.extension().is_some_and(|e| e == "gz") {
             let file = std::fs::File::create(path).map_err(io)?;
@@ -253,7 +253,7 @@ impl Problem {
 /// Reads a solution file: a JSON list of strategy indices (or `{"solution": [...]}`).
 pub fn read_solution(path: impl AsRef<Path>) -> Result<Vec<usize>> {
     let path = path.as_ref();
-    let raw = std::fs::read(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    let raw = std::fs::read(path).map_err(|cause| Error::Io { path: path.to_path_buf(), cause })?;
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Sol {
@@ -273,5 +273,5 @@ pub fn read_solution(path: impl AsRef<Path>) -> Result<Vec<usize>> {
 pub fn write_solution(path: impl AsRef<Path>, solution: &[usize]) -> Result<()> {
     let path = path.as_ref();
     let text = serde_json::to_string(solution).unwrap_or_default();
-    std::fs::write(path, text + "\n").map_err(|source| Error::Io { path: path.to_path_buf(), source })
+    std::fs::write(path, text + "\n").map_err(|cause| Error::Io { path: path.to_path_buf(), cause })
 }
