@@ -29,6 +29,11 @@ enum Command {
         after_help = "Example:\n  autopar infer mlp.onnx --feed x=x.npy --out out/\n  (writes out/y.npy for the graph output y)"
     )]
     Infer(cmd::infer::InferArgs),
+    /// Train on CPU (single device): forward, loss, backward, optimizer step; prints each loss.
+    #[command(
+        after_help = "Examples:\n  autopar train gpt2.onnx --feed input_ids=ids.npy --loss ce-next:logits:input_ids --optimizer adamw --lr 1e-3 --steps 50\n  autopar train mlp.onnx --feed x=x.npy --feed t=t.npy --loss mse:y:t --optimizer sgd --lr 0.1 --steps 5 --json\n  (--save DIR / --load DIR keep parameters and optimizer state between runs)"
+    )]
+    Train(cmd::train::TrainArgs),
     /// Solve a sharding cost-graph problem (IOPDDL JSON format).
     #[command(after_help = "Example:\n  autopar solve problem.json.gz --time-limit 60 --out solution.json")]
     Solve(cmd::solve::SolveArgs),
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Infer(a) => cmd::infer::run(a),
         Command::Solve(a) => cmd::solve::run(a),
+        Command::Train(a) => cmd::train::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -83,6 +83,12 @@ pub struct Graph {
     pub outputs: Vec<(String, Value)>,
     /// Parameter data by name; a parameter without an entry is weight-free (shape only).
     pub param_data: BTreeMap<String, Tensor>,
+    /// Persistent state in declaration order (each an [`Op::State`] node; training graphs only).
+    pub states: Vec<NodeIndex>,
+    /// Storage updates of a training step: after each run, the storage behind the source node
+    /// (a [`Op::Param`] or [`Op::State`]) takes the value. A parameter and its updated value are
+    /// the same storage, so later stages tie their layouts.
+    pub updates: Vec<(NodeIndex, Value)>,
 }
 
 impl Graph {
@@ -122,6 +128,7 @@ impl Graph {
         match &self.g[idx].op {
             Op::Input { .. } => self.inputs.push(idx),
             Op::Param { .. } => self.params.push(idx),
+            Op::State { .. } => self.states.push(idx),
             _ => {}
         }
         idx
@@ -140,6 +147,12 @@ impl Graph {
             self.param_data.insert(name.to_string(), t);
         }
         Value::new(self.add_node_raw(n, Op::Param { name: name.to_string() }, &[], vec![meta]), 0)
+    }
+
+    /// Declares persistent state (zero-initialised by the runtime).
+    pub fn state(&mut self, name: &str, meta: TensorMeta) -> Value {
+        let n = self.unique_name(name);
+        Value::new(self.add_node_raw(n, Op::State { name: name.to_string() }, &[], vec![meta]), 0)
     }
 
     /// Adds a constant.
@@ -228,21 +241,31 @@ impl Graph {
                 *v = new;
             }
         }
+        for (_, v) in &mut self.updates {
+            if *v == old {
+                *v = new;
+            }
+        }
     }
 
     /// Removes a node and its edges (and from the input/param lists).
     pub fn remove_node(&mut self, n: NodeIndex) {
         self.inputs.retain(|&i| i != n);
         self.params.retain(|&i| i != n);
+        self.states.retain(|&i| i != n);
+        self.updates.retain(|&(s, v)| s != n && v.node != n);
         self.g.remove_node(n);
     }
 
-    /// Removes nodes that no graph output depends on (graph inputs and params are kept).
+    /// Removes nodes that no graph output or update depends on (inputs, params and states are
+    /// kept).
     pub fn remove_dead(&mut self) -> usize {
         let mut live = HashMap::new();
         let mut stack: Vec<NodeIndex> = self.outputs.iter().map(|(_, v)| v.node).collect();
+        stack.extend(self.updates.iter().map(|(_, v)| v.node));
         stack.extend(self.inputs.iter().copied());
         stack.extend(self.params.iter().copied());
+        stack.extend(self.states.iter().copied());
         while let Some(n) = stack.pop() {
             if live.insert(n, ()).is_none() {
                 stack.extend(self.g.neighbors_directed(n, Direction::Incoming));

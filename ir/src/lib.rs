@@ -24,6 +24,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autodiff;
 mod graph;
 mod op;
 pub mod passes;

@@ -326,6 +326,104 @@ pub enum Op {
         /// Fill value.
         value: f32,
     },
+
+    // ---- training: state, gradient ops and optimizer updates (built by `crate::autodiff`) ----
+    /// Persistent non-trainable state kept by the runtime between steps (optimizer moments, the
+    /// step counter). It starts at zero; [`crate::Graph::updates`] says what replaces it.
+    State {
+        /// Storage name (unique among params and states).
+        name: String,
+    },
+    /// `dx = dy * f'(x)` for a differentiable unary op: inputs x, dy.
+    UnaryGrad(UnaryOp),
+    /// Gradient of softmax (or log-softmax when `log`) from its output: inputs y, dy.
+    SoftmaxGrad {
+        /// Softmax axis.
+        axis: usize,
+        /// The forward op was log-softmax.
+        log: bool,
+    },
+    /// Gradient of layer norm: inputs x, scale, dy; outputs dx, dscale and dbias, the last two
+    /// with the normalised shape `x.shape[axis..]` (summed over the leading dims).
+    LayerNormGrad {
+        /// First normalised dim.
+        axis: usize,
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Gradient of local response normalisation: inputs x, dy.
+    LrnGrad {
+        /// Window size.
+        size: usize,
+        /// Scale.
+        alpha: f32,
+        /// Exponent.
+        beta: f32,
+        /// Bias.
+        bias: f32,
+    },
+    /// Gradient of a convolution with respect to its input: inputs dy, W; output shape `shape`.
+    ConvInputGrad {
+        /// The forward convolution's attributes.
+        attrs: ConvAttrs,
+        /// Shape of the forward input X.
+        shape: Vec<usize>,
+    },
+    /// Gradient of a convolution with respect to its weight: inputs X, dy; output shape `shape`.
+    ConvWeightGrad {
+        /// The forward convolution's attributes.
+        attrs: ConvAttrs,
+        /// Shape of the forward weight W.
+        shape: Vec<usize>,
+    },
+    /// Gradient of max pooling: inputs x, dy; each window's dy goes to its first maximal cell.
+    MaxPoolGrad(PoolAttrs),
+    /// Gradient of average pooling: input dy; output shape `shape`.
+    AveragePoolGrad {
+        /// The forward pooling's attributes.
+        attrs: PoolAttrs,
+        /// Shape of the forward input.
+        shape: Vec<usize>,
+    },
+    /// Gradient of gather with respect to its data (a scatter-add): inputs indices, dy.
+    GatherGrad {
+        /// Gather axis.
+        axis: usize,
+        /// Shape of the forward data.
+        shape: Vec<usize>,
+    },
+    /// Gradient of a slice: input dy placed back into zeros of shape `shape`.
+    SliceGrad {
+        /// The forward slice's axes.
+        axes: Vec<SliceAxis>,
+        /// Shape of the forward input.
+        shape: Vec<usize>,
+    },
+    /// One SGD step (PyTorch's `torch.optim.SGD`, no dampening or Nesterov):
+    /// `g' = g + wd*p; buf' = momentum*buf + g'; p' = p - lr*buf'` (`buf'` = `g'` without momentum).
+    /// Inputs p, g and, with momentum, buf; outputs p' and, with momentum, buf'.
+    SgdUpdate {
+        /// Learning rate.
+        lr: f32,
+        /// Momentum (0: none, and no buffer).
+        momentum: f32,
+        /// L2 penalty added to the gradient.
+        weight_decay: f32,
+    },
+    /// One AdamW step (PyTorch's `torch.optim.AdamW`: decoupled weight decay, bias correction).
+    /// Inputs p, g, m, v and the i64 step number t >= 1; outputs p', m', v'.
+    AdamWUpdate {
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        beta1: f32,
+        /// Second-moment decay.
+        beta2: f32,
+        /// Added to the denominator.
+        epsilon: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -408,19 +506,35 @@ impl Op {
             Gather { .. } => "gather",
             Reduce { op, .. } => reduce_name(*op),
             Pad { .. } => "pad",
+            State { .. } => "state",
+            UnaryGrad(u) => unary_grad_name(*u),
+            SoftmaxGrad { log: false, .. } => "softmax_grad",
+            SoftmaxGrad { log: true, .. } => "log_softmax_grad",
+            LayerNormGrad { .. } => "layernorm_grad",
+            LrnGrad { .. } => "lrn_grad",
+            ConvInputGrad { .. } => "conv_input_grad",
+            ConvWeightGrad { .. } => "conv_weight_grad",
+            MaxPoolGrad(_) => "maxpool_grad",
+            AveragePoolGrad { .. } => "avgpool_grad",
+            GatherGrad { .. } => "gather_grad",
+            SliceGrad { .. } => "slice_grad",
+            SgdUpdate { .. } => "sgd_update",
+            AdamWUpdate { .. } => "adamw_update",
         }
     }
 
     /// True for ops with no inputs whose value is known before running (params and constants
     /// are sources too, but only constants are foldable).
     pub fn is_source(&self) -> bool {
-        matches!(self, Op::Input { .. } | Op::Param { .. } | Op::Constant(_))
+        matches!(self, Op::Input { .. } | Op::Param { .. } | Op::State { .. } | Op::Constant(_))
     }
 
     /// Number of outputs the op produces.
     pub fn num_outputs(&self) -> usize {
         match self {
             Op::Split { sizes, .. } => sizes.len(),
+            Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } => 3,
+            Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
             _ => 1,
         }
     }
@@ -431,7 +545,7 @@ impl Op {
         let n = self.name();
         let one = |m: TensorMeta| Ok(vec![m]);
         match self {
-            Input { .. } | Param { .. } => Err(format!("{n} has no inferred meta: it is declared")),
+            Input { .. } | Param { .. } | State { .. } => Err(format!("{n} has no inferred meta: it is declared")),
             Constant(t) => {
                 want_inputs(n, ins, 0, 0)?;
                 one(t.meta())
@@ -732,6 +846,121 @@ impl Op {
                 let s = (0..x.rank()).map(|d| x.shape[d] + pads[d] + pads[d + x.rank()]).collect::<Vec<_>>();
                 one(TensorMeta { shape: s, dtype: x.dtype })
             }
+            _ => self.infer_training(ins),
+        }
+    }
+
+    /// Inference for the training ops (state, gradients, optimizer updates).
+    fn infer_training(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
+        use Op::*;
+        let n = self.name();
+        let f32s = |ins: &[TensorMeta]| ins.iter().try_for_each(|m| want_float(n, m));
+        let same = |a: &TensorMeta, b: &TensorMeta, what: &str| {
+            if a.shape != b.shape {
+                return Err(format!("{n}: {what} shapes differ: {:?} vs {:?}", a.shape, b.shape));
+            }
+            Ok(())
+        };
+        // The forward op's output shape for a forward input of `shape`, checked against dy.
+        let want_dy = |fwd: Op, fwd_ins: Vec<TensorMeta>, dy: &TensorMeta| -> Result<(), InferError> {
+            let y = fwd.infer(&fwd_ins).map_err(|e| format!("{n}: forward: {e}"))?;
+            if y[0].shape != dy.shape {
+                return Err(format!("{n}: dy is {:?} but the forward output is {:?}", dy.shape, y[0].shape));
+            }
+            Ok(())
+        };
+        let f = |s: &[usize]| TensorMeta::new(DType::F32, s.to_vec());
+        match self {
+            UnaryGrad(u) => {
+                want_inputs(n, ins, 2, 2)?;
+                f32s(ins)?;
+                if !unary_differentiable(*u) {
+                    return Err(format!("{n}: {} has no gradient op", unary_name(*u)));
+                }
+                same(&ins[0], &ins[1], "x and dy")?;
+                Ok(vec![ins[0].clone()])
+            }
+            SoftmaxGrad { axis, .. } => {
+                want_inputs(n, ins, 2, 2)?;
+                f32s(ins)?;
+                same(&ins[0], &ins[1], "y and dy")?;
+                if *axis >= ins[0].rank() {
+                    return Err(format!("{n}: axis {axis} out of range for {:?}", ins[0].shape));
+                }
+                Ok(vec![ins[0].clone()])
+            }
+            LayerNormGrad { axis, epsilon } => {
+                want_inputs(n, ins, 3, 3)?;
+                f32s(ins)?;
+                Op::LayerNorm { axis: *axis, epsilon: *epsilon }.infer(&ins[..2])?;
+                same(&ins[0], &ins[2], "x and dy")?;
+                let norm = f(&ins[0].shape[*axis..]);
+                Ok(vec![ins[0].clone(), norm.clone(), norm])
+            }
+            LrnGrad { size, alpha, beta, bias } => {
+                want_inputs(n, ins, 2, 2)?;
+                Op::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }.infer(&ins[..1])?;
+                want_float(n, &ins[1])?;
+                same(&ins[0], &ins[1], "x and dy")?;
+                Ok(vec![ins[0].clone()])
+            }
+            ConvInputGrad { attrs, shape } => {
+                want_inputs(n, ins, 2, 2)?;
+                f32s(ins)?;
+                want_dy(Op::Conv(attrs.clone()), vec![f(shape), ins[1].clone()], &ins[0])?;
+                Ok(vec![f(shape)])
+            }
+            ConvWeightGrad { attrs, shape } => {
+                want_inputs(n, ins, 2, 2)?;
+                f32s(ins)?;
+                want_dy(Op::Conv(attrs.clone()), vec![ins[0].clone(), f(shape)], &ins[1])?;
+                Ok(vec![f(shape)])
+            }
+            MaxPoolGrad(a) => {
+                want_inputs(n, ins, 2, 2)?;
+                f32s(ins)?;
+                want_dy(Op::MaxPool(a.clone()), vec![ins[0].clone()], &ins[1])?;
+                Ok(vec![ins[0].clone()])
+            }
+            AveragePoolGrad { attrs, shape } => {
+                want_inputs(n, ins, 1, 1)?;
+                f32s(ins)?;
+                want_dy(Op::AveragePool(attrs.clone()), vec![f(shape)], &ins[0])?;
+                Ok(vec![f(shape)])
+            }
+            GatherGrad { axis, shape } => {
+                want_inputs(n, ins, 2, 2)?;
+                want_float(n, &ins[1])?;
+                want_dy(Op::Gather { axis: *axis }, vec![f(shape), ins[0].clone()], &ins[1])?;
+                Ok(vec![f(shape)])
+            }
+            SliceGrad { axes, shape } => {
+                want_inputs(n, ins, 1, 1)?;
+                want_dy(Op::Slice { axes: axes.clone() }, vec![TensorMeta::new(ins[0].dtype, shape.clone())], &ins[0])?;
+                Ok(vec![TensorMeta::new(ins[0].dtype, shape.clone())])
+            }
+            SgdUpdate { momentum, .. } => {
+                let k = if *momentum != 0.0 { 3 } else { 2 };
+                want_inputs(n, ins, k, k)?;
+                f32s(ins)?;
+                for m in &ins[1..] {
+                    same(&ins[0], m, "parameter and gradient/state")?;
+                }
+                Ok(vec![ins[0].clone(); k - 1])
+            }
+            AdamWUpdate { .. } => {
+                want_inputs(n, ins, 5, 5)?;
+                f32s(&ins[..4])?;
+                for m in &ins[1..4] {
+                    same(&ins[0], m, "parameter and gradient/state")?;
+                }
+                want_dtype(n, &ins[4], DType::I64, "step")?;
+                if !ins[4].shape.is_empty() {
+                    return Err(format!("{n}: step must be a scalar, got {:?}", ins[4].shape));
+                }
+                Ok(vec![ins[0].clone(); 3])
+            }
+            _ => unreachable!("infer_training called for forward op {n}"),
         }
     }
 
@@ -760,6 +989,26 @@ impl Op {
             Softmax { .. } | LogSoftmax { .. } => 5 * out_n,
             LayerNorm { .. } | BatchNorm { .. } => 8 * out_n,
             Lrn { size, .. } => (*size as u64 + 4) * out_n,
+            // Gradients cost what their forward op costs, times the work per element.
+            ConvInputGrad { .. } => {
+                let per: u64 = ins.get(1).map(|w| w.shape.iter().skip(1).product::<usize>() as u64).unwrap_or(0);
+                2 * per * ins.first().map(|m| m.numel() as u64).unwrap_or(0)
+            }
+            ConvWeightGrad { shape, .. } => {
+                let per: u64 = shape.iter().skip(1).product::<usize>() as u64;
+                2 * per * ins.get(1).map(|m| m.numel() as u64).unwrap_or(0)
+            }
+            MaxPoolGrad(a) => (a.kernel[0] * a.kernel[1]) as u64 * ins.get(1).map(|m| m.numel() as u64).unwrap_or(0),
+            AveragePoolGrad { attrs: a, .. } => {
+                (a.kernel[0] * a.kernel[1]) as u64 * ins.first().map(|m| m.numel() as u64).unwrap_or(0)
+            }
+            UnaryGrad(_) => 4 * out_n,
+            SoftmaxGrad { .. } => 4 * out_n,
+            LayerNormGrad { .. } => 12 * out_n,
+            LrnGrad { size, .. } => (2 * *size as u64 + 8) * out_n,
+            GatherGrad { .. } | SliceGrad { .. } => ins.last().map(|m| m.numel() as u64).unwrap_or(0),
+            SgdUpdate { .. } => 4 * out_n,
+            AdamWUpdate { .. } => 12 * out_n,
             _ => 0,
         }
     }
@@ -825,6 +1074,37 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
         Sin => "sin",
         Cos => "cos",
         Sign => "sign",
+    }
+}
+
+/// True for unary ops with a [`Op::UnaryGrad`] (the others are piecewise constant or boolean).
+pub fn unary_differentiable(u: UnaryOp) -> bool {
+    use UnaryOp::*;
+    !matches!(u, Not | Floor | Ceil | Sign)
+}
+
+/// Text-form name of a unary op's gradient.
+pub fn unary_grad_name(u: UnaryOp) -> &'static str {
+    use UnaryOp::*;
+    match u {
+        Relu => "relu_grad",
+        Gelu => "gelu_grad",
+        GeluTanh => "gelu_tanh_grad",
+        Tanh => "tanh_grad",
+        Erf => "erf_grad",
+        Sigmoid => "sigmoid_grad",
+        Exp => "exp_grad",
+        Log => "log_grad",
+        Sqrt => "sqrt_grad",
+        Neg => "neg_grad",
+        Reciprocal => "reciprocal_grad",
+        Abs => "abs_grad",
+        Not => "not_grad",
+        Floor => "floor_grad",
+        Ceil => "ceil_grad",
+        Sin => "sin_grad",
+        Cos => "cos_grad",
+        Sign => "sign_grad",
     }
 }
 

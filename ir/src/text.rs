@@ -11,6 +11,8 @@
 //! }
 //! ```
 //! Nodes are numbered in topological order; `%N.k` is output `k` of node `N` (`%N` = `%N.0`).
+//! Training graphs end with `update %P = %N` lines: the storage of param/state `%P` takes the
+//! value `%N` after each step.
 //! Parameter data is not part of the text form; constants print their elements in full (bools
 //! as 0/1).
 
@@ -118,13 +120,60 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
         Reshape { shape } | Expand { shape } => vec![("shape", us(shape))],
         Transpose { perm } => vec![("perm", us(perm))],
         Split { axis, sizes } => vec![("axis", Attr::Int(*axis as i64)), ("sizes", us(sizes))],
-        Slice { axes } => vec![(
-            "axes",
-            Attr::Ints(axes.iter().flat_map(|a| [a.axis as i64, a.start, a.len as i64, a.step]).collect()),
-        )],
+        Slice { axes } => vec![("axes", slice_axes(axes))],
         Reduce { axes, keepdims, .. } => vec![("axes", us(axes)), ("keepdims", Attr::Bool(*keepdims))],
         Pad { pads, value } => vec![("pads", us(pads)), ("value", Attr::Float(*value))],
+        State { name } => vec![("name", Attr::Str(name.clone()))],
+        UnaryGrad(_) => vec![],
+        SoftmaxGrad { axis, .. } => vec![("axis", Attr::Int(*axis as i64))],
+        LayerNormGrad { axis, epsilon } => {
+            vec![("axis", Attr::Int(*axis as i64)), ("epsilon", Attr::Float(*epsilon))]
+        }
+        LrnGrad { size, alpha, beta, bias } => vec![
+            ("size", Attr::Int(*size as i64)),
+            ("alpha", Attr::Float(*alpha)),
+            ("beta", Attr::Float(*beta)),
+            ("bias", Attr::Float(*bias)),
+        ],
+        ConvInputGrad { attrs: a, shape } | ConvWeightGrad { attrs: a, shape } => vec![
+            ("strides", us(&a.strides)),
+            ("pads", us(&a.pads)),
+            ("dilations", us(&a.dilations)),
+            ("group", Attr::Int(a.group as i64)),
+            ("shape", us(shape)),
+        ],
+        MaxPoolGrad(a) => pool(a),
+        AveragePoolGrad { attrs, shape } => {
+            let mut v = pool(attrs);
+            v.push(("shape", us(shape)));
+            v
+        }
+        GatherGrad { axis, shape } => vec![("axis", Attr::Int(*axis as i64)), ("shape", us(shape))],
+        SliceGrad { axes, shape } => vec![("axes", slice_axes(axes)), ("shape", us(shape))],
+        SgdUpdate { lr, momentum, weight_decay } => vec![
+            ("lr", Attr::Float(*lr)),
+            ("momentum", Attr::Float(*momentum)),
+            ("weight_decay", Attr::Float(*weight_decay)),
+        ],
+        AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => vec![
+            ("lr", Attr::Float(*lr)),
+            ("beta1", Attr::Float(*beta1)),
+            ("beta2", Attr::Float(*beta2)),
+            ("epsilon", Attr::Float(*epsilon)),
+            ("weight_decay", Attr::Float(*weight_decay)),
+        ],
     }
+}
+
+fn slice_axes(axes: &[SliceAxis]) -> Attr {
+    Attr::Ints(axes.iter().flat_map(|a| [a.axis as i64, a.start, a.len as i64, a.step]).collect())
+}
+
+fn parse_slice_axes(v: Vec<i64>) -> Result<Vec<SliceAxis>, String> {
+    if !v.len().is_multiple_of(4) || v.chunks(4).any(|c| c[0] < 0 || c[2] < 0) {
+        return Err("slice: axes must be (axis, start, len, step) quadruples".into());
+    }
+    Ok(v.chunks(4).map(|c| SliceAxis { axis: c[0] as usize, start: c[1], len: c[2] as usize, step: c[3] }).collect())
 }
 
 struct Attrs<'a> {
@@ -203,6 +252,8 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
     };
     let op = if let Some(u) = UNARY_OPS.iter().find(|u| unary_name(**u) == name) {
         Op::Unary(*u)
+    } else if let Some(u) = UNARY_OPS.iter().find(|u| unary_differentiable(**u) && unary_grad_name(**u) == name) {
+        Op::UnaryGrad(*u)
     } else if let Some(b) = BINARY_OPS.iter().find(|b| binary_name(**b) == name) {
         Op::Binary(*b)
     } else if let Some(r) = REDUCE_OPS.iter().find(|r| reduce_name(**r) == name) {
@@ -254,19 +305,48 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
             "expand" => Op::Expand { shape: a.usizes("shape")? },
             "transpose" => Op::Transpose { perm: a.usizes("perm")? },
             "split" => Op::Split { axis: a.usize("axis")?, sizes: a.usizes("sizes")? },
-            "slice" => {
-                let v = a.ints("axes")?;
-                if v.len() % 4 != 0 || v.chunks(4).any(|c| c[0] < 0 || c[2] < 0) {
-                    return Err("slice: axes must be (axis, start, len, step) quadruples".into());
-                }
-                Op::Slice {
-                    axes: v
-                        .chunks(4)
-                        .map(|c| SliceAxis { axis: c[0] as usize, start: c[1], len: c[2] as usize, step: c[3] })
-                        .collect(),
+            "slice" => Op::Slice { axes: parse_slice_axes(a.ints("axes")?)? },
+            "pad" => Op::Pad { pads: a.usizes("pads")?, value: a.float("value")? },
+            "state" => Op::State { name: a.string("name")? },
+            "softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: false },
+            "log_softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: true },
+            "layernorm_grad" => Op::LayerNormGrad { axis: a.usize("axis")?, epsilon: a.float("epsilon")? },
+            "lrn_grad" => Op::LrnGrad {
+                size: a.usize("size")?,
+                alpha: a.float("alpha")?,
+                beta: a.float("beta")?,
+                bias: a.float("bias")?,
+            },
+            "conv_input_grad" | "conv_weight_grad" => {
+                let attrs = ConvAttrs {
+                    strides: a.arr("strides")?,
+                    pads: a.arr("pads")?,
+                    dilations: a.arr("dilations")?,
+                    group: a.usize("group")?,
+                };
+                let shape = a.usizes("shape")?;
+                if name == "conv_input_grad" {
+                    Op::ConvInputGrad { attrs, shape }
+                } else {
+                    Op::ConvWeightGrad { attrs, shape }
                 }
             }
-            "pad" => Op::Pad { pads: a.usizes("pads")?, value: a.float("value")? },
+            "maxpool_grad" => Op::MaxPoolGrad(pool(&mut a)?),
+            "avgpool_grad" => Op::AveragePoolGrad { attrs: pool(&mut a)?, shape: a.usizes("shape")? },
+            "gather_grad" => Op::GatherGrad { axis: a.usize("axis")?, shape: a.usizes("shape")? },
+            "slice_grad" => Op::SliceGrad { axes: parse_slice_axes(a.ints("axes")?)?, shape: a.usizes("shape")? },
+            "sgd_update" => Op::SgdUpdate {
+                lr: a.float("lr")?,
+                momentum: a.float("momentum")?,
+                weight_decay: a.float("weight_decay")?,
+            },
+            "adamw_update" => Op::AdamWUpdate {
+                lr: a.float("lr")?,
+                beta1: a.float("beta1")?,
+                beta2: a.float("beta2")?,
+                epsilon: a.float("epsilon")?,
+                weight_decay: a.float("weight_decay")?,
+            },
             _ => return Err(format!("unknown op {name}")),
         }
     };
@@ -313,6 +393,9 @@ impl Graph {
         }
         for (name, v) in &self.outputs {
             let _ = writeln!(out, "  output {name:?} = {}", val(*v));
+        }
+        for &(src, v) in &self.updates {
+            let _ = writeln!(out, "  update {} = {}", val(Value::new(src, 0)), val(v));
         }
         out.push_str("}\n");
         out
@@ -605,6 +688,12 @@ impl Parser {
                     let v = self.value(&nodes, &g)?;
                     g.outputs.push((name, v));
                 }
+                Tok::Ident(k) if k == "update" => {
+                    let src = self.value(&nodes, &g)?;
+                    self.punct('=')?;
+                    let v = self.value(&nodes, &g)?;
+                    g.updates.push((src.node, v));
+                }
                 Tok::Val(id, 0) => {
                     let line = self.line();
                     let name = self.string()?;
@@ -647,7 +736,7 @@ impl Parser {
                 }
                 t => {
                     self.pos -= 1;
-                    return self.err(format!("expected a node, `output` or `}}`, found {t:?}"));
+                    return self.err(format!("expected a node, `output`, `update` or `}}`, found {t:?}"));
                 }
             }
         }

@@ -5,7 +5,8 @@
 //! - each node's input slots are exactly `0..n`, each fed once, from an existing output slot;
 //! - source ops (`input`, `param`, `const`) have no inputs, and constants match their meta;
 //! - each node's output metas equal [`crate::Op::infer`] of its input metas;
-//! - graph outputs name existing values, and input and param names are unique.
+//! - graph outputs name existing values, and input and param/state names are unique;
+//! - updates target params or states (each once) with values of the same meta.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -93,7 +94,7 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
             continue;
         }
         match &node.op {
-            Op::Input { .. } | Op::Param { .. } | Op::Constant(_) => {
+            Op::Input { .. } | Op::Param { .. } | Op::State { .. } | Op::Constant(_) => {
                 if !slots.is_empty() {
                     at(Some(name), format!("{} must have no inputs", node.op.name()));
                 }
@@ -147,6 +148,35 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
             _ => at(None, format!("param list names {p:?}, which is not a param node")),
         }
     }
+    for &s in &g.states {
+        match g.g.node_weight(s).map(|n| &n.op) {
+            Some(Op::State { name }) => {
+                if !seen.insert(name.clone()) {
+                    at(None, format!("state {name} has the name of another parameter or state"));
+                }
+            }
+            _ => at(None, format!("state list names {s:?}, which is not a state node")),
+        }
+    }
+    let mut updated = HashSet::new();
+    for &(s, v) in &g.updates {
+        let Some(src) = g.g.node_weight(s) else {
+            at(None, format!("an update targets missing node {s:?}"));
+            continue;
+        };
+        if !matches!(src.op, Op::Param { .. } | Op::State { .. }) {
+            at(Some(&src.name), "is updated but is not a param or state".into());
+        } else if !updated.insert(s) {
+            at(Some(&src.name), "is updated twice".into());
+        }
+        match g.g.node_weight(v.node).and_then(|n| n.outputs.get(v.slot)) {
+            None => at(Some(&src.name), "update names a missing value".into()),
+            Some(m) if *m != src.outputs[0] => {
+                at(Some(&src.name), format!("is {} but its update is {m}", src.outputs[0]))
+            }
+            Some(_) => {}
+        }
+    }
     let mut seen = HashSet::new();
     for &i in &g.inputs {
         if let Some(Op::Input { name }) = g.g.node_weight(i).map(|n| &n.op)
@@ -156,7 +186,7 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
         }
     }
     let total = g.g.node_count();
-    if g.inputs.len() + g.params.len() > total {
+    if g.inputs.len() + g.params.len() + g.states.len() > total {
         at(None, "input/param lists are longer than the graph".into());
     }
     for (name, v) in &g.outputs {

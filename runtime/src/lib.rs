@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod npy;
+pub mod train;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -51,6 +52,12 @@ pub enum RunError {
         /// Parameter name.
         name: String,
     },
+    /// A state tensor (optimizer moment, step counter) has no value.
+    #[error("state {name} has no value")]
+    MissingState {
+        /// State name.
+        name: String,
+    },
     /// A kernel failed.
     #[error("node {node} ({op}): {message}")]
     Kernel {
@@ -73,8 +80,10 @@ pub struct RunReport {
     pub outputs: BTreeMap<String, Tensor>,
     /// Peak bytes of inputs and intermediates held at once.
     pub peak_bytes: usize,
-    /// Bytes of the parameters (resident throughout).
+    /// Bytes of the parameters and state (resident throughout).
     pub param_bytes: usize,
+    /// New values of the updated params and states ([`ir::Graph::updates`]), by storage name.
+    pub updates: BTreeMap<String, Tensor>,
 }
 
 /// A single-device interpreter with a fixed schedule.
@@ -114,6 +123,9 @@ impl<'g> Interpreter<'g> {
             inputs.insert(n, ins);
         }
         for (_, v) in &graph.outputs {
+            last_use.insert(*v, usize::MAX);
+        }
+        for (_, v) in &graph.updates {
             last_use.insert(*v, usize::MAX);
         }
         Ok(Interpreter { graph, order, last_use, inputs })
@@ -177,6 +189,11 @@ impl<'g> Interpreter<'g> {
                     param_bytes += t.bytes();
                     vec![Held::Borrowed(t)]
                 }
+                Op::State { name } => {
+                    let t = params.get(name).ok_or_else(|| RunError::MissingState { name: name.clone() })?;
+                    param_bytes += t.bytes();
+                    vec![Held::Borrowed(t)]
+                }
                 Op::Constant(t) => vec![Held::Borrowed(t)],
                 op => {
                     let ins = &self.inputs[&n];
@@ -204,22 +221,42 @@ impl<'g> Interpreter<'g> {
             dead.dedup();
             for v in dead {
                 if let Some(h) = vals.remove(&v) {
-                    let is_param_or_const = matches!(g.node(v.node).op, Op::Param { .. } | Op::Constant(_));
+                    let is_param_or_const =
+                        matches!(g.node(v.node).op, Op::Param { .. } | Op::State { .. } | Op::Constant(_));
                     if !is_param_or_const {
                         live -= h.get().bytes();
                     }
                 }
             }
         }
+        // Hand results over without copying: a value read once more is cloned, the last read moves.
+        let mut reads: HashMap<Value, usize> = HashMap::new();
+        for v in g.outputs.iter().map(|(_, v)| v).chain(g.updates.iter().map(|(_, v)| v)) {
+            *reads.entry(*v).or_default() += 1;
+        }
+        let mut take = |v: Value, node: &str, what: &'static str| -> Result<Tensor, RunError> {
+            let left = reads.get_mut(&v).expect("counted above");
+            *left -= 1;
+            let missing =
+                || RunError::Kernel { node: node.to_string(), op: what, message: "value was not computed".into() };
+            if *left > 0 {
+                return vals.get(&v).map(|h| h.get().clone()).ok_or_else(missing);
+            }
+            match vals.remove(&v).ok_or_else(missing)? {
+                Held::Owned(t) => Ok(t),
+                Held::Borrowed(t) => Ok(t.clone()),
+            }
+        };
         let mut outputs = BTreeMap::new();
         for (name, v) in &g.outputs {
-            let t = vals.get(v).map(|h| h.get().clone()).ok_or_else(|| RunError::Kernel {
-                node: name.clone(),
-                op: "output",
-                message: "output was not computed".into(),
-            })?;
-            outputs.insert(name.clone(), t);
+            outputs.insert(name.clone(), take(*v, name, "output")?);
         }
-        Ok(RunReport { outputs, peak_bytes: peak, param_bytes })
+        let mut updates = BTreeMap::new();
+        for &(src, v) in &g.updates {
+            if let Op::Param { name } | Op::State { name } = &g.node(src).op {
+                updates.insert(name.clone(), take(v, &g.node(src).name, "update")?);
+            }
+        }
+        Ok(RunReport { outputs, peak_bytes: peak, param_bytes, updates })
     }
 }

@@ -1,5 +1,7 @@
-//! `.npy` reading and writing (through the `npyz` crate) for feeds and outputs.
+//! `.npy` and `.npz` reading and writing (through the `npyz` crate) for feeds, outputs and
+//! saved training state.
 
+use std::collections::BTreeMap;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
@@ -38,8 +40,13 @@ pub enum NpyError {
 /// Reads a C-order `.npy` file of float32, int64, int32 (widened to int64) or bool.
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
     let bytes = std::fs::read(path).map_err(|cause| NpyError::Io { path: path.to_path_buf(), cause })?;
-    let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message };
-    let f = npyz::NpyFile::new(&bytes[..]).map_err(|e| fmt(e.to_string()))?;
+    let f = npyz::NpyFile::new(&bytes[..])
+        .map_err(|e| NpyError::Format { path: path.to_path_buf(), message: e.to_string() })?;
+    decode(path, f, "")
+}
+
+fn decode<R: std::io::Read>(path: &Path, f: npyz::NpyFile<R>, what: &str) -> Result<Tensor, NpyError> {
+    let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message: format!("{what}{message}") };
     if f.order() != npyz::Order::C {
         return Err(fmt("Fortran-order arrays are not supported".into()));
     }
@@ -50,9 +57,72 @@ pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
         "<i8" => Data::I64(f.into_vec::<i64>().map_err(|e| fmt(e.to_string()))?),
         "<i4" => Data::I64(f.into_vec::<i32>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
         "|b1" => Data::Bool(f.into_vec::<bool>().map_err(|e| fmt(e.to_string()))?),
-        other => return Err(NpyError::DType { path: path.to_path_buf(), descr: other.to_string() }),
+        other => return Err(NpyError::DType { path: path.to_path_buf(), descr: format!("{what}{other}") }),
     };
     Tensor::new(shape, data).map_err(|e| fmt(e.to_string()))
+}
+
+/// Reads every array of a `.npz` archive (as written by `numpy.savez`) by name.
+pub fn read_npz(path: &Path) -> Result<BTreeMap<String, Tensor>, NpyError> {
+    let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
+    let mut ar = npyz::npz::NpzArchive::open(path).map_err(io)?;
+    let names: Vec<String> = ar.array_names().map(str::to_string).collect();
+    let mut out = BTreeMap::new();
+    for name in names {
+        let f = ar
+            .by_name(&name)
+            .map_err(|e| NpyError::Format { path: path.to_path_buf(), message: format!("array {name}: {e}") })?
+            .ok_or_else(|| NpyError::Format { path: path.to_path_buf(), message: format!("array {name} vanished") })?;
+        let t = decode(path, f, &format!("array {name}: "))?;
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+/// Writes tensors as a `.npz` archive readable by `numpy.load`.
+pub fn write_npz(path: &Path, arrays: &BTreeMap<String, Tensor>) -> Result<(), NpyError> {
+    let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
+    let mut w = npyz::npz::NpzWriter::create(path).map_err(io)?;
+    for (name, t) in arrays {
+        let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+        match t.data() {
+            Data::F32(v) => {
+                let mut a = w
+                    .array::<f32>(name, Default::default())
+                    .map_err(io)?
+                    .default_dtype()
+                    .shape(&shape)
+                    .begin_nd()
+                    .map_err(io)?;
+                a.extend(v.iter().copied()).map_err(io)?;
+                a.finish().map_err(io)?;
+            }
+            Data::I64(v) => {
+                let mut a = w
+                    .array::<i64>(name, Default::default())
+                    .map_err(io)?
+                    .default_dtype()
+                    .shape(&shape)
+                    .begin_nd()
+                    .map_err(io)?;
+                a.extend(v.iter().copied()).map_err(io)?;
+                a.finish().map_err(io)?;
+            }
+            Data::Bool(v) => {
+                let mut a = w
+                    .array::<bool>(name, Default::default())
+                    .map_err(io)?
+                    .default_dtype()
+                    .shape(&shape)
+                    .begin_nd()
+                    .map_err(io)?;
+                a.extend(v.iter().copied()).map_err(io)?;
+                a.finish().map_err(io)?;
+            }
+        }
+    }
+    w.zip_writer().finish().map_err(|e| io(e.into()))?;
+    Ok(())
 }
 
 /// Writes a tensor as a C-order `.npy` file.

@@ -18,7 +18,7 @@ fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usi
 
 /// Fills `col` (`[cg*kh*kw, oh*ow]`) with the patches of `x` (`[cg, h, w]`).
 #[allow(clippy::too_many_arguments)]
-fn im2col(
+pub(crate) fn im2col(
     ctx: Option<&CpuContext>,
     x: &[f32],
     h: usize,

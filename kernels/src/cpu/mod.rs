@@ -12,6 +12,7 @@
 
 mod conv;
 mod elementwise;
+mod grad;
 mod linalg;
 mod norm;
 mod reduce;
@@ -119,7 +120,7 @@ impl CpuContext {
 /// [`Error::Unsupported`]; `Constant` returns a copy of its tensor.
 pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, Error> {
     let name = op.name();
-    if let Op::Input { .. } | Op::Param { .. } = op {
+    if let Op::Input { .. } | Op::Param { .. } | Op::State { .. } = op {
         return Err(Error::Unsupported {
             op: name,
             reason: "inputs and params are fed by the runtime, not computed".into(),
@@ -129,6 +130,11 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
     let empty_window = match op {
         Op::MaxPool(a) | Op::AveragePool(a) => a.kernel.contains(&0),
         Op::Conv(_) => inputs.get(1).is_some_and(|w| w.shape().len() == 4 && (w.shape()[2] == 0 || w.shape()[3] == 0)),
+        Op::ConvInputGrad { .. } => {
+            inputs.get(1).is_some_and(|w| w.shape().len() == 4 && (w.shape()[2] == 0 || w.shape()[3] == 0))
+        }
+        Op::ConvWeightGrad { shape, .. } => shape.len() == 4 && (shape[2] == 0 || shape[3] == 0),
+        Op::MaxPoolGrad(a) | Op::AveragePoolGrad { attrs: a, .. } => a.kernel.contains(&0),
         _ => false,
     };
     if empty_window {
@@ -137,7 +143,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
     let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
     let result = match op {
-        Op::Input { .. } | Op::Param { .. } => unreachable!("handled above"),
+        Op::Input { .. } | Op::Param { .. } | Op::State { .. } => unreachable!("handled above"),
         Op::Constant(t) => vec![t.clone()],
         Op::Identity => vec![inputs[0].clone()],
         Op::Unary(u) => vec![elementwise::unary(ctx, *u, inputs[0])?],
@@ -167,6 +173,24 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::Gather { axis } => vec![shape::gather(inputs[0], inputs[1], *axis, &outs[0].shape)?],
         Op::Reduce { op: r, axes, keepdims } => vec![reduce::reduce(ctx, *r, inputs[0], axes, *keepdims)?],
         Op::Pad { pads, value } => vec![shape::pad(inputs[0], pads, *value, &outs[0].shape)?],
+        Op::UnaryGrad(u) => vec![grad::unary_grad(ctx, *u, inputs[0], inputs[1])?],
+        Op::SoftmaxGrad { axis, log } => vec![grad::softmax_grad(ctx, inputs[0], inputs[1], *axis, *log)?],
+        Op::LayerNormGrad { axis, epsilon } => grad::layer_norm_grad(ctx, inputs, *axis, *epsilon)?,
+        Op::LrnGrad { size, alpha, beta, bias } => {
+            vec![grad::lrn_grad(ctx, inputs[0], inputs[1], *size, *alpha, *beta, *bias)?]
+        }
+        Op::ConvInputGrad { attrs, shape } => vec![grad::conv_input_grad(ctx, attrs, inputs[0], inputs[1], shape)?],
+        Op::ConvWeightGrad { attrs, shape } => {
+            vec![grad::conv_weight_grad(ctx, attrs, inputs[0], inputs[1], shape)?]
+        }
+        Op::MaxPoolGrad(a) => vec![grad::max_pool_grad(ctx, a, inputs[0], inputs[1])?],
+        Op::AveragePoolGrad { attrs, shape } => vec![grad::avg_pool_grad(ctx, attrs, inputs[0], shape)?],
+        Op::GatherGrad { axis, shape } => vec![grad::gather_grad(inputs[0], inputs[1], *axis, shape)?],
+        Op::SliceGrad { axes, shape } => vec![grad::slice_grad(inputs[0], axes, shape)?],
+        Op::SgdUpdate { lr, momentum, weight_decay } => grad::sgd_update(ctx, inputs, *lr, *momentum, *weight_decay)?,
+        Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
+            grad::adamw_update(inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay)?
+        }
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

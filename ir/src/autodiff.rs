@@ -1,0 +1,1065 @@
+//! Reverse-mode differentiation: a forward graph, a loss and an optimizer become one training
+//! graph (forward, loss, backward, optimizer update) in ordinary IR.
+//!
+//! [`training_graph`] appends to a copy of the forward graph:
+//! - the loss ([`LossSpec`]) as ordinary ops, ending in an f32 scalar output named `loss`;
+//! - a vector-Jacobian product for every op on a path from a trainable parameter to the loss,
+//!   with gradient contributions summed on fan-out and broadcasts undone by summing
+//!   ([`Op::Reduce`] + [`Op::Reshape`]); integer and boolean values (indices, masks) carry no
+//!   gradient, nor do piecewise-constant ops (floor, ceil, sign);
+//! - per trainable parameter, an optimizer update node ([`Op::SgdUpdate`], [`Op::AdamWUpdate`])
+//!   whose state tensors are [`Op::State`] nodes, and a [`Graph::updates`] entry tying the
+//!   parameter to its updated value. Without an optimizer the gradients become graph outputs
+//!   named `grad/<param>` instead.
+//!
+//! Semantics follow ONNX: the parameters are the graph's [`Op::Param`]s, and a parameter read by
+//! several ops gets the sum of the gradients through every use. A trainable parameter with no
+//! path to the loss gets an explicit zero gradient (so AdamW still decays it, as PyTorch does
+//! with a materialised zero gradient).
+//!
+//! Invariant: the result passes [`crate::verify`]; node names say where they come from (`loss/…`,
+//! `grad/<forward node>/…`, `update/<param>`), and [`TrainingGraph::phases`] records it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+
+use crate::graph::{Graph, GraphError, Value};
+use crate::op::*;
+use crate::tensor::{DType, Tensor, TensorMeta};
+use crate::{NodeIndex, VerifyErrors};
+
+/// The loss a training graph minimises, as written on the command line (`--loss SPEC`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossSpec {
+    /// `mse:OUTPUT:TARGET`: mean over all elements of `(output - target)^2`; the target is fed
+    /// under its name with the output's shape.
+    Mse {
+        /// Graph output.
+        output: String,
+        /// Name of the fed target.
+        target: String,
+    },
+    /// `ce:OUTPUT:LABELS`: cross-entropy with the class dim last and i64 labels (fed under their
+    /// name, shape = output shape without its last dim), mean over the labels.
+    CrossEntropy {
+        /// Graph output (logits).
+        output: String,
+        /// Name of the fed labels.
+        labels: String,
+    },
+    /// `ce-next:OUTPUT:INPUT_IDS`: next-token LM loss, `ce(output[:, :-1], input_ids[:, 1:])`,
+    /// where `input_ids` is the model's own `[batch, seq]` input.
+    NextTokenCe {
+        /// Graph output (logits `[batch, seq, vocab]`).
+        output: String,
+        /// The model input holding the token ids.
+        input_ids: String,
+    },
+}
+
+impl LossSpec {
+    /// The graph output the loss reads.
+    pub fn output(&self) -> &str {
+        match self {
+            LossSpec::Mse { output, .. }
+            | LossSpec::CrossEntropy { output, .. }
+            | LossSpec::NextTokenCe { output, .. } => output,
+        }
+    }
+}
+
+impl FromStr for LossSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let usage = "expected mse:OUTPUT:TARGET, ce:OUTPUT:LABELS or ce-next:OUTPUT:INPUT_IDS";
+        let [kind, a, b] = parts.as_slice() else {
+            return Err(format!("loss {s:?}: {usage}"));
+        };
+        if a.is_empty() || b.is_empty() {
+            return Err(format!("loss {s:?}: empty name; {usage}"));
+        }
+        let (output, other) = (a.to_string(), b.to_string());
+        match *kind {
+            "mse" => Ok(LossSpec::Mse { output, target: other }),
+            "ce" => Ok(LossSpec::CrossEntropy { output, labels: other }),
+            "ce-next" => Ok(LossSpec::NextTokenCe { output, input_ids: other }),
+            k => Err(format!("loss {s:?}: unknown kind {k:?}; {usage}")),
+        }
+    }
+}
+
+impl fmt::Display for LossSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossSpec::Mse { output, target } => write!(f, "mse:{output}:{target}"),
+            LossSpec::CrossEntropy { output, labels } => write!(f, "ce:{output}:{labels}"),
+            LossSpec::NextTokenCe { output, input_ids } => write!(f, "ce-next:{output}:{input_ids}"),
+        }
+    }
+}
+
+/// An optimizer, with PyTorch's definitions (`torch.optim.SGD`, `torch.optim.AdamW`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Optimizer {
+    /// SGD with optional momentum and L2 weight decay.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+        /// Momentum (0: none).
+        momentum: f32,
+        /// L2 penalty added to the gradient.
+        weight_decay: f32,
+    },
+    /// AdamW: decoupled weight decay, bias-corrected moments.
+    AdamW {
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        beta1: f32,
+        /// Second-moment decay.
+        beta2: f32,
+        /// Added to the denominator.
+        epsilon: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
+}
+
+impl Optimizer {
+    /// SGD without momentum or weight decay.
+    pub fn sgd(lr: f32) -> Optimizer {
+        Optimizer::Sgd { lr, momentum: 0.0, weight_decay: 0.0 }
+    }
+    /// AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8, weight decay 0.01).
+    pub fn adamw(lr: f32) -> Optimizer {
+        Optimizer::AdamW { lr, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 }
+    }
+}
+
+/// What to build.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// The loss.
+    pub loss: LossSpec,
+    /// The optimizer; `None` outputs the gradients (`grad/<param>`) instead of updating.
+    pub optimizer: Option<Optimizer>,
+    /// Parameters that are not trained (no gradient, no update).
+    pub frozen: Vec<String>,
+}
+
+/// Which part of the training step a node belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// The model's own forward ops (and its inputs and params).
+    Forward,
+    /// The loss ops appended after the model output.
+    Loss,
+    /// Gradient ops.
+    Backward,
+    /// Optimizer updates and their state.
+    Update,
+}
+
+/// A training graph and what the stages after it need to know about it.
+#[derive(Clone, Debug)]
+pub struct TrainingGraph {
+    /// Forward + loss + backward (+ update) as one graph; output `loss` is the f32 scalar loss.
+    pub graph: Graph,
+    /// The loss value.
+    pub loss: Value,
+    /// Gradient of every trainable parameter, by parameter name.
+    pub grads: BTreeMap<String, Value>,
+    /// Trainable parameters in the graph's parameter order.
+    pub trainable: Vec<String>,
+    /// The phase of every node.
+    pub phases: HashMap<NodeIndex, Phase>,
+}
+
+impl TrainingGraph {
+    /// Values computed in the forward or loss phase and read by the backward phase: the
+    /// activations a training step keeps for backward (parameters and constants excluded).
+    pub fn saved_for_backward(&self) -> Vec<Value> {
+        let g = &self.graph;
+        let mut out = HashSet::new();
+        for (&n, &ph) in &self.phases {
+            if ph != Phase::Backward {
+                continue;
+            }
+            for v in g.node_inputs(n) {
+                let src = &g.node(v.node).op;
+                let fwd = matches!(self.phases.get(&v.node), Some(Phase::Forward | Phase::Loss));
+                if fwd && !matches!(src, Op::Param { .. } | Op::Constant(_)) {
+                    out.insert(v);
+                }
+            }
+        }
+        let mut v: Vec<Value> = out.into_iter().collect();
+        v.sort();
+        v
+    }
+}
+
+/// Why a training graph cannot be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AutodiffError {
+    /// The loss names a tensor the model does not have (or has with the wrong type).
+    #[error("--loss {spec}: {message}")]
+    Loss {
+        /// The loss spec.
+        spec: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A frozen name is not a parameter.
+    #[error("cannot freeze {name}: the model has no parameter of that name")]
+    UnknownParam {
+        /// The name given.
+        name: String,
+    },
+    /// No parameter is left to train.
+    #[error("nothing to train: every parameter is frozen or the model has none")]
+    NothingToTrain,
+    /// An op on the path from a parameter to the loss has no gradient rule.
+    #[error("node {node} ({op}): no gradient rule for this op")]
+    NoGradient {
+        /// Node name.
+        node: String,
+        /// Op name.
+        op: &'static str,
+    },
+    /// Building a node failed (an internal inconsistency, reported with its node).
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// The result does not verify (an internal bug, reported rather than hidden).
+    #[error("the training graph does not verify: {0}")]
+    Verify(#[from] VerifyErrors),
+}
+
+/// Builds the training graph of `forward` (see the module docs).
+pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGraph, AutodiffError> {
+    let mut g = forward.clone();
+    let mut phases: HashMap<NodeIndex, Phase> = g.g.node_indices().map(|n| (n, Phase::Forward)).collect();
+    let mark = |g: &Graph, phases: &mut HashMap<NodeIndex, Phase>, ph: Phase| {
+        phases.retain(|n, _| g.g.contains_node(*n));
+        for n in g.g.node_indices() {
+            phases.entry(n).or_insert(ph);
+        }
+    };
+
+    // Loss.
+    let loss = build_loss(&mut g, &opts.loss)?;
+    g.outputs = vec![("loss".to_string(), loss)];
+    g.remove_dead();
+    mark(&g, &mut phases, Phase::Loss);
+
+    // Trainable parameters.
+    let mut param_of: BTreeMap<String, NodeIndex> = BTreeMap::new();
+    for &p in &g.params {
+        if let Op::Param { name } = &g.node(p).op {
+            param_of.insert(name.clone(), p);
+        }
+    }
+    for f in &opts.frozen {
+        if !param_of.contains_key(f) && !forward_has_param(forward, f) {
+            return Err(AutodiffError::UnknownParam { name: f.clone() });
+        }
+    }
+    let trainable: Vec<(String, NodeIndex)> = g
+        .params
+        .iter()
+        .filter_map(|&p| match &g.node(p).op {
+            Op::Param { name } if !opts.frozen.contains(name) && g.node(p).outputs[0].dtype == DType::F32 => {
+                Some((name.clone(), p))
+            }
+            _ => None,
+        })
+        .collect();
+    if trainable.is_empty() {
+        return Err(AutodiffError::NothingToTrain);
+    }
+
+    // Which values depend on a trainable parameter through differentiable ops.
+    let order = g.topo_order().map_err(|n| GraphError::Infer {
+        node: g.node(n).name.clone(),
+        op: g.node(n).op.name(),
+        message: "graph has a cycle".into(),
+    })?;
+    let mut needs: HashSet<Value> = trainable.iter().map(|(_, p)| Value::new(*p, 0)).collect();
+    for &n in &order {
+        let node = g.node(n);
+        if node.op.is_source() || !differentiable(&node.op) {
+            continue;
+        }
+        if g.node_inputs(n).iter().any(|v| needs.contains(v)) {
+            for (s, m) in node.outputs.iter().enumerate() {
+                if m.dtype == DType::F32 {
+                    needs.insert(Value::new(n, s));
+                }
+            }
+        }
+    }
+
+    // Reverse sweep.
+    let mut contribs: HashMap<Value, Vec<Value>> = HashMap::new();
+    let one = g.constant("grad/seed", Tensor::scalar_f32(1.0));
+    contribs.insert(loss, vec![one]);
+    for &n in order.iter().rev() {
+        let node = g.node(n);
+        if node.op.is_source() {
+            continue;
+        }
+        let outs = node.outputs.len();
+        let name = node.name.clone();
+        let mut dys = Vec::with_capacity(outs);
+        for s in 0..outs {
+            let v = Value::new(n, s);
+            dys.push(match contribs.remove(&v) {
+                Some(cs) => Some(sum_all(&mut g, &format!("grad/{name}/sum{s}"), cs)?),
+                None => None,
+            });
+        }
+        if dys.iter().all(Option::is_none) {
+            continue;
+        }
+        let ins = g.node_inputs(n);
+        let want: Vec<bool> = ins.iter().map(|v| needs.contains(v)).collect();
+        if !want.iter().any(|&w| w) {
+            continue;
+        }
+        let mut b = Builder { g: &mut g, prefix: format!("grad/{name}") };
+        let dins = vjp(&mut b, n, &ins, &dys, &want)?;
+        for ((v, d), w) in ins.iter().zip(dins).zip(&want) {
+            if let (Some(d), true) = (d, w) {
+                contribs.entry(*v).or_default().push(d);
+            }
+        }
+    }
+    let mut grads = BTreeMap::new();
+    for (name, p) in &trainable {
+        let v = Value::new(*p, 0);
+        let grad = match contribs.remove(&v) {
+            Some(cs) => sum_all(&mut g, &format!("grad/{name}"), cs)?,
+            None => {
+                let shape = g.meta(v).shape.clone();
+                let mut b = Builder { g: &mut g, prefix: format!("grad/{name}") };
+                b.zeros("zeros", &shape)?
+            }
+        };
+        grads.insert(name.clone(), grad);
+    }
+    mark(&g, &mut phases, Phase::Backward);
+
+    // Optimizer.
+    match opts.optimizer {
+        None => {
+            for (name, v) in &grads {
+                g.set_output(&format!("grad/{name}"), *v);
+            }
+        }
+        Some(opt) => add_updates(&mut g, &opt, &trainable, &grads)?,
+    }
+    mark(&g, &mut phases, Phase::Update);
+
+    crate::verify(&g)?;
+    Ok(TrainingGraph { graph: g, loss, grads, trainable: trainable.into_iter().map(|(n, _)| n).collect(), phases })
+}
+
+fn forward_has_param(g: &Graph, name: &str) -> bool {
+    g.params.iter().any(|&p| matches!(&g.node(p).op, Op::Param { name: n } if n == name))
+}
+
+/// False for ops whose outputs never carry a gradient.
+fn differentiable(op: &Op) -> bool {
+    match op {
+        Op::Unary(u) => unary_differentiable(*u),
+        Op::Binary(b) => !b.is_comparison() && !b.is_logical(),
+        Op::Cast { to } => *to == DType::F32,
+        Op::State { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::ConvInputGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::AveragePoolGrad { .. }
+        | Op::GatherGrad { .. }
+        | Op::SliceGrad { .. }
+        | Op::SgdUpdate { .. }
+        | Op::AdamWUpdate { .. } => false,
+        _ => true,
+    }
+}
+
+fn sum_all(g: &mut Graph, name: &str, mut cs: Vec<Value>) -> Result<Value, AutodiffError> {
+    let mut acc = cs.remove(0);
+    for c in cs {
+        acc = g.add1(name, Op::Binary(BinaryOp::Add), &[acc, c])?;
+    }
+    Ok(acc)
+}
+
+/// Adds nodes named `<prefix>/<what>`.
+struct Builder<'a> {
+    g: &'a mut Graph,
+    prefix: String,
+}
+
+impl Builder<'_> {
+    fn op(&mut self, what: &str, op: Op, ins: &[Value]) -> Result<Value, AutodiffError> {
+        Ok(self.g.add1(&format!("{}/{what}", self.prefix), op, ins)?)
+    }
+    fn ops(&mut self, what: &str, op: Op, ins: &[Value]) -> Result<Vec<Value>, AutodiffError> {
+        Ok(self.g.add_op(&format!("{}/{what}", self.prefix), op, ins)?)
+    }
+    fn shape(&self, v: Value) -> Vec<usize> {
+        self.g.meta(v).shape.clone()
+    }
+    fn scalar(&mut self, what: &str, x: f32) -> Value {
+        self.g.constant(&format!("{}/{what}", self.prefix), Tensor::scalar_f32(x))
+    }
+    fn bin(&mut self, what: &str, b: BinaryOp, x: Value, y: Value) -> Result<Value, AutodiffError> {
+        self.op(what, Op::Binary(b), &[x, y])
+    }
+    fn mul(&mut self, what: &str, x: Value, y: Value) -> Result<Value, AutodiffError> {
+        self.bin(what, BinaryOp::Mul, x, y)
+    }
+    fn scale(&mut self, what: &str, x: Value, c: f32) -> Result<Value, AutodiffError> {
+        if c == 1.0 {
+            return Ok(x);
+        }
+        let c = self.scalar(&format!("{what}.c"), c);
+        self.mul(what, x, c)
+    }
+    fn neg(&mut self, what: &str, x: Value) -> Result<Value, AutodiffError> {
+        self.op(what, Op::Unary(UnaryOp::Neg), &[x])
+    }
+    fn reshape(&mut self, what: &str, x: Value, shape: &[usize]) -> Result<Value, AutodiffError> {
+        if self.shape(x) == shape {
+            return Ok(x);
+        }
+        self.op(what, Op::Reshape { shape: shape.to_vec() }, &[x])
+    }
+    fn expand(&mut self, what: &str, x: Value, shape: &[usize]) -> Result<Value, AutodiffError> {
+        if self.shape(x) == shape {
+            return Ok(x);
+        }
+        self.op(what, Op::Expand { shape: shape.to_vec() }, &[x])
+    }
+    fn transpose(&mut self, what: &str, x: Value, perm: Vec<usize>) -> Result<Value, AutodiffError> {
+        self.op(what, Op::Transpose { perm }, &[x])
+    }
+    fn zeros(&mut self, what: &str, shape: &[usize]) -> Result<Value, AutodiffError> {
+        let z = self.scalar(&format!("{what}.0"), 0.0);
+        if shape.is_empty() {
+            return Ok(z);
+        }
+        self.op(what, Op::Expand { shape: shape.to_vec() }, &[z])
+    }
+    fn reduce_sum(&mut self, what: &str, x: Value, axes: Vec<usize>, keepdims: bool) -> Result<Value, AutodiffError> {
+        if axes.is_empty() {
+            return Ok(x);
+        }
+        self.op(what, Op::Reduce { op: ReduceOp::Sum, axes, keepdims }, &[x])
+    }
+    /// Sums a broadcast gradient back to `target` (undoes numpy broadcasting).
+    fn sum_to(&mut self, what: &str, x: Value, target: &[usize]) -> Result<Value, AutodiffError> {
+        let s = self.shape(x);
+        if s == target {
+            return Ok(x);
+        }
+        let lead = s.len() - target.len();
+        let axes: Vec<usize> = (0..s.len()).filter(|&i| i < lead || (target[i - lead] == 1 && s[i] != 1)).collect();
+        let r = self.reduce_sum(what, x, axes, false)?;
+        self.reshape(&format!("{what}.shape"), r, target)
+    }
+    /// `where(cond, x, 0)` or `where(cond, 0, x)`.
+    fn mask(&mut self, what: &str, cond: Value, x: Value, keep_when: bool) -> Result<Value, AutodiffError> {
+        let z = self.scalar(&format!("{what}.0"), 0.0);
+        let ins = if keep_when { [cond, x, z] } else { [cond, z, x] };
+        self.op(what, Op::Where, &ins)
+    }
+}
+
+/// Input gradients of node `n` given its output gradients (`None`: zero). Returns one entry per
+/// input; entries for inputs with `want[i] == false` may be `None`.
+fn vjp(
+    b: &mut Builder,
+    n: NodeIndex,
+    ins: &[Value],
+    dys: &[Option<Value>],
+    want: &[bool],
+) -> Result<Vec<Option<Value>>, AutodiffError> {
+    let op = b.g.node(n).op.clone();
+    let y = Value::new(n, 0);
+    let k = ins.len();
+    let mut out: Vec<Option<Value>> = vec![None; k];
+    let w = |i: usize| want.get(i).copied().unwrap_or(false);
+    let sh = |b: &Builder, i: usize| b.shape(ins[i]);
+    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
+    // Single-output ops: the output gradient.
+    let dy = match dys.first() {
+        Some(Some(d)) => Some(*d),
+        _ => None,
+    };
+    match &op {
+        Op::Split { axis, sizes } => {
+            let mut parts = Vec::with_capacity(dys.len());
+            for (s, d) in dys.iter().enumerate() {
+                parts.push(match d {
+                    Some(d) => *d,
+                    None => {
+                        let mut shape = sh(b, 0);
+                        shape[*axis] = sizes[s];
+                        b.zeros(&format!("zeros{s}"), &shape)?
+                    }
+                });
+            }
+            out[0] = Some(b.op("dx", Op::Concat { axis: *axis }, &parts)?);
+            return Ok(out);
+        }
+        Op::LayerNorm { .. } | Op::Identity | Op::Cast { .. } => {}
+        _ if dys.len() > 1 => return Err(no_rule(b)),
+        _ => {}
+    }
+    let Some(dy) = dy else { return Ok(out) };
+    match op {
+        Op::Identity => out[0] = Some(dy),
+        Op::Cast { to: DType::F32 } if b.g.meta(ins[0]).dtype == DType::F32 => out[0] = Some(dy),
+        Op::Cast { .. } => {}
+        Op::Unary(UnaryOp::Neg) => out[0] = Some(b.neg("dx", dy)?),
+        Op::Unary(u) if unary_differentiable(u) => out[0] = Some(b.op("dx", Op::UnaryGrad(u), &[ins[0], dy])?),
+        Op::Unary(_) => {}
+        Op::Binary(op) => {
+            let (a, c) = (ins[0], ins[1]);
+            let (sa, sc) = (sh(b, 0), sh(b, 1));
+            match op {
+                BinaryOp::Add => {
+                    if w(0) {
+                        out[0] = Some(b.sum_to("da", dy, &sa)?);
+                    }
+                    if w(1) {
+                        out[1] = Some(b.sum_to("db", dy, &sc)?);
+                    }
+                }
+                BinaryOp::Sub => {
+                    if w(0) {
+                        out[0] = Some(b.sum_to("da", dy, &sa)?);
+                    }
+                    if w(1) {
+                        let s = b.sum_to("db.sum", dy, &sc)?;
+                        out[1] = Some(b.neg("db", s)?);
+                    }
+                }
+                BinaryOp::Mul => {
+                    if w(0) {
+                        let t = b.mul("da.mul", dy, c)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        let t = b.mul("db.mul", dy, a)?;
+                        out[1] = Some(b.sum_to("db", t, &sc)?);
+                    }
+                }
+                BinaryOp::Div => {
+                    if w(0) {
+                        let t = b.bin("da.div", BinaryOp::Div, dy, c)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        // d(a/c)/dc = -y/c
+                        let t = b.mul("db.mul", dy, y)?;
+                        let t = b.bin("db.div", BinaryOp::Div, t, c)?;
+                        let t = b.sum_to("db.sum", t, &sc)?;
+                        out[1] = Some(b.neg("db", t)?);
+                    }
+                }
+                BinaryOp::Pow => {
+                    if w(0) {
+                        // c * a^(c-1)
+                        let one = b.scalar("da.one", 1.0);
+                        let cm1 = b.bin("da.cm1", BinaryOp::Sub, c, one)?;
+                        let p = b.bin("da.pow", BinaryOp::Pow, a, cm1)?;
+                        let p = b.mul("da.c", p, c)?;
+                        let t = b.mul("da.mul", dy, p)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        // y * ln(a)
+                        let l = b.op("db.log", Op::Unary(UnaryOp::Log), &[a])?;
+                        let t = b.mul("db.y", y, l)?;
+                        let t = b.mul("db.mul", dy, t)?;
+                        out[1] = Some(b.sum_to("db", t, &sc)?);
+                    }
+                }
+                BinaryOp::Max | BinaryOp::Min => {
+                    // The first operand wins ties.
+                    let cmp = if op == BinaryOp::Max { BinaryOp::GreaterOrEqual } else { BinaryOp::LessOrEqual };
+                    let m = b.bin("mask", cmp, a, c)?;
+                    if w(0) {
+                        let t = b.mask("da.where", m, dy, true)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        let t = b.mask("db.where", m, dy, false)?;
+                        out[1] = Some(b.sum_to("db", t, &sc)?);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Op::Where => {
+            let c = ins[0];
+            if w(1) {
+                let t = b.mask("da.where", c, dy, true)?;
+                let s = sh(b, 1);
+                out[1] = Some(b.sum_to("da", t, &s)?);
+            }
+            if w(2) {
+                let t = b.mask("db.where", c, dy, false)?;
+                let s = sh(b, 2);
+                out[2] = Some(b.sum_to("db", t, &s)?);
+            }
+        }
+        Op::MatMul => {
+            let (da, db) = matmul_vjp(b, ins[0], ins[1], dy, w(0), w(1))?;
+            out[0] = da;
+            out[1] = db;
+        }
+        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            let (a, bb) = (ins[0], ins[1]);
+            let gemm = |alpha, ta, tb| Op::Gemm { alpha, beta: 0.0, trans_a: ta, trans_b: tb };
+            if w(0) {
+                out[0] = Some(if trans_a {
+                    b.op("da", gemm(alpha, trans_b, true), &[bb, dy])?
+                } else {
+                    b.op("da", gemm(alpha, false, !trans_b), &[dy, bb])?
+                });
+            }
+            if w(1) {
+                out[1] = Some(if trans_b {
+                    b.op("db", gemm(alpha, true, trans_a), &[dy, a])?
+                } else {
+                    b.op("db", gemm(alpha, !trans_a, false), &[a, dy])?
+                });
+            }
+            if k > 2 && w(2) {
+                let s = sh(b, 2);
+                let t = b.sum_to("dc.sum", dy, &s)?;
+                out[2] = Some(b.scale("dc", t, beta)?);
+            }
+        }
+        Op::Conv(attrs) => {
+            if w(0) {
+                let shape = sh(b, 0);
+                out[0] = Some(b.op("dx", Op::ConvInputGrad { attrs: attrs.clone(), shape }, &[dy, ins[1]])?);
+            }
+            if w(1) {
+                let shape = sh(b, 1);
+                out[1] = Some(b.op("dw", Op::ConvWeightGrad { attrs, shape }, &[ins[0], dy])?);
+            }
+            if k > 2 && w(2) {
+                out[2] = Some(b.reduce_sum("db", dy, vec![0, 2, 3], false)?);
+            }
+        }
+        Op::MaxPool(a) => out[0] = Some(b.op("dx", Op::MaxPoolGrad(a), &[ins[0], dy])?),
+        Op::AveragePool(attrs) => {
+            let shape = sh(b, 0);
+            out[0] = Some(b.op("dx", Op::AveragePoolGrad { attrs, shape }, &[dy])?);
+        }
+        Op::GlobalAveragePool => {
+            let shape = sh(b, 0);
+            let area: usize = shape[2..].iter().product();
+            let t = b.scale("dx.scale", dy, 1.0 / area as f32)?;
+            out[0] = Some(b.expand("dx", t, &shape)?);
+        }
+        Op::GlobalMaxPool => {
+            let m = b.bin("mask", BinaryOp::Equal, ins[0], y)?;
+            out[0] = Some(b.mask("dx", m, dy, true)?);
+        }
+        Op::BatchNorm { epsilon } => batchnorm_vjp(b, ins, dy, epsilon, want, &mut out)?,
+        Op::LayerNorm { axis, epsilon } => {
+            let g3 = b.ops("d", Op::LayerNormGrad { axis, epsilon }, &[ins[0], ins[1], dy])?;
+            out[0] = Some(g3[0]);
+            if w(1) {
+                let s = sh(b, 1);
+                out[1] = Some(b.sum_to("dscale", g3[1], &s)?);
+            }
+            if k > 2 && w(2) {
+                let s = sh(b, 2);
+                out[2] = Some(b.sum_to("dbias", g3[2], &s)?);
+            }
+        }
+        Op::Lrn { size, alpha, beta, bias } => {
+            out[0] = Some(b.op("dx", Op::LrnGrad { size, alpha, beta, bias }, &[ins[0], dy])?)
+        }
+        Op::Softmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: false }, &[y, dy])?),
+        Op::LogSoftmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: true }, &[y, dy])?),
+        Op::Reshape { .. } => {
+            let s = sh(b, 0);
+            out[0] = Some(b.reshape("dx", dy, &s)?);
+        }
+        Op::Transpose { perm } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            out[0] = Some(b.transpose("dx", dy, inv)?);
+        }
+        Op::Expand { .. } => {
+            let s = sh(b, 0);
+            out[0] = Some(b.sum_to("dx", dy, &s)?);
+        }
+        Op::Concat { axis } => {
+            let sizes: Vec<usize> = (0..k).map(|i| sh(b, i)[axis]).collect();
+            let parts = if k == 1 { vec![dy] } else { b.ops("dx", Op::Split { axis, sizes }, &[dy])? };
+            for (i, p) in parts.into_iter().enumerate() {
+                if w(i) {
+                    out[i] = Some(p);
+                }
+            }
+        }
+        Op::Slice { axes } => {
+            let shape = sh(b, 0);
+            out[0] = Some(if axes.iter().all(|a| a.step == 1) {
+                let r = shape.len();
+                let mut pads = vec![0; 2 * r];
+                for a in &axes {
+                    pads[a.axis] = a.start as usize;
+                    pads[a.axis + r] = shape[a.axis] - a.start as usize - a.len;
+                }
+                b.op("dx", Op::Pad { pads, value: 0.0 }, &[dy])?
+            } else {
+                b.op("dx", Op::SliceGrad { axes, shape }, &[dy])?
+            });
+        }
+        Op::Gather { axis } => {
+            let shape = sh(b, 0);
+            out[0] = Some(b.op("dx", Op::GatherGrad { axis, shape }, &[ins[1], dy])?);
+        }
+        Op::Reduce { op: r, axes, .. } => {
+            let x = ins[0];
+            let shape = sh(b, 0);
+            let kept = reduced_shape(&shape, &axes, true);
+            let dyk = b.reshape("dy.keep", dy, &kept)?;
+            let count: usize = axes.iter().map(|&a| shape[a]).product();
+            let local = match r {
+                ReduceOp::Sum => dyk,
+                ReduceOp::Mean => b.scale("dx.mean", dyk, 1.0 / count.max(1) as f32)?,
+                ReduceOp::Max | ReduceOp::Min => {
+                    let yk = b.reshape("y.keep", y, &kept)?;
+                    let m = b.bin("mask", BinaryOp::Equal, x, yk)?;
+                    b.mask("dx.where", m, dyk, true)?
+                }
+                ReduceOp::Prod => {
+                    let yk = b.reshape("y.keep", y, &kept)?;
+                    let t = b.bin("dx.div", BinaryOp::Div, yk, x)?;
+                    b.mul("dx.mul", t, dyk)?
+                }
+                ReduceOp::SumSquare => {
+                    let t = b.scale("dx.2x", x, 2.0)?;
+                    b.mul("dx.mul", t, dyk)?
+                }
+                ReduceOp::L2 => {
+                    let yk = b.reshape("y.keep", y, &kept)?;
+                    let t = b.bin("dx.div", BinaryOp::Div, x, yk)?;
+                    b.mul("dx.mul", t, dyk)?
+                }
+                ReduceOp::L1 => {
+                    let s = b.op("dx.sign", Op::Unary(UnaryOp::Sign), &[x])?;
+                    b.mul("dx.mul", s, dyk)?
+                }
+                ReduceOp::LogSum => {
+                    let yk = b.reshape("y.keep", y, &kept)?;
+                    let e = b.op("dx.exp", Op::Unary(UnaryOp::Exp), &[yk])?;
+                    b.bin("dx.div", BinaryOp::Div, dyk, e)?
+                }
+                ReduceOp::LogSumExp => {
+                    let yk = b.reshape("y.keep", y, &kept)?;
+                    let d = b.bin("dx.sub", BinaryOp::Sub, x, yk)?;
+                    let e = b.op("dx.exp", Op::Unary(UnaryOp::Exp), &[d])?;
+                    b.mul("dx.mul", e, dyk)?
+                }
+            };
+            out[0] = Some(b.expand("dx", local, &shape)?);
+        }
+        Op::Pad { pads, .. } => {
+            let shape = sh(b, 0);
+            let r = shape.len();
+            let axes: Vec<SliceAxis> = (0..r)
+                .filter(|&d| pads[d] != 0 || pads[d + r] != 0)
+                .map(|d| SliceAxis { axis: d, start: pads[d] as i64, len: shape[d], step: 1 })
+                .collect();
+            out[0] = Some(if axes.is_empty() { dy } else { b.op("dx", Op::Slice { axes }, &[dy])? });
+        }
+        _ => return Err(no_rule(b)),
+    }
+    Ok(out)
+}
+
+/// Gradients of a numpy matmul.
+fn matmul_vjp(
+    b: &mut Builder,
+    a: Value,
+    c: Value,
+    dy: Value,
+    want_a: bool,
+    want_c: bool,
+) -> Result<(Option<Value>, Option<Value>), AutodiffError> {
+    let (sa, sc) = (b.shape(a), b.shape(c));
+    // Promote 1-D operands to matrices, as numpy does.
+    let pa = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
+    let pc = if sc.len() == 1 { vec![sc[0], 1] } else { sc.clone() };
+    let a2 = b.reshape("a.2d", a, &pa)?;
+    let c2 = b.reshape("b.2d", c, &pc)?;
+    let py = matmul_shape(&pa, &pc).map_err(|message| GraphError::Infer {
+        node: b.prefix.clone(),
+        op: "matmul",
+        message,
+    })?;
+    let dy2 = b.reshape("dy.2d", dy, &py)?;
+    let (k, n) = (pc[pc.len() - 2], pc[pc.len() - 1]);
+    let mut da = None;
+    let mut dc = None;
+    if pc.len() == 2 {
+        // B is a matrix: fold A's batch dims into rows and use 2-D products.
+        let rows: usize = pa[..pa.len() - 1].iter().product();
+        let dyf = b.reshape("dy.rows", dy2, &[rows, n])?;
+        if want_a {
+            let t = b.op("da.gemm", Op::Gemm { alpha: 1.0, beta: 0.0, trans_a: false, trans_b: true }, &[dyf, c2])?;
+            let t = b.reshape("da.shape", t, &pa)?;
+            da = Some(b.reshape("da", t, &sa)?);
+        }
+        if want_c {
+            let af = b.reshape("a.rows", a2, &[rows, k])?;
+            let t = b.op("db.gemm", Op::Gemm { alpha: 1.0, beta: 0.0, trans_a: true, trans_b: false }, &[af, dyf])?;
+            dc = Some(b.reshape("db", t, &sc)?);
+        }
+    } else {
+        let last2 = |r: usize| -> Vec<usize> {
+            let mut p: Vec<usize> = (0..r).collect();
+            p.swap(r - 2, r - 1);
+            p
+        };
+        if want_a {
+            let ct = b.transpose("b.t", c2, last2(pc.len()))?;
+            let t = b.op("da.matmul", Op::MatMul, &[dy2, ct])?;
+            let t = b.sum_to("da.sum", t, &pa)?;
+            da = Some(b.reshape("da", t, &sa)?);
+        }
+        if want_c {
+            let at = b.transpose("a.t", a2, last2(pa.len()))?;
+            let t = b.op("db.matmul", Op::MatMul, &[at, dy2])?;
+            let t = b.sum_to("db.sum", t, &pc)?;
+            dc = Some(b.reshape("db", t, &sc)?);
+        }
+    }
+    Ok((da, dc))
+}
+
+/// Gradients of inference batch norm `y = (x - mean) / sqrt(var + eps) * scale + bias`.
+fn batchnorm_vjp(
+    b: &mut Builder,
+    ins: &[Value],
+    dy: Value,
+    eps: f32,
+    want: &[bool],
+    out: &mut [Option<Value>],
+) -> Result<(), AutodiffError> {
+    let (x, scale, mean, var) = (ins[0], ins[1], ins[3], ins[4]);
+    let xs = b.shape(x);
+    let c = xs[1];
+    let mut cshape = vec![c];
+    cshape.extend(std::iter::repeat_n(1, xs.len() - 2));
+    let others: Vec<usize> = (0..xs.len()).filter(|&d| d != 1).collect();
+    let e = b.scalar("eps", eps);
+    let ve = b.bin("var.eps", BinaryOp::Add, var, e)?;
+    let sd = b.op("std", Op::Unary(UnaryOp::Sqrt), &[ve])?;
+    let inv = b.op("inv", Op::Unary(UnaryOp::Reciprocal), &[sd])?;
+    let dsum = b.reduce_sum("dy.sum", dy, others.clone(), false)?;
+    let si = b.mul("scale.inv", scale, inv)?;
+    if want[0] {
+        let f = b.reshape("scale.inv.c", si, &cshape)?;
+        out[0] = Some(b.mul("dx", dy, f)?);
+    }
+    let need_xc = want[1] || want[4];
+    let dxc = if need_xc {
+        let mc = b.reshape("mean.c", mean, &cshape)?;
+        let xc = b.bin("xc", BinaryOp::Sub, x, mc)?;
+        let t = b.mul("dy.xc", dy, xc)?;
+        Some(b.reduce_sum("dy.xc.sum", t, others, false)?)
+    } else {
+        None
+    };
+    if want[1] {
+        let d = dxc.expect("computed above");
+        out[1] = Some(b.mul("dscale", d, inv)?);
+    }
+    if want[2] {
+        out[2] = Some(dsum);
+    }
+    if want[3] {
+        let t = b.mul("dmean.mul", dsum, si)?;
+        out[3] = Some(b.neg("dmean", t)?);
+    }
+    if want[4] {
+        // d/dvar = sum(dy*(x-mean)) * scale * -0.5 * inv^3
+        let d = dxc.expect("computed above");
+        let i2 = b.mul("inv2", inv, inv)?;
+        let i3 = b.mul("inv3", i2, si)?;
+        let t = b.mul("dvar.mul", d, i3)?;
+        out[4] = Some(b.scale("dvar", t, -0.5)?);
+    }
+    Ok(())
+}
+
+/// Appends the loss; returns the scalar loss value.
+fn build_loss(g: &mut Graph, spec: &LossSpec) -> Result<Value, AutodiffError> {
+    let err = |message: String| AutodiffError::Loss { spec: spec.to_string(), message };
+    let outputs = g.outputs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
+    let out = g
+        .outputs
+        .iter()
+        .find(|(n, _)| n == spec.output())
+        .map(|(_, v)| *v)
+        .ok_or_else(|| err(format!("the model has no output {} (outputs: {outputs})", spec.output())))?;
+    let om = g.meta(out).clone();
+    if om.dtype != DType::F32 {
+        return Err(err(format!("output {} is {om}, not f32", spec.output())));
+    }
+    let mut b = Builder { g, prefix: "loss".into() };
+    match spec {
+        LossSpec::Mse { target, .. } => {
+            let t = feed(b.g, target, &om).map_err(err)?;
+            let d = b.bin("diff", BinaryOp::Sub, out, t)?;
+            let sq = b.mul("square", d, d)?;
+            let axes: Vec<usize> = (0..om.rank()).collect();
+            let l = if axes.is_empty() {
+                sq
+            } else {
+                b.op("mean", Op::Reduce { op: ReduceOp::Mean, axes, keepdims: false }, &[sq])?
+            };
+            Ok(l)
+        }
+        LossSpec::CrossEntropy { labels, .. } => {
+            if om.rank() == 0 {
+                return Err(err(format!("output {} is a scalar; it needs a class dim", spec.output())));
+            }
+            let lm = TensorMeta::new(DType::I64, om.shape[..om.rank() - 1].to_vec());
+            let l = feed(b.g, labels, &lm).map_err(err)?;
+            cross_entropy(&mut b, out, l)
+        }
+        LossSpec::NextTokenCe { input_ids, .. } => {
+            let ids =
+                b.g.inputs
+                    .iter()
+                    .find(|&&i| matches!(&b.g.node(i).op, Op::Input { name } if name == input_ids))
+                    .map(|&i| Value::new(i, 0))
+                    .ok_or_else(|| err(format!("the model has no input {input_ids}")))?;
+            let im = b.g.meta(ids).clone();
+            if om.rank() != 3 || im.rank() != 2 || im.dtype != DType::I64 || im.shape[..] != om.shape[..2] {
+                return Err(err(format!(
+                    "needs logits [batch, seq, vocab] and i64 input ids [batch, seq]; got {om} and {im}"
+                )));
+            }
+            let t = om.shape[1];
+            if t < 2 {
+                return Err(err(format!("sequence length {t} leaves no next token to predict")));
+            }
+            let z = b.op(
+                "logits.head",
+                Op::Slice { axes: vec![SliceAxis { axis: 1, start: 0, len: t - 1, step: 1 }] },
+                &[out],
+            )?;
+            let l = b.op(
+                "labels.next",
+                Op::Slice { axes: vec![SliceAxis { axis: 1, start: 1, len: t - 1, step: 1 }] },
+                &[ids],
+            )?;
+            cross_entropy(&mut b, z, l)
+        }
+    }
+}
+
+/// The graph input `name` with meta `m`, declared if the model does not have it.
+fn feed(g: &mut Graph, name: &str, m: &TensorMeta) -> Result<Value, String> {
+    if let Some(&i) = g.inputs.iter().find(|&&i| matches!(&g.node(i).op, Op::Input { name: n } if n == name)) {
+        let have = g.node(i).outputs[0].clone();
+        if &have != m {
+            return Err(format!("input {name} is {have} but the loss needs {m}"));
+        }
+        return Ok(Value::new(i, 0));
+    }
+    if g.params.iter().any(|&p| matches!(&g.node(p).op, Op::Param { name: n } if n == name)) {
+        return Err(format!("{name} is a parameter of the model; name the loss target differently"));
+    }
+    Ok(g.input(name, m.clone()))
+}
+
+/// Mean cross-entropy of logits `z` `[.., C]` against i64 labels `[..]`: `log_softmax`, pick
+/// each row's label with a gather on the flattened log-probabilities, negate the mean.
+fn cross_entropy(b: &mut Builder, z: Value, labels: Value) -> Result<Value, AutodiffError> {
+    let zs = b.shape(z);
+    let c = *zs.last().expect("rank checked by the caller");
+    let rows: usize = zs[..zs.len() - 1].iter().product();
+    let logp = b.op("log_softmax", Op::LogSoftmax { axis: zs.len() - 1 }, &[z])?;
+    let flat = b.reshape("log_softmax.flat", logp, &[rows * c])?;
+    let lf = b.reshape("labels.flat", labels, &[rows])?;
+    let offsets = Tensor::i64([rows], (0..rows as i64).map(|r| r * c as i64).collect());
+    let off = b.g.constant("loss/row_offsets", offsets);
+    let idx = b.bin("index", BinaryOp::Add, lf, off)?;
+    let picked = b.op("picked", Op::Gather { axis: 0 }, &[flat, idx])?;
+    let mean = b.op("mean", Op::Reduce { op: ReduceOp::Mean, axes: vec![0], keepdims: false }, &[picked])?;
+    b.neg("ce", mean)
+}
+
+/// Appends one optimizer update per trainable parameter.
+fn add_updates(
+    g: &mut Graph,
+    opt: &Optimizer,
+    trainable: &[(String, NodeIndex)],
+    grads: &BTreeMap<String, Value>,
+) -> Result<(), AutodiffError> {
+    let step = match opt {
+        Optimizer::AdamW { .. } => {
+            let s = g.state("adamw/step", TensorMeta::new(DType::I64, []));
+            let one = g.constant("update/step.one", Tensor::i64([], vec![1]));
+            let s1 = g.add1("update/step", Op::Binary(BinaryOp::Add), &[s, one])?;
+            g.updates.push((s.node, s1));
+            Some(s1)
+        }
+        Optimizer::Sgd { .. } => None,
+    };
+    for (name, p) in trainable {
+        let pv = Value::new(*p, 0);
+        let meta = g.meta(pv).clone();
+        let grad = grads[name];
+        let node = format!("update/{name}");
+        match *opt {
+            Optimizer::Sgd { lr, momentum, weight_decay } => {
+                let op = Op::SgdUpdate { lr, momentum, weight_decay };
+                if momentum != 0.0 {
+                    let buf = g.state(&format!("{name}/momentum_buffer"), meta);
+                    let o = g.add_op(&node, op, &[pv, grad, buf])?;
+                    g.updates.push((*p, o[0]));
+                    g.updates.push((buf.node, o[1]));
+                } else {
+                    let o = g.add1(&node, op, &[pv, grad])?;
+                    g.updates.push((*p, o));
+                }
+            }
+            Optimizer::AdamW { lr, beta1, beta2, epsilon, weight_decay } => {
+                let m = g.state(&format!("{name}/exp_avg"), meta.clone());
+                let v = g.state(&format!("{name}/exp_avg_sq"), meta);
+                let op = Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay };
+                let o = g.add_op(&node, op, &[pv, grad, m, v, step.expect("adamw has a step")])?;
+                g.updates.push((*p, o[0]));
+                g.updates.push((m.node, o[1]));
+                g.updates.push((v.node, o[2]));
+            }
+        }
+    }
+    Ok(())
+}

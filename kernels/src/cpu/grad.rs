@@ -1,0 +1,570 @@
+//! Gradient kernels (the vector-Jacobian products autodiff emits as single ops) and optimizer
+//! updates.
+//!
+//! Each gradient kernel matches its forward kernel's conventions exactly (same window rules,
+//! same tie-breaking, same statistics), so that the pair is the derivative of what the forward
+//! kernel computes; the finite-difference tests in `tests/tests/autodiff.rs` check that.
+
+use super::{CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
+use crate::Error;
+use ir::{ConvAttrs, Data, PoolAttrs, SliceAxis, Tensor, UnaryOp};
+use rayon::prelude::*;
+
+fn bad(op: &'static str, message: String) -> Error {
+    Error::BadInput { op, message }
+}
+
+/// `dx = dy * f'(x)`.
+pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
+    let op = ir::unary_grad_name(u);
+    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    use std::f32::consts::{FRAC_1_SQRT_2, PI};
+    let d: fn(f32) -> f32 = match u {
+        UnaryOp::Relu => |x| if x > 0.0 { 1.0 } else { 0.0 },
+        UnaryOp::Gelu => |x| {
+            let cdf = 0.5 * libm::erfcf(-x * FRAC_1_SQRT_2);
+            let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
+            cdf + x * pdf
+        },
+        UnaryOp::GeluTanh => |x| {
+            const C: f32 = 0.797_884_6;
+            let t = (C * (x + 0.044715 * x * x * x)).tanh();
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
+        },
+        UnaryOp::Tanh => |x| {
+            let t = x.tanh();
+            1.0 - t * t
+        },
+        UnaryOp::Erf => |x| 2.0 / PI.sqrt() * (-x * x).exp(),
+        UnaryOp::Sigmoid => |x| {
+            let s = super::elementwise::sigmoid(x);
+            s * (1.0 - s)
+        },
+        UnaryOp::Exp => f32::exp,
+        UnaryOp::Log => |x| 1.0 / x,
+        UnaryOp::Sqrt => |x| 0.5 / x.sqrt(),
+        UnaryOp::Neg => |_| -1.0,
+        UnaryOp::Reciprocal => |x| -1.0 / (x * x),
+        UnaryOp::Abs => |x| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        },
+        UnaryOp::Sin => f32::cos,
+        UnaryOp::Cos => |x| -x.sin(),
+        UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => {
+            return Err(bad(op, "op has no gradient kernel".into()));
+        }
+    };
+    let mut out = vec![0f32; xv.len()];
+    let row = 4096.min(xv.len().max(1));
+    ctx.for_rows_weighted(&mut out, row, 8, |r, o| {
+        let s = r * row;
+        for ((o, &x), &g) in o.iter_mut().zip(&xv[s..]).zip(&dv[s..]) {
+            *o = g * d(x);
+        }
+    });
+    tensor(op, x.shape(), Data::F32(out))
+}
+
+/// Softmax: `dx = y * (dy - sum(dy * y))`; log-softmax: `dx = dy - exp(y) * sum(dy)`.
+pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usize, log: bool) -> Result<Tensor, Error> {
+    let op = if log { "log_softmax_grad" } else { "softmax_grad" };
+    let (yv, dv) = (f32s(op, y)?, f32s(op, dy)?);
+    let s = y.shape();
+    let len = s[axis];
+    let inner: usize = s[axis + 1..].iter().product();
+    let block = len * inner;
+    let mut out = vec![0f32; yv.len()];
+    if block == 0 {
+        return tensor(op, s, Data::F32(out));
+    }
+    ctx.for_rows_weighted(&mut out, block, 4, |r, o| {
+        let (yb, db) = (&yv[r * block..(r + 1) * block], &dv[r * block..(r + 1) * block]);
+        for j in 0..inner {
+            let at = |i: usize| i * inner + j;
+            let sum: f64 = if log {
+                (0..len).map(|i| db[at(i)] as f64).sum()
+            } else {
+                (0..len).map(|i| (db[at(i)] * yb[at(i)]) as f64).sum()
+            };
+            let sum = sum as f32;
+            for i in 0..len {
+                let k = at(i);
+                o[k] = if log { db[k] - yb[k].exp() * sum } else { yb[k] * (db[k] - sum) };
+            }
+        }
+    });
+    tensor(op, s, Data::F32(out))
+}
+
+/// Layer-norm gradient: dx, and dscale/dbias over the normalised shape.
+pub(crate) fn layer_norm_grad(
+    ctx: &CpuContext,
+    inputs: &[&Tensor],
+    axis: usize,
+    eps: f32,
+) -> Result<Vec<Tensor>, Error> {
+    let op = "layernorm_grad";
+    let (x, dy) = (f32s(op, inputs[0])?, f32s(op, inputs[2])?);
+    let s = inputs[0].shape();
+    let norm_shape = &s[axis..];
+    let d: usize = norm_shape.iter().product();
+    let scale = broadcast_f32(ctx, op, inputs[1], norm_shape)?;
+    let rows = x.len().checked_div(d).unwrap_or(0);
+    // Per-row mean and 1/std, as the forward kernel computes them.
+    let mut stats = vec![0f32; 2 * rows];
+    ctx.for_rows_weighted(&mut stats, 2, 2 * d, |r, st| {
+        let v = &x[r * d..(r + 1) * d];
+        let mean = v.iter().map(|&a| a as f64).sum::<f64>() / d as f64;
+        let var = v.iter().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+        st[0] = mean as f32;
+        st[1] = (1.0 / (var + eps as f64).sqrt()) as f32;
+    });
+    let mut dx = vec![0f32; x.len()];
+    ctx.for_rows_weighted(&mut dx, d.max(1), 6, |r, o| {
+        let (mean, inv) = (stats[2 * r], stats[2 * r + 1]);
+        let v = &x[r * d..(r + 1) * d];
+        let g = &dy[r * d..(r + 1) * d];
+        let (mut sg, mut sgx) = (0f64, 0f64);
+        for ((&a, &gg), &sc) in v.iter().zip(g).zip(&scale) {
+            let gs = (gg * sc) as f64;
+            sg += gs;
+            sgx += gs * ((a - mean) * inv) as f64;
+        }
+        let (mg, mgx) = ((sg / d as f64) as f32, (sgx / d as f64) as f32);
+        for (((o, &a), &gg), &sc) in o.iter_mut().zip(v).zip(g).zip(&scale) {
+            let xhat = (a - mean) * inv;
+            *o = inv * (gg * sc - mg - xhat * mgx);
+        }
+    });
+    let mut dscale = vec![0f32; d];
+    let mut dbias = vec![0f32; d];
+    for r in 0..rows {
+        let (mean, inv) = (stats[2 * r], stats[2 * r + 1]);
+        let v = &x[r * d..(r + 1) * d];
+        let g = &dy[r * d..(r + 1) * d];
+        for (((ds, db), &a), &gg) in dscale.iter_mut().zip(dbias.iter_mut()).zip(v).zip(g) {
+            *ds += gg * (a - mean) * inv;
+            *db += gg;
+        }
+    }
+    Ok(vec![
+        tensor(op, s, Data::F32(dx))?,
+        tensor(op, norm_shape, Data::F32(dscale))?,
+        tensor(op, norm_shape, Data::F32(dbias))?,
+    ])
+}
+
+/// LRN gradient (same window as the forward kernel):
+/// `dx_k = dy_k s_k^-beta - 2 alpha beta / size * x_k * sum_{i: k in W(i)} dy_i x_i s_i^(-beta-1)`.
+pub(crate) fn lrn_grad(
+    ctx: &CpuContext,
+    x: &Tensor,
+    dy: &Tensor,
+    size: usize,
+    alpha: f32,
+    beta: f32,
+    bias: f32,
+) -> Result<Tensor, Error> {
+    let op = "lrn_grad";
+    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    let s = x.shape();
+    let c = s[1];
+    let sp: usize = s[2..].iter().product();
+    let (before, after) = ((size - 1) / 2, (size - 1).div_ceil(2));
+    let mut out = vec![0f32; xv.len()];
+    let img = (c * sp).max(1);
+    ctx.for_rows_weighted(&mut out, img, 2 * size, |n, o| {
+        let xb = &xv[n * c * sp..(n + 1) * c * sp];
+        let db = &dv[n * c * sp..(n + 1) * c * sp];
+        let mut sum = vec![0f32; c];
+        let mut t = vec![0f32; c];
+        for i in 0..sp {
+            for (ch, sv) in sum.iter_mut().enumerate() {
+                let (lo, hi) = (ch.saturating_sub(before), (ch + after).min(c - 1));
+                let sq: f32 = (lo..=hi).map(|k| xb[k * sp + i] * xb[k * sp + i]).sum();
+                *sv = bias + alpha / size as f32 * sq;
+            }
+            for ch in 0..c {
+                t[ch] = db[ch * sp + i] * xb[ch * sp + i] * sum[ch].powf(-beta - 1.0);
+            }
+            for k in 0..c {
+                // Channels i whose window contains k: i in [k - after, k + before].
+                let (lo, hi) = (k.saturating_sub(after), (k + before).min(c - 1));
+                let acc: f32 = t[lo..=hi].iter().sum();
+                o[k * sp + i] =
+                    db[k * sp + i] * sum[k].powf(-beta) - 2.0 * alpha * beta / size as f32 * xb[k * sp + i] * acc;
+            }
+        }
+    });
+    tensor(op, s, Data::F32(out))
+}
+
+/// Adds the columns `col` (`[cg*kh*kw, oh*ow]`) back into the image `dx` (`[cg, h, w]`): the
+/// adjoint of im2col.
+#[allow(clippy::too_many_arguments)]
+fn col2im(
+    ctx: Option<&CpuContext>,
+    col: &[f32],
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    a: &ConvAttrs,
+    oh: usize,
+    ow: usize,
+    dx: &mut [f32],
+) {
+    let p = oh * ow;
+    let plane_fn = |c: usize, plane: &mut [f32]| {
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &col[((c * kh + i) * kw + j) * p..((c * kh + i) * kw + j + 1) * p];
+                let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
+                let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
+                for oy in 0..oh {
+                    let iy = (oy * a.strides[0]) as isize + offy;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let dst = &mut plane[iy as usize * w..(iy as usize + 1) * w];
+                    let src = &row[oy * ow..(oy + 1) * ow];
+                    for (ox, &v) in src.iter().enumerate() {
+                        let ix = (ox * a.strides[1]) as isize + offx;
+                        if ix >= 0 && ix < w as isize {
+                            dst[ix as usize] += v;
+                        }
+                    }
+                }
+            }
+        }
+    };
+    match ctx {
+        Some(ctx) => ctx.for_rows_weighted(dx, (h * w).max(1), kh * kw, plane_fn),
+        None => dx.chunks_mut((h * w).max(1)).enumerate().for_each(|(c, pl)| plane_fn(c, pl)),
+    }
+}
+
+/// Convolution gradient with respect to its input: `W^T @ dy` per group, then col2im.
+pub(crate) fn conv_input_grad(
+    ctx: &CpuContext,
+    a: &ConvAttrs,
+    dy: &Tensor,
+    w: &Tensor,
+    shape: &[usize],
+) -> Result<Tensor, Error> {
+    let op = "conv_input_grad";
+    let (dv, wv) = (f32s(op, dy)?, f32s(op, w)?);
+    let (n, c, h, wd) = (shape[0], shape[1], shape[2], shape[3]);
+    let ws = w.shape();
+    let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
+    let g = a.group;
+    let mg = m / g;
+    let kk = cg * kh * kw;
+    let p = oh * ow;
+    let plane = h * wd;
+    let mut dx = vec![0f32; n * c * plane];
+    if dx.is_empty() || p == 0 {
+        return tensor(op, shape, Data::F32(dx));
+    }
+    let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0];
+    let tasks = n * g;
+    let par_tasks = ctx.threads() > 1 && tasks >= 2 * ctx.threads() && mg * kk * p < (1 << 22);
+    let run = |t: usize, dxg: &mut [f32], col: &mut Vec<f32>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
+        let (ni, gi) = (t / g, t % g);
+        let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+        let wg = &wv[gi * mg * kk..(gi + 1) * mg * kk];
+        if direct {
+            // dx [cg, p] = W^T [cg, mg] @ dy [mg, p]
+            return super::linalg::gemm_with(par, kk, p, mg, wg, true, dyg, false, dxg, 1.0, 0.0);
+        }
+        col.resize(kk * p, 0.0);
+        super::linalg::gemm_with(par, kk, p, mg, wg, true, dyg, false, col, 1.0, 0.0)?;
+        col2im(inner, col, h, wd, kh, kw, a, oh, ow, dxg);
+        Ok(())
+    };
+    if par_tasks {
+        ctx.install(|| {
+            dx.par_chunks_mut(cg * plane)
+                .enumerate()
+                .try_for_each_init(Vec::new, |col, (t, dxg)| run(t, dxg, col, None, gemm::Parallelism::None))
+        })?;
+    } else {
+        let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
+        let mut col = Vec::new();
+        for (t, dxg) in dx.chunks_mut(cg * plane).enumerate() {
+            ctx.install(|| run(t, dxg, &mut col, Some(ctx), par))?;
+        }
+    }
+    tensor(op, shape, Data::F32(dx))
+}
+
+/// Convolution gradient with respect to its weight: `sum_n dy_n @ im2col(x_n)^T` per group.
+pub(crate) fn conv_weight_grad(
+    ctx: &CpuContext,
+    a: &ConvAttrs,
+    x: &Tensor,
+    dy: &Tensor,
+    shape: &[usize],
+) -> Result<Tensor, Error> {
+    let op = "conv_weight_grad";
+    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    let xs = x.shape();
+    let (n, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
+    let (m, cg, kh, kw) = (shape[0], shape[1], shape[2], shape[3]);
+    let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
+    let g = a.group;
+    let mg = m / g;
+    let kk = cg * kh * kw;
+    let p = oh * ow;
+    let plane = h * wd;
+    let mut dw = vec![0f32; m * kk];
+    if dw.is_empty() || p == 0 {
+        return tensor(op, shape, Data::F32(dw));
+    }
+    let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0];
+    let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
+    let mut col = Vec::new();
+    for gi in 0..g {
+        let dwg = &mut dw[gi * mg * kk..(gi + 1) * mg * kk];
+        for ni in 0..n {
+            let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+            let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+            let colv: &[f32] = if direct {
+                xin
+            } else {
+                col.resize(kk * p, 0.0);
+                conv::im2col(Some(ctx), xin, h, wd, kh, kw, a, oh, ow, &mut col);
+                &col
+            };
+            let beta = if ni == 0 { 0.0 } else { 1.0 };
+            // dW [mg, kk] += dy [mg, p] @ col^T [p, kk]
+            ctx.install(|| super::linalg::gemm_with(par, mg, kk, p, dyg, false, colv, true, dwg, 1.0, beta))?;
+        }
+    }
+    tensor(op, shape, Data::F32(dw))
+}
+
+/// Max-pool gradient: each window's dy goes to its first maximal cell (the forward kernel's
+/// tie rule).
+pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
+    let op = "maxpool_grad";
+    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    let (h, w) = (x.shape()[2], x.shape()[3]);
+    let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
+    let mut dx = vec![0f32; xv.len()];
+    ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
+        let plane = &xv[r * h * w..(r + 1) * h * w];
+        let d = &dv[r * oh * ow..(r + 1) * oh * ow];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = f32::NEG_INFINITY;
+                let mut at = None;
+                let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
+                let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
+                for i in 0..a.kernel[0] {
+                    let yy = y0 + (i * a.dilations[0]) as isize;
+                    if yy < 0 || yy >= h as isize {
+                        continue;
+                    }
+                    for j in 0..a.kernel[1] {
+                        let xx = x0 + (j * a.dilations[1]) as isize;
+                        if xx < 0 || xx >= w as isize {
+                            continue;
+                        }
+                        let k = yy as usize * w + xx as usize;
+                        let v = plane[k];
+                        if v > best || v.is_nan() || at.is_none() {
+                            best = v;
+                            at = Some(k);
+                        }
+                    }
+                }
+                if let Some(k) = at {
+                    plane_dx[k] += d[oy * ow + ox];
+                }
+            }
+        }
+    });
+    tensor(op, x.shape(), Data::F32(dx))
+}
+
+/// Average-pool gradient: each window's dy is spread over its cells with the forward divisor.
+pub(crate) fn avg_pool_grad(ctx: &CpuContext, a: &PoolAttrs, dy: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
+    let op = "avgpool_grad";
+    let dv = f32s(op, dy)?;
+    let (h, w) = (shape[2], shape[3]);
+    let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
+    let padded_count = |o: usize, d: usize, len: usize| -> usize {
+        let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
+        let end = (len + a.pads[d + 2]) as isize;
+        (0..a.kernel[d]).filter(|&i| start + ((i * a.dilations[d]) as isize) < end).count()
+    };
+    let mut dx = vec![0f32; shape.iter().product()];
+    ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
+        let d = &dv[r * oh * ow..(r + 1) * oh * ow];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
+                let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
+                let cells = |f: &mut dyn FnMut(usize)| {
+                    for i in 0..a.kernel[0] {
+                        let yy = y0 + (i * a.dilations[0]) as isize;
+                        if yy < 0 || yy >= h as isize {
+                            continue;
+                        }
+                        for j in 0..a.kernel[1] {
+                            let xx = x0 + (j * a.dilations[1]) as isize;
+                            if xx >= 0 && xx < w as isize {
+                                f(yy as usize * w + xx as usize);
+                            }
+                        }
+                    }
+                };
+                let mut cnt = 0usize;
+                cells(&mut |_| cnt += 1);
+                if a.count_include_pad {
+                    cnt = padded_count(oy, 0, h) * padded_count(ox, 1, w);
+                }
+                if cnt == 0 {
+                    continue;
+                }
+                let share = d[oy * ow + ox] / cnt as f32;
+                cells(&mut |k| plane_dx[k] += share);
+            }
+        }
+    });
+    tensor(op, shape, Data::F32(dx))
+}
+
+/// Gather gradient: scatter-adds dy rows into zeros of the data's shape.
+pub(crate) fn gather_grad(idx: &Tensor, dy: &Tensor, axis: usize, shape: &[usize]) -> Result<Tensor, Error> {
+    let op = "gather_grad";
+    let iv = idx.as_i64().ok_or_else(|| bad(op, format!("indices must be i64, got {}", idx.dtype())))?;
+    let dv = f32s(op, dy)?;
+    let pre: usize = shape[..axis].iter().product();
+    let dim = shape[axis];
+    let post: usize = shape[axis + 1..].iter().product();
+    let ni = iv.len();
+    let mut out = vec![0f32; shape.iter().product()];
+    for p in 0..pre {
+        for (i, &ix) in iv.iter().enumerate() {
+            let j = if ix < 0 { ix + dim as i64 } else { ix };
+            if j < 0 || j >= dim as i64 {
+                return Err(bad(op, format!("index {ix} out of range for axis of size {dim}")));
+            }
+            let dst = &mut out[(p * dim + j as usize) * post..(p * dim + j as usize + 1) * post];
+            let src = &dv[(p * ni + i) * post..(p * ni + i + 1) * post];
+            for (o, &s) in dst.iter_mut().zip(src) {
+                *o += s;
+            }
+        }
+    }
+    tensor(op, shape, Data::F32(out))
+}
+
+/// Slice gradient: dy written back at the sliced positions of zeros of `shape`.
+pub(crate) fn slice_grad(dy: &Tensor, axes: &[SliceAxis], shape: &[usize]) -> Result<Tensor, Error> {
+    let op = "slice_grad";
+    let dv = f32s(op, dy)?;
+    let ds = dy.shape();
+    let st = strides(shape);
+    let r = shape.len();
+    let mut start = vec![0i64; r];
+    let mut step = vec![1i64; r];
+    for a in axes {
+        start[a.axis] = a.start;
+        step[a.axis] = a.step;
+    }
+    let mut out = vec![0f32; shape.iter().product()];
+    let mut idx = vec![0usize; r];
+    for &v in dv {
+        let off: i64 = (0..r).map(|d| (start[d] + idx[d] as i64 * step[d]) * st[d] as i64).sum();
+        out[off as usize] += v;
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            if idx[d] < ds[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    tensor(op, shape, Data::F32(out))
+}
+
+/// One SGD step; returns p' and, with momentum, the new buffer.
+pub(crate) fn sgd_update(
+    ctx: &CpuContext,
+    inputs: &[&Tensor],
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+) -> Result<Vec<Tensor>, Error> {
+    let op = "sgd_update";
+    let (p, g) = (f32s(op, inputs[0])?, f32s(op, inputs[1])?);
+    let shape = inputs[0].shape();
+    let mut np = vec![0f32; p.len()];
+    if momentum != 0.0 {
+        let buf = f32s(op, inputs[2])?;
+        let mut nb = vec![0f32; p.len()];
+        for i in 0..p.len() {
+            let d = g[i] + weight_decay * p[i];
+            nb[i] = momentum * buf[i] + d;
+            np[i] = p[i] - lr * nb[i];
+        }
+        return Ok(vec![tensor(op, shape, Data::F32(np))?, tensor(op, shape, Data::F32(nb))?]);
+    }
+    let row = 4096.min(p.len().max(1));
+    ctx.for_rows(&mut np, row, |r, o| {
+        let s = r * row;
+        for ((o, &pp), &gg) in o.iter_mut().zip(&p[s..]).zip(&g[s..]) {
+            *o = pp - lr * (gg + weight_decay * pp);
+        }
+    });
+    Ok(vec![tensor(op, shape, Data::F32(np))?])
+}
+
+/// One AdamW step at step number `t` (PyTorch's arithmetic: bias corrections in f64, applied
+/// as f32 scalars).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn adamw_update(
+    inputs: &[&Tensor],
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+) -> Result<Vec<Tensor>, Error> {
+    let op = "adamw_update";
+    let (p, g, m, v) = (f32s(op, inputs[0])?, f32s(op, inputs[1])?, f32s(op, inputs[2])?, f32s(op, inputs[3])?);
+    let t = inputs[4].as_i64().and_then(|s| s.first().copied()).ok_or_else(|| bad(op, "step must be i64".into()))?;
+    if t < 1 {
+        return Err(bad(op, format!("step must be >= 1, got {t}")));
+    }
+    let (lr64, b1, b2) = (lr as f64, beta1 as f64, beta2 as f64);
+    let decay = (1.0 - lr64 * weight_decay as f64) as f32;
+    let bc1 = 1.0 - b1.powi(t.min(i32::MAX as i64) as i32);
+    let bc2 = 1.0 - b2.powi(t.min(i32::MAX as i64) as i32);
+    let step_size = (lr64 / bc1) as f32;
+    let bc2_sqrt = bc2.sqrt() as f32;
+    let (w1, w2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+    let n = p.len();
+    let (mut np, mut nm, mut nv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    for i in 0..n {
+        let pp = p[i] * decay;
+        let mi = m[i] + w1 * (g[i] - m[i]);
+        let vi = v[i] * beta2 + w2 * g[i] * g[i];
+        let denom = vi.sqrt() / bc2_sqrt + eps;
+        np[i] = pp - step_size * (mi / denom);
+        nm[i] = mi;
+        nv[i] = vi;
+    }
+    let shape = inputs[0].shape();
+    Ok(vec![tensor(op, shape, Data::F32(np))?, tensor(op, shape, Data::F32(nm))?, tensor(op, shape, Data::F32(nv))?])
+}

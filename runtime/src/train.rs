@@ -1,0 +1,219 @@
+//! Single-device training: runs a [`TrainingGraph`] step after step, keeping parameters and
+//! optimizer state between steps, and saves or loads them.
+//!
+//! Invariant: the trainer's storage holds exactly one tensor per param and state of the graph,
+//! with the graph's metas; each step replaces the updated ones ([`ir::Graph::updates`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ir::autodiff::TrainingGraph;
+use ir::{Op, Tensor, TensorMeta};
+use kernels::cpu::CpuContext;
+
+use crate::npy::{NpyError, read_npz, write_npz};
+use crate::{Interpreter, RunError};
+
+/// Why training state cannot be saved or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Reading or writing a file failed.
+    #[error(transparent)]
+    Npy(#[from] NpyError),
+    /// I/O outside the array files.
+    #[error("{path}: {cause}")]
+    Io {
+        /// File or directory.
+        path: PathBuf,
+        /// Cause.
+        cause: std::io::Error,
+    },
+    /// A saved tensor does not fit the model.
+    #[error("{path}: {message}")]
+    Mismatch {
+        /// File.
+        path: PathBuf,
+        /// What differs.
+        message: String,
+    },
+}
+
+/// One training step's results.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// Step number (1 for the first step this trainer ran, continuing after a load).
+    pub step: u64,
+    /// The loss before this step's update.
+    pub loss: f32,
+    /// Peak bytes of inputs and intermediates during the step.
+    pub peak_bytes: usize,
+    /// Bytes of parameters and optimizer state (resident between steps).
+    pub resident_bytes: usize,
+    /// Every graph output of the step (the loss, and gradients when the graph has no optimizer).
+    pub outputs: BTreeMap<String, Tensor>,
+}
+
+/// An activation the step keeps from forward until backward reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavedTensor {
+    /// Producing node.
+    pub node: String,
+    /// Its meta.
+    pub meta: TensorMeta,
+}
+
+/// Runs a training graph on one CPU device.
+pub struct Trainer<'t> {
+    tg: &'t TrainingGraph,
+    interp: Interpreter<'t>,
+    storage: BTreeMap<String, Tensor>,
+    steps_done: u64,
+}
+
+impl<'t> Trainer<'t> {
+    /// A trainer starting from `params` (by name; every param of the graph must be there) with
+    /// zero optimizer state.
+    pub fn new(tg: &'t TrainingGraph, params: &BTreeMap<String, Tensor>) -> Result<Self, RunError> {
+        let g = &tg.graph;
+        let mut storage = BTreeMap::new();
+        for &p in &g.params {
+            if let Op::Param { name } = &g.node(p).op {
+                let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;
+                storage.insert(name.clone(), t.clone());
+            }
+        }
+        for &s in &g.states {
+            if let Op::State { name } = &g.node(s).op {
+                storage.insert(name.clone(), Tensor::zeros(&g.node(s).outputs[0]));
+            }
+        }
+        Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0 })
+    }
+
+    /// Runs one step on `feeds`: forward, loss, backward, update.
+    pub fn step(&mut self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<StepReport, RunError> {
+        let rep = self.interp.run_with_params(ctx, feeds, &self.storage)?;
+        for (name, t) in rep.updates {
+            self.storage.insert(name, t);
+        }
+        self.steps_done += 1;
+        let loss =
+            rep.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+        Ok(StepReport {
+            step: self.steps_done,
+            loss,
+            peak_bytes: rep.peak_bytes,
+            resident_bytes: rep.param_bytes,
+            outputs: rep.outputs,
+        })
+    }
+
+    /// Steps run so far (including those of a loaded checkpoint).
+    pub fn steps_done(&self) -> u64 {
+        self.steps_done
+    }
+
+    /// Current value of a param or state.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.storage.get(name)
+    }
+
+    /// Current parameters (no optimizer state), by name.
+    pub fn params(&self) -> BTreeMap<String, Tensor> {
+        let g = &self.tg.graph;
+        g.params
+            .iter()
+            .filter_map(|&p| match &g.node(p).op {
+                Op::Param { name } => self.storage.get(name).map(|t| (name.clone(), t.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The activations each step keeps for backward, largest first.
+    pub fn saved_for_backward(&self) -> Vec<SavedTensor> {
+        let g = &self.tg.graph;
+        let mut v: Vec<SavedTensor> = self
+            .tg
+            .saved_for_backward()
+            .into_iter()
+            .map(|v| SavedTensor { node: g.node(v.node).name.clone(), meta: g.meta(v).clone() })
+            .collect();
+        v.sort_by(|a, b| b.meta.bytes().cmp(&a.meta.bytes()).then(a.node.cmp(&b.node)));
+        v
+    }
+
+    /// Writes `DIR/params.npz` (parameters), `DIR/state.npz` (optimizer state) and
+    /// `DIR/trainer.json` (steps done), creating `DIR`.
+    pub fn save(&self, dir: &Path) -> Result<(), CheckpointError> {
+        std::fs::create_dir_all(dir).map_err(|cause| CheckpointError::Io { path: dir.to_path_buf(), cause })?;
+        let g = &self.tg.graph;
+        let pick = |nodes: &[ir::NodeIndex]| -> BTreeMap<String, Tensor> {
+            nodes
+                .iter()
+                .filter_map(|&n| match &g.node(n).op {
+                    Op::Param { name } | Op::State { name } => {
+                        self.storage.get(name).map(|t| (name.clone(), t.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        write_npz(&dir.join("params.npz"), &pick(&g.params))?;
+        write_npz(&dir.join("state.npz"), &pick(&g.states))?;
+        let meta = dir.join("trainer.json");
+        let text = serde_json::json!({ "steps_done": self.steps_done }).to_string();
+        std::fs::write(&meta, text + "\n").map_err(|cause| CheckpointError::Io { path: meta, cause })?;
+        Ok(())
+    }
+
+    /// Loads what [`Trainer::save`] wrote. Parameters must all be present with the graph's
+    /// metas; missing optimizer state (e.g. a checkpoint saved with another optimizer) stays
+    /// zero.
+    pub fn load(&mut self, dir: &Path) -> Result<(), CheckpointError> {
+        let g = &self.tg.graph;
+        let ppath = dir.join("params.npz");
+        let params = read_npz(&ppath)?;
+        let spath = dir.join("state.npz");
+        let states = if spath.exists() { read_npz(&spath)? } else { BTreeMap::new() };
+        let mut next = self.storage.clone();
+        for (nodes, file, path, required) in [(&g.params, &params, &ppath, true), (&g.states, &states, &spath, false)] {
+            for &n in nodes.iter() {
+                let (Op::Param { name } | Op::State { name }) = &g.node(n).op else { continue };
+                let want = &g.node(n).outputs[0];
+                match file.get(name) {
+                    Some(t) if &t.meta() == want => {
+                        next.insert(name.clone(), t.clone());
+                    }
+                    Some(t) => {
+                        return Err(CheckpointError::Mismatch {
+                            path: path.clone(),
+                            message: format!("{name} is {} but the model needs {want}", t.meta()),
+                        });
+                    }
+                    None if required => {
+                        return Err(CheckpointError::Mismatch {
+                            path: path.clone(),
+                            message: format!("parameter {name} is missing"),
+                        });
+                    }
+                    None => {}
+                }
+            }
+        }
+        let meta = dir.join("trainer.json");
+        let steps = match std::fs::read_to_string(&meta) {
+            Ok(s) => serde_json::from_str::<serde_json::Value>(&s)
+                .ok()
+                .and_then(|v| v.get("steps_done").and_then(|x| x.as_u64()))
+                .ok_or_else(|| CheckpointError::Mismatch {
+                    path: meta.clone(),
+                    message: "expected {\"steps_done\": N}".into(),
+                })?,
+            Err(_) => 0,
+        };
+        self.storage = next;
+        self.steps_done = steps;
+        Ok(())
+    }
+}

@@ -1,0 +1,199 @@
+//! `autopar train`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use ir::autodiff::{LossSpec, Optimizer, TrainOptions};
+
+use super::common;
+
+/// Optimizer names for `--optimizer`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// Stochastic gradient descent (torch.optim.SGD).
+    Sgd,
+    /// Adam with decoupled weight decay (torch.optim.AdamW).
+    Adamw,
+}
+
+/// Arguments of `autopar train`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Feed a tensor from a .npy file: `NAME=FILE.npy`. Model inputs and the loss's targets or
+    /// labels are all fed this way; the same batch is used at every step.
+    #[arg(long = "feed", value_name = "NAME=FILE.npy")]
+    pub feeds: Vec<String>,
+    /// Bind an input's shape, e.g. `input_ids=2x128` (default: the shapes of the feeds).
+    #[arg(long = "input", value_name = "NAME=DIMS")]
+    pub inputs: Vec<String>,
+    /// The loss: `mse:OUTPUT:TARGET` (mean squared error), `ce:OUTPUT:LABELS` (cross-entropy,
+    /// class dim last, i64 labels) or `ce-next:OUTPUT:INPUT_IDS` (next-token LM loss).
+    #[arg(long, value_name = "SPEC")]
+    pub loss: String,
+    /// The optimizer.
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerKind,
+    /// Learning rate (default: 1e-3 for AdamW, 0.01 for SGD).
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.0)]
+    pub momentum: f32,
+    /// Weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, added to the gradient).
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// AdamW betas as `B1,B2`.
+    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
+    pub betas: String,
+    /// AdamW epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    pub eps: f32,
+    /// Number of steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Parameters not to train (repeatable; exact initializer names).
+    #[arg(long = "freeze", value_name = "PARAM")]
+    pub freeze: Vec<String>,
+    /// Save parameters and optimizer state here after the last step.
+    #[arg(long, value_name = "DIR")]
+    pub save: Option<PathBuf>,
+    /// Start from parameters and optimizer state saved with --save.
+    #[arg(long, value_name = "DIR")]
+    pub load: Option<PathBuf>,
+    /// CPU threads for the kernels.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Print the training graph (IR text) and exit.
+    #[arg(long)]
+    pub graph: bool,
+    /// One JSON object per line: `{"step":i,"loss":x,...}` per step.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn optimizer(a: &TrainArgs) -> Result<Optimizer> {
+    Ok(match a.optimizer {
+        OptimizerKind::Sgd => Optimizer::Sgd {
+            lr: a.lr.unwrap_or(0.01),
+            momentum: a.momentum,
+            weight_decay: a.weight_decay.unwrap_or(0.0),
+        },
+        OptimizerKind::Adamw => {
+            let betas: Vec<f32> = a
+                .betas
+                .split(',')
+                .map(|s| s.trim().parse::<f32>())
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("--betas {}: expected two numbers like 0.9,0.999", a.betas))?;
+            let [beta1, beta2] = betas[..] else { bail!("--betas {}: expected two numbers like 0.9,0.999", a.betas) };
+            if a.momentum != 0.0 {
+                bail!("--momentum applies to --optimizer sgd only");
+            }
+            Optimizer::AdamW {
+                lr: a.lr.unwrap_or(1e-3),
+                beta1,
+                beta2,
+                epsilon: a.eps,
+                weight_decay: a.weight_decay.unwrap_or(0.01),
+            }
+        }
+    })
+}
+
+/// Runs `autopar train`.
+pub fn run(a: &TrainArgs) -> Result<()> {
+    let loss: LossSpec = a.loss.parse().map_err(anyhow::Error::msg)?;
+    let opt = optimizer(a)?;
+    let feeds = common::read_feeds(&a.feeds)?;
+    let mut opts = common::import_options(&a.inputs, true)?;
+    for (name, t) in &feeds {
+        opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
+    }
+    let g = common::load_model(&a.model, &opts)?;
+    let tg = ir::autodiff::training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: a.freeze.clone() })?;
+    if a.graph {
+        print!("{}", tg.graph.to_text());
+        return Ok(());
+    }
+    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1)).context("starting the CPU thread pool")?;
+    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?;
+    if let Some(dir) = &a.load {
+        trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;
+    }
+    let saved = trainer.saved_for_backward();
+    let saved_bytes: usize = saved.iter().map(|s| s.meta.bytes()).sum();
+    if !a.json {
+        let (np, pb) = g.param_stats();
+        println!(
+            "training {} ({} trainable of {} parameter tensors, {np} parameters, {:.2} MiB) with {} on {} thread(s)",
+            g.name,
+            tg.trainable.len(),
+            g.params.len(),
+            pb as f64 / 1048576.0,
+            describe(&opt),
+            ctx.threads()
+        );
+        println!(
+            "graph: {} nodes; {} activations kept for backward ({:.2} MiB)",
+            tg.graph.node_count(),
+            saved.len(),
+            saved_bytes as f64 / 1048576.0
+        );
+    }
+    let mut out = std::io::stdout().lock();
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..a.steps {
+        let t0 = std::time::Instant::now();
+        let rep = trainer.step(&ctx, &feeds)?;
+        let dt = t0.elapsed().as_secs_f64();
+        times.push(dt);
+        if !rep.loss.is_finite() {
+            eprintln!("warning: step {}: loss is {} (diverged; try a smaller --lr)", rep.step, rep.loss);
+        }
+        if a.json {
+            let line = serde_json::json!({
+                "step": rep.step, "loss": rep.loss, "ms": dt * 1e3, "peak_bytes": rep.peak_bytes
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(out, "step {:>4}  loss {:<12.8}  {:>8.1} ms", rep.step, rep.loss, dt * 1e3)?;
+        }
+        out.flush()?;
+        last = Some(rep);
+    }
+    if let Some(dir) = &a.save {
+        trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
+    }
+    if !a.json
+        && let Some(rep) = last
+    {
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        writeln!(
+            out,
+            "median step {:.1} ms; peak activations {:.2} MiB; parameters + optimizer state {:.2} MiB",
+            sorted[sorted.len() / 2] * 1e3,
+            rep.peak_bytes as f64 / 1048576.0,
+            rep.resident_bytes as f64 / 1048576.0
+        )?;
+        if let Some(dir) = &a.save {
+            writeln!(out, "saved parameters and optimizer state to {}", dir.display())?;
+        }
+    }
+    Ok(())
+}
+
+fn describe(o: &Optimizer) -> String {
+    match o {
+        Optimizer::Sgd { lr, momentum, weight_decay } => {
+            format!("SGD (lr {lr}, momentum {momentum}, weight decay {weight_decay})")
+        }
+        Optimizer::AdamW { lr, beta1, beta2, epsilon, weight_decay } => {
+            format!("AdamW (lr {lr}, betas {beta1},{beta2}, eps {epsilon}, weight decay {weight_decay})")
+        }
+    }
+}
