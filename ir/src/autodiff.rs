@@ -553,6 +553,12 @@ fn vjp(
                         out[1] = Some(b.neg("db", s)?);
                     }
                 }
+                BinaryOp::Mul if a == c => {
+                    // x * x: one contribution, 2 x dy.
+                    let t = b.mul("dx.mul", dy, a)?;
+                    let t = b.scale("dx.2", t, 2.0)?;
+                    out[0] = Some(b.sum_to("dx", t, &sa)?);
+                }
                 BinaryOp::Mul => {
                     if w(0) {
                         let t = b.mul("da.mul", dy, c)?;

@@ -1,7 +1,8 @@
 //! Golden text tests (in the style of cranelift's filetests).
 //!
-//! Each `tests/golden/*.ir` file holds a header line `; pass: NAME` (`roundtrip` or
-//! `canonicalize`), an input graph, a line `; expect:` and the expected printed graph after the
+//! Each `tests/golden/*.ir` file holds a header line `; pass: NAME` (`roundtrip`,
+//! `canonicalize`, or `train LOSS OPTIMIZER` with OPTIMIZER `none`, `sgd:LR[:MOMENTUM]` or
+//! `adamw:LR`: the training graph of [`ir::autodiff::training_graph`]), an input graph, a line `; expect:` and the expected printed graph after the
 //! pass. The input must verify, the output must verify, and the printer/parser must round-trip.
 //! Run with `BLESS=1` to rewrite the expectations from the current output.
 
@@ -24,6 +25,24 @@ fn run_case(path: &Path) -> Result<(), String> {
         "roundtrip" => {}
         "canonicalize" => {
             ir::passes::canonicalize(&mut g).map_err(|e| e.to_string())?;
+        }
+        p if p.starts_with("train ") => {
+            let words: Vec<&str> = p.split_whitespace().collect();
+            let [_, loss, opt] = words[..] else { return Err(format!("expected `train LOSS OPTIMIZER`, got {p}")) };
+            let loss = loss.parse()?;
+            let num = |s: &str| s.parse::<f32>().map_err(|e| format!("{s}: {e}"));
+            let parts: Vec<&str> = opt.split(':').collect();
+            let optimizer = match parts[..] {
+                ["none"] => None,
+                ["sgd", lr] => Some(ir::autodiff::Optimizer::sgd(num(lr)?)),
+                ["sgd", lr, m] => {
+                    Some(ir::autodiff::Optimizer::Sgd { lr: num(lr)?, momentum: num(m)?, weight_decay: 0.0 })
+                }
+                ["adamw", lr] => Some(ir::autodiff::Optimizer::adamw(num(lr)?)),
+                _ => return Err(format!("unknown optimizer {opt}")),
+            };
+            let opts = ir::autodiff::TrainOptions { loss, optimizer, frozen: vec![] };
+            g = ir::autodiff::training_graph(&g, &opts).map_err(|e| e.to_string())?.graph;
         }
         p => return Err(format!("unknown pass {p}")),
     }

@@ -3,7 +3,7 @@
 //!
 //! Each gradient kernel matches its forward kernel's conventions exactly (same window rules,
 //! same tie-breaking, same statistics), so that the pair is the derivative of what the forward
-//! kernel computes; the finite-difference tests in `tests/tests/autodiff.rs` check that.
+//! kernel computes; the finite-difference tests in `tests/tests/autodiff_fd.rs` check that.
 
 use super::{CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
 use crate::Error;

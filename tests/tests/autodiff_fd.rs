@@ -1,0 +1,964 @@
+//! Finite-difference checks of autodiff (issue 3, acceptance 1).
+//!
+//! For every differentiable forward op, each test builds a tiny graph whose differentiable inputs
+//! are parameters with random data (deterministic seeds; non-differentiable inputs such as
+//! indices and boolean conditions are constants), takes the `mse:y:t` training graph of
+//! [`ir::autodiff::training_graph`] against a random target, runs it once for the autodiff
+//! gradients `grad/<param>`, and compares them with central finite differences
+//! `(L(p + eps e_i) - L(p - eps e_i)) / (2 eps)` for every element `i` of every parameter (a random
+//! subset of [`SUBSET`] elements when a parameter has more than [`FULL_MAX`]).
+//!
+//! The gradient ops of the IR are exercised through the forward ops whose VJP emits them, named
+//! in the case lists below: `UnaryGrad` (every differentiable unary op; `Neg` differentiates to a
+//! `Neg`, so `unary_grad_kernels` checks that kernel directly), `SoftmaxGrad` (`log` false and
+//! true), `LayerNormGrad`, `LrnGrad`, `ConvInputGrad`, `ConvWeightGrad`, `MaxPoolGrad`,
+//! `AveragePoolGrad`, `GatherGrad` (scatter-add, with repeated and negative indices) and
+//! `SliceGrad` (non-unit and negative steps; unit-step slices differentiate to a `Pad`), plus the
+//! compositions: un-broadcasting (`ReduceSum` + `Reshape`), `Where` masks for `Max`/`Min`,
+//! `Expand` for reductions, `Concat`/`Split`, `Slice` for `Pad`, fan-out accumulation, and the
+//! mse loss itself.
+//!
+//! Precision and tolerance. The perturbed losses are evaluated in f64 from the f32 model output
+//! `y` (`mean((y - t)^2)`, the same formula as the IR loss, which is checked against the training
+//! graph's own `loss` at the base point), so the only rounding left in a difference quotient is
+//! that of the f32 kernels: about `|y| * 6e-8 / eps = 6e-5 |y|` per output element with
+//! `eps = 1e-3`; the quotient divides by the step actually taken in f32 (`(p + eps) - (p - eps)`
+//! rounded). Truncation is `O(eps^2 f''') ~ 1e-6` relative for the smooth ops; inputs are kept
+//! at least 0.05 away from kinks, ties and domain edges (positive inputs for log, sqrt,
+//! reciprocal, pow bases, divisors, products, L2 and log-sum; distinct values on a shuffled grid
+//! of spacing 0.1 for relu, abs, max/min, max pooling and max/min/L1 reductions), so no
+//! perturbation crosses one. Each parameter is compared norm-wise:
+//! `||ad - fd||_2 / max(||fd||_2, 1e-3) <= TOL = 1e-2`: ten times the worst error seen (1.0e-3,
+//! a log-sum-exp reduced to a scalar, where no averaging over outputs damps the noise; almost all
+//! cases stay below 3e-4; each family prints its worst case with `--nocapture`), and far below
+//! what a wrong VJP (a missing term, a transposed product, a wrong un-broadcast) produces, which
+//! is O(1): scaling every autodiff gradient by 1.02 already fails every case.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail, ensure};
+use ir::autodiff::{LossSpec, TrainOptions, training_graph};
+use ir::{BinaryOp, ConvAttrs, DType, Graph, Op, PoolAttrs, ReduceOp, SliceAxis, Tensor, TensorMeta, UnaryOp, Value};
+use kernels::cpu::CpuContext;
+use runtime::Interpreter;
+
+/// Finite-difference step (absolute, in parameter units).
+const EPS: f64 = 1e-3;
+/// Norm-wise relative tolerance per parameter (see the module docs).
+const TOL: f64 = 1e-2;
+/// Floor of the reference norm in the relative error.
+const NORM_FLOOR: f64 = 1e-3;
+/// Parameters with at most this many elements are checked at every element.
+const FULL_MAX: usize = 100;
+/// Elements checked (a random subset) in larger parameters.
+const SUBSET: usize = 40;
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers: xorshift64*, seeded per case from its name.
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.unit() as f32
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// How a parameter is initialised.
+#[derive(Clone, Copy, Debug)]
+enum Init {
+    /// Uniform in `[lo, hi)`.
+    U(f32, f32),
+    /// Distinct values `(i - n/2) * 0.1 + offset`, shuffled: any two differ by >= 0.1, and with
+    /// offset 0.05 every value is >= 0.05 away from zero (and from any `Grid(0.0)` value).
+    Grid(f32),
+}
+
+const SMOOTH: Init = Init::U(-2.0, 2.0);
+const POS: Init = Init::U(0.5, 2.0);
+
+fn init_values(rng: &mut Rng, n: usize, init: Init) -> Vec<f32> {
+    match init {
+        Init::U(lo, hi) => (0..n).map(|_| rng.uniform(lo, hi)).collect(),
+        Init::Grid(offset) => {
+            let mut v: Vec<f32> = (0..n).map(|i| (i as f32 - (n / 2) as f32) * 0.1 + offset).collect();
+            rng.shuffle(&mut v);
+            v
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case builder and checker.
+
+/// A forward graph under construction.
+struct Case {
+    g: Graph,
+    rng: Rng,
+}
+
+impl Case {
+    fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Value {
+        let n = shape.iter().product();
+        let data = init_values(&mut self.rng, n, init);
+        self.g.param(name, TensorMeta::new(DType::F32, shape), Some(Tensor::f32(shape, data)))
+    }
+    fn constant(&mut self, name: &str, t: Tensor) -> Value {
+        self.g.constant(name, t)
+    }
+    fn random_bool(&mut self, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::bool(shape, (0..n).map(|_| self.rng.below(2) == 1).collect())
+    }
+    fn op(&mut self, op: Op, ins: &[Value]) -> Result<Value> {
+        let name = op.name();
+        Ok(self.g.add1(name, op, ins)?)
+    }
+    fn ops(&mut self, op: Op, ins: &[Value]) -> Result<Vec<Value>> {
+        let name = op.name();
+        Ok(self.g.add_op(name, op, ins)?)
+    }
+}
+
+/// What one checked case found.
+struct Checked {
+    /// One message per parameter over tolerance.
+    failures: Vec<String>,
+    /// Largest relative error over the parameters.
+    worst: f64,
+    /// Autodiff gradients by parameter name.
+    grads: BTreeMap<String, Tensor>,
+    /// Names of the training graph's outputs.
+    outputs: Vec<String>,
+}
+
+fn mse(y: &[f32], t: &[f32]) -> f64 {
+    y.iter().zip(t).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum::<f64>() / y.len().max(1) as f64
+}
+
+fn run_y(interp: &Interpreter, ctx: &CpuContext, params: &BTreeMap<String, Tensor>) -> Result<Vec<f32>> {
+    let rep = interp.run_with_params(ctx, &BTreeMap::new(), params)?;
+    Ok(rep.outputs["y"].as_f32().context("y is f32")?.to_vec())
+}
+
+/// Builds the training graph of `c` with output `y`, and compares the autodiff gradient of every
+/// trainable parameter with central differences.
+fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) -> Result<Checked> {
+    c.g.set_output("y", y);
+    let fwd = c.g;
+    let params = fwd.param_data.clone();
+    let ymeta = fwd.meta(y).clone();
+    ensure!(ymeta.dtype == DType::F32, "output is {ymeta}");
+
+    let interp = Interpreter::new(&fwd)?;
+    let y0 = run_y(&interp, ctx, &params)?;
+    let target: Vec<f32> = y0.iter().map(|&v| v + c.rng.uniform(-1.0, 1.0)).collect();
+    let opts = TrainOptions {
+        loss: LossSpec::Mse { output: "y".into(), target: "t".into() },
+        optimizer: None,
+        frozen: frozen.iter().map(|s| s.to_string()).collect(),
+    };
+    let tg = training_graph(&fwd, &opts).context("training graph")?;
+    let tinterp = Interpreter::new(&tg.graph)?;
+    let feeds = BTreeMap::from([("t".to_string(), Tensor::f32(ymeta.shape.clone(), target.clone()))]);
+    let rep = tinterp.run_with_params(ctx, &feeds, &params).context("training graph run")?;
+    let loss = rep.outputs["loss"].as_f32().context("loss is f32")?[0] as f64;
+    let l0 = mse(&y0, &target);
+    ensure!((loss - l0).abs() <= 1e-5 * l0.max(1e-3), "{label}: training-graph loss {loss} vs f64 mse {l0}");
+
+    let mut out = Checked {
+        failures: Vec::new(),
+        worst: 0.0,
+        grads: BTreeMap::new(),
+        outputs: rep.outputs.keys().cloned().collect(),
+    };
+    let mut work = params.clone();
+    for (name, p) in &params {
+        if frozen.contains(&name.as_str()) {
+            continue;
+        }
+        let ad_t = rep.outputs.get(&format!("grad/{name}")).with_context(|| format!("no grad/{name}"))?;
+        ensure!(ad_t.shape() == p.shape(), "grad/{name} is {:?}, param {:?}", ad_t.shape(), p.shape());
+        let ad_all = ad_t.as_f32().context("grad is f32")?;
+        let base = p.as_f32().context("param is f32")?.to_vec();
+        let n = base.len();
+        let idx: Vec<usize> = if n <= FULL_MAX {
+            (0..n).collect()
+        } else {
+            let mut all: Vec<usize> = (0..n).collect();
+            c.rng.shuffle(&mut all);
+            let mut s = all[..SUBSET].to_vec();
+            s.sort();
+            s
+        };
+        let mut fd = Vec::with_capacity(idx.len());
+        for &i in &idx {
+            let plus = (base[i] as f64 + EPS) as f32;
+            let minus = (base[i] as f64 - EPS) as f32;
+            let mut v = base.clone();
+            v[i] = plus;
+            work.insert(name.clone(), Tensor::f32(p.shape(), v.clone()));
+            let lp = mse(&run_y(&interp, ctx, &work)?, &target);
+            v[i] = minus;
+            work.insert(name.clone(), Tensor::f32(p.shape(), v));
+            let lm = mse(&run_y(&interp, ctx, &work)?, &target);
+            fd.push((lp - lm) / (plus as f64 - minus as f64));
+        }
+        work.insert(name.clone(), p.clone());
+        let ad: Vec<f64> = idx.iter().map(|&i| ad_all[i] as f64).collect();
+        let diff = ad.iter().zip(&fd).map(|(a, f)| (a - f).powi(2)).sum::<f64>().sqrt();
+        let norm = fd.iter().map(|f| f * f).sum::<f64>().sqrt();
+        let rel = diff / norm.max(NORM_FLOOR);
+        ensure!(rel.is_finite(), "{label}: param {name}: relative error is {rel}");
+        out.worst = out.worst.max(rel);
+        if rel > TOL {
+            let mut order: Vec<usize> = (0..idx.len()).collect();
+            order.sort_by(|&a, &b| (ad[b] - fd[b]).abs().total_cmp(&(ad[a] - fd[a]).abs()));
+            let worst: Vec<String> =
+                order.iter().take(6).map(|&k| format!("[{}] ad={:.6e} fd={:.6e}", idx[k], ad[k], fd[k])).collect();
+            out.failures.push(format!(
+                "{label}: param {name} {:?}: ||ad-fd||/||fd|| = {rel:.3e} > TOL {TOL:.0e} (||fd|| = {norm:.3e}, \
+                 {} of {n} elements); worst: {}",
+                p.shape(),
+                idx.len(),
+                worst.join(", ")
+            ));
+        }
+        out.grads.insert(name.clone(), ad_t.clone());
+    }
+    Ok(out)
+}
+
+/// The cases of one op family; failures are collected and reported together at the end.
+struct Suite {
+    family: &'static str,
+    ctx: CpuContext,
+    failures: Vec<String>,
+    cases: usize,
+    worst: (f64, String),
+}
+
+impl Suite {
+    fn new(family: &'static str) -> Suite {
+        Suite::with_threads(family, 1)
+    }
+
+    fn with_threads(family: &'static str, threads: usize) -> Suite {
+        let ctx = CpuContext::new(threads).expect("a CPU context");
+        Suite { family, ctx, failures: Vec::new(), cases: 0, worst: (0.0, String::new()) }
+    }
+
+    /// Checks one case: `build` adds params, constants and ops, and returns the output `y`.
+    fn case(&mut self, name: &str, build: impl FnOnce(&mut Case) -> Result<Value>) {
+        let label = format!("{}/{name}", self.family);
+        let mut c = Case { g: Graph::new(&label), rng: Rng::new(fnv(&label)) };
+        self.cases += 1;
+        match build(&mut c).and_then(|y| check(&self.ctx, &label, c, y, &[])) {
+            Ok(r) => {
+                println!("{label}: max rel err {:.2e}", r.worst);
+                if r.worst > self.worst.0 {
+                    self.worst = (r.worst, label);
+                }
+                self.failures.extend(r.failures);
+            }
+            Err(e) => self.failures.push(format!("{label}: error: {e:#}")),
+        }
+    }
+
+    fn finish(self) {
+        println!("{}: {} cases, worst {:.2e} ({})", self.family, self.cases, self.worst.0, self.worst.1);
+        assert!(
+            self.failures.is_empty(),
+            "{}: {} parameter checks over {} cases fail the finite-difference check (TOL {TOL:.0e}):\n{}",
+            self.family,
+            self.failures.len(),
+            self.cases,
+            self.failures.join("\n")
+        );
+    }
+}
+
+fn sl(axis: usize, start: i64, len: usize, step: i64) -> SliceAxis {
+    SliceAxis { axis, start, len, step }
+}
+
+fn conv_attrs(strides: [usize; 2], pads: [usize; 4], dilations: [usize; 2], group: usize) -> ConvAttrs {
+    ConvAttrs { strides, pads, dilations, group }
+}
+
+fn pool(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], ceil_mode: bool, cip: bool) -> PoolAttrs {
+    PoolAttrs { kernel, strides, pads, dilations: [1, 1], ceil_mode, count_include_pad: cip }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise ops.
+
+const UNARY: [UnaryOp; 14] = {
+    use UnaryOp::*;
+    [Relu, Gelu, GeluTanh, Tanh, Erf, Sigmoid, Exp, Log, Sqrt, Neg, Reciprocal, Abs, Sin, Cos]
+};
+
+fn unary_domain(u: UnaryOp) -> Init {
+    match u {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Reciprocal => Init::U(0.3, 2.0),
+        UnaryOp::Relu | UnaryOp::Abs => Init::Grid(0.05),
+        UnaryOp::Exp => Init::U(-1.5, 1.5),
+        _ => SMOOTH,
+    }
+}
+
+/// Unary ops (gradient op `UnaryGrad(u)`; `Neg` differentiates to `Neg`).
+#[test]
+fn unary() {
+    let mut s = Suite::new("unary");
+    for u in UNARY {
+        for shape in [&[][..], &[7], &[3, 4], &[2, 3, 4]] {
+            s.case(&format!("{}_grad/{shape:?}", ir::unary_name(u)), |c| {
+                let x = c.param("x", shape, unary_domain(u));
+                c.op(Op::Unary(u), &[x])
+            });
+        }
+    }
+    s.finish();
+}
+
+/// Every `UnaryGrad` kernel (including `Neg`'s, which autodiff never emits) against central
+/// differences of its forward kernel: `dx = dy * (f(x + h) - f(x - h)) / 2h`, h = 1e-3.
+#[test]
+fn unary_grad_kernels() -> Result<()> {
+    let ctx = CpuContext::new(1)?;
+    let mut rng = Rng::new(fnv("unary_grad_kernels"));
+    for u in UNARY {
+        let n = 32;
+        let x = init_values(&mut rng, n, unary_domain(u));
+        let dy: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let (xt, dyt) = (Tensor::f32([n], x.clone()), Tensor::f32([n], dy.clone()));
+        let got = kernels::cpu::eval(&ctx, &Op::UnaryGrad(u), &[&xt, &dyt])?.remove(0).to_f32_vec();
+        let f = |v: Vec<f32>| -> Result<Vec<f32>> {
+            Ok(kernels::cpu::eval(&ctx, &Op::Unary(u), &[&Tensor::f32([n], v)])?.remove(0).to_f32_vec())
+        };
+        let plus: Vec<f32> = x.iter().map(|&v| (v as f64 + EPS) as f32).collect();
+        let minus: Vec<f32> = x.iter().map(|&v| (v as f64 - EPS) as f32).collect();
+        let (fp, fm) = (f(plus.clone())?, f(minus.clone())?);
+        let fd: Vec<f64> =
+            (0..n).map(|i| dy[i] as f64 * (fp[i] as f64 - fm[i] as f64) / (plus[i] as f64 - minus[i] as f64)).collect();
+        let diff = got.iter().zip(&fd).map(|(&a, f)| (a as f64 - f).powi(2)).sum::<f64>().sqrt();
+        let norm = fd.iter().map(|f| f * f).sum::<f64>().sqrt();
+        let rel = diff / norm.max(NORM_FLOOR);
+        println!("{}: max rel err {rel:.2e}", ir::unary_grad_name(u));
+        ensure!(rel <= TOL, "{}: kernel vs finite differences: {rel:.3e} > {TOL:.0e}", ir::unary_grad_name(u));
+    }
+    Ok(())
+}
+
+/// Binary ops with numpy broadcasting (un-broadcast by `ReduceSum` + `Reshape`; `Max`/`Min`
+/// through `Where` masks).
+#[test]
+fn binary() {
+    let mut s = Suite::new("binary");
+    let shapes: [(&str, &[usize], &[usize]); 5] = [
+        ("same", &[3, 4], &[3, 4]),
+        ("bcast_rhs_trailing", &[2, 3, 4], &[4]),
+        ("bcast_both", &[3, 1], &[1, 4]),
+        ("bcast_lhs_scalar", &[], &[2, 3]),
+        ("bcast_lhs_middle", &[2, 1, 4], &[2, 3, 4]),
+    ];
+    use BinaryOp::*;
+    for op in [Add, Sub, Mul, Div, Pow, Max, Min] {
+        let (ia, ib) = match op {
+            Div => (SMOOTH, POS),
+            Pow => (POS, Init::U(-1.5, 2.0)),
+            Max | Min => (Init::Grid(0.0), Init::Grid(0.05)),
+            _ => (SMOOTH, SMOOTH),
+        };
+        for (name, sa, sb) in shapes {
+            s.case(&format!("{}/{name}", ir::binary_name(op)), |c| {
+                let a = c.param("a", sa, ia);
+                let b = c.param("b", sb, ib);
+                c.op(Op::Binary(op), &[a, b])
+            });
+        }
+    }
+    // A divisor that is negative, and the same value on both sides (fan-out into one op).
+    s.case("div/negative_divisor", |c| {
+        let a = c.param("a", &[3, 4], SMOOTH);
+        let b = c.param("b", &[4], Init::U(-2.0, -0.5));
+        c.op(Op::Binary(Div), &[a, b])
+    });
+    s.case("mul/same_value_both_sides", |c| {
+        let a = c.param("a", &[2, 3], SMOOTH);
+        c.op(Op::Binary(Mul), &[a, a])
+    });
+    s.finish();
+}
+
+/// `Where` with a constant boolean condition, broadcasting in all three inputs.
+#[test]
+fn where_() {
+    let mut s = Suite::new("where");
+    type WhereCase<'a> = (&'a str, &'a [usize], &'a [usize], &'a [usize]);
+    let shapes: [WhereCase; 4] = [
+        ("same", &[3, 4], &[3, 4], &[3, 4]),
+        ("bcast_a_b", &[3, 4], &[4], &[3, 1]),
+        ("bcast_cond_scalar_b", &[2, 1, 4], &[3, 1], &[]),
+        ("bcast_cond_only", &[4], &[2, 3, 4], &[2, 3, 1]),
+    ];
+    for (name, sc, sa, sb) in shapes {
+        s.case(name, |c| {
+            let cond = c.random_bool(sc);
+            let cond = c.constant("cond", cond);
+            let a = c.param("a", sa, SMOOTH);
+            let b = c.param("b", sb, SMOOTH);
+            c.op(Op::Where, &[cond, a, b])
+        });
+    }
+    s.finish();
+}
+
+/// `Cast` to f32 (of f32: the identity; of a constant i64: no gradient path) and `Identity`.
+#[test]
+fn cast_identity() {
+    let mut s = Suite::new("cast_identity");
+    for shape in [&[5][..], &[2, 3], &[2, 2, 3]] {
+        s.case(&format!("cast_f32/{shape:?}"), |c| {
+            let x = c.param("x", shape, SMOOTH);
+            c.op(Op::Cast { to: DType::F32 }, &[x])
+        });
+        s.case(&format!("identity/{shape:?}"), |c| {
+            let x = c.param("x", shape, SMOOTH);
+            c.op(Op::Identity, &[x])
+        });
+        s.case(&format!("cast_i64_const_times_param/{shape:?}"), |c| {
+            let n: usize = shape.iter().product();
+            let k = c.constant("k", Tensor::i64(shape, (0..n as i64).map(|i| i % 3 - 1).collect()));
+            let kf = c.op(Op::Cast { to: DType::F32 }, &[k])?;
+            let x = c.param("x", shape, SMOOTH);
+            let x = c.op(Op::Cast { to: DType::F32 }, &[x])?;
+            c.op(Op::Binary(BinaryOp::Mul), &[x, kf])
+        });
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix products.
+
+/// `MatMul` with numpy semantics: 2-D, batched, batch broadcasting, 1-D operands.
+#[test]
+fn matmul() {
+    let mut s = Suite::new("matmul");
+    let shapes: [(&str, &[usize], &[usize]); 10] = [
+        ("2d", &[3, 4], &[4, 5]),
+        ("batch_a_matrix_b", &[2, 3, 4], &[4, 5]),
+        ("vec_a", &[4], &[4, 5]),
+        ("vec_b", &[3, 4], &[4]),
+        ("vec_vec", &[5], &[5]),
+        ("batch_both", &[2, 3, 4], &[2, 4, 3]),
+        ("batch_bcast_4d_3d", &[2, 1, 3, 4], &[3, 4, 2]),
+        ("matrix_a_batch_b", &[3, 4], &[2, 4, 5]),
+        ("vec_a_batch_b", &[4], &[2, 4, 3]),
+        ("batch_a_vec_b", &[2, 3, 4], &[4]),
+    ];
+    for (name, sa, sb) in shapes {
+        s.case(name, |c| {
+            let a = c.param("a", sa, SMOOTH);
+            let b = c.param("b", sb, SMOOTH);
+            c.op(Op::MatMul, &[a, b])
+        });
+    }
+    s.finish();
+}
+
+/// `Gemm`: all four transpose combinations, C of shape [n], [m,n], [1,n], [m,1], [] or absent,
+/// alpha and beta != 1.
+#[test]
+fn gemm() {
+    let mut s = Suite::new("gemm");
+    type GemmCase<'a> = (&'a str, bool, bool, f32, f32, Option<&'a [usize]>);
+    let (m, k, n) = (3, 4, 5);
+    let cases: [GemmCase; 7] = [
+        ("nn_c[n]", false, false, 1.0, 1.0, Some(&[5])),
+        ("tn_c[m,n]", true, false, 1.0, 1.0, Some(&[3, 5])),
+        ("nt_c[1,n]_alpha_beta", false, true, 0.5, 2.0, Some(&[1, 5])),
+        ("tt_no_c_alpha", true, true, 1.5, 1.0, None),
+        ("nn_c[m,1]_neg_alpha", false, false, -0.7, 0.3, Some(&[3, 1])),
+        ("tt_c_scalar_neg_beta", true, true, 1.0, -1.5, Some(&[])),
+        ("tn_no_c", true, false, 2.0, 1.0, None),
+    ];
+    for (name, ta, tb, alpha, beta, cshape) in cases {
+        s.case(name, |c| {
+            let (sa, sb) = (if ta { [k, m] } else { [m, k] }, if tb { [n, k] } else { [k, n] });
+            let a = c.param("a", &sa, SMOOTH);
+            let b = c.param("b", &sb, SMOOTH);
+            let mut ins = vec![a, b];
+            if let Some(cs) = cshape {
+                ins.push(c.param("c", cs, SMOOTH));
+            }
+            c.op(Op::Gemm { alpha, beta, trans_a: ta, trans_b: tb }, &ins)
+        });
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolution and pooling.
+
+/// `Conv` (gradient ops `ConvInputGrad`, `ConvWeightGrad`; the bias by `ReduceSum`).
+#[test]
+fn conv() {
+    let mut s = Suite::new("conv");
+    type ConvCase<'a> = (&'a str, &'a [usize], &'a [usize], bool, ConvAttrs);
+    let cases: [ConvCase; 6] = [
+        ("3x3_bias", &[1, 2, 5, 5], &[3, 2, 3, 3], true, conv_attrs([1, 1], [0; 4], [1, 1], 1)),
+        ("3x3_stride2_pad1", &[2, 2, 5, 5], &[2, 2, 3, 3], false, conv_attrs([2, 2], [1; 4], [1, 1], 1)),
+        (
+            "group2_dilation2_asym_pads_bias",
+            &[1, 4, 5, 5],
+            &[4, 2, 3, 3],
+            true,
+            conv_attrs([1, 1], [1, 0, 2, 1], [2, 2], 2),
+        ),
+        ("1x1_direct_bias", &[2, 3, 3, 3], &[4, 3, 1, 1], true, conv_attrs([1, 1], [0; 4], [1, 1], 1)),
+        ("depthwise_stride_1x2", &[1, 3, 4, 4], &[3, 1, 2, 2], true, conv_attrs([1, 2], [0; 4], [1, 1], 3)),
+        ("stride3_skips_cells", &[1, 1, 6, 7], &[2, 1, 2, 2], false, conv_attrs([3, 3], [0; 4], [1, 1], 1)),
+    ];
+    for (name, xs, ws, bias, attrs) in cases {
+        s.case(name, |c| {
+            let x = c.param("x", xs, SMOOTH);
+            let w = c.param("w", ws, SMOOTH);
+            let mut ins = vec![x, w];
+            if bias {
+                ins.push(c.param("bias", &[ws[0]], SMOOTH));
+            }
+            c.op(Op::Conv(attrs), &ins)
+        });
+    }
+    s.finish();
+}
+
+/// `Conv` on a two-thread context: with `batch * group >= 2 * threads` the input gradient runs
+/// one task per (image, group) on the pool, a path the one-thread cases do not take.
+#[test]
+fn conv_two_threads() {
+    let mut s = Suite::with_threads("conv_2threads", 2);
+    type ConvCase<'a> = (&'a str, &'a [usize], &'a [usize], ConvAttrs);
+    let cases: [ConvCase; 3] = [
+        ("batch2_group2", &[2, 4, 4, 4], &[4, 2, 3, 3], conv_attrs([1, 1], [1; 4], [1, 1], 2)),
+        ("batch4_stride2", &[4, 1, 5, 5], &[2, 1, 3, 3], conv_attrs([2, 2], [0, 1, 1, 0], [1, 1], 1)),
+        ("batch2_depthwise_1x1", &[2, 3, 3, 3], &[3, 1, 1, 1], conv_attrs([1, 1], [0; 4], [1, 1], 3)),
+    ];
+    for (name, xs, ws, attrs) in cases {
+        s.case(name, |c| {
+            let x = c.param("x", xs, SMOOTH);
+            let w = c.param("w", ws, SMOOTH);
+            let bias = c.param("bias", &[ws[0]], SMOOTH);
+            c.op(Op::Conv(attrs), &[x, w, bias])
+        });
+    }
+    s.finish();
+}
+
+/// `MaxPool` (gradient op `MaxPoolGrad`), `AveragePool` (`AveragePoolGrad`), and the global pools.
+#[test]
+fn pooling() {
+    let mut s = Suite::new("pooling");
+    let mut dilated = pool([2, 3], [2, 1], [0; 4], true, false);
+    dilated.dilations = [2, 1];
+    let max_cases: [(&str, &[usize], PoolAttrs); 4] = [
+        ("2x2_stride2", &[1, 2, 4, 4], pool([2, 2], [2, 2], [0; 4], false, false)),
+        ("3x3_overlapping_pad1", &[1, 1, 5, 5], pool([3, 3], [1, 1], [1; 4], false, false)),
+        ("2x3_dilated_ceil", &[2, 1, 5, 6], dilated),
+        ("2x2_ceil_partial_windows", &[1, 2, 5, 5], pool([2, 2], [2, 2], [0; 4], true, false)),
+    ];
+    for (name, xs, attrs) in max_cases {
+        s.case(&format!("maxpool_grad/{name}"), |c| {
+            let x = c.param("x", xs, Init::Grid(0.0));
+            c.op(Op::MaxPool(attrs), &[x])
+        });
+    }
+    let avg_cases: [(&str, &[usize], PoolAttrs); 4] = [
+        ("2x2_stride2", &[1, 2, 4, 4], pool([2, 2], [2, 2], [0; 4], false, false)),
+        ("3x3_pad1_exclude_pad", &[1, 1, 5, 5], pool([3, 3], [1, 1], [1; 4], false, false)),
+        ("3x3_stride2_pad1_include_pad_ceil", &[1, 2, 5, 6], pool([3, 3], [2, 2], [1; 4], true, true)),
+        ("2x2_ceil_partial_windows", &[1, 1, 5, 5], pool([2, 2], [2, 2], [0; 4], true, false)),
+    ];
+    for (name, xs, attrs) in avg_cases {
+        s.case(&format!("avgpool_grad/{name}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::AveragePool(attrs), &[x])
+        });
+    }
+    for xs in [&[1, 2, 3, 3][..], &[2, 3, 2, 4], &[2, 2, 5]] {
+        s.case(&format!("global_avgpool/{xs:?}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::GlobalAveragePool, &[x])
+        });
+        s.case(&format!("global_maxpool/{xs:?}"), |c| {
+            let x = c.param("x", xs, Init::Grid(0.0));
+            c.op(Op::GlobalMaxPool, &[x])
+        });
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalisation and softmax.
+
+/// `BatchNorm` (inference form), every input a parameter.
+#[test]
+fn batchnorm() {
+    let mut s = Suite::new("batchnorm");
+    for xs in [&[2, 3, 2, 2][..], &[4, 3], &[2, 2, 3]] {
+        s.case(&format!("{xs:?}"), |c| {
+            let ch = xs[1];
+            let x = c.param("x", xs, SMOOTH);
+            let scale = c.param("scale", &[ch], Init::U(0.5, 1.5));
+            let bias = c.param("bias", &[ch], SMOOTH);
+            let mean = c.param("mean", &[ch], Init::U(-1.0, 1.0));
+            let var = c.param("var", &[ch], POS);
+            c.op(Op::BatchNorm { epsilon: 1e-5 }, &[x, scale, bias, mean, var])
+        });
+    }
+    s.finish();
+}
+
+/// `LayerNorm` (gradient op `LayerNormGrad`), scale and bias full, broadcast or absent.
+#[test]
+fn layernorm() {
+    let mut s = Suite::new("layernorm");
+    type LnCase<'a> = (&'a str, &'a [usize], usize, &'a [usize], Option<&'a [usize]>);
+    let cases: [LnCase; 5] = [
+        ("[3,8]/axis1/scale_bias", &[3, 8], 1, &[8], Some(&[8])),
+        ("[2,3,4]/axis1/scale[3,4]_no_bias", &[2, 3, 4], 1, &[3, 4], None),
+        ("[2,3,4]/axis2/scale[1]_bias[4]", &[2, 3, 4], 2, &[1], Some(&[4])),
+        ("[2,3,4]/axis1/scale[4]_bias[1,4]", &[2, 3, 4], 1, &[4], Some(&[1, 4])),
+        ("[2,5]/axis0/scale[1,5]_bias[2,1]", &[2, 5], 0, &[1, 5], Some(&[2, 1])),
+    ];
+    for (name, xs, axis, ss, bs) in cases {
+        s.case(name, |c| {
+            let x = c.param("x", xs, SMOOTH);
+            let scale = c.param("scale", ss, Init::U(0.5, 1.5));
+            let mut ins = vec![x, scale];
+            if let Some(bs) = bs {
+                ins.push(c.param("bias", bs, SMOOTH));
+            }
+            c.op(Op::LayerNorm { axis, epsilon: 1e-5 }, &ins)
+        });
+    }
+    s.finish();
+}
+
+/// `Lrn` (gradient op `LrnGrad`), odd and even windows.
+#[test]
+fn lrn() {
+    let mut s = Suite::new("lrn");
+    type LrnCase<'a> = (&'a str, &'a [usize], usize, f32, f32, f32);
+    let cases: [LrnCase; 4] = [
+        ("[1,5,2,2]/size3", &[1, 5, 2, 2], 3, 0.5, 0.75, 1.0),
+        ("[2,4,3]/size2", &[2, 4, 3], 2, 1.0, 0.75, 1.5),
+        ("[1,6,2,3]/size5", &[1, 6, 2, 3], 5, 1.0, 0.5, 2.0),
+        ("[2,3]/size4", &[2, 3], 4, 0.8, 1.2, 1.0),
+    ];
+    for (name, xs, size, alpha, beta, bias) in cases {
+        s.case(name, |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Lrn { size, alpha, beta, bias }, &[x])
+        });
+    }
+    s.finish();
+}
+
+/// `Softmax` and `LogSoftmax` (gradient op `SoftmaxGrad`, `log` false and true) on every axis
+/// position.
+#[test]
+fn softmax() {
+    let mut s = Suite::new("softmax");
+    let cases: [(&[usize], usize); 4] = [(&[6], 0), (&[3, 5], 1), (&[2, 4, 3], 1), (&[3, 4], 0)];
+    for (xs, axis) in cases {
+        s.case(&format!("softmax_grad/{xs:?}/axis{axis}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Softmax { axis }, &[x])
+        });
+        s.case(&format!("log_softmax_grad/{xs:?}/axis{axis}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::LogSoftmax { axis }, &[x])
+        });
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shape ops.
+
+/// `Reshape`, `Transpose`, `Expand`, `Pad`.
+#[test]
+fn shape_ops() {
+    let mut s = Suite::new("shape");
+    let reshapes: [(&[usize], &[usize]); 3] = [(&[2, 6], &[3, 4]), (&[24], &[2, 3, 4]), (&[2, 3, 4], &[6, 4])];
+    for (xs, to) in reshapes {
+        s.case(&format!("reshape/{xs:?}->{to:?}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Reshape { shape: to.to_vec() }, &[x])
+        });
+    }
+    let transposes: [(&[usize], &[usize]); 3] =
+        [(&[2, 3], &[1, 0]), (&[2, 3, 4], &[2, 0, 1]), (&[2, 3, 2, 2], &[0, 2, 3, 1])];
+    for (xs, perm) in transposes {
+        s.case(&format!("transpose/{xs:?}/{perm:?}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Transpose { perm: perm.to_vec() }, &[x])
+        });
+    }
+    let expands: [(&[usize], &[usize]); 5] =
+        [(&[3, 1], &[3, 4]), (&[4], &[2, 3, 4]), (&[], &[2, 2]), (&[2, 1, 3], &[2, 4, 3]), (&[1, 3], &[2, 2, 3])];
+    for (xs, to) in expands {
+        s.case(&format!("expand/{xs:?}->{to:?}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Expand { shape: to.to_vec() }, &[x])
+        });
+    }
+    let pads: [(&[usize], &[usize], f32); 4] = [
+        (&[2, 3], &[1, 0, 0, 2], 0.5),
+        (&[2, 3, 4], &[0, 1, 2, 1, 0, 1], 0.0),
+        (&[4], &[0, 0], 1.0),
+        (&[3], &[2, 1], -1.0),
+    ];
+    for (xs, p, value) in pads {
+        s.case(&format!("pad/{xs:?}/{p:?}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Pad { pads: p.to_vec(), value }, &[x])
+        });
+    }
+    s.finish();
+}
+
+/// `Concat` and `Split` (one output of each split left unused: its gradient is zeros).
+#[test]
+fn concat_split() {
+    let mut s = Suite::new("concat_split");
+    s.case("concat/axis0", |c| {
+        let a = c.param("a", &[2, 3], SMOOTH);
+        let b = c.param("b", &[1, 3], SMOOTH);
+        c.op(Op::Concat { axis: 0 }, &[a, b])
+    });
+    s.case("concat/axis1_three_inputs", |c| {
+        let a = c.param("a", &[2, 1, 4], SMOOTH);
+        let b = c.param("b", &[2, 3, 4], SMOOTH);
+        let d = c.param("d", &[2, 2, 4], SMOOTH);
+        c.op(Op::Concat { axis: 1 }, &[a, b, d])
+    });
+    s.case("concat/single_input", |c| {
+        let a = c.param("a", &[3, 2], SMOOTH);
+        c.op(Op::Concat { axis: 1 }, &[a])
+    });
+    s.case("concat/with_constant_and_repeat", |c| {
+        let a = c.param("a", &[2, 2], SMOOTH);
+        let k = c.constant("k", Tensor::f32([2, 3], vec![0.5, -1.0, 2.0, 0.0, 1.5, -0.5]));
+        c.op(Op::Concat { axis: 1 }, &[a, k, a])
+    });
+    s.case("split/axis0_middle_unused", |c| {
+        let x = c.param("x", &[6, 3], SMOOTH);
+        let p = c.ops(Op::Split { axis: 0, sizes: vec![2, 2, 2] }, &[x])?;
+        c.op(Op::Binary(BinaryOp::Mul), &[p[0], p[2]])
+    });
+    s.case("split/axis1_uneven", |c| {
+        let x = c.param("x", &[2, 5], SMOOTH);
+        let p = c.ops(Op::Split { axis: 1, sizes: vec![2, 1, 2] }, &[x])?;
+        c.op(Op::Binary(BinaryOp::Mul), &[p[0], p[2]])
+    });
+    s.case("split/axis2_broadcast_use", |c| {
+        let x = c.param("x", &[2, 3, 4], SMOOTH);
+        let p = c.ops(Op::Split { axis: 2, sizes: vec![1, 3] }, &[x])?;
+        c.op(Op::Binary(BinaryOp::Mul), &[p[0], p[1]])
+    });
+    s.case("split/first_unused", |c| {
+        let x = c.param("x", &[4, 2], SMOOTH);
+        let p = c.ops(Op::Split { axis: 0, sizes: vec![1, 1, 2] }, &[x])?;
+        c.op(Op::Binary(BinaryOp::Add), &[p[1], p[2]])
+    });
+    s.finish();
+}
+
+/// `Slice` (unit steps: gradient `Pad`; other steps: gradient op `SliceGrad`) and `Gather`
+/// (gradient op `GatherGrad`, a scatter-add: repeated and negative indices).
+#[test]
+fn slice_gather() {
+    let mut s = Suite::new("slice_gather");
+    let slices: [(&str, &[usize], Vec<SliceAxis>); 6] = [
+        ("unit_step_pad", &[5, 4], vec![sl(0, 1, 3, 1)]),
+        ("unit_step_two_axes_pad", &[4, 5, 3], vec![sl(1, 2, 2, 1), sl(2, 0, 2, 1)]),
+        ("slice_grad/step2", &[6, 3], vec![sl(0, 0, 3, 2)]),
+        ("slice_grad/step_minus1", &[5, 4], vec![sl(1, 3, 3, -1)]),
+        ("slice_grad/step_minus2_and_unit", &[4, 5, 3], vec![sl(0, 3, 2, -2), sl(2, 1, 2, 1)]),
+        ("slice_grad/step3", &[7, 2], vec![sl(0, 1, 2, 3)]),
+    ];
+    for (name, xs, axes) in slices {
+        s.case(&format!("slice/{name}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            c.op(Op::Slice { axes }, &[x])
+        });
+    }
+    type GatherCase<'a> = (&'a str, &'a [usize], usize, &'a [usize], &'a [i64]);
+    let gathers: [GatherCase; 4] = [
+        ("axis0_repeat_negative", &[5, 3], 0, &[4], &[0, 2, 2, -1]),
+        ("axis1_2d_indices", &[2, 4, 3], 1, &[2, 3], &[3, 0, -4, 1, 1, 2]),
+        ("axis1_scalar_index", &[3, 4], 1, &[], &[-2]),
+        ("1d_data_2d_indices", &[6], 0, &[3, 2], &[5, 0, 5, 5, 1, -6]),
+    ];
+    for (name, xs, axis, is, idx) in gathers {
+        s.case(&format!("gather_grad/{name}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            let i = c.constant("indices", Tensor::i64(is, idx.to_vec()));
+            c.op(Op::Gather { axis }, &[x, i])
+        });
+    }
+    s.finish();
+}
+
+/// Every reduction, over one axis, several axes and all axes, with and without kept dims.
+#[test]
+fn reduce() {
+    let mut s = Suite::new("reduce");
+    let configs: [(&[usize], &[usize], bool); 5] = [
+        (&[3, 4], &[1], false),
+        (&[2, 3, 4], &[0, 2], true),
+        (&[2, 3, 4], &[0, 1, 2], false),
+        (&[4, 5], &[0], true),
+        (&[2, 3, 4], &[1], false),
+    ];
+    use ReduceOp::*;
+    for r in [Sum, Mean, Max, Min, Prod, SumSquare, L2, L1, LogSum, LogSumExp] {
+        let init = match r {
+            Prod => Init::U(0.7, 1.4),
+            L2 | LogSum => Init::U(0.3, 2.0),
+            L1 => Init::Grid(0.05),
+            Max | Min => Init::Grid(0.0),
+            _ => Init::U(-1.5, 1.5),
+        };
+        for (xs, axes, keepdims) in configs {
+            let keep = if keepdims { "keep" } else { "drop" };
+            s.case(&format!("{}/{xs:?}/axes{axes:?}/{keep}", ir::reduce_name(r)), |c| {
+                let x = c.param("x", xs, init);
+                c.op(Op::Reduce { op: r, axes: axes.to_vec(), keepdims }, &[x])
+            });
+        }
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compositions and parameter handling.
+
+/// Small models: an MLP with softmax, and a residual layer-norm block.
+#[test]
+fn compositions() {
+    let mut s = Suite::new("composition");
+    s.case("mlp_gelu_softmax", |c| {
+        let x = c.constant("x", Tensor::f32([4, 3], (0..12).map(|i| (i as f32 * 0.37).sin()).collect()));
+        let w1 = c.param("w1", &[3, 5], SMOOTH);
+        let b1 = c.param("b1", &[5], SMOOTH);
+        let w2 = c.param("w2", &[5, 2], SMOOTH);
+        let b2 = c.param("b2", &[2], SMOOTH);
+        let h = c.op(Op::MatMul, &[x, w1])?;
+        let h = c.op(Op::Binary(BinaryOp::Add), &[h, b1])?;
+        let h = c.op(Op::Unary(UnaryOp::Gelu), &[h])?;
+        let z = c.op(Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false }, &[h, w2, b2])?;
+        c.op(Op::Softmax { axis: 1 }, &[z])
+    });
+    s.case("leaky_relu_via_where_of_comparison", |c| {
+        // The boolean mask from a comparison of the parameter carries no gradient.
+        let x = c.param("x", &[3, 5], Init::Grid(0.05));
+        let zero = c.constant("zero", Tensor::scalar_f32(0.0));
+        let slope = c.constant("slope", Tensor::scalar_f32(0.1));
+        let m = c.op(Op::Binary(BinaryOp::Greater), &[x, zero])?;
+        let neg = c.op(Op::Binary(BinaryOp::Mul), &[x, slope])?;
+        c.op(Op::Where, &[m, x, neg])
+    });
+    s.case("integer_path_has_no_gradient", |c| {
+        // y = a * (f32(i64(b)) + b): the path through the integer cast carries no gradient (nor
+        // finite difference: no grid value is within eps of an integer), only the direct one.
+        let a = c.param("a", &[2, 4], SMOOTH);
+        let b = c.param("b", &[4], Init::Grid(0.05));
+        let bi = c.op(Op::Cast { to: DType::I64 }, &[b])?;
+        let bf = c.op(Op::Cast { to: DType::F32 }, &[bi])?;
+        let b2 = c.op(Op::Binary(BinaryOp::Add), &[bf, b])?;
+        c.op(Op::Binary(BinaryOp::Mul), &[a, b2])
+    });
+    s.case("residual_layernorm", |c| {
+        let x = c.param("x", &[2, 3, 4], SMOOTH);
+        let w = c.param("w", &[4, 4], SMOOTH);
+        let g = c.param("g", &[4], Init::U(0.5, 1.5));
+        let h = c.op(Op::MatMul, &[x, w])?;
+        let h = c.op(Op::Unary(UnaryOp::Tanh), &[h])?;
+        let h = c.op(Op::Binary(BinaryOp::Add), &[h, x])?;
+        c.op(Op::LayerNorm { axis: 2, epsilon: 1e-5 }, &[h, g])
+    });
+    s.finish();
+}
+
+/// Fan-out (a parameter read by several ops gets the sum of the gradients), an unused parameter
+/// (an exactly zero gradient) and a frozen parameter (no gradient output).
+#[test]
+fn fan_out_unused_frozen() -> Result<()> {
+    let ctx = CpuContext::new(1)?;
+    let build = |label: &str| -> Result<(Case, Value)> {
+        let mut c = Case { g: Graph::new(label), rng: Rng::new(fnv(label)) };
+        let a = c.param("a", &[2, 3], SMOOTH);
+        let b = c.param("b", &[3], SMOOTH);
+        c.param("unused", &[2, 2], SMOOTH);
+        // y = a*a + a + tanh(a) * b
+        let aa = c.op(Op::Binary(BinaryOp::Mul), &[a, a])?;
+        let y = c.op(Op::Binary(BinaryOp::Add), &[aa, a])?;
+        let t = c.op(Op::Unary(UnaryOp::Tanh), &[a])?;
+        let tb = c.op(Op::Binary(BinaryOp::Mul), &[t, b])?;
+        let y = c.op(Op::Binary(BinaryOp::Add), &[y, tb])?;
+        Ok((c, y))
+    };
+
+    let (c, y) = build("fan_out")?;
+    let r = check(&ctx, "fan_out", c, y, &[])?;
+    println!("fan_out: max rel err {:.2e}", r.worst);
+    ensure!(r.failures.is_empty(), "{}", r.failures.join("\n"));
+    let unused = &r.grads["unused"];
+    ensure!(unused.shape() == [2, 2], "grad/unused is {:?}", unused.shape());
+    ensure!(unused.to_f32_vec().iter().all(|&v| v == 0.0), "grad/unused is not zero: {:?}", unused.to_f32_vec());
+    ensure!(r.grads["a"].to_f32_vec().iter().any(|&v| v != 0.0), "grad/a is zero");
+
+    let (c, y) = build("frozen")?;
+    let r = check(&ctx, "frozen", c, y, &["b"])?;
+    println!("frozen: max rel err {:.2e}", r.worst);
+    ensure!(r.failures.is_empty(), "{}", r.failures.join("\n"));
+    if r.outputs.iter().any(|o| o == "grad/b") || r.grads.contains_key("b") {
+        bail!("frozen parameter b has a gradient output (outputs: {:?})", r.outputs);
+    }
+    ensure!(r.outputs.iter().any(|o| o == "grad/a"), "grad/a missing: {:?}", r.outputs);
+    Ok(())
+}
