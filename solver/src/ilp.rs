@@ -90,6 +90,9 @@ pub trait MipBackend: Send + Sync {
     fn solve(&self, mip: &Mip, time_limit: Duration) -> Result<MipOutcome>;
 }
 
+/// Serialises every use of CBC in the process (see [`Cbc`]'s `solve`).
+static CBC_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// COIN-OR CBC through good_lp.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cbc {
@@ -105,6 +108,15 @@ impl MipBackend for Cbc {
     }
 
     fn solve(&self, mip: &Mip, time_limit: Duration) -> Result<MipOutcome> {
+        // CBC's solve entry point (`Cbc_solve` -> `CbcMain1`) parses its parameters through
+        // process-wide static state, so two solves running at once in one process corrupt each
+        // other's settings (time limit, presolve, log level...) and can return wrong column values.
+        // good_lp only locks when its `singlethread-cbc` feature is on: serialise here, for the
+        // model's whole life (creation, solve, reading values, deletion).
+        let waiting = std::time::Instant::now();
+        let _guard = CBC_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Time spent waiting for another solve counts against this one's limit.
+        let time_limit = time_limit.saturating_sub(waiting.elapsed());
         let mut pv = ProblemVariables::new();
         let vars: Vec<Variable> = mip
             .vars

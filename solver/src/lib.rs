@@ -11,11 +11,11 @@
 //!   search gives a starting point and the exact ILP ([`ilp`], good_lp + CBC behind the
 //!   [`ilp::MipBackend`] trait) proves the optimum or improves on it until the time limit;
 //! - **large**: parallel anytime search threads sharing their best solution. Each builds a start
-//!   with Lagrangian memory prices (dynamic programming over maximum spanning forests of the cost
-//!   graph, node sweeps, moves of whole groups of nodes tied by forbidden edge entries, greedy
-//!   memory repair), then improves it with exact DP over random trees, memory-coupled pair moves
-//!   and perturbations; thread 0 also re-solves connected regions exactly with the ILP
-//!   (large-neighbourhood search). On graphs of a few thousand nodes, rounds of an ILP restricted
+//!   with Lagrangian memory prices (TRW-S message passing over the whole cost graph, exact DP over
+//!   random trees, node sweeps, moves of whole groups of nodes tied by forbidden edge entries,
+//!   greedy memory repair), then improves it with exact DP over random trees and maximum
+//!   spanning forests, memory-coupled pair moves and perturbations; thread 0 also re-solves
+//!   connected regions exactly with the ILP (large-neighbourhood search). On graphs of a few thousand nodes, rounds of an ILP restricted
 //!   to promising strategies per node run in between.
 //!
 //! Memory feasibility is checked exactly at the *maximal* time steps (where some interval starts
@@ -54,6 +54,7 @@ pub mod reduce;
 mod search;
 mod segtree;
 mod solve;
+mod trws;
 
 pub use error::{Error, Result};
 pub use eval::Evaluation;

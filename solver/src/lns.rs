@@ -155,8 +155,11 @@ pub(crate) fn solve_region(
     let old: Vec<usize> = region.iter().map(|&i| st.x[i]).collect();
     for (p, &i) in region.iter().enumerate() {
         let xs = &values[x_start[p]..x_start[p] + m.k[i]];
-        let s = (0..m.k[i]).max_by(|&a, &b| xs[a].total_cmp(&xs[b])).unwrap_or(0);
-        st.set(i, s);
+        // CBC occasionally returns column values that break the one-hot rows (all zeros): such
+        // a node keeps its strategy.
+        if let Some(s) = (0..m.k[i]).find(|&s| xs[s] > 0.5) {
+            st.set(i, s);
+        }
     }
     let tol = 1e-9 * before.abs().max(1.0);
     if std::env::var_os("SOLVER_DEBUG").is_some() {

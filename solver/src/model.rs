@@ -31,6 +31,45 @@ pub(crate) struct MEdge {
     pub mat: usize,
 }
 
+/// Costs at or above this are forbidden entries (IOPDDL uses 10^18).
+pub(crate) const HARD: f64 = 1e17;
+
+/// A running cost kept exact: the finite entries are integers, whose `f64` sums are exact below
+/// 2^53, and forbidden entries are counted apart. Adding and removing a 10^18 entry in one `f64`
+/// sum would instead round away the small costs (the ulp of 10^18 is 128) and let the search
+/// accept moves that make the true cost worse.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct CostSum {
+    pub finite: f64,
+    pub hard: i64,
+}
+
+impl CostSum {
+    #[inline]
+    pub fn add(&mut self, c: f64) {
+        if c >= HARD {
+            self.hard += 1;
+        } else {
+            self.finite += c;
+        }
+    }
+
+    #[inline]
+    pub fn sub(&mut self, c: f64) {
+        if c >= HARD {
+            self.hard -= 1;
+        } else {
+            self.finite -= c;
+        }
+    }
+
+    /// One number for comparisons: every forbidden entry counts 10^18.
+    #[inline]
+    pub fn value(&self) -> f64 {
+        if self.hard == 0 { self.finite } else { self.finite + self.hard as f64 * 1e18 }
+    }
+}
+
 pub(crate) struct Model {
     pub n: usize,
     pub k: Vec<usize>,
@@ -163,14 +202,19 @@ impl Model {
         self.steps.len()
     }
 
-    /// Cost of `x` computed from scratch (floating point).
+    /// Cost of `x` computed from scratch, as [`CostSum::value`].
     pub fn total_cost(&self, x: &[usize]) -> f64 {
-        let mut c = 0.0;
+        self.cost_sum(x).value()
+    }
+
+    /// Cost of `x` split into its finite part and its count of forbidden entries.
+    pub fn cost_sum(&self, x: &[usize]) -> CostSum {
+        let mut c = CostSum::default();
         for i in 0..self.n {
-            c += self.cost[self.off[i] + x[i]];
+            c.add(self.cost[self.off[i] + x[i]]);
         }
         for e in &self.edges {
-            c += self.mats[e.mat + x[e.u] * self.k[e.v] + x[e.v]];
+            c.add(self.mats[e.mat + x[e.u] * self.k[e.v] + x[e.v]]);
         }
         c
     }

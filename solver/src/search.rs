@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::ilp::MipBackend;
-use crate::model::Model;
+use crate::model::{CostSum, Model};
 use crate::segtree::SegTree;
 
 /// The state of one search thread.
@@ -21,15 +21,23 @@ pub(crate) struct State<'m> {
     m: &'m Model,
     pub x: Vec<usize>,
     seg: SegTree,
+    /// `sum.value()`, kept up to date by [`State::set`].
     pub cost: f64,
+    sum: CostSum,
     buf: Vec<f64>,
 }
 
 impl<'m> State<'m> {
     pub fn new(m: &'m Model, x: Vec<usize>) -> State<'m> {
         let seg = SegTree::new(&m.usage_profile(&x));
-        let cost = m.total_cost(&x);
-        State { m, x, seg, cost, buf: Vec::new() }
+        let sum = m.cost_sum(&x);
+        State { m, x, seg, cost: sum.value(), sum, buf: Vec::new() }
+    }
+
+    /// Recomputes the cost from scratch.
+    pub fn resync(&mut self) {
+        self.sum = self.m.cost_sum(&self.x);
+        self.cost = self.sum.value();
     }
 
     /// Largest usage over the compressed steps `[l, r)`.
@@ -60,12 +68,15 @@ impl<'m> State<'m> {
             return;
         }
         let m = self.m;
-        let mut d = m.cost[m.off[i] + s] - m.cost[m.off[i] + old];
+        let sum = &mut self.sum;
+        sum.add(m.cost[m.off[i] + s]);
+        sum.sub(m.cost[m.off[i] + old]);
         for a in m.adj(i) {
             let row = m.row(i, a, self.x[a.other]);
-            d += row[s] - row[old];
+            sum.add(row[s]);
+            sum.sub(row[old]);
         }
-        self.cost += d;
+        self.cost = sum.value();
         let du = m.usage[m.off[i] + s] - m.usage[m.off[i] + old];
         let (l, r) = m.range[i];
         self.seg.add(l, r, du);
@@ -328,7 +339,6 @@ impl<'m> State<'m> {
         let tol = 1e-9 * before.abs().max(1.0);
         let delta = self.cost - before;
         let ok = match accept {
-            Accept::Force => true,
             Accept::Feasible => delta <= tol && self.feasible(),
             Accept::Penalized => delta + dpen <= tol,
         };
@@ -505,8 +515,6 @@ impl State<'_> {
 /// When [`State::tree_move`] keeps its result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Accept {
-    /// Always.
-    Force,
     /// If memory stays feasible and the true cost does not increase.
     Feasible,
     /// If the penalised objective does not increase (memory unchecked).
@@ -721,8 +729,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     let mut order: Vec<usize> = (0..n).filter(|&i| m.k[i] >= 2).collect();
     let mut best: Option<(Vec<usize>, f64)> = None;
     let consider = |st: &mut State, best: &mut Option<(Vec<usize>, f64)>| {
-        // Resynchronise: running sums drift when forbidden (huge) costs come and go.
-        st.cost = m.total_cost(&st.x);
+        st.resync();
         if st.feasible() && best.as_ref().is_none_or(|b| st.cost < b.1) {
             *best = Some((st.x.clone(), st.cost));
             true
@@ -765,20 +772,32 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         let mut s0 = State::new(m, x.clone());
         consider(&mut s0, &mut best);
     }
+    let mut trws = crate::trws::Trws::new(m);
+    let mut improved_at = 0usize;
+    let mut last_best: Option<f64> = None;
     while cfg.start.is_none() {
         iter += 1;
         order_shuffle(&mut order, &mut rng);
-        for r in 0..40 {
-            if r == 0 {
-                tree.max_spanning_forest(m, &weight, &mut rng);
-            } else {
-                let root = order[rng.random_range(0..order.len())];
-                let size = [16usize, 64, 256, 1024, usize::MAX][rng.random_range(0..5)];
-                tree.clear();
-                tree.grow(m, root, size, rng.random_bool(0.5), &mut rng);
-            }
-            let accept = if iter == 1 && r == 0 { Accept::Force } else { Accept::Penalized };
-            st.tree_move(&tree, &pen, 1.0, accept, &mut ws);
+        let t0 = Instant::now();
+        let (tx, tc) = trws.run(m, &pen, if iter == 1 { 30 } else { 10 }, lagr_deadline);
+        if debug() {
+            let prof = m.usage_profile(&tx);
+            eprintln!(
+                "[{:.1}s] trws {iter} in {:.2}s: cost {tc:.0} max usage {} limit {}",
+                start.elapsed().as_secs_f64(),
+                t0.elapsed().as_secs_f64(),
+                prof.iter().max().copied().unwrap_or(0),
+                m.limit
+            );
+        }
+        // TRW-S labelling on the priced costs, then exact DP over random trees on the same.
+        st = State::new(m, tx);
+        for _ in 0..40 {
+            let root = order[rng.random_range(0..order.len())];
+            let size = [16usize, 64, 256, 1024, usize::MAX][rng.random_range(0..5)];
+            tree.clear();
+            tree.grow(m, root, size, rng.random_bool(0.5), &mut rng);
+            st.tree_move(&tree, &pen, 1.0, Accept::Penalized, &mut ws);
         }
         for _ in 0..10 {
             let mut moved = st.sweep(&order, Some(&pen), false);
@@ -814,17 +833,25 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                 best.as_ref().map(|b| b.1)
             );
         }
-        if Instant::now() > lagr_deadline
-            || nsteps == 0
-            || (best.is_some() && iter >= if cfg.lns.is_some() { 3 } else { 20 })
-        {
+        let now_best = best.as_ref().map(|b| b.1);
+        if now_best != last_best {
+            improved_at = iter;
+            last_best = now_best;
+        }
+        // Stop when out of time or when the best has not improved for a while.
+        if Instant::now() > lagr_deadline || nsteps == 0 || (best.is_some() && iter >= improved_at + 8) {
             break;
         }
+        // Multiplicative price updates by relative excess: prices of steps far below the limit
+        // fall fast, those above it rise; the two threads use different step sizes.
+        let kappa = if cfg.seed.is_multiple_of(2) { 20.0 } else { 8.0 };
+        let limit = m.limit.max(1) as f64;
         for (t, &u) in prof.iter().enumerate() {
-            if u > m.limit {
-                lambda[t] = if lambda[t] == 0.0 { seed_price } else { lambda[t] * 2.0 };
-            } else if (u as f64) < 0.95 * m.limit as f64 {
-                lambda[t] *= 0.9;
+            let rel = (u as f64 - limit) / limit;
+            if u > m.limit && lambda[t] == 0.0 {
+                lambda[t] = seed_price;
+            } else {
+                lambda[t] *= (kappa * rel).exp().clamp(0.5, 2.0);
             }
         }
         penalties(m, &lambda, &mut pen);
@@ -851,6 +878,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     let mut since_improve = 0usize;
     let mut rounds = 0usize;
     let mut region_vars = 20_000usize;
+    let mut overrun = 1.0f64;
     let mut in_region = vec![false; n];
     let mut lns_solves = 0usize;
     if let Some(backend) = cfg.lns {
@@ -867,11 +895,17 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             // optimal with column values that are not the optimum.
             let _ = backend;
             let cbc = crate::ilp::Cbc::default();
-            let _ = crate::lns::solve_region(m, &mut st, &order, &in_region, &cbc, limit);
+            let out = crate::lns::solve_region(m, &mut st, &order, &in_region, &cbc, limit);
             for &v in &order {
                 in_region[v] = false;
             }
             lns_solves += 1;
+            if out.is_ok_and(|o| o.optimal) && st.feasible() {
+                // The whole problem is solved: nothing left to search.
+                consider(&mut st, &mut best);
+                publish(&best);
+                return best;
+            }
         }
     }
     while Instant::now() < cfg.deadline && !order.is_empty() {
@@ -882,9 +916,14 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         let before = st.cost;
         let left = cfg.deadline.saturating_duration_since(Instant::now());
         // CBC can overrun its limit a little: keep a margin.
+        // CBC can overrun its limit several times over (it checks the clock between
+        // branch-and-bound nodes, not inside the root LP): ask for a third of what is left,
+        // scaled down by the overruns seen so far.
         let margin = (left / 4).min(Duration::from_millis(700));
-        let lns_limit = left.saturating_sub(margin).min(Duration::from_secs(8));
-        if let Some(backend) = cfg.lns.filter(|_| lns_limit >= Duration::from_millis(5)) {
+        let lns_limit = (left.saturating_sub(margin) / 5).min(Duration::from_secs(6)).div_f64(overrun);
+        // No region solves in the last 15% of the time: a late overrun would miss the deadline.
+        let lns_open = left > total.mul_f64(0.15) && lns_limit >= Duration::from_millis(5);
+        if let Some(backend) = cfg.lns.filter(|_| lns_open) {
             // Adopt a better solution from another thread.
             if let Some((x, c)) = shared_best()
                 && c < st.cost - 1e-9 * c.abs().max(1.0)
@@ -907,13 +946,26 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             }
             let t0 = Instant::now();
             let out = crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
+            if debug() {
+                eprintln!(
+                    "[{:.1}s] lns took {:.2}s of {:.2}s",
+                    start.elapsed().as_secs_f64(),
+                    t0.elapsed().as_secs_f64(),
+                    lns_limit.as_secs_f64()
+                );
+            }
             for &v in &region {
                 in_region[v] = false;
             }
             lns_solves += 1;
+            let took = t0.elapsed();
+            if took > lns_limit.mul_f64(1.5) {
+                overrun = (overrun * took.as_secs_f64() / lns_limit.as_secs_f64().max(1e-3)).min(16.0);
+                region_vars = (region_vars / 2).max(500);
+            }
             match out {
                 Ok(o) => {
-                    if o.optimal && t0.elapsed() < lns_limit / 4 {
+                    if o.optimal && took < lns_limit / 4 {
                         region_vars = (region_vars * 5 / 4).min(60_000);
                     } else if !o.optimal {
                         region_vars = (region_vars * 3 / 4).max(500);
@@ -928,6 +980,9 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
         }
         for _ in 0..50 {
+            if Instant::now() > cfg.deadline {
+                break;
+            }
             let root = order[rng.random_range(0..order.len())];
             let size = [4usize, 16, 64, 256, 1024, usize::MAX][rng.random_range(0..6)];
             let induced = rng.random_bool(0.5);

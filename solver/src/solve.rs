@@ -99,7 +99,8 @@ impl SolveResult {
 /// where it occurs); [`Error::InvalidProblem`] for an inconsistent problem.
 pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
     let start = Instant::now();
-    let deadline = start + opts.time_limit;
+    // Keep a little time for expanding and checking the solution on the original problem.
+    let deadline = start + opts.time_limit.saturating_sub((opts.time_limit / 50).min(Duration::from_secs(1)));
     problem.validate()?;
     if let Some(limit) = problem.usage_limit {
         let (min_peak, time) = problem.min_peak_usage();
