@@ -413,3 +413,107 @@ fn closed_stdout_is_not_a_panic() {
     assert!(!err.contains("panicked"), "inspect into a closed pipe panicked:\n{err}");
     assert!(err.lines().count() <= 1, "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// train
+
+/// Runs `autopar train ... --json` and returns the loss of every step.
+fn train_losses(args: &[&str]) -> Vec<f64> {
+    let mut all = vec!["train"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = ok(&all);
+    out.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line ({e}): {l}"));
+            v["loss"].as_f64().unwrap_or_else(|| panic!("no loss in {l}"))
+        })
+        .collect()
+}
+
+/// Issue 3, acceptance 3: AdamW on a repeated batch drives gpt2-tiny's next-token loss down.
+#[test]
+fn train_gpt2_tiny_adamw_loss_falls() {
+    let ids = format!("input_ids={}", data("models/gpt2-tiny.input_ids.npy").display());
+    let args =
+        ["--feed", &ids, "--loss", "ce-next:logits:input_ids", "--optimizer", "adamw", "--lr", "1e-3", "--steps", "50"];
+    let losses = train_losses(&[&[model("gpt2-tiny.onnx").as_str()][..], &args[..]].concat());
+    assert_eq!(losses.len(), 50);
+    // PyTorch's loss at the initial weights (tests/data/refgrad/gpt2-tiny/loss.json).
+    assert!((losses[0] - 6.93473053).abs() < 1e-4 * 6.93473053, "first loss {}", losses[0]);
+    let last = *losses.last().unwrap();
+    assert!(last < 0.5 * losses[0], "loss did not fall enough: {losses:?}");
+    // Mostly monotone: the last ten losses are below the first ten.
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    assert!(mean(&losses[40..]) < mean(&losses[..10]), "{losses:?}");
+}
+
+/// Saving after 2 steps and resuming for 1 gives exactly the 3-step run (parameters, AdamW
+/// moments and its step counter are all restored).
+#[test]
+fn train_save_and_load_resume_exactly() {
+    let dir = tempdir();
+    let ckpt = dir.path().join("ckpt").display().to_string();
+    let x = format!("x={}", data("models/mlp.x.npy").display());
+    let t = format!("target={}", data("refgrad/mlp/mlp.target.npy").display());
+    let m = model("mlp.onnx");
+    let base = ["--feed", &x, "--feed", &t, "--loss", "mse:y:target", "--optimizer", "adamw", "--lr", "1e-3"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = vec![m.clone()];
+        v.extend(base.iter().map(|s| s.to_string()));
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let three = train_losses(&with(&["--steps", "3"]).iter().map(String::as_str).collect::<Vec<_>>());
+    let two = train_losses(&with(&["--steps", "2", "--save", &ckpt]).iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(two, three[..2]);
+    for f in ["params.npz", "state.npz", "trainer.json"] {
+        assert!(dir.path().join("ckpt").join(f).exists(), "--save did not write {f}");
+    }
+    let mut args = vec!["train".to_string()];
+    args.extend(with(&["--steps", "1", "--load", &ckpt, "--json"]));
+    let out = ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let line: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    assert_eq!(line["step"], 3, "{out}");
+    assert_eq!(line["loss"].as_f64(), Some(three[2]), "{out}");
+}
+
+#[test]
+fn train_prints_losses_and_graph() {
+    let x = format!("x={}", data("models/mlp.x.npy").display());
+    let t = format!("target={}", data("refgrad/mlp/mlp.target.npy").display());
+    let m = model("mlp.onnx");
+    let args = ["train", &m, "--feed", &x, "--feed", &t, "--loss", "mse:y:target", "--optimizer", "sgd", "--lr", "0.1"];
+    let out = ok(&[&args[..], &["--steps", "2"]].concat());
+    assert!(out.contains("step    1  loss 2.0155"), "{out}");
+    assert!(out.contains("activations kept for backward"), "{out}");
+    let text = ok(&[&args[..], &["--graph"]].concat());
+    assert!(text.contains("sgd_update") && text.contains("update %"), "{text}");
+    let g = ir::Graph::parse(&text).expect("train --graph prints parseable IR");
+    ir::verify(&g).expect("the printed training graph verifies");
+}
+
+#[test]
+fn train_bad_input() {
+    let m = model("mlp.onnx");
+    let x = format!("x={}", data("models/mlp.x.npy").display());
+    let t = format!("target={}", data("refgrad/mlp/mlp.target.npy").display());
+    fails(&["train", &m, "--feed", &x, "--loss", "l1:y:target"], &["unknown kind", "mse:OUTPUT:TARGET"]);
+    fails(&["train", &m, "--feed", &x, "--loss", "mse:y"], &["mse:y", "expected"]);
+    fails(&["train", &m, "--feed", &x, "--feed", &t, "--loss", "mse:logits:target"], &["no output logits", "y"]);
+    fails(&["train", &m, "--feed", &x, "--loss", "mse:y:target"], &["missing feed for input target"]);
+    fails(&["train", &m, "--feed", &x, "--feed", &t, "--loss", "ce:y:target"], &["target", "i64"]);
+    fails(
+        &["train", &m, "--feed", &x, "--feed", &t, "--loss", "mse:y:target", "--freeze", "nope"],
+        &["cannot freeze nope"],
+    );
+    fails(
+        &["train", &m, "--feed", &x, "--feed", &t, "--loss", "mse:y:target", "--load", "/no/such/ckpt"],
+        &["--load", "params.npz"],
+    );
+    let ids = format!("input_ids={}", data("models/gpt2-tiny.input_ids.npy").display());
+    fails(
+        &["train", &model("gpt2-tiny.onnx"), "--feed", &ids, "--loss", "ce-next:logits:tokens"],
+        &["no input tokens"],
+    );
+}
