@@ -530,7 +530,10 @@ fn vjp(
         Op::Cast { to: DType::F32 } if b.g.meta(ins[0]).dtype == DType::F32 => out[0] = Some(dy),
         Op::Cast { .. } => {}
         Op::Unary(UnaryOp::Neg) => out[0] = Some(b.neg("dx", dy)?),
-        Op::Unary(u) if unary_differentiable(u) => out[0] = Some(b.op("dx", Op::UnaryGrad(u), &[ins[0], dy])?),
+        Op::Unary(u) if unary_differentiable(u) => {
+            let from = if unary_grad_from_output(u) { y } else { ins[0] };
+            out[0] = Some(b.op("dx", Op::UnaryGrad(u), &[from, dy])?)
+        }
         Op::Unary(_) => {}
         Op::Binary(op) => {
             let (a, c) = (ins[0], ins[1]);

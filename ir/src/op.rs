@@ -334,7 +334,9 @@ pub enum Op {
         /// Storage name (unique among params and states).
         name: String,
     },
-    /// `dx = dy * f'(x)` for a differentiable unary op: inputs x, dy.
+    /// `dx = dy * f'(x)` for a differentiable unary op: inputs (x, dy), or (y, dy) with the forward
+    /// output `y = f(x)` for the ops whose derivative is cheaper from it
+    /// ([`unary_grad_from_output`]: tanh, sigmoid, exp, sqrt, reciprocal).
     UnaryGrad(UnaryOp),
     /// Gradient of softmax (or log-softmax when `log`) from its output: inputs y, dy.
     SoftmaxGrad {
@@ -1081,6 +1083,13 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
 pub fn unary_differentiable(u: UnaryOp) -> bool {
     use UnaryOp::*;
     !matches!(u, Not | Floor | Ceil | Sign)
+}
+
+/// True when [`Op::UnaryGrad`] of `u` reads the forward output `y` instead of the input `x`:
+/// `tanh' = 1 - y^2`, `sigmoid' = y (1 - y)`, `exp' = y`, `sqrt' = 1 / (2 y)`, `(1/x)' = -y^2`.
+pub fn unary_grad_from_output(u: UnaryOp) -> bool {
+    use UnaryOp::*;
+    matches!(u, Tanh | Sigmoid | Exp | Sqrt | Reciprocal)
 }
 
 /// Text-form name of a unary op's gradient.

@@ -84,6 +84,9 @@ pub struct RunReport {
     pub param_bytes: usize,
     /// New values of the updated params and states ([`ir::Graph::updates`]), by storage name.
     pub updates: BTreeMap<String, Tensor>,
+    /// Seconds spent in each node's kernel, in schedule order (only with
+    /// [`Interpreter::with_profiling`]).
+    pub node_seconds: Vec<(NodeIndex, f64)>,
 }
 
 /// A single-device interpreter with a fixed schedule.
@@ -93,6 +96,7 @@ pub struct Interpreter<'g> {
     /// For each value, the schedule position of its last reader (`usize::MAX`: a graph output).
     last_use: HashMap<Value, usize>,
     inputs: HashMap<NodeIndex, Vec<Value>>,
+    profile: bool,
 }
 
 enum Held<'a> {
@@ -128,7 +132,22 @@ impl<'g> Interpreter<'g> {
         for (_, v) in &graph.updates {
             last_use.insert(*v, usize::MAX);
         }
-        Ok(Interpreter { graph, order, last_use, inputs })
+        Ok(Interpreter { graph, order, last_use, inputs, profile: false })
+    }
+
+    /// Also time every kernel ([`RunReport::node_seconds`]).
+    pub fn with_profiling(mut self, on: bool) -> Self {
+        self.profile = on;
+        self
+    }
+
+    /// True when node `n` (at schedule position `pos`) has one input, held as an owned tensor
+    /// that no later node or output reads.
+    fn is_last_owned_use(&self, vals: &HashMap<Value, Held>, n: NodeIndex, pos: usize) -> bool {
+        match self.inputs[&n].as_slice() {
+            [v] => self.last_use.get(v) == Some(&pos) && matches!(vals.get(v), Some(Held::Owned(_))),
+            _ => false,
+        }
     }
 
     /// The schedule.
@@ -166,6 +185,7 @@ impl<'g> Interpreter<'g> {
         let mut live = 0usize;
         let mut peak = 0usize;
         let mut param_bytes = 0usize;
+        let mut node_seconds = Vec::new();
         for (pos, &n) in self.order.iter().enumerate() {
             let node = g.node(n);
             let out: Vec<Held> = match &node.op {
@@ -195,14 +215,29 @@ impl<'g> Interpreter<'g> {
                     vec![Held::Borrowed(t)]
                 }
                 Op::Constant(t) => vec![Held::Borrowed(t)],
+                Op::Reshape { shape } if self.is_last_owned_use(&vals, n, pos) => {
+                    // A view: reuse the buffer of an input nobody reads after this node.
+                    let v = self.inputs[&n][0];
+                    let Some(Held::Owned(t)) = vals.remove(&v) else { unreachable!("checked by is_last_owned_use") };
+                    let t = t.reshaped(shape.clone()).map_err(|e| RunError::Kernel {
+                        node: node.name.clone(),
+                        op: "reshape",
+                        message: e.to_string(),
+                    })?;
+                    vec![Held::Owned(t)]
+                }
                 op => {
                     let ins = &self.inputs[&n];
                     let ts: Vec<&Tensor> = ins.iter().map(|v| vals[v].get()).collect();
+                    let t0 = self.profile.then(std::time::Instant::now);
                     let outs = kernels::cpu::eval(ctx, op, &ts).map_err(|e| RunError::Kernel {
                         node: node.name.clone(),
                         op: op.name(),
                         message: e.to_string(),
                     })?;
+                    if let Some(t0) = t0 {
+                        node_seconds.push((n, t0.elapsed().as_secs_f64()));
+                    }
                     for t in &outs {
                         live += t.bytes();
                     }
@@ -257,6 +292,6 @@ impl<'g> Interpreter<'g> {
                 updates.insert(name.clone(), take(v, &g.node(src).name, "update")?);
             }
         }
-        Ok(RunReport { outputs, peak_bytes: peak, param_bytes, updates })
+        Ok(RunReport { outputs, peak_bytes: peak, param_bytes, updates, node_seconds })
     }
 }

@@ -51,6 +51,8 @@ pub struct StepReport {
     pub resident_bytes: usize,
     /// Every graph output of the step (the loss, and gradients when the graph has no optimizer).
     pub outputs: BTreeMap<String, Tensor>,
+    /// Seconds per node kernel, when profiling ([`Trainer::with_profiling`]).
+    pub node_seconds: Vec<(ir::NodeIndex, f64)>,
 }
 
 /// An activation the step keeps from forward until backward reads it.
@@ -90,6 +92,12 @@ impl<'t> Trainer<'t> {
         Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0 })
     }
 
+    /// Times every kernel of each step ([`StepReport::node_seconds`]).
+    pub fn with_profiling(mut self, on: bool) -> Self {
+        self.interp = self.interp.with_profiling(on);
+        self
+    }
+
     /// Runs one step on `feeds`: forward, loss, backward, update.
     pub fn step(&mut self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<StepReport, RunError> {
         let rep = self.interp.run_with_params(ctx, feeds, &self.storage)?;
@@ -105,6 +113,7 @@ impl<'t> Trainer<'t> {
             peak_bytes: rep.peak_bytes,
             resident_bytes: rep.param_bytes,
             outputs: rep.outputs,
+            node_seconds: rep.node_seconds,
         })
     }
 

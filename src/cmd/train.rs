@@ -66,6 +66,9 @@ pub struct TrainArgs {
     /// CPU threads for the kernels.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// After the last step, print where its time went: seconds per op kind and phase.
+    #[arg(long)]
+    pub profile: bool,
     /// Print the training graph (IR text) and exit.
     #[arg(long)]
     pub graph: bool,
@@ -119,7 +122,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         return Ok(());
     }
     let ctx = kernels::cpu::CpuContext::new(a.threads.max(1)).context("starting the CPU thread pool")?;
-    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?;
+    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile);
     if let Some(dir) = &a.load {
         trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;
     }
@@ -183,6 +186,29 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         if let Some(dir) = &a.save {
             writeln!(out, "saved parameters and optimizer state to {}", dir.display())?;
         }
+        if a.profile {
+            print_profile(&mut out, &tg, &rep.node_seconds)?;
+        }
+    }
+    Ok(())
+}
+
+/// Time of the last step by op kind (with its phase), largest first.
+fn print_profile(out: &mut impl Write, tg: &ir::autodiff::TrainingGraph, times: &[(ir::NodeIndex, f64)]) -> Result<()> {
+    let mut by: std::collections::BTreeMap<(String, String), (f64, usize)> = Default::default();
+    let total: f64 = times.iter().map(|t| t.1).sum();
+    for &(n, s) in times {
+        let phase = format!("{:?}", tg.phases.get(&n).copied().unwrap_or(ir::autodiff::Phase::Forward)).to_lowercase();
+        let e = by.entry((tg.graph.node(n).op.name().to_string(), phase)).or_default();
+        e.0 += s;
+        e.1 += 1;
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    writeln!(out, "profile of the last step ({:.1} ms in kernels):", total * 1e3)?;
+    writeln!(out, "  {:<22} {:<9} {:>6} {:>10} {:>6}", "op", "phase", "nodes", "ms", "share")?;
+    for ((op, phase), (s, k)) in rows {
+        writeln!(out, "  {op:<22} {phase:<9} {k:>6} {:>10.2} {:>5.1}%", s * 1e3, 100.0 * s / total.max(1e-12))?;
     }
     Ok(())
 }

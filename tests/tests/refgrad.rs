@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, TrainingGraph, training_graph};
 use ir::{Graph, Tensor};
 use kernels::cpu::CpuContext;

@@ -14,7 +14,7 @@ fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
 }
 
-/// `dx = dy * f'(x)`.
+/// `dx = dy * f'(x)`; `x` is the forward output for the ops of `ir::unary_grad_from_output`.
 pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
     let op = ir::unary_grad_name(u);
     let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
@@ -28,23 +28,18 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
         },
         UnaryOp::GeluTanh => |x| {
             const C: f32 = 0.797_884_6;
-            let t = (C * (x + 0.044715 * x * x * x)).tanh();
+            let t = super::elementwise::tanh(C * (x + 0.044715 * x * x * x));
             0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
         },
-        UnaryOp::Tanh => |x| {
-            let t = x.tanh();
-            1.0 - t * t
-        },
+        // These read the forward output y (see `ir::unary_grad_from_output`).
+        UnaryOp::Tanh => |y| 1.0 - y * y,
         UnaryOp::Erf => |x| 2.0 / PI.sqrt() * (-x * x).exp(),
-        UnaryOp::Sigmoid => |x| {
-            let s = super::elementwise::sigmoid(x);
-            s * (1.0 - s)
-        },
-        UnaryOp::Exp => f32::exp,
+        UnaryOp::Sigmoid => |y| y * (1.0 - y),
+        UnaryOp::Exp => |y| y,
         UnaryOp::Log => |x| 1.0 / x,
-        UnaryOp::Sqrt => |x| 0.5 / x.sqrt(),
+        UnaryOp::Sqrt => |y| 0.5 / y,
         UnaryOp::Neg => |_| -1.0,
-        UnaryOp::Reciprocal => |x| -1.0 / (x * x),
+        UnaryOp::Reciprocal => |y| -y * y,
         UnaryOp::Abs => |x| {
             if x > 0.0 {
                 1.0

@@ -68,7 +68,12 @@ fn reduce_f32(ctx: &CpuContext, op: ReduceOp, x: &[f32], outer: usize, red: usiz
         let mut acc = vec![init; inner];
         for k in 0..red {
             let src = &block[k * inner..(k + 1) * inner];
-            if op == ReduceOp::LogSumExp {
+            if matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+                // The common case without the `fn` pointers, so it vectorises.
+                for (a, &v) in acc.iter_mut().zip(src) {
+                    *a += v as f64;
+                }
+            } else if op == ReduceOp::LogSumExp {
                 for ((a, &v), &m) in acc.iter_mut().zip(src).zip(&shift) {
                     *a += (v as f64 - m).exp();
                 }
@@ -119,6 +124,31 @@ pub(crate) fn reduce(
     let s = x.shape();
     let out_shape = ir::reduced_shape(s, axes, keepdims);
     let contiguous = axes.windows(2).all(|w| w[1] == w[0] + 1);
+    // Kept dims forming one contiguous block between reduced ones (`[A, K, B] -> [K]`, e.g. a
+    // conv bias gradient summing NCHW over N, H, W): sum without transposing.
+    let kept: Vec<usize> = (0..s.len()).filter(|d| !axes.contains(d)).collect();
+    if !contiguous
+        && matches!(op, ReduceOp::Sum | ReduceOp::Mean)
+        && !kept.is_empty()
+        && kept.windows(2).all(|w| w[1] == w[0] + 1)
+        && let Some(v) = x.as_f32()
+    {
+        let (k0, k1) = (kept[0], kept[kept.len() - 1]);
+        let a: usize = s[..k0].iter().product();
+        let k: usize = s[k0..=k1].iter().product();
+        let b: usize = s[k1 + 1..].iter().product();
+        let mut out = vec![0f32; k];
+        let count = (a * b).max(1) as f64;
+        ctx.for_rows_weighted(&mut out, 1, a * b, |j, o| {
+            let mut acc = 0f64;
+            for ai in 0..a {
+                let row = &v[(ai * k + j) * b..(ai * k + j + 1) * b];
+                acc += row.iter().map(|&x| x as f64).sum::<f64>();
+            }
+            o[0] = if op == ReduceOp::Mean { (acc / count) as f32 } else { acc as f32 };
+        });
+        return tensor(name, &out_shape, Data::F32(out));
+    }
     let moved;
     let (src, outer, red, inner) = if axes.is_empty() {
         (x, x.numel(), 1, 1)
