@@ -219,7 +219,7 @@ fn describe(o: &Optimizer) -> String {
             format!("SGD (lr {lr}, momentum {momentum}, weight decay {weight_decay})")
         }
         Optimizer::AdamW { lr, beta1, beta2, epsilon, weight_decay } => {
-            format!("AdamW (lr {lr}, betas {beta1},{beta2}, eps {epsilon}, weight decay {weight_decay})")
+            format!("AdamW (lr {lr}, betas {beta1},{beta2}, eps {epsilon:e}, weight decay {weight_decay})")
         }
     }
 }

@@ -138,6 +138,16 @@ fn window(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy: usize, ox: usize
     }
 }
 
+/// The in-image range `[lo, hi)` along dim `d` (of size `len`) of output `o`'s window, for
+/// dilation 1.
+#[inline]
+pub(crate) fn clip(o: usize, a: &PoolAttrs, d: usize, len: usize) -> (usize, usize) {
+    let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
+    let lo = start.max(0) as usize;
+    let hi = (start + a.kernel[d] as isize).clamp(0, len as isize) as usize;
+    (lo.min(hi), hi)
+}
+
 /// Max pooling; padding cells never win.
 pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let xv = f32s("maxpool", x)?;
@@ -147,6 +157,23 @@ pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
         for oy in 0..oh {
+            if a.dilations == [1, 1] {
+                // Clip the window once per output instead of testing every cell.
+                let (ya, yb) = clip(oy, a, 0, h);
+                for ox in 0..ow {
+                    let (xa, xb) = clip(ox, a, 1, w);
+                    let mut best = f32::NEG_INFINITY;
+                    for y in ya..yb {
+                        for &v in &plane[y * w + xa..y * w + xb] {
+                            if v > best || v.is_nan() {
+                                best = v
+                            }
+                        }
+                    }
+                    row[oy * ow + ox] = best;
+                }
+                continue;
+            }
             for ox in 0..ow {
                 let mut best = f32::NEG_INFINITY;
                 window(a, plane, h, w, oy, ox, |v| {

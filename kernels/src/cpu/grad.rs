@@ -358,6 +358,28 @@ pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Te
         let plane = &xv[r * h * w..(r + 1) * h * w];
         let d = &dv[r * oh * ow..(r + 1) * oh * ow];
         for oy in 0..oh {
+            if a.dilations == [1, 1] {
+                // Same scan order as the general loop below, with the window clipped once.
+                let (ya, yb) = conv::clip(oy, a, 0, h);
+                for ox in 0..ow {
+                    let (xa, xb) = conv::clip(ox, a, 1, w);
+                    let mut best = f32::NEG_INFINITY;
+                    let mut at = None;
+                    for y in ya..yb {
+                        for x in xa..xb {
+                            let v = plane[y * w + x];
+                            if v > best || v.is_nan() || at.is_none() {
+                                best = v;
+                                at = Some(y * w + x);
+                            }
+                        }
+                    }
+                    if let Some(k) = at {
+                        plane_dx[k] += d[oy * ow + ox];
+                    }
+                }
+                continue;
+            }
             for ox in 0..ow {
                 let mut best = f32::NEG_INFINITY;
                 let mut at = None;
