@@ -9,8 +9,11 @@
 //! - every node's output metas equal what [`Op::infer`] computes from its inputs' metas;
 //! - graph outputs name existing values; input and param names are unique.
 //!
-//! Analysis results (strategies, live intervals, costs) live in side tables keyed by
-//! [`NodeIndex`], never as fields on nodes.
+//! - training graphs ([`autodiff::training_graph`]) also list [`Graph::updates`]: each targets a
+//!   param or state once, with a value of the same meta (the same storage after the step).
+//!
+//! Analysis results (strategies, live intervals, costs, training phases) live in side tables
+//! keyed by [`NodeIndex`], never as fields on nodes.
 //!
 //! ```
 //! use ir::{Graph, Op, BinaryOp, DType, TensorMeta};

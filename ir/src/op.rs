@@ -230,7 +230,7 @@ pub enum Op {
         /// B is transposed.
         trans_b: bool,
     },
-    /// 2-D convolution: inputs X [N,C,H,W], W [M,C/group,kh,kw], optional bias [M].
+    /// 2-D convolution: inputs X `[N,C,H,W]`, W `[M,C/group,kh,kw]`, optional bias `[M]`.
     Conv(ConvAttrs),
     /// 2-D max pooling.
     MaxPool(PoolAttrs),

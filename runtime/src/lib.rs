@@ -5,6 +5,10 @@
 //! use. It reports the peak bytes it held (inputs and intermediates; parameters are counted
 //! separately because they stay resident).
 //!
+//! Training graphs run the same way: their [`ir::Op::State`] nodes read the same name-keyed map as
+//! parameters, and the new values of [`ir::Graph::updates`] come back in [`RunReport::updates`];
+//! [`train::Trainer`] keeps them between steps.
+//!
 //! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
 //! error (weight-free models can be planned, not run, until they are initialised).
 #![warn(missing_docs)]
