@@ -429,6 +429,91 @@ pub(crate) fn tie_groups(m: &Model) -> Vec<Group> {
 }
 
 impl State<'_> {
+    /// Path relinking towards `guide`: the nodes where the two differ split into connected
+    /// blocks, first over the graph's edges, then finer over its hard edges only (nodes tied by
+    /// forbidden pairs move together); each block that lowers the cost when it takes the
+    /// guide's strategies, and keeps memory feasible, is adopted. Repeats until no block helps.
+    /// Returns true if the cost decreased.
+    pub fn relink(&mut self, guide: &[usize]) -> bool {
+        let start_cost = self.cost;
+        for _ in 0..4 {
+            let mut moved = false;
+            for hard_only in [false, true] {
+                moved |= self.relink_blocks(guide, hard_only);
+            }
+            if !moved {
+                break;
+            }
+        }
+        self.cost < start_cost - 1e-9 * start_cost.abs().max(1.0)
+    }
+
+    fn relink_blocks(&mut self, guide: &[usize], hard_only: bool) -> bool {
+        let m = self.m;
+        let mut block_of = vec![usize::MAX; m.n];
+        let mut blocks: Vec<Vec<usize>> = Vec::new();
+        for r in 0..m.n {
+            if self.x[r] == guide[r] || block_of[r] != usize::MAX {
+                continue;
+            }
+            let b = blocks.len();
+            let mut nodes = vec![r];
+            block_of[r] = b;
+            let mut head = 0;
+            while head < nodes.len() {
+                let v = nodes[head];
+                head += 1;
+                for a in m.adj(v) {
+                    let w = a.other;
+                    if (a.hard || !hard_only) && self.x[w] != guide[w] && block_of[w] == usize::MAX {
+                        block_of[w] = b;
+                        nodes.push(w);
+                    }
+                }
+            }
+            blocks.push(nodes);
+        }
+        let mut moved = false;
+        let mut old = Vec::new();
+        for nodes in &blocks {
+            let before = self.cost;
+            old.clear();
+            old.extend(nodes.iter().map(|&v| self.x[v]));
+            for &v in nodes {
+                self.set(v, guide[v]);
+            }
+            if self.cost < before - 1e-9 * before.abs().max(1.0) && self.feasible() {
+                moved = true;
+            } else {
+                for (&v, &s) in nodes.iter().zip(&old) {
+                    self.set(v, s);
+                }
+            }
+        }
+        moved
+    }
+
+    /// Sets tie group `g` to root strategy `s` (and its members accordingly), then lets the
+    /// group's neighbours take their best responses (memory unchecked).
+    pub fn kick_group(&mut self, g: &Group, s: usize) {
+        let m = self.m;
+        let mut choice = vec![s; g.members.len()];
+        for j in 1..g.members.len() {
+            let (_, p, perm) = &g.members[j];
+            choice[j] = perm[choice[*p]] as usize;
+        }
+        for (j, t) in g.members.iter().enumerate() {
+            self.set(t.0, choice[j]);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        for &w in &g.nbrs {
+            Self::local_into(m, &self.x, w, &mut buf);
+            let best = (0..m.k[w]).min_by(|&a, &b| buf[a].total_cmp(&buf[b])).unwrap_or(self.x[w]);
+            self.set(w, best);
+        }
+        self.buf = buf;
+    }
+
     /// Moves a whole tie group to the root strategy that minimises the (penalised) cost, keeping
     /// memory feasible when `feasible_only`. Returns true if it moved.
     pub fn group_move(&mut self, g: &Group, pen: Option<&[f64]>, feasible_only: bool) -> bool {
@@ -707,6 +792,8 @@ pub(crate) struct SearchConfig<'a> {
     pub shared: &'a Mutex<Option<(Vec<usize>, f64)>>,
     /// Skip construction and start from this feasible solution.
     pub start: Option<Vec<usize>>,
+    /// Best lower bound found by any thread (Lagrangian TRW-S bounds), raised with `max`.
+    pub bound: &'a Mutex<f64>,
 }
 
 /// Runs the whole search; returns the best feasible solution found (if any) and its cost.
@@ -774,21 +861,39 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     }
     let mut trws = crate::trws::Trws::new(m);
     let mut improved_at = 0usize;
+    // Price step: factors are clamped to [1 / (1 + delta), 1 + delta]; delta shrinks whenever the
+    // priced labelling crosses the limit (feasible after infeasible or back), so the prices
+    // settle where the labelling just fits instead of oscillating by factors of two.
+    let mut guides: Vec<Vec<usize>> = Vec::new();
+    // The TRW-S labelling without prices (memory ignored): a start for relinking guides.
+    let mut free_start: Vec<usize> = Vec::new();
+    let mut delta = 1.0f64;
+    let mut was_over: Option<bool> = None;
     let mut last_best: Option<f64> = None;
     while cfg.start.is_none() {
         iter += 1;
         order_shuffle(&mut order, &mut rng);
         let t0 = Instant::now();
         let (tx, tc) = trws.run(m, &pen, if iter == 1 { 30 } else { 10 }, lagr_deadline);
+        // Lagrangian dual value: min of the priced energy minus the prices times the limit.
+        let lb = trws.lower_bound(m, &pen) - m.limit as f64 * lambda.iter().sum::<f64>();
+        if let Ok(mut b) = cfg.bound.lock()
+            && lb > *b
+        {
+            *b = lb;
+        }
         if debug() {
             let prof = m.usage_profile(&tx);
             eprintln!(
-                "[{:.1}s] trws {iter} in {:.2}s: cost {tc:.0} max usage {} limit {}",
+                "[{:.1}s] trws {iter} in {:.2}s: cost {tc:.0} max usage {} limit {} bound {lb:.0}",
                 start.elapsed().as_secs_f64(),
                 t0.elapsed().as_secs_f64(),
                 prof.iter().max().copied().unwrap_or(0),
                 m.limit
             );
+        }
+        if iter == 1 {
+            free_start.clone_from(&tx);
         }
         // TRW-S labelling on the priced costs, then exact DP over random trees on the same.
         st = State::new(m, tx);
@@ -821,6 +926,26 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                 best_lambda.clone_from(&lambda);
             }
         }
+        // Path relinking: the best feasible solution takes over, one connected block at a
+        // time, this labelling's choices where that pays and fits.
+        guides.push(st.x.clone());
+        if let Some((bx, _)) = &best {
+            let mut rx = State::new(m, bx.clone());
+            let mut gained = false;
+            for g in guides.iter().rev() {
+                gained |= rx.relink(g);
+            }
+            if gained {
+                for _ in 0..10 {
+                    if rx.sweep(&order, None, true) == 0 {
+                        break;
+                    }
+                }
+                if consider(&mut rx, &mut best) {
+                    best_lambda.clone_from(&lambda);
+                }
+            }
+        }
         if debug() {
             let over = prof.iter().filter(|&&u| u > m.limit).count();
             eprintln!(
@@ -839,7 +964,13 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             last_best = now_best;
         }
         // Stop when out of time or when the best has not improved for a while.
-        if Instant::now() > lagr_deadline || nsteps == 0 || (best.is_some() && iter >= improved_at + 8) {
+        let over = prof.iter().any(|&u| u > m.limit);
+        if was_over.is_some_and(|w| w != over) {
+            delta = (delta * 0.6).max(0.01);
+        }
+        was_over = Some(over);
+        if Instant::now() > lagr_deadline || nsteps == 0 || (best.is_some() && iter >= improved_at + 8 && delta <= 0.05)
+        {
             break;
         }
         // Multiplicative price updates by relative excess: prices of steps far below the limit
@@ -851,7 +982,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             if u > m.limit && lambda[t] == 0.0 {
                 lambda[t] = seed_price;
             } else {
-                lambda[t] *= (kappa * rel).exp().clamp(0.5, 2.0);
+                lambda[t] *= (kappa * rel).exp().clamp(1.0 / (1.0 + delta), 1.0 + delta);
             }
         }
         penalties(m, &lambda, &mut pen);
@@ -1013,23 +1144,74 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         } else {
             since_improve += 1;
         }
-        if since_improve > 30 && cfg.lns.is_none() {
-            // Perturb: random strategies on a random region, then repair and descend; or
-            // restart from the best solution any thread has found.
+        // Kicks: tie groups (nodes that can only move together) are where single-node and tree
+        // moves get stuck, so most kicks switch a whole group; a few randomise a small region.
+        let patience = if groups.is_empty() { 30 } else { 3 };
+        if since_improve > patience && cfg.lns.is_none() {
+            // Perturb from the best solution any thread has found, then repair and descend.
             since_improve = 0;
+            // Crossover: each of this thread's best and the shared best relinked towards the other.
+            if let (Some((sx, _)), Some((bx, _))) = (shared_best(), best.clone())
+                && sx != bx
+            {
+                for (a, b) in [(&sx, &bx), (&bx, &sx)] {
+                    let mut cx = State::new(m, a.clone());
+                    if cx.relink(b) && consider(&mut cx, &mut best) {
+                        publish(&best);
+                    }
+                }
+            }
             if let Some((x, c)) = shared_best()
                 && c < st.cost - 1e-9 * c.abs().max(1.0)
             {
                 st = State::new(m, x);
-                continue;
+            } else if let Some((bx, c)) = &best
+                && *c < st.cost - 1e-9 * c.abs().max(1.0)
+            {
+                st = State::new(m, bx.clone());
             }
-            let root = order[rng.random_range(0..order.len())];
-            tree.clear();
-            tree.grow(m, root, rng.random_range(2..64), false, &mut rng);
-            for &v in &tree.nodes {
-                let s = rng.random_range(0..m.k[v]);
-                if m.cost[m.off[v] + s] < 1e17 {
-                    st.set(v, s);
+            if rng.random_bool(0.5) {
+                // A guide: from the unpriced TRW-S labelling (or the current solution), descend
+                // ignoring memory (tree DP and node moves on the cost with small prices), then
+                // relink the current solution towards it.
+                let from = if free_start.len() == n && rng.random_bool(0.7) { &free_start } else { &st.x };
+                let mut gx = State::new(m, from.clone());
+                for _ in 0..40 {
+                    let root = order[rng.random_range(0..order.len())];
+                    let size = [16usize, 64, 256, 1024, usize::MAX][rng.random_range(0..5)];
+                    tree.clear();
+                    tree.grow(m, root, size, rng.random_bool(0.5), &mut rng);
+                    let scale = [0.0, 0.1, 0.3][rng.random_range(0..3)];
+                    gx.tree_move(&tree, &pen, scale, Accept::Penalized, &mut ws);
+                }
+                for _ in 0..5 {
+                    if gx.sweep(&order, None, false) == 0 {
+                        break;
+                    }
+                }
+                let relinked = st.relink(&gx.x);
+                if debug() {
+                    eprintln!(
+                        "[{:.1}s] guide {:.0} relinked {relinked} -> {:.0}",
+                        start.elapsed().as_secs_f64(),
+                        gx.cost,
+                        st.cost
+                    );
+                }
+                continue;
+            } else if !groups.is_empty() && rng.random_bool(0.8) {
+                let g = &groups[rng.random_range(0..groups.len())];
+                let s = rng.random_range(0..m.k[g.members[0].0]);
+                st.kick_group(g, s);
+            } else {
+                let root = order[rng.random_range(0..order.len())];
+                tree.clear();
+                tree.grow(m, root, rng.random_range(2..64), false, &mut rng);
+                for &v in &tree.nodes {
+                    let s = rng.random_range(0..m.k[v]);
+                    if m.cost[m.off[v] + s] < 1e17 {
+                        st.set(v, s);
+                    }
                 }
             }
             st.repair(Some(&pen), cfg.deadline);

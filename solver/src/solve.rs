@@ -127,7 +127,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         // then the whole problem is one "region" of the ILP.
         let left = deadline.saturating_duration_since(Instant::now());
         let quick = Instant::now() + (left / 10).min(Duration::from_secs(3));
-        if let Some((x0, _)) = run_search(&m, opts, quick, bound, None) {
+        if let Some((x0, _)) = run_search(&m, opts, quick, &mut bound, None) {
             let budget = deadline.saturating_duration_since(Instant::now()).mul_f64(0.85);
             let mut st = search::State::new(&m, x0);
             let region: Vec<usize> = (0..m.n).filter(|&i| m.k[i] >= 2).collect();
@@ -188,7 +188,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         };
         // Start from the ILP's incumbent when it stopped on time without a proof.
         let ilp_start = candidates.first().map(|c| c.0.clone());
-        let mut incumbent = run_search(&m, opts, first_deadline, bound, ilp_start);
+        let mut incumbent = run_search(&m, opts, first_deadline, &mut bound, ilp_start);
         if restricted && let Some((x, _)) = &incumbent {
             let left = deadline.saturating_duration_since(Instant::now());
             let until = Instant::now() + left.mul_f64(0.6);
@@ -219,7 +219,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             if let Some(x) = &incumbent {
                 candidates.push((x.0.clone(), "search"));
             }
-            incumbent = run_search(&m, opts, deadline, bound, start);
+            incumbent = run_search(&m, opts, deadline, &mut bound, start);
         }
         if let Some((x, _)) = incumbent {
             candidates.push((x, "search"));
@@ -258,21 +258,25 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
 }
 
 /// Runs the search threads until `deadline` (thread 0 also does ILP large-neighbourhood search);
-/// all threads start from `start` when given.
+/// all threads start from `start` when given. `bound` (a lower bound, where the search may stop)
+/// is raised to the Lagrangian bounds the search proves.
 fn run_search(
     m: &Model,
     opts: &SolveOptions,
     deadline: Instant,
-    target: f64,
+    bound: &mut f64,
     start: Option<Vec<usize>>,
 ) -> Option<(Vec<usize>, f64)> {
+    let target = *bound;
     let threads = opts.threads.max(1);
     let shared = std::sync::Mutex::new(None);
+    let lagrangian = std::sync::Mutex::new(f64::NEG_INFINITY);
     let cbc = Cbc { no_preprocess: true };
     let results: Vec<Option<(Vec<usize>, f64)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let shared = &shared;
+                let lagrangian = &lagrangian;
                 let cbc = &cbc;
                 let start = start.clone();
                 let cfg = search::SearchConfig {
@@ -283,12 +287,16 @@ fn run_search(
                     lns: (t == 0 && opts.lns).then_some(cbc as &dyn MipBackend),
                     shared,
                     start,
+                    bound: lagrangian,
                 };
                 scope.spawn(move || search::run(m, &cfg))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
     });
+    if let Ok(b) = lagrangian.lock() {
+        *bound = bound.max(*b);
+    }
     results.into_iter().flatten().min_by(|a, b| a.1.total_cmp(&b.1))
 }
 
