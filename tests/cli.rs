@@ -517,3 +517,40 @@ fn train_bad_input() {
         &["no input tokens"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// solve
+
+fn solver_data(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("solver/tests/data").join(name).display().to_string()
+}
+
+#[test]
+fn solve_example_writes_solution() {
+    let dir = tempdir();
+    let out = dir.path().join("sol.json").display().to_string();
+    let text = ok(&["solve", &solver_data("example.json"), "--time-limit", "10", "--out", &out]);
+    assert!(text.contains("cost      445") && text.contains("Optimal"), "{text}");
+    let sol: Vec<usize> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(sol.len(), 5);
+    // --check evaluates a given solution with the same semantics.
+    let json = ok(&["solve", &solver_data("example.json"), "--check", &out, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(v["cost"], 445, "{json}");
+    assert_eq!(v["feasible"], true, "{json}");
+}
+
+#[test]
+fn solve_bad_problems() {
+    let dir = tempdir();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"problem\": [").unwrap();
+    fails(&["solve", &bad.display().to_string()], &["bad.json", "not a valid IOPDDL file"]);
+    let text = std::fs::read_to_string(solver_data("example.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["problem"]["usage_limit"] = 10.into();
+    let inf = dir.path().join("inf.json");
+    std::fs::write(&inf, v.to_string()).unwrap();
+    fails(&["solve", &inf.display().to_string()], &["infeasible", "minimum possible peak usage is 50", "time step"]);
+    fails(&["solve", "no/such/problem.json"], &["no/such/problem.json"]);
+}

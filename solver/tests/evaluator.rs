@@ -163,3 +163,25 @@ fn json_round_trip() {
     assert_eq!(Problem::read(&path).unwrap(), p);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+// Fuzzing the reader: truncations, byte flips and random bytes never panic, and every error is
+// one line.
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+    #[test]
+    fn reader_never_panics(cut in 0usize..2000, flips in proptest::collection::vec((0usize..2000, 0u8..=255), 0..6),
+                           noise in proptest::collection::vec(0u8..=255, 0..64)) {
+        let text = std::fs::read(data("example.json")).unwrap();
+        let mut bytes = text[..cut.min(text.len())].to_vec();
+        for (at, b) in flips {
+            if !bytes.is_empty() {
+                let i = at % bytes.len();
+                bytes[i] = b;
+            }
+        }
+        bytes.extend(noise);
+        if let Err(e) = Problem::from_json_bytes(&bytes) {
+            proptest::prop_assert!(!e.to_string().contains('\n'), "{}", e);
+        }
+    }
+}
