@@ -520,7 +520,7 @@ fn vjp(
             out[0] = Some(b.op("dx", Op::Concat { axis: *axis }, &parts)?);
             return Ok(out);
         }
-        Op::LayerNorm { .. } | Op::Identity | Op::Cast { .. } => {}
+        // Every other op has one output.
         _ if dys.len() > 1 => return Err(no_rule(b)),
         _ => {}
     }
@@ -902,8 +902,7 @@ fn batchnorm_vjp(
     } else {
         None
     };
-    if want[1] {
-        let d = dxc.expect("computed above");
+    if let (true, Some(d)) = (want[1], dxc) {
         out[1] = Some(b.mul("dscale", d, inv)?);
     }
     if want[2] {
@@ -913,9 +912,8 @@ fn batchnorm_vjp(
         let t = b.mul("dmean.mul", dsum, si)?;
         out[3] = Some(b.neg("dmean", t)?);
     }
-    if want[4] {
+    if let (true, Some(d)) = (want[4], dxc) {
         // d/dvar = sum(dy*(x-mean)) * scale * -0.5 * inv^3
-        let d = dxc.expect("computed above");
         let i2 = b.mul("inv2", inv, inv)?;
         let i3 = b.mul("inv3", i2, si)?;
         let t = b.mul("dvar.mul", d, i3)?;
@@ -1031,43 +1029,38 @@ fn add_updates(
     trainable: &[(String, NodeIndex)],
     grads: &BTreeMap<String, Value>,
 ) -> Result<(), AutodiffError> {
+    // Each update's inputs: the parameter, its gradient, and the optimizer's state for it.
     let step = match opt {
         Optimizer::AdamW { .. } => {
             let s = g.state("adamw/step", TensorMeta::new(DType::I64, []));
             let one = g.constant("update/step.one", Tensor::i64([], vec![1]));
             let s1 = g.add1("update/step", Op::Binary(BinaryOp::Add), &[s, one])?;
             g.updates.push((s.node, s1));
-            Some(s1)
+            vec![s1]
         }
-        Optimizer::Sgd { .. } => None,
+        Optimizer::Sgd { .. } => vec![],
     };
     for (name, p) in trainable {
         let pv = Value::new(*p, 0);
         let meta = g.meta(pv).clone();
-        let grad = grads[name];
-        let node = format!("update/{name}");
-        match *opt {
+        let (op, state_names): (Op, &[&str]) = match *opt {
             Optimizer::Sgd { lr, momentum, weight_decay } => {
-                let op = Op::SgdUpdate { lr, momentum, weight_decay };
-                if momentum != 0.0 {
-                    let buf = g.state(&format!("{name}/momentum_buffer"), meta);
-                    let o = g.add_op(&node, op, &[pv, grad, buf])?;
-                    g.updates.push((*p, o[0]));
-                    g.updates.push((buf.node, o[1]));
-                } else {
-                    let o = g.add1(&node, op, &[pv, grad])?;
-                    g.updates.push((*p, o));
-                }
+                let names: &[&str] = if momentum != 0.0 { &["momentum_buffer"] } else { &[] };
+                (Op::SgdUpdate { lr, momentum, weight_decay }, names)
             }
             Optimizer::AdamW { lr, beta1, beta2, epsilon, weight_decay } => {
-                let m = g.state(&format!("{name}/exp_avg"), meta.clone());
-                let v = g.state(&format!("{name}/exp_avg_sq"), meta);
-                let op = Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay };
-                let o = g.add_op(&node, op, &[pv, grad, m, v, step.expect("adamw has a step")])?;
-                g.updates.push((*p, o[0]));
-                g.updates.push((m.node, o[1]));
-                g.updates.push((v.node, o[2]));
+                (Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay }, &["exp_avg", "exp_avg_sq"])
             }
+        };
+        let states: Vec<Value> = state_names.iter().map(|s| g.state(&format!("{name}/{s}"), meta.clone())).collect();
+        let mut ins = vec![pv, grads[name]];
+        ins.extend(&states);
+        ins.extend(&step);
+        // Output 0 is the new parameter, then the new state in input order.
+        let outs = g.add_op(&format!("update/{name}"), op, &ins)?;
+        g.updates.push((*p, outs[0]));
+        for (s, o) in states.iter().zip(&outs[1..]) {
+            g.updates.push((s.node, *o));
         }
     }
     Ok(())

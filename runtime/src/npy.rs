@@ -2,7 +2,7 @@
 //! saved training state.
 
 use std::collections::BTreeMap;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use ir::{Data, Tensor};
@@ -83,45 +83,12 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, Tensor>, NpyError> {
 pub fn write_npz(path: &Path, arrays: &BTreeMap<String, Tensor>) -> Result<(), NpyError> {
     let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
     let mut w = npyz::npz::NpzWriter::create(path).map_err(io)?;
+    let zip = w.zip_writer();
     for (name, t) in arrays {
-        let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
-        match t.data() {
-            Data::F32(v) => {
-                let mut a = w
-                    .array::<f32>(name, Default::default())
-                    .map_err(io)?
-                    .default_dtype()
-                    .shape(&shape)
-                    .begin_nd()
-                    .map_err(io)?;
-                a.extend(v.iter().copied()).map_err(io)?;
-                a.finish().map_err(io)?;
-            }
-            Data::I64(v) => {
-                let mut a = w
-                    .array::<i64>(name, Default::default())
-                    .map_err(io)?
-                    .default_dtype()
-                    .shape(&shape)
-                    .begin_nd()
-                    .map_err(io)?;
-                a.extend(v.iter().copied()).map_err(io)?;
-                a.finish().map_err(io)?;
-            }
-            Data::Bool(v) => {
-                let mut a = w
-                    .array::<bool>(name, Default::default())
-                    .map_err(io)?
-                    .default_dtype()
-                    .shape(&shape)
-                    .begin_nd()
-                    .map_err(io)?;
-                a.extend(v.iter().copied()).map_err(io)?;
-                a.finish().map_err(io)?;
-            }
-        }
+        zip.start_file(npyz::npz::file_name_from_array_name(name), Default::default()).map_err(|e| io(e.into()))?;
+        encode(t, &mut *zip).map_err(io)?;
     }
-    w.zip_writer().finish().map_err(|e| io(e.into()))?;
+    zip.finish().map_err(|e| io(e.into()))?;
     Ok(())
 }
 
@@ -129,23 +96,22 @@ pub fn write_npz(path: &Path, arrays: &BTreeMap<String, Tensor>) -> Result<(), N
 pub fn write_npy(path: &Path, t: &Tensor) -> Result<(), NpyError> {
     let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
     let file = std::fs::File::create(path).map_err(io)?;
+    let mut w = BufWriter::new(file);
+    encode(t, &mut w).map_err(io)?;
+    w.flush().map_err(io)
+}
+
+/// The `.npy` encoding of `t` (header and C-order data).
+fn encode(t: &Tensor, w: impl Write) -> std::io::Result<()> {
+    fn put<T: npyz::AutoSerialize + Copy>(v: &[T], shape: &[u64], w: impl Write) -> std::io::Result<()> {
+        let mut wr = npyz::WriteOptions::new().default_dtype().shape(shape).writer(w).begin_nd()?;
+        wr.extend(v.iter().copied())?;
+        wr.finish()
+    }
     let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
-    let w = BufWriter::new(file);
     match t.data() {
-        Data::F32(v) => {
-            let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
-            wr.extend(v.iter().copied()).map_err(io)?;
-            wr.finish().map_err(io)
-        }
-        Data::I64(v) => {
-            let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
-            wr.extend(v.iter().copied()).map_err(io)?;
-            wr.finish().map_err(io)
-        }
-        Data::Bool(v) => {
-            let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
-            wr.extend(v.iter().copied()).map_err(io)?;
-            wr.finish().map_err(io)
-        }
+        Data::F32(v) => put(v, &shape, w),
+        Data::I64(v) => put(v, &shape, w),
+        Data::Bool(v) => put(v, &shape, w),
     }
 }

@@ -80,8 +80,9 @@ const BERT: Case = Case {
     flip_sensitive: &[],
 };
 /// resnet18 (BN-free, random init) has, in `layer3.1`, a ReLU input that is `conv2 + identity`
-/// = -0.7512099 + 0.7512116 = 1.7e-6 in float64: below what float32 resolves for such terms, so
-/// whether that one ReLU passes its gradient depends on the summation order of the convolution.
+/// = -0.7512099 + 0.7512116 = 1.7e-6 in float64: about 28 float32 ulps of the terms, within the
+/// rounding error of a float32 sum of the convolution's 2304 products, so whether that one ReLU
+/// passes its gradient depends on the convolution's summation order.
 /// PyTorch's float32 passes it, autopar's float32 does not; that single element moves every
 /// gradient behind it (layers 1-3, the stem) by up to ~1e-3 relative, while layer 4 and the
 /// classifier agree to ~5e-7. (Checked with an independent float64 NumPy reimplementation of the

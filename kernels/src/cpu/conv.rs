@@ -63,6 +63,40 @@ pub(crate) fn im2col(
     }
 }
 
+/// True for 1x1 convolutions with stride 1 and no padding, whose im2col is the input itself.
+pub(crate) fn is_direct(a: &ConvAttrs, kh: usize, kw: usize) -> bool {
+    kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0]
+}
+
+/// Runs `run(task, chunk, scratch, inner_ctx, gemm_parallelism)` for each `chunk`-long piece of
+/// `out` (one per (image, group) of a convolution, `macs` multiply-adds each). Many small tasks
+/// run in parallel, each sequential; otherwise tasks run in turn, each using the whole pool.
+pub(crate) fn per_group(
+    ctx: &CpuContext,
+    out: &mut [f32],
+    chunk: usize,
+    macs: usize,
+    run: impl Fn(usize, &mut [f32], &mut Vec<f32>, Option<&CpuContext>, gemm::Parallelism) -> Result<(), Error>
+    + Sync
+    + Send,
+) -> Result<(), Error> {
+    let tasks = out.len() / chunk.max(1);
+    if ctx.threads() > 1 && tasks >= 2 * ctx.threads() && macs < (1 << 22) {
+        ctx.install(|| {
+            out.par_chunks_mut(chunk)
+                .enumerate()
+                .try_for_each_init(Vec::new, |col, (t, o)| run(t, o, col, None, gemm::Parallelism::None))
+        })
+    } else {
+        let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
+        let mut col = Vec::new();
+        for (t, o) in out.chunks_mut(chunk).enumerate() {
+            ctx.install(|| run(t, o, &mut col, Some(ctx), par))?;
+        }
+        Ok(())
+    }
+}
+
 /// Conv: X `[N,C,H,W]`, W `[M,C/group,kh,kw]`, optional bias `[M]`.
 pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shape: &[usize]) -> Result<Tensor, Error> {
     let (x, w) = (f32s("conv", inputs[0])?, f32s("conv", inputs[1])?);
@@ -84,10 +118,8 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
         return tensor("conv", out_shape, Data::F32(out));
     }
     let beta = if has_bias { 1.0 } else { 0.0 };
-    let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0];
+    let direct = is_direct(a, kh, kw);
     let plane = h * wd;
-    let tasks = n * g;
-    let par_tasks = ctx.threads() > 1 && tasks >= 2 * ctx.threads() && mg * kk * p < (1 << 22);
     let run = |t: usize, outg: &mut [f32], col: &mut Vec<f32>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let xin = &x[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
@@ -101,26 +133,25 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
         };
         gemm_with(par, mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
     };
-    if par_tasks {
-        // Many small groups/images: one task per (image, group), each sequential.
-        ctx.install(|| {
-            out.par_chunks_mut(mg * p)
-                .enumerate()
-                .try_for_each_init(Vec::new, |col, (t, outg)| run(t, outg, col, None, gemm::Parallelism::None))
-        })?;
-    } else {
-        let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
-        let mut col = Vec::new();
-        for (t, outg) in out.chunks_mut(mg * p).enumerate() {
-            ctx.install(|| run(t, outg, &mut col, Some(ctx), par))?;
-        }
-    }
+    per_group(ctx, &mut out, mg * p, mg * kk * p, run)?;
     tensor("conv", out_shape, Data::F32(out))
 }
 
-/// Visits the in-image cells of the window of output `(oy, ox)`: calls `f(value)` for each.
+/// Visits the in-image cells of the window of output `(oy, ox)` in row-major order: calls
+/// `f(index in the h x w plane)` for each.
 #[inline]
-fn window(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy: usize, ox: usize, mut f: impl FnMut(f32)) {
+pub(crate) fn window_cells(a: &PoolAttrs, h: usize, w: usize, oy: usize, ox: usize, mut f: impl FnMut(usize)) {
+    if a.dilations == [1, 1] {
+        // Clip the window once instead of testing every cell.
+        let (ya, yb) = clip(oy, a, 0, h);
+        let (xa, xb) = clip(ox, a, 1, w);
+        for y in ya..yb {
+            for x in xa..xb {
+                f(y * w + x);
+            }
+        }
+        return;
+    }
     let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
     let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
     for i in 0..a.kernel[0] {
@@ -128,14 +159,30 @@ fn window(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy: usize, ox: usize
         if y < 0 || y >= h as isize {
             continue;
         }
-        let row = &plane[y as usize * w..(y as usize + 1) * w];
         for j in 0..a.kernel[1] {
-            let xx = x0 + (j * a.dilations[1]) as isize;
-            if xx >= 0 && xx < w as isize {
-                f(row[xx as usize]);
+            let x = x0 + (j * a.dilations[1]) as isize;
+            if x >= 0 && x < w as isize {
+                f(y as usize * w + x as usize);
             }
         }
     }
+}
+
+/// The divisor of average pooling for output `(oy, ox)`: its in-image cells, or with
+/// `count_include_pad` its cells inside the padded input (cells past the end padding, possible
+/// with `ceil_mode`, never count).
+pub(crate) fn avg_divisor(a: &PoolAttrs, h: usize, w: usize, oy: usize, ox: usize) -> usize {
+    if !a.count_include_pad {
+        let mut n = 0;
+        window_cells(a, h, w, oy, ox, |_| n += 1);
+        return n;
+    }
+    let padded = |o: usize, d: usize, len: usize| -> usize {
+        let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
+        let end = (len + a.pads[d + 2]) as isize;
+        (0..a.kernel[d]).filter(|&i| start + ((i * a.dilations[d]) as isize) < end).count()
+    };
+    padded(oy, 0, h) * padded(ox, 1, w)
 }
 
 /// The in-image range `[lo, hi)` along dim `d` (of size `len`) of output `o`'s window, for
@@ -148,6 +195,23 @@ pub(crate) fn clip(o: usize, a: &PoolAttrs, d: usize, len: usize) -> (usize, usi
     (lo.min(hi), hi)
 }
 
+/// Index in `plane` of the first maximal in-image cell of output `(oy, ox)`'s window (a NaN
+/// wins), or `None` for a window entirely in the padding. Max pooling and its gradient both use
+/// it, so they agree on ties.
+#[inline]
+pub(crate) fn window_argmax(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy: usize, ox: usize) -> Option<usize> {
+    let mut best = f32::NEG_INFINITY;
+    let mut at = None;
+    window_cells(a, h, w, oy, ox, |k| {
+        let v = plane[k];
+        if v > best || v.is_nan() || at.is_none() {
+            best = v;
+            at = Some(k);
+        }
+    });
+    at
+}
+
 /// Max pooling; padding cells never win.
 pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let xv = f32s("maxpool", x)?;
@@ -157,61 +221,27 @@ pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
         for oy in 0..oh {
-            if a.dilations == [1, 1] {
-                // Clip the window once per output instead of testing every cell.
-                let (ya, yb) = clip(oy, a, 0, h);
-                for ox in 0..ow {
-                    let (xa, xb) = clip(ox, a, 1, w);
-                    let mut best = f32::NEG_INFINITY;
-                    for y in ya..yb {
-                        for &v in &plane[y * w + xa..y * w + xb] {
-                            if v > best || v.is_nan() {
-                                best = v
-                            }
-                        }
-                    }
-                    row[oy * ow + ox] = best;
-                }
-                continue;
-            }
             for ox in 0..ow {
-                let mut best = f32::NEG_INFINITY;
-                window(a, plane, h, w, oy, ox, |v| {
-                    if v > best || v.is_nan() {
-                        best = v
-                    }
-                });
-                row[oy * ow + ox] = best;
+                row[oy * ow + ox] = window_argmax(a, plane, h, w, oy, ox).map_or(f32::NEG_INFINITY, |k| plane[k]);
             }
         }
     });
     tensor("maxpool", out_shape, Data::F32(out))
 }
 
-/// Average pooling. With `count_include_pad`, the divisor counts the window cells inside the
-/// padded input (cells past the end padding, possible with `ceil_mode`, never count).
+/// Average pooling (divisor: [`avg_divisor`]).
 pub(crate) fn avg_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let xv = f32s("avgpool", x)?;
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
     let mut out = vec![0f32; out_shape.iter().product()];
-    let padded_count = |o: usize, d: usize, len: usize| -> usize {
-        let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
-        let end = (len + a.pads[d + 2]) as isize;
-        (0..a.kernel[d]).filter(|&i| start + ((i * a.dilations[d]) as isize) < end).count()
-    };
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
         for oy in 0..oh {
             for ox in 0..ow {
-                let (mut sum, mut cnt) = (0f32, 0usize);
-                window(a, plane, h, w, oy, ox, |v| {
-                    sum += v;
-                    cnt += 1;
-                });
-                if a.count_include_pad {
-                    cnt = padded_count(oy, 0, h) * padded_count(ox, 1, w);
-                }
+                let mut sum = 0f32;
+                window_cells(a, h, w, oy, ox, |k| sum += plane[k]);
+                let cnt = avg_divisor(a, h, w, oy, ox);
                 row[oy * ow + ox] = if cnt == 0 { 0.0 } else { sum / cnt as f32 };
             }
         }

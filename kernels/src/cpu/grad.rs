@@ -8,7 +8,6 @@
 use super::{CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
 use crate::Error;
 use ir::{ConvAttrs, Data, PoolAttrs, SliceAxis, Tensor, UnaryOp};
-use rayon::prelude::*;
 
 fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
@@ -268,9 +267,7 @@ pub(crate) fn conv_input_grad(
     if dx.is_empty() || p == 0 {
         return tensor(op, shape, Data::F32(dx));
     }
-    let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0];
-    let tasks = n * g;
-    let par_tasks = ctx.threads() > 1 && tasks >= 2 * ctx.threads() && mg * kk * p < (1 << 22);
+    let direct = conv::is_direct(a, kh, kw);
     let run = |t: usize, dxg: &mut [f32], col: &mut Vec<f32>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
@@ -284,19 +281,7 @@ pub(crate) fn conv_input_grad(
         col2im(inner, col, h, wd, kh, kw, a, oh, ow, dxg);
         Ok(())
     };
-    if par_tasks {
-        ctx.install(|| {
-            dx.par_chunks_mut(cg * plane)
-                .enumerate()
-                .try_for_each_init(Vec::new, |col, (t, dxg)| run(t, dxg, col, None, gemm::Parallelism::None))
-        })?;
-    } else {
-        let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
-        let mut col = Vec::new();
-        for (t, dxg) in dx.chunks_mut(cg * plane).enumerate() {
-            ctx.install(|| run(t, dxg, &mut col, Some(ctx), par))?;
-        }
-    }
+    conv::per_group(ctx, &mut dx, cg * plane, mg * kk * p, run)?;
     tensor(op, shape, Data::F32(dx))
 }
 
@@ -323,7 +308,7 @@ pub(crate) fn conv_weight_grad(
     if dw.is_empty() || p == 0 {
         return tensor(op, shape, Data::F32(dw));
     }
-    let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0];
+    let direct = conv::is_direct(a, kh, kw);
     let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
     let mut col = Vec::new();
     for gi in 0..g {
@@ -346,8 +331,8 @@ pub(crate) fn conv_weight_grad(
     tensor(op, shape, Data::F32(dw))
 }
 
-/// Max-pool gradient: each window's dy goes to its first maximal cell (the forward kernel's
-/// tie rule).
+/// Max-pool gradient: each window's dy goes to the cell the forward kernel picked
+/// ([`conv::window_argmax`]).
 pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
     let op = "maxpool_grad";
     let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
@@ -358,52 +343,8 @@ pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Te
         let plane = &xv[r * h * w..(r + 1) * h * w];
         let d = &dv[r * oh * ow..(r + 1) * oh * ow];
         for oy in 0..oh {
-            if a.dilations == [1, 1] {
-                // Same scan order as the general loop below, with the window clipped once.
-                let (ya, yb) = conv::clip(oy, a, 0, h);
-                for ox in 0..ow {
-                    let (xa, xb) = conv::clip(ox, a, 1, w);
-                    let mut best = f32::NEG_INFINITY;
-                    let mut at = None;
-                    for y in ya..yb {
-                        for x in xa..xb {
-                            let v = plane[y * w + x];
-                            if v > best || v.is_nan() || at.is_none() {
-                                best = v;
-                                at = Some(y * w + x);
-                            }
-                        }
-                    }
-                    if let Some(k) = at {
-                        plane_dx[k] += d[oy * ow + ox];
-                    }
-                }
-                continue;
-            }
             for ox in 0..ow {
-                let mut best = f32::NEG_INFINITY;
-                let mut at = None;
-                let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
-                let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
-                for i in 0..a.kernel[0] {
-                    let yy = y0 + (i * a.dilations[0]) as isize;
-                    if yy < 0 || yy >= h as isize {
-                        continue;
-                    }
-                    for j in 0..a.kernel[1] {
-                        let xx = x0 + (j * a.dilations[1]) as isize;
-                        if xx < 0 || xx >= w as isize {
-                            continue;
-                        }
-                        let k = yy as usize * w + xx as usize;
-                        let v = plane[k];
-                        if v > best || v.is_nan() || at.is_none() {
-                            best = v;
-                            at = Some(k);
-                        }
-                    }
-                }
-                if let Some(k) = at {
+                if let Some(k) = conv::window_argmax(a, plane, h, w, oy, ox) {
                     plane_dx[k] += d[oy * ow + ox];
                 }
             }
@@ -418,42 +359,16 @@ pub(crate) fn avg_pool_grad(ctx: &CpuContext, a: &PoolAttrs, dy: &Tensor, shape:
     let dv = f32s(op, dy)?;
     let (h, w) = (shape[2], shape[3]);
     let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
-    let padded_count = |o: usize, d: usize, len: usize| -> usize {
-        let start = (o * a.strides[d]) as isize - a.pads[d] as isize;
-        let end = (len + a.pads[d + 2]) as isize;
-        (0..a.kernel[d]).filter(|&i| start + ((i * a.dilations[d]) as isize) < end).count()
-    };
     let mut dx = vec![0f32; shape.iter().product()];
     ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
         let d = &dv[r * oh * ow..(r + 1) * oh * ow];
         for oy in 0..oh {
             for ox in 0..ow {
-                let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
-                let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
-                let cells = |f: &mut dyn FnMut(usize)| {
-                    for i in 0..a.kernel[0] {
-                        let yy = y0 + (i * a.dilations[0]) as isize;
-                        if yy < 0 || yy >= h as isize {
-                            continue;
-                        }
-                        for j in 0..a.kernel[1] {
-                            let xx = x0 + (j * a.dilations[1]) as isize;
-                            if xx >= 0 && xx < w as isize {
-                                f(yy as usize * w + xx as usize);
-                            }
-                        }
-                    }
-                };
-                let mut cnt = 0usize;
-                cells(&mut |_| cnt += 1);
-                if a.count_include_pad {
-                    cnt = padded_count(oy, 0, h) * padded_count(ox, 1, w);
+                let cnt = conv::avg_divisor(a, h, w, oy, ox);
+                if cnt > 0 {
+                    let share = d[oy * ow + ox] / cnt as f32;
+                    conv::window_cells(a, h, w, oy, ox, |k| plane_dx[k] += share);
                 }
-                if cnt == 0 {
-                    continue;
-                }
-                let share = d[oy * ow + ox] / cnt as f32;
-                cells(&mut |k| plane_dx[k] += share);
             }
         }
     });
