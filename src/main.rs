@@ -37,6 +37,16 @@ enum Command {
     /// Solve a sharding cost-graph problem (IOPDDL JSON format).
     #[command(after_help = "Example:\n  autopar solve problem.json.gz --time-limit 60 --out solution.json")]
     Solve(cmd::solve::SolveArgs),
+    /// List the sharding strategies of every op on a device mesh, with costs and expert names.
+    #[command(
+        after_help = "Examples:\n  autopar strategies mlp.onnx --mesh 2x4 --node /fc1/Gemm\n  autopar strategies gpt2.onnx --mesh data=2,tensor=4 --loss ce-next:logits:input_ids --node h.0/mlp\n  (tags: dp, megatron-col, megatron-row, zero, vocab-parallel, head-parallel, sequence-parallel, 2d)"
+    )]
+    Strategies(cmd::strategies::StrategiesArgs),
+    /// Find the cheapest collectives that turn one sharding spec of a tensor into another.
+    #[command(
+        after_help = "Example:\n  autopar reshard --mesh 2x4 --shape 8x16x32 \"S0 R R\" \"R S01 R\"\n\nSpec grammar: one entry per tensor dim, R (replicated) or S<mesh axes> (split over those axes,\noutermost first: S01); partial-sum axes after a bar: \"R S1 | P0\"; \"-\" for a scalar."
+    )]
+    Reshard(cmd::reshard::ReshardArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +78,8 @@ fn main() -> ExitCode {
         Command::Infer(a) => cmd::infer::run(a),
         Command::Solve(a) => cmd::solve::run(a),
         Command::Train(a) => cmd::train::run(a),
+        Command::Strategies(a) => cmd::strategies::run(a),
+        Command::Reshard(a) => cmd::reshard::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -554,3 +554,114 @@ fn solve_bad_problems() {
     fails(&["solve", &inf.display().to_string()], &["infeasible", "minimum possible peak usage is 50", "time step"]);
     fails(&["solve", "no/such/problem.json"], &["no/such/problem.json"]);
 }
+
+/// Compares `text` with the golden file `tests/data/golden/NAME` (rewritten when `BLESS=1`).
+fn golden(name: &str, text: &str) {
+    let path = data("golden").join(name);
+    if std::env::var("BLESS").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with BLESS=1 to create it)", path.display()));
+    if want != text {
+        let first = want.lines().zip(text.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "{} differs at line {} (BLESS=1 rewrites it):\n  want: {}\n  got:  {}",
+            path.display(),
+            first + 1,
+            want.lines().nth(first).unwrap_or("<end>"),
+            text.lines().nth(first).unwrap_or("<end>")
+        );
+    }
+}
+
+/// Issue 4, acceptance 4: the strategies of the MLP's linear pair and of one AdamW update on a
+/// 2x4 mesh include data parallel, Megatron column and row, and ZeRO, with seconds and bytes.
+#[test]
+fn strategies_mlp_golden() {
+    let out = autopar(&[
+        "strategies",
+        &model("mlp.onnx"),
+        "--mesh",
+        "2x4",
+        "--loss",
+        "mse:y:t",
+        "--node",
+        "/fc1/Gemm",
+        "--node",
+        "/fc2/Gemm",
+        "--node",
+        "update/fc1.weight",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for tag in ["[dp]", "megatron-col", "megatron-row", "[zero]", " s  comm ", " B"] {
+        assert!(text.contains(tag), "no `{tag}` in\n{text}");
+    }
+    golden("strategies_mlp_2x4.txt", &text);
+}
+
+/// Issue 4, acceptance 4: one gpt2-tiny block on 2x4 (attention and MLP linears, attention
+/// matmul and softmax, layer norm, embedding, the loss's log-softmax, a ZeRO-able update).
+#[test]
+fn strategies_gpt2_block_golden() {
+    let mut args = vec!["strategies".to_string(), model("gpt2-tiny.onnx")];
+    args.extend(["--mesh", "2x4", "--loss", "ce-next:logits:input_ids"].map(String::from));
+    for n in [
+        "/m/transformer/wte/Gather",
+        "/m/transformer/h.0/ln_1/LayerNormalization",
+        "/m/transformer/h.0/attn/c_attn/Gemm",
+        "/m/transformer/h.0/attn/MatMul",
+        "/m/transformer/h.0/attn/Softmax",
+        "/m/transformer/h.0/attn/c_proj/Gemm",
+        "/m/transformer/h.0/mlp/c_fc/Gemm",
+        "/m/transformer/h.0/mlp/c_proj/Gemm",
+        "loss/log_softmax",
+        "update/m.transformer.h.0.mlp.c_fc.weight",
+    ] {
+        args.extend(["--node".to_string(), n.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = autopar(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for tag in ["[dp]", "megatron-col", "megatron-row", "zero", "vocab-parallel", "head-parallel", "sequence-parallel"]
+    {
+        assert!(text.contains(tag), "no `{tag}` in the listing");
+    }
+    golden("strategies_gpt2_block_2x4.txt", &text);
+}
+
+/// Issue 4, acceptance 5: `autopar reshard` prints the collectives and their cost; a malformed
+/// spec or an indivisible shape is a one-line error.
+#[test]
+fn reshard_prints_path_and_rejects_bad_specs() {
+    let out = autopar(&["reshard", "--mesh", "2x4", "--shape", "8x16x32", "S0 R R", "R S01 R"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("all-to-all") && text.contains("total "), "{text}");
+    let out = autopar(&["reshard", "--mesh", "2x4", "--shape", "8x16x32", "R R R | P1", "R S1 R"]);
+    assert!(stdout(&out).contains("reduce-scatter"), "{}", stdout(&out));
+    for (args, phrase) in [
+        (vec!["--shape", "8x16x32", "S0 Q R", "R S01 R"], "malformed sharding spec"),
+        (vec!["--shape", "8x16x32", "S0 R", "R S01 R"], "has 2 dims, the tensor 3"),
+        (vec!["--shape", "6x16x32", "S01 R R", "R R R"], "not divisible by 8"),
+        (vec!["--shape", "8x16x32", "S0 R S0", "R R R"], "appears twice"),
+        (vec!["--shape", "8x16x32", "S2 R R", "R R R"], "mesh axis 2 does not exist"),
+        (vec!["--shape", "8xa", "R R", "R R"], "--shape"),
+    ] {
+        let mut full = vec!["reshard", "--mesh", "2x4"];
+        full.extend(args);
+        let out = autopar(&full);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.starts_with("error:") && err.trim().lines().count() == 1 && err.contains(phrase),
+            "{phrase}: {err}"
+        );
+    }
+    let out = autopar(&["reshard", "--mesh", "2y4", "--shape", "8", "R", "R"]);
+    assert!(stderr(&out).contains("invalid mesh"), "{}", stderr(&out));
+}

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use ir::autodiff::Optimizer;
 
 /// Parses `NAME=DIMS` bindings into the importer's options.
 pub fn import_options(inputs: &[String], load_weights: bool) -> Result<tracer::ImportOptions> {
@@ -38,4 +39,71 @@ pub fn read_feeds(feeds: &[String]) -> Result<BTreeMap<String, ir::Tensor>> {
         }
     }
     Ok(out)
+}
+
+/// Optimizer names for `--optimizer`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// Stochastic gradient descent (torch.optim.SGD).
+    Sgd,
+    /// Adam with decoupled weight decay (torch.optim.AdamW).
+    Adamw,
+}
+
+/// The optimizer flags shared by `train`, `strategies` and planning.
+#[derive(clap::Args, Debug)]
+pub struct OptimizerArgs {
+    /// The optimizer.
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerKind,
+    /// Learning rate (default: 1e-3 for AdamW, 0.01 for SGD).
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.0)]
+    pub momentum: f32,
+    /// Weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, added to the gradient).
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// AdamW betas as `B1,B2`.
+    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
+    pub betas: String,
+    /// AdamW epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    pub eps: f32,
+}
+
+impl OptimizerArgs {
+    /// The optimizer these flags describe.
+    pub fn optimizer(&self) -> Result<Optimizer> {
+        let a = self;
+        Ok(match a.optimizer {
+            OptimizerKind::Sgd => Optimizer::Sgd {
+                lr: a.lr.unwrap_or(0.01),
+                momentum: a.momentum,
+                weight_decay: a.weight_decay.unwrap_or(0.0),
+            },
+            OptimizerKind::Adamw => {
+                let betas: Vec<f32> = a
+                    .betas
+                    .split(',')
+                    .map(|s| s.trim().parse::<f32>())
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("--betas {}: expected two numbers like 0.9,0.999", a.betas))?;
+                let [beta1, beta2] = betas[..] else {
+                    bail!("--betas {}: expected two numbers like 0.9,0.999", a.betas)
+                };
+                if a.momentum != 0.0 {
+                    bail!("--momentum applies to --optimizer sgd only");
+                }
+                Optimizer::AdamW {
+                    lr: a.lr.unwrap_or(1e-3),
+                    beta1,
+                    beta2,
+                    epsilon: a.eps,
+                    weight_decay: a.weight_decay.unwrap_or(0.01),
+                }
+            }
+        })
+    }
 }

@@ -3,19 +3,10 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions};
 
 use super::common;
-
-/// Optimizer names for `--optimizer`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OptimizerKind {
-    /// Stochastic gradient descent (torch.optim.SGD).
-    Sgd,
-    /// Adam with decoupled weight decay (torch.optim.AdamW).
-    Adamw,
-}
 
 /// Arguments of `autopar train`.
 #[derive(clap::Args, Debug)]
@@ -33,24 +24,9 @@ pub struct TrainArgs {
     /// class dim last, i64 labels) or `ce-next:OUTPUT:INPUT_IDS` (next-token LM loss).
     #[arg(long, value_name = "SPEC")]
     pub loss: String,
-    /// The optimizer.
-    #[arg(long, value_enum, default_value = "adamw")]
-    pub optimizer: OptimizerKind,
-    /// Learning rate (default: 1e-3 for AdamW, 0.01 for SGD).
-    #[arg(long)]
-    pub lr: Option<f32>,
-    /// SGD momentum.
-    #[arg(long, default_value_t = 0.0)]
-    pub momentum: f32,
-    /// Weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, added to the gradient).
-    #[arg(long)]
-    pub weight_decay: Option<f32>,
-    /// AdamW betas as `B1,B2`.
-    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
-    pub betas: String,
-    /// AdamW epsilon.
-    #[arg(long, default_value_t = 1e-8)]
-    pub eps: f32,
+    /// Optimizer settings.
+    #[command(flatten)]
+    pub opt: common::OptimizerArgs,
     /// Number of steps.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
@@ -77,39 +53,10 @@ pub struct TrainArgs {
     pub json: bool,
 }
 
-fn optimizer(a: &TrainArgs) -> Result<Optimizer> {
-    Ok(match a.optimizer {
-        OptimizerKind::Sgd => Optimizer::Sgd {
-            lr: a.lr.unwrap_or(0.01),
-            momentum: a.momentum,
-            weight_decay: a.weight_decay.unwrap_or(0.0),
-        },
-        OptimizerKind::Adamw => {
-            let betas: Vec<f32> = a
-                .betas
-                .split(',')
-                .map(|s| s.trim().parse::<f32>())
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("--betas {}: expected two numbers like 0.9,0.999", a.betas))?;
-            let [beta1, beta2] = betas[..] else { bail!("--betas {}: expected two numbers like 0.9,0.999", a.betas) };
-            if a.momentum != 0.0 {
-                bail!("--momentum applies to --optimizer sgd only");
-            }
-            Optimizer::AdamW {
-                lr: a.lr.unwrap_or(1e-3),
-                beta1,
-                beta2,
-                epsilon: a.eps,
-                weight_decay: a.weight_decay.unwrap_or(0.01),
-            }
-        }
-    })
-}
-
 /// Runs `autopar train`.
 pub fn run(a: &TrainArgs) -> Result<()> {
     let loss: LossSpec = a.loss.parse().map_err(anyhow::Error::msg)?;
-    let opt = optimizer(a)?;
+    let opt = a.opt.optimizer()?;
     let feeds = common::read_feeds(&a.feeds)?;
     let mut opts = common::import_options(&a.inputs, true)?;
     for (name, t) in &feeds {

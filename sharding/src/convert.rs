@@ -1,0 +1,423 @@
+//! Layout conversion: the cheapest sequence of collectives turning one sharding spec of a tensor
+//! into another.
+//!
+//! The search runs over specs of one tensor (same shape) with these one-step transforms, each a
+//! [`Collective`] priced by [`Collective::cost`]:
+//! - all-gather of the last `k` mesh axes splitting a dim (only the innermost axes of a dim can be
+//!   gathered into a contiguous block);
+//! - all-to-all moving those axes from one dim to the end of another dim's axes;
+//! - a free local slice appending one unused axis to a dim;
+//! - all-reduce of any subset of the partial axes, or reduce-scatter of them (in any order) onto a
+//!   dim;
+//! - a free make-partial of an unused axis, only toward a target that is partial on it.
+//!
+//! [`Search::Exact`] is Dijkstra over this graph (ties broken by fewer steps); it is optimal over
+//! these transforms. [`Search::Greedy`] repeatedly takes the step that most reduces the number of
+//! mesh axes in the wrong state (cheapest first), and falls back to "reduce and gather everything,
+//! then slice" when it stalls: always a valid path, not always the cheapest. [`Search::Auto`] uses
+//! the exact search up to 4 mesh axes.
+
+use crate::collective::{Collective, ReduceKind};
+use crate::mesh::DeviceMesh;
+use crate::spec::{AxisState, ShardingSpec};
+use crate::{Error, Result};
+use serde::Serialize;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// Which search finds conversion paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Search {
+    /// Dijkstra: optimal over the one-step transforms.
+    Exact,
+    /// Greedy descent with a gather-everything fallback.
+    Greedy,
+    /// Exact for meshes of at most 4 axes, greedy above.
+    #[default]
+    Auto,
+}
+
+/// One step of a conversion.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Step {
+    /// The collective.
+    pub collective: Collective,
+    /// The spec after it.
+    pub after: ShardingSpec,
+    /// Bytes as nccl-tests counts them.
+    pub bytes: usize,
+    /// Seconds.
+    pub cost: f64,
+}
+
+/// A path of collectives from one spec to another.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Conversion {
+    /// Source spec.
+    pub from: ShardingSpec,
+    /// Target spec.
+    pub to: ShardingSpec,
+    /// Steps in order (empty when `from == to`).
+    pub steps: Vec<Step>,
+    /// Total seconds.
+    pub cost: f64,
+}
+
+/// The one-step transforms from `spec` (see the module docs), with their costs.
+pub fn neighbours(
+    spec: &ShardingSpec,
+    target: &ShardingSpec,
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+) -> Vec<Step> {
+    let mut out = vec![];
+    let local_bytes = spec.local_bytes(shape, mesh, elem);
+    let divides = |dims: &[Vec<usize>], e: usize, extra: &[usize]| {
+        shape[e].is_multiple_of(mesh.group_size(&dims[e]) * mesh.group_size(extra))
+    };
+    let mut push = |c: Collective, after: ShardingSpec| {
+        let cost = c.cost(local_bytes, mesh);
+        out.push(Step { bytes: c.bytes(local_bytes, mesh), collective: c, after, cost });
+    };
+    let dims = spec.dims();
+    for (d, axes) in dims.iter().enumerate() {
+        for k in 1..=axes.len() {
+            let (head, tail) = axes.split_at(axes.len() - k);
+            let gathered = spec.clone().with_dim(d, head.to_vec());
+            push(Collective::AllGather { axes: tail.to_vec(), dim: d }, gathered.clone());
+            for e in 0..dims.len() {
+                if e != d && divides(dims, e, tail) {
+                    let mut to = dims[e].clone();
+                    to.extend_from_slice(tail);
+                    push(
+                        Collective::AllToAll { axes: tail.to_vec(), split_dim: e, concat_dim: d },
+                        gathered.clone().with_dim(e, to),
+                    );
+                }
+            }
+        }
+    }
+    let used = spec.used_axes();
+    for a in (0..mesh.ndim()).filter(|a| !used.contains(a)) {
+        for e in 0..dims.len() {
+            if divides(dims, e, &[a]) {
+                let mut to = dims[e].clone();
+                to.push(a);
+                push(Collective::Slice { axes: vec![a], dim: e }, spec.clone().with_dim(e, to));
+            }
+        }
+        if target.partial().contains(&a) {
+            let mut p = spec.partial().to_vec();
+            p.push(a);
+            push(Collective::MakePartial { axes: vec![a] }, spec.clone().with_partial(p));
+        }
+    }
+    let partial = spec.partial();
+    for subset in 1..(1u32 << partial.len()) {
+        let chosen: Vec<usize> = (0..partial.len()).filter(|i| subset & (1 << i) != 0).map(|i| partial[i]).collect();
+        let rest: Vec<usize> = partial.iter().copied().filter(|a| !chosen.contains(a)).collect();
+        push(
+            Collective::AllReduce { axes: chosen.clone(), op: ReduceKind::Sum },
+            spec.clone().with_partial(rest.clone()),
+        );
+        for order in permutations(&chosen) {
+            for e in 0..dims.len() {
+                if divides(dims, e, &order) {
+                    let mut to = dims[e].clone();
+                    to.extend_from_slice(&order);
+                    push(
+                        Collective::ReduceScatter { axes: order.clone(), dim: e },
+                        spec.clone().with_partial(rest.clone()).with_dim(e, to),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+fn permutations(v: &[usize]) -> Vec<Vec<usize>> {
+    if v.len() <= 1 {
+        return vec![v.to_vec()];
+    }
+    let mut out = vec![];
+    for i in 0..v.len() {
+        let mut rest = v.to_vec();
+        let x = rest.remove(i);
+        for mut p in permutations(&rest) {
+            p.insert(0, x);
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[derive(PartialEq)]
+struct Entry {
+    cost: f64,
+    steps: usize,
+    spec: ShardingSpec,
+}
+impl Eq for Entry {}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Reversed: BinaryHeap is a max-heap.
+        o.cost.total_cmp(&self.cost).then(o.steps.cmp(&self.steps)).then_with(|| o.spec.cmp(&self.spec))
+    }
+}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+fn check_pair(from: &ShardingSpec, to: &ShardingSpec, shape: &[usize], mesh: &DeviceMesh) -> Result<()> {
+    from.check(shape, mesh)?;
+    to.check(shape, mesh)
+}
+
+fn finish(from: &ShardingSpec, to: &ShardingSpec, steps: Vec<Step>) -> Conversion {
+    let cost = steps.iter().map(|s| s.cost).sum();
+    Conversion { from: from.clone(), to: to.clone(), steps, cost }
+}
+
+/// Best known (cost, steps) to a spec and the step that reached it.
+type Reached = (f64, usize, Option<(ShardingSpec, Step)>);
+
+/// Dijkstra over the one-step transforms: the cheapest path (fewest steps among equals).
+pub fn exact(
+    from: &ShardingSpec,
+    to: &ShardingSpec,
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+) -> Result<Conversion> {
+    check_pair(from, to, shape, mesh)?;
+    let mut best: HashMap<ShardingSpec, Reached> = HashMap::new();
+    let mut heap = BinaryHeap::new();
+    best.insert(from.clone(), (0.0, 0, None));
+    heap.push(Entry { cost: 0.0, steps: 0, spec: from.clone() });
+    while let Some(Entry { cost, steps, spec }) = heap.pop() {
+        let (c, s, _) = &best[&spec];
+        if (*c, *s) != (cost, steps) {
+            continue;
+        }
+        if &spec == to {
+            let mut path = vec![];
+            let mut cur = spec;
+            while let Some((prev, step)) = best[&cur].2.clone() {
+                path.push(step);
+                cur = prev;
+            }
+            path.reverse();
+            return Ok(finish(from, to, path));
+        }
+        for step in neighbours(&spec, to, shape, elem, mesh) {
+            let (nc, ns) = (cost + step.cost, steps + 1);
+            let better = match best.get(&step.after) {
+                None => true,
+                Some((c, s, _)) => nc < *c || (nc == *c && ns < *s),
+            };
+            if better {
+                heap.push(Entry { cost: nc, steps: ns, spec: step.after.clone() });
+                best.insert(step.after.clone(), (nc, ns, Some((spec.clone(), step))));
+            }
+        }
+    }
+    Err(Error::NoConversion { from: from.to_string(), to: to.to_string(), why: "no path (a bug)".into() })
+}
+
+/// Mesh axes whose state differs between two specs (a shard at a different position in its dim's
+/// order counts as different).
+fn distance(a: &ShardingSpec, b: &ShardingSpec, ndim: usize) -> usize {
+    let pos = |s: &ShardingSpec, ax: usize| match s.axis_state(ax) {
+        AxisState::Shard(d) => Some((d, s.dims()[d].iter().position(|&x| x == ax))),
+        _ => None,
+    };
+    (0..ndim).filter(|&ax| a.axis_state(ax) != b.axis_state(ax) || pos(a, ax) != pos(b, ax)).count()
+}
+
+/// The greedy search of the module docs.
+pub fn greedy(
+    from: &ShardingSpec,
+    to: &ShardingSpec,
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+) -> Result<Conversion> {
+    check_pair(from, to, shape, mesh)?;
+    let mut cur = from.clone();
+    let mut path = vec![];
+    let mut seen = vec![cur.clone()];
+    while &cur != to && path.len() <= 2 * mesh.ndim() + 2 {
+        let d0 = distance(&cur, to, mesh.ndim());
+        let best = neighbours(&cur, to, shape, elem, mesh)
+            .into_iter()
+            .filter(|s| !seen.contains(&s.after) && distance(&s.after, to, mesh.ndim()) < d0)
+            .min_by(|a, b| {
+                distance(&a.after, to, mesh.ndim())
+                    .cmp(&distance(&b.after, to, mesh.ndim()))
+                    .then(a.cost.total_cmp(&b.cost))
+            });
+        match best {
+            Some(s) => {
+                cur = s.after.clone();
+                seen.push(cur.clone());
+                path.push(s);
+            }
+            None => break,
+        }
+    }
+    if &cur == to {
+        return Ok(finish(from, to, path));
+    }
+    Ok(finish(from, to, fallback(from, to, shape, elem, mesh)))
+}
+
+/// Reduce all partial axes, gather every dim, then slice into the target and make it partial.
+fn fallback(from: &ShardingSpec, to: &ShardingSpec, shape: &[usize], elem: usize, mesh: &DeviceMesh) -> Vec<Step> {
+    let mut steps = vec![];
+    let mut cur = from.clone();
+    let mut go = |c: Collective, after: ShardingSpec, cur: &mut ShardingSpec| {
+        let lb = cur.local_bytes(shape, mesh, elem);
+        steps.push(Step { bytes: c.bytes(lb, mesh), cost: c.cost(lb, mesh), collective: c, after: after.clone() });
+        *cur = after;
+    };
+    if cur.is_partial() {
+        let c = Collective::AllReduce { axes: cur.partial().to_vec(), op: ReduceKind::Sum };
+        let after = cur.clone().with_partial(vec![]);
+        go(c, after, &mut cur);
+    }
+    for d in 0..shape.len() {
+        if !cur.dims()[d].is_empty() {
+            let c = Collective::AllGather { axes: cur.dims()[d].clone(), dim: d };
+            let after = cur.clone().with_dim(d, vec![]);
+            go(c, after, &mut cur);
+        }
+    }
+    for (d, axes) in to.dims().iter().enumerate() {
+        for &a in axes {
+            let mut v = cur.dims()[d].clone();
+            v.push(a);
+            let after = cur.clone().with_dim(d, v);
+            go(Collective::Slice { axes: vec![a], dim: d }, after, &mut cur);
+        }
+    }
+    if to.is_partial() {
+        let after = cur.clone().with_partial(to.partial().to_vec());
+        go(Collective::MakePartial { axes: to.partial().to_vec() }, after, &mut cur);
+    }
+    steps
+}
+
+/// Cheapest cost over all paths of at most `max_steps` transforms (exhaustive; for tests).
+pub fn brute_force_cost(
+    from: &ShardingSpec,
+    to: &ShardingSpec,
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+    max_steps: usize,
+) -> Option<f64> {
+    #[allow(clippy::too_many_arguments)]
+    fn go(
+        cur: &ShardingSpec,
+        to: &ShardingSpec,
+        shape: &[usize],
+        elem: usize,
+        mesh: &DeviceMesh,
+        left: usize,
+        acc: f64,
+        best: &mut Option<f64>,
+    ) {
+        if cur == to {
+            *best = Some(best.map_or(acc, |b: f64| b.min(acc)));
+            return;
+        }
+        if left == 0 {
+            return;
+        }
+        for s in neighbours(cur, to, shape, elem, mesh) {
+            go(&s.after, to, shape, elem, mesh, left - 1, acc + s.cost, best);
+        }
+    }
+    let mut best = None;
+    go(from, to, shape, elem, mesh, max_steps, 0.0, &mut best);
+    best
+}
+
+type Key = (Vec<usize>, usize, ShardingSpec, ShardingSpec);
+
+/// Finds and caches conversions on one mesh.
+pub struct LayoutConverter {
+    mesh: DeviceMesh,
+    search: Search,
+    cache: Mutex<HashMap<Key, Arc<Conversion>>>,
+}
+
+impl LayoutConverter {
+    /// A converter on `mesh` using `search`.
+    pub fn new(mesh: DeviceMesh, search: Search) -> LayoutConverter {
+        LayoutConverter { mesh, search, cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+
+    /// The cheapest known conversion of a tensor of `shape` with `elem`-byte elements.
+    pub fn convert(
+        &self,
+        shape: &[usize],
+        elem: usize,
+        from: &ShardingSpec,
+        to: &ShardingSpec,
+    ) -> Result<Arc<Conversion>> {
+        let key = (shape.to_vec(), elem, from.clone(), to.clone());
+        if let Some(c) = self.cache.lock().map_err(|_| Error::Internal("poisoned cache".into()))?.get(&key) {
+            return Ok(c.clone());
+        }
+        let exact_search = match self.search {
+            Search::Exact => true,
+            Search::Greedy => false,
+            Search::Auto => self.mesh.ndim() <= 4,
+        };
+        let c = Arc::new(if exact_search {
+            exact(from, to, shape, elem, &self.mesh)?
+        } else {
+            greedy(from, to, shape, elem, &self.mesh)?
+        });
+        self.cache.lock().map_err(|_| Error::Internal("poisoned cache".into()))?.insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// Number of cached conversions.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv(m: &DeviceMesh, shape: &[usize], a: &str, b: &str) -> Conversion {
+        exact(&a.parse().unwrap(), &b.parse().unwrap(), shape, 4, m).unwrap()
+    }
+
+    #[test]
+    fn simple_paths() {
+        let m = DeviceMesh::uniform(&[2, 4]).unwrap();
+        let c = conv(&m, &[8, 16, 32], "S0 R R", "R S0 R");
+        assert_eq!(c.steps.len(), 1);
+        assert_eq!(c.steps[0].collective.kind(), "all-to-all");
+        let c = conv(&m, &[8, 16, 32], "R R R | P1", "R S1 R");
+        assert_eq!(c.steps[0].collective.kind(), "reduce-scatter");
+        let c = conv(&m, &[8, 16, 32], "R R R", "S01 R R");
+        assert_eq!(c.cost, 0.0);
+        assert!(c.steps.iter().all(|s| s.collective.is_local()));
+    }
+}

@@ -1,0 +1,415 @@
+//! Device meshes and device profiles.
+//!
+//! A [`DeviceMesh`] is an N-D grid of ranks. Axis 0 is outermost (across machines), the last axis
+//! innermost (fastest links); ranks are numbered row-major, so the last coordinate varies fastest.
+//! Every axis has a [`Link`] (alpha in seconds, beta in seconds per byte) used by the collective
+//! cost model. A [`DeviceProfile`] gives one device's compute throughput, memory bandwidth and
+//! capacity, and the links within and across machines from which a mesh's links are derived.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Latency and inverse bandwidth of one mesh axis: a message of `b` bytes costs `alpha + b * beta`
+/// seconds (before the collective's ring factor).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// Latency per collective, seconds.
+    pub alpha: f64,
+    /// Seconds per byte (1 / bandwidth).
+    pub beta: f64,
+}
+
+impl Link {
+    /// A link from a latency in seconds and a bandwidth in bytes per second.
+    pub fn new(alpha: f64, bytes_per_second: f64) -> Link {
+        Link { alpha, beta: 1.0 / bytes_per_second }
+    }
+}
+
+/// One device's throughput and capacity, and the links between devices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    /// Name (`cpu`, `a100-80g`, ...).
+    pub name: String,
+    /// Dense f32 FLOP/s used for f32 ops (for GPUs: TF32 tensor-core rate, PyTorch's matmul default
+    /// on Ampere and later when TF32 is allowed; see `f32_flops_exact`).
+    pub f32_flops: f64,
+    /// Dense f32 FLOP/s without tensor cores (IEEE f32 on CUDA cores; equal to `f32_flops` on CPU).
+    pub f32_flops_exact: f64,
+    /// Dense bf16 FLOP/s (informational; the IR computes in f32 today).
+    pub bf16_flops: f64,
+    /// Memory bandwidth, bytes per second.
+    pub memory_bandwidth: f64,
+    /// Memory capacity, bytes.
+    pub memory_bytes: u64,
+    /// Devices per machine: mesh axes whose inner product fits in it use `intra_node`.
+    pub devices_per_node: usize,
+    /// Link between devices of one machine.
+    pub intra_node: Link,
+    /// Link between machines.
+    pub inter_node: Link,
+    /// Where the figures come from.
+    pub source: String,
+}
+
+const GIB: u64 = 1 << 30;
+const GB: f64 = 1e9;
+
+impl DeviceProfile {
+    /// The built-in profiles' names.
+    pub const BUILTIN: [&'static str; 4] = ["cpu", "a100-80g", "h100-sxm", "h200"];
+
+    /// A built-in profile by name (`a100` and `h100` are accepted as aliases).
+    pub fn builtin(name: &str) -> Option<DeviceProfile> {
+        match name {
+            // Measured on the development host (AMD EPYC, AVX2; BENCHMARKS.md): one rank is one
+            // thread. GEMM 1024^3 with the `gemm` crate: 71.7 GFLOP/s on one thread. Copy bandwidth
+            // of one thread (a 64 MiB memcpy): ~10 GB/s. Threads of one process exchange data by
+            // memcpy through shared memory: ~5 us per collective and the copy bandwidth.
+            "cpu" => Some(DeviceProfile {
+                name: "cpu".into(),
+                f32_flops: 71.7e9,
+                f32_flops_exact: 71.7e9,
+                bf16_flops: 71.7e9,
+                memory_bandwidth: 10.0 * GB,
+                memory_bytes: 16 * GIB,
+                devices_per_node: 64,
+                intra_node: Link::new(5e-6, 10.0 * GB),
+                inter_node: Link::new(20e-6, 12.5 * GB),
+                source: "measured on the development host (see BENCHMARKS.md); inter-node: 100 Gb/s Ethernet".into(),
+            }),
+            // NVIDIA A100 Tensor Core GPU datasheet (2021), SXM 80GB: FP32 19.5 TFLOPS, TF32 156
+            // TFLOPS and BF16 312 TFLOPS dense, HBM2e 2,039 GB/s, 80 GB, NVLink 600 GB/s
+            // (bidirectional: 300 GB/s each way). Inter-node: one HDR InfiniBand 200 Gb/s NIC per
+            // GPU (25 GB/s), as in DGX A100. Latencies are typical NCCL figures, not datasheet.
+            "a100-80g" | "a100" => Some(DeviceProfile {
+                name: "a100-80g".into(),
+                f32_flops: 156e12,
+                f32_flops_exact: 19.5e12,
+                bf16_flops: 312e12,
+                memory_bandwidth: 2039.0 * GB,
+                memory_bytes: 80 * GIB,
+                devices_per_node: 8,
+                intra_node: Link::new(10e-6, 300.0 * GB),
+                inter_node: Link::new(20e-6, 25.0 * GB),
+                source: "NVIDIA A100 datasheet (SXM 80GB); DGX A100 networking".into(),
+            }),
+            // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: FP32 67 TFLOPS, TF32 494.7 TFLOPS and
+            // BF16 989.4 TFLOPS dense (the datasheet's 989/1,979 figures are with sparsity),
+            // HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s (450 GB/s each way). Inter-node: one NDR
+            // InfiniBand 400 Gb/s NIC per GPU (50 GB/s), as in DGX H100.
+            "h100-sxm" | "h100" => Some(DeviceProfile {
+                name: "h100-sxm".into(),
+                f32_flops: 494.7e12,
+                f32_flops_exact: 67e12,
+                bf16_flops: 989.4e12,
+                memory_bandwidth: 3350.0 * GB,
+                memory_bytes: 80 * GIB,
+                devices_per_node: 8,
+                intra_node: Link::new(10e-6, 450.0 * GB),
+                inter_node: Link::new(20e-6, 50.0 * GB),
+                source: "NVIDIA H100 datasheet (SXM); DGX H100 networking".into(),
+            }),
+            // NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: same compute as H100 SXM (FP32 67,
+            // TF32 494.7 and BF16 989.4 TFLOPS dense), HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s.
+            "h200" => Some(DeviceProfile {
+                name: "h200".into(),
+                f32_flops: 494.7e12,
+                f32_flops_exact: 67e12,
+                bf16_flops: 989.4e12,
+                memory_bandwidth: 4800.0 * GB,
+                memory_bytes: 141_000_000_000,
+                devices_per_node: 8,
+                intra_node: Link::new(10e-6, 450.0 * GB),
+                inter_node: Link::new(20e-6, 50.0 * GB),
+                source: "NVIDIA H200 datasheet (SXM); DGX H200 networking".into(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// A built-in name, or else a JSON file holding a [`DeviceProfile`].
+    pub fn load(name_or_path: &str) -> Result<DeviceProfile> {
+        if let Some(p) = DeviceProfile::builtin(name_or_path) {
+            return Ok(p);
+        }
+        let err = |why: String| Error::Profile { source_name: name_or_path.to_string(), why };
+        let text = std::fs::read_to_string(name_or_path).map_err(|e| {
+            err(format!("not a built-in profile ({}) and not a readable file: {e}", DeviceProfile::BUILTIN.join(", ")))
+        })?;
+        let p: DeviceProfile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        p.check().map_err(err)?;
+        Ok(p)
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        let pos = |v: f64, what: &str| {
+            if v.is_finite() && v > 0.0 { Ok(()) } else { Err(format!("{what} must be positive, got {v}")) }
+        };
+        pos(self.f32_flops, "f32_flops")?;
+        pos(self.f32_flops_exact, "f32_flops_exact")?;
+        pos(self.memory_bandwidth, "memory_bandwidth")?;
+        for (l, what) in [(self.intra_node, "intra_node"), (self.inter_node, "inter_node")] {
+            pos(l.beta, &format!("{what}.beta"))?;
+            if !(l.alpha.is_finite() && l.alpha >= 0.0) {
+                return Err(format!("{what}.alpha must be >= 0"));
+            }
+        }
+        if self.devices_per_node == 0 {
+            return Err("devices_per_node must be >= 1".into());
+        }
+        Ok(())
+    }
+
+    /// Seconds to run `flops` floating-point operations touching `bytes` of memory (roofline).
+    pub fn compute_seconds(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / self.f32_flops).max(bytes / self.memory_bandwidth)
+    }
+}
+
+/// Measured links of a mesh, one per axis (outermost first), as `autopar profile` writes them:
+/// `{"axes": [{"alpha": 2e-5, "beta": 4e-11}, ...]}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MeshProfile {
+    /// Link of each mesh axis.
+    pub axes: Vec<Link>,
+}
+
+impl MeshProfile {
+    /// Reads a mesh profile from a JSON file.
+    pub fn load(path: &str) -> Result<MeshProfile> {
+        let err = |why: String| Error::Profile { source_name: path.to_string(), why };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let p: MeshProfile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        for (i, l) in p.axes.iter().enumerate() {
+            if !(l.alpha.is_finite() && l.alpha >= 0.0 && l.beta.is_finite() && l.beta > 0.0) {
+                return Err(err(format!("axis {i}: alpha must be >= 0 and beta > 0")));
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// An N-D grid of ranks with a name and a link per axis.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceMesh {
+    shape: Vec<usize>,
+    names: Vec<String>,
+    links: Vec<Link>,
+}
+
+impl DeviceMesh {
+    /// A mesh with explicit axis names and links (one of each per axis).
+    pub fn new(shape: Vec<usize>, names: Vec<String>, links: Vec<Link>) -> Result<DeviceMesh> {
+        let text = shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("x");
+        let err = |why: &str| Error::Mesh { text: text.clone(), why: why.to_string() };
+        if shape.is_empty() {
+            return Err(err("a mesh needs at least one axis"));
+        }
+        if shape.contains(&0) {
+            return Err(err("axis sizes must be >= 1"));
+        }
+        if shape.len() > 10 {
+            return Err(err("at most 10 axes (specs name axes by one digit)"));
+        }
+        if names.len() != shape.len() || links.len() != shape.len() {
+            return Err(err("one name and one link per axis"));
+        }
+        for (i, n) in names.iter().enumerate() {
+            if n.is_empty() || names[..i].contains(n) {
+                return Err(err(&format!("axis name `{n}` is empty or repeated")));
+            }
+        }
+        Ok(DeviceMesh { shape, names, links })
+    }
+
+    /// A mesh whose links come from a device profile: an axis is within one machine when the
+    /// product of its size and the sizes of all inner axes fits in `devices_per_node`.
+    pub fn with_profile(shape: Vec<usize>, names: Vec<String>, profile: &DeviceProfile) -> Result<DeviceMesh> {
+        let links = (0..shape.len())
+            .map(|a| {
+                let inner: usize = shape[a..].iter().product();
+                if inner <= profile.devices_per_node { profile.intra_node } else { profile.inter_node }
+            })
+            .collect();
+        DeviceMesh::new(shape, names, links)
+    }
+
+    /// Parses `2x4` (axes named `m0`, `m1`, ...) or `data=2,tensor=4`, first axis outermost.
+    pub fn parse(text: &str, profile: &DeviceProfile) -> Result<DeviceMesh> {
+        let err = |why: String| Error::Mesh { text: text.to_string(), why };
+        let t = text.trim();
+        let (shape, names) = if t.contains('=') {
+            let mut shape = vec![];
+            let mut names = vec![];
+            for part in t.split(',') {
+                let (n, s) = part
+                    .split_once('=')
+                    .ok_or_else(|| err(format!("`{part}` is not NAME=SIZE (write data=2,tensor=4)")))?;
+                let size: usize =
+                    s.trim().parse().map_err(|_| err(format!("`{s}` is not an axis size (a positive integer)")))?;
+                names.push(n.trim().to_string());
+                shape.push(size);
+            }
+            (shape, names)
+        } else {
+            let mut shape = vec![];
+            for s in t.split(['x', 'X']) {
+                let size: usize = s.trim().parse().map_err(|_| {
+                    err(format!("`{s}` is not an axis size (write 2x4, or name the axes: data=2,tensor=4)"))
+                })?;
+                shape.push(size);
+            }
+            let names = (0..shape.len()).map(|i| format!("m{i}")).collect();
+            (shape, names)
+        };
+        DeviceMesh::with_profile(shape, names, profile).map_err(|e| match e {
+            Error::Mesh { why, .. } => err(why),
+            other => other,
+        })
+    }
+
+    /// A mesh with uniform unit links, for tests and examples.
+    pub fn uniform(shape: &[usize]) -> Result<DeviceMesh> {
+        let names = (0..shape.len()).map(|i| format!("m{i}")).collect();
+        DeviceMesh::new(shape.to_vec(), names, vec![Link { alpha: 1e-5, beta: 1e-10 }; shape.len()])
+    }
+
+    /// Axis sizes, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Axis names.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+    /// Link of each axis.
+    pub fn links(&self) -> &[Link] {
+        &self.links
+    }
+    /// Replaces the link of each axis by a measured mesh profile's.
+    pub fn apply_profile(&mut self, p: &MeshProfile) -> Result<()> {
+        if p.axes.len() != self.ndim() {
+            let why = format!("the mesh profile has {} axes, the mesh {}", p.axes.len(), self.ndim());
+            return Err(Error::Mesh { text: self.to_string(), why });
+        }
+        self.links = p.axes.clone();
+        Ok(())
+    }
+
+    /// Product of the sizes of some axes.
+    pub fn group_size(&self, axes: &[usize]) -> usize {
+        axes.iter().map(|&a| self.shape[a]).product()
+    }
+
+    /// The link a collective over several axes is limited by: the slowest axis's latency and
+    /// bandwidth (a ring over the group crosses every axis's links).
+    pub fn link(&self, axes: &[usize]) -> Link {
+        axes.iter().fold(Link { alpha: 0.0, beta: 0.0 }, |acc, &a| Link {
+            alpha: acc.alpha.max(self.links[a].alpha),
+            beta: acc.beta.max(self.links[a].beta),
+        })
+    }
+
+    /// Coordinates of a rank.
+    pub fn coords(&self, rank: usize) -> Vec<usize> {
+        let mut c = vec![0; self.ndim()];
+        let mut r = rank;
+        for a in (0..self.ndim()).rev() {
+            c[a] = r % self.shape[a];
+            r /= self.shape[a];
+        }
+        c
+    }
+
+    /// The rank at some coordinates.
+    pub fn rank(&self, coords: &[usize]) -> usize {
+        coords.iter().zip(&self.shape).fold(0, |acc, (&c, &s)| acc * s + c)
+    }
+
+    /// A rank's index within its group along `axes` (`axes[0]` outermost): the shard index a
+    /// tensor dim split over these axes, in this order, gives the rank.
+    pub fn index_in_group(&self, rank: usize, axes: &[usize]) -> usize {
+        let c = self.coords(rank);
+        axes.iter().fold(0, |acc, &a| acc * self.shape[a] + c[a])
+    }
+
+    /// The groups of ranks that differ only along `axes`; within a group, ranks are ordered by
+    /// [`DeviceMesh::index_in_group`]. Groups are ordered by their smallest rank.
+    pub fn groups(&self, axes: &[usize]) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = vec![];
+        let mut seen = vec![false; self.size()];
+        for r in 0..self.size() {
+            if seen[r] {
+                continue;
+            }
+            let g = self.group_of(r, axes);
+            for &m in &g {
+                seen[m] = true;
+            }
+            groups.push(g);
+        }
+        groups
+    }
+
+    /// The group along `axes` that contains `rank`, ordered by index in group.
+    pub fn group_of(&self, rank: usize, axes: &[usize]) -> Vec<usize> {
+        let base = self.coords(rank);
+        let n = self.group_size(axes);
+        (0..n)
+            .map(|mut i| {
+                let mut c = base.clone();
+                for &a in axes.iter().rev() {
+                    c[a] = i % self.shape[a];
+                    i /= self.shape[a];
+                }
+                self.rank(&c)
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for DeviceMesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s: Vec<String> = self.shape.iter().map(|s| s.to_string()).collect();
+        f.write_str(&s.join("x"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coords_and_groups() {
+        let m = DeviceMesh::uniform(&[2, 4]).unwrap();
+        assert_eq!(m.coords(5), vec![1, 1]);
+        assert_eq!(m.rank(&[1, 3]), 7);
+        assert_eq!(m.groups(&[1]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(m.groups(&[0]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(m.group_of(6, &[1, 0]), vec![0, 4, 1, 5, 2, 6, 3, 7]);
+        assert_eq!(m.index_in_group(6, &[1, 0]), 5);
+        assert_eq!(m.index_in_group(6, &[0, 1]), 6);
+    }
+
+    #[test]
+    fn parse_and_links() {
+        let h100 = DeviceProfile::builtin("h100").unwrap();
+        let m = DeviceMesh::parse("data=4,tensor=8", &h100).unwrap();
+        assert_eq!(m.names(), ["data", "tensor"]);
+        assert_eq!(m.links()[1], h100.intra_node);
+        assert_eq!(m.links()[0], h100.inter_node);
+        assert!(DeviceMesh::parse("2xfour", &h100).unwrap_err().to_string().contains("`four`"));
+        assert!(DeviceMesh::parse("2x0", &h100).is_err());
+        assert!(DeviceMesh::parse("a=2,a=2", &h100).is_err());
+    }
+}

@@ -1,0 +1,808 @@
+//! Sharding strategies per op, derived from the op's axes and expanded over the mesh.
+//!
+//! Each op family has a rule ([`rule`]): its *logical dims* (an einsum-like description: for
+//! `matmul` `bmk,bkn->bmn`, the dims b, m, n, k), and for every logical dim which input dim and
+//! which output dim it is. A logical dim that an output lacks is summed over for that output
+//! (matmul's k): splitting it leaves that output `Partial`. Dims an op cannot split locally
+//! (softmax's axis, a convolution's spatial dims, a layer norm's normalised dims) are left out.
+//! Ops that are linear in some inputs also accept those inputs as `Partial` and give a `Partial`
+//! output (DTensor's linearity rule).
+//!
+//! [`expand`] assigns every mesh axis (of size > 1) either nothing, one logical dim, or one
+//! linear set, by product over the axes: several axes on one logical dim split it in mesh-axis
+//! order (`S01`). Every combination that divides evenly is a [`Strategy`], priced in seconds
+//! (compute by roofline on the local shapes, plus the collectives the op itself needs) and bytes
+//! per rank.
+//!
+//! Two strategies need more than "the same op on local blocks" ([`Local`]): the vocabulary-
+//! parallel embedding (gather from a table split along its gathered axis: out-of-range rows give
+//! zeros, the output is partial) and the softmax over a split axis (all-reduce of the row max and
+//! of the row sum of exponentials, as Megatron's vocabulary-parallel cross-entropy does).
+
+use crate::collective::{Collective, ReduceKind};
+use crate::mesh::{DeviceMesh, DeviceProfile};
+use crate::spec::ShardingSpec;
+use crate::{Error, Result};
+use ir::{Graph, NodeIndex, Op, ReduceOp, TensorMeta};
+use serde::Serialize;
+
+/// How one input relates to a logical dim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InMap {
+    /// The input's dim.
+    Dim(usize),
+    /// The input does not have the dim: replicated along the axis.
+    Replicate,
+    /// The input is added to a sum over the dim (Gemm's C under a split k): partial along the axis.
+    Partial,
+}
+
+/// One logical dim of an op (see the module docs).
+#[derive(Clone, Debug)]
+pub struct LogicalDim {
+    /// Name used in strategy names (`m`, `n`, `k`, `batch`, `d0`, ...).
+    pub name: String,
+    /// Size.
+    pub size: usize,
+    /// Per input.
+    pub ins: Vec<InMap>,
+    /// Per output: its dim, or `None` when the output sums over this dim.
+    pub outs: Vec<Option<usize>>,
+    /// Splitting this dim needs a special local computation.
+    pub special: Option<SpecialKind>,
+}
+
+/// Local computations other than "the op on local blocks".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecialKind {
+    /// Gather from a table split along the gathered axis.
+    MaskedGather,
+    /// Softmax / log-softmax over a split axis.
+    SplitSoftmax,
+}
+
+/// The sharding rule of one op: logical dims and linear input sets.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    /// Logical dims that can be split.
+    pub dims: Vec<LogicalDim>,
+    /// Sets of inputs the op is jointly linear in: all of them partial gives partial outputs.
+    pub linear: Vec<Vec<usize>>,
+}
+
+/// How every rank computes its blocks.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Local {
+    /// The op itself on the local blocks (shape attributes made local by [`local_op`]).
+    Same,
+    /// Gather from a table whose gathered axis is split over `axes`: rank `r` holds rows
+    /// `[i*len, (i+1)*len)` (`i` its index in the group); indices outside give zero rows. The
+    /// output is partial over `axes`.
+    MaskedGather {
+        /// Mesh axes splitting the table's axis.
+        axes: Vec<usize>,
+    },
+    /// Softmax (or log-softmax) along an axis split over `axes`: local row max, all-reduce(max),
+    /// local sum of `exp(x - max)`, all-reduce(sum), then the local normalisation.
+    SplitSoftmax {
+        /// Mesh axes splitting the softmax axis.
+        axes: Vec<usize>,
+    },
+}
+
+/// One way to run an op on the mesh.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Strategy {
+    /// Which logical dim each mesh axis splits, e.g. `m@0 n@1`; `P(0)@1` for a linear set;
+    /// `replicate` when nothing is split.
+    pub name: String,
+    /// What experts call it: `dp`, `megatron-col`, `megatron-row`, `zero`, `vocab-parallel`, ...
+    pub tags: Vec<&'static str>,
+    /// Spec of each input.
+    pub inputs: Vec<ShardingSpec>,
+    /// Spec of each output.
+    pub outputs: Vec<ShardingSpec>,
+    /// How each rank computes.
+    pub local: Local,
+    /// Collectives the op runs itself (not layout conversions), with the bytes they move.
+    pub collectives: Vec<(Collective, usize)>,
+    /// Compute seconds per rank (roofline of local FLOPs and bytes).
+    pub compute_seconds: f64,
+    /// Seconds of the op's own collectives.
+    pub comm_seconds: f64,
+    /// Bytes of the outputs per rank.
+    pub memory_bytes: u64,
+}
+
+impl Strategy {
+    /// Compute plus communication seconds.
+    pub fn seconds(&self) -> f64 {
+        self.compute_seconds + self.comm_seconds
+    }
+}
+
+/// What a generator knows about an op's surroundings.
+#[derive(Clone, Debug, Default)]
+pub struct OpContext {
+    /// Inputs that are parameters (weights), for naming strategies.
+    pub param_inputs: Vec<bool>,
+}
+
+fn ldim(name: impl Into<String>, size: usize, n_in: usize, n_out: usize) -> LogicalDim {
+    LogicalDim { name: name.into(), size, ins: vec![InMap::Replicate; n_in], outs: vec![None; n_out], special: None }
+}
+
+/// For each output dim, the dim of `input` broadcast to it (right-aligned, equal size), if any.
+fn broadcast_map(out: &[usize], input: &[usize]) -> Vec<Option<usize>> {
+    let off = out.len() as isize - input.len() as isize;
+    (0..out.len())
+        .map(|d| {
+            let i = d as isize - off;
+            (i >= 0 && input[i as usize] == out[d]).then_some(i as usize)
+        })
+        .collect()
+}
+
+/// Elementwise rule over the output's dims; inputs broadcast; `skip` dims are not splittable.
+fn elementwise(ins: &[TensorMeta], outs: &[TensorMeta], skip: &[usize]) -> Vec<LogicalDim> {
+    let out = &outs[0].shape;
+    let maps: Vec<Vec<Option<usize>>> = ins.iter().map(|m| broadcast_map(out, &m.shape)).collect();
+    (0..out.len())
+        .filter(|d| !skip.contains(d) && out[*d] > 1)
+        .map(|d| {
+            let mut l = ldim(format!("d{d}"), out[d], ins.len(), outs.len());
+            for (i, m) in maps.iter().enumerate() {
+                l.ins[i] = m[d].map_or(InMap::Replicate, InMap::Dim);
+            }
+            for (j, o) in outs.iter().enumerate() {
+                l.outs[j] = (o.shape.len() == out.len() && o.shape[d] == out[d]).then_some(d);
+            }
+            l
+        })
+        .collect()
+}
+
+/// The sharding rule of an op for its input and output metas, or `None` when it has none.
+pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
+    use Op::*;
+    let (ni, no) = (ins.len(), outs.len());
+    let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
+    match op {
+        Input { .. } | Param { .. } | State { .. } | Constant(_) => r(elementwise(&[], outs, &[]), vec![]),
+        Unary(u) => {
+            let linear = if matches!(u, ir::UnaryOp::Neg) { vec![vec![0]] } else { vec![] };
+            r(elementwise(ins, outs, &[]), linear)
+        }
+        Binary(b) => {
+            use ir::BinaryOp::*;
+            let linear = match b {
+                Add | Sub => vec![vec![0, 1]],
+                Mul => vec![vec![0], vec![1]],
+                Div => vec![vec![0]],
+                _ => vec![],
+            };
+            r(elementwise(ins, outs, &[]), linear)
+        }
+        Where => r(elementwise(ins, outs, &[]), vec![vec![1, 2]]),
+        Identity | Cast { .. } => r(elementwise(ins, outs, &[]), vec![vec![0]]),
+        UnaryGrad(_) => r(elementwise(ins, outs, &[]), vec![vec![1]]),
+        SgdUpdate { .. } | AdamWUpdate { .. } => r(elementwise(ins, outs, &[]), vec![]),
+        Expand { .. } => r(elementwise(ins, outs, &[]), vec![vec![0]]),
+        MatMul => matmul_rule(ins, outs),
+        Gemm { trans_a, trans_b, .. } => {
+            let (a, b) = (&ins[0].shape, &ins[1].shape);
+            let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+            let n = if *trans_b { b[0] } else { b[1] };
+            let out = &outs[0].shape;
+            let cmap = ins.get(2).map(|c| broadcast_map(out, &c.shape));
+            let mut dm = ldim("m", m, ni, no);
+            dm.ins[0] = InMap::Dim(usize::from(*trans_a));
+            dm.outs[0] = Some(0);
+            let mut dn = ldim("n", n, ni, no);
+            dn.ins[1] = InMap::Dim(usize::from(!*trans_b));
+            dn.outs[0] = Some(1);
+            let mut dk = ldim("k", k, ni, no);
+            dk.ins[0] = InMap::Dim(usize::from(!*trans_a));
+            dk.ins[1] = InMap::Dim(usize::from(*trans_b));
+            if let Some(cm) = &cmap {
+                dm.ins[2] = cm[0].map_or(InMap::Replicate, InMap::Dim);
+                dn.ins[2] = cm[1].map_or(InMap::Replicate, InMap::Dim);
+                dk.ins[2] = InMap::Partial;
+            }
+            let linear = if ni > 2 { vec![vec![0, 2], vec![1, 2]] } else { vec![vec![0], vec![1]] };
+            r(vec![dm, dn, dk], linear)
+        }
+        Conv(a) => {
+            let (x, w) = (&ins[0].shape, &ins[1].shape);
+            let mut dn = ldim("batch", x[0], ni, no);
+            dn.ins[0] = InMap::Dim(0);
+            dn.outs[0] = Some(0);
+            let mut dims = vec![dn];
+            if a.group == 1 {
+                let mut dm = ldim("out_ch", w[0], ni, no);
+                dm.ins[1] = InMap::Dim(0);
+                if ni > 2 {
+                    dm.ins[2] = InMap::Dim(0);
+                }
+                dm.outs[0] = Some(1);
+                let mut dc = ldim("in_ch", x[1], ni, no);
+                dc.ins[0] = InMap::Dim(1);
+                dc.ins[1] = InMap::Dim(1);
+                if ni > 2 {
+                    dc.ins[2] = InMap::Partial;
+                }
+                dims.extend([dm, dc]);
+            }
+            r(dims, if ni > 2 { vec![] } else { vec![vec![0], vec![1]] })
+        }
+        ConvInputGrad { attrs, .. } => {
+            let (dy, w) = (&ins[0].shape, &ins[1].shape);
+            let mut dn = ldim("batch", dy[0], ni, no);
+            dn.ins[0] = InMap::Dim(0);
+            dn.outs[0] = Some(0);
+            let mut dims = vec![dn];
+            if attrs.group == 1 {
+                let mut dm = ldim("out_ch", w[0], ni, no);
+                dm.ins[0] = InMap::Dim(1);
+                dm.ins[1] = InMap::Dim(0);
+                let mut dc = ldim("in_ch", w[1], ni, no);
+                dc.ins[1] = InMap::Dim(1);
+                dc.outs[0] = Some(1);
+                dims.extend([dm, dc]);
+            }
+            r(dims, vec![vec![0], vec![1]])
+        }
+        ConvWeightGrad { attrs, .. } => {
+            let (x, dy) = (&ins[0].shape, &ins[1].shape);
+            let mut dn = ldim("batch", x[0], ni, no);
+            dn.ins = vec![InMap::Dim(0), InMap::Dim(0)];
+            let mut dims = vec![dn];
+            if attrs.group == 1 {
+                let mut dm = ldim("out_ch", dy[1], ni, no);
+                dm.ins[1] = InMap::Dim(1);
+                dm.outs[0] = Some(0);
+                let mut dc = ldim("in_ch", x[1], ni, no);
+                dc.ins[0] = InMap::Dim(1);
+                dc.outs[0] = Some(1);
+                dims.extend([dm, dc]);
+            }
+            r(dims, vec![vec![0], vec![1]])
+        }
+        MaxPool(_) | AveragePool(_) | GlobalAveragePool | GlobalMaxPool => {
+            let linear = if matches!(op, AveragePool(_) | GlobalAveragePool) { vec![vec![0]] } else { vec![] };
+            r(channel_dims(ins, outs, &[0, 1]), linear)
+        }
+        MaxPoolGrad(_) => r(channel_dims(ins, outs, &[0, 1]), vec![vec![1]]),
+        AveragePoolGrad { .. } => r(channel_dims(ins, outs, &[0, 1]), vec![vec![0]]),
+        Lrn { .. } => r(elementwise(ins, outs, &[1]), vec![]),
+        LrnGrad { .. } => r(elementwise(ins, outs, &[1]), vec![vec![1]]),
+        BatchNorm { .. } => {
+            let mut dims = elementwise(&ins[..1], outs, &[]);
+            for l in &mut dims {
+                l.ins.resize(ni, InMap::Replicate);
+                if l.name == "d1" {
+                    for i in 1..ni {
+                        l.ins[i] = InMap::Dim(0);
+                    }
+                }
+            }
+            r(dims, vec![])
+        }
+        LayerNorm { axis, .. } => {
+            let skip: Vec<usize> = (*axis..ins[0].rank()).collect();
+            r(elementwise(ins, outs, &skip), vec![])
+        }
+        LayerNormGrad { axis, .. } => {
+            let skip: Vec<usize> = (*axis..ins[0].rank()).collect();
+            let mut dims = elementwise(&[ins[0].clone(), ins[2].clone()], &outs[..1], &skip);
+            for l in &mut dims {
+                l.ins = vec![l.ins[0].clone(), InMap::Replicate, l.ins[1].clone()];
+                l.outs = vec![l.outs[0], None, None];
+            }
+            r(dims, vec![])
+        }
+        Softmax { axis } | LogSoftmax { axis } => {
+            let mut dims = elementwise(ins, outs, &[]);
+            for l in &mut dims {
+                if l.name == format!("d{axis}") {
+                    l.special = Some(SpecialKind::SplitSoftmax);
+                    l.name = "vocab".into();
+                }
+            }
+            r(dims, vec![])
+        }
+        SoftmaxGrad { axis, .. } => r(elementwise(ins, outs, &[*axis]), vec![vec![1]]),
+        Reshape { .. } => r(reshape_dims(&ins[0].shape, &outs[0].shape), vec![vec![0]]),
+        Transpose { perm } => {
+            let dims = perm
+                .iter()
+                .enumerate()
+                .filter(|(d, _)| outs[0].shape[*d] > 1)
+                .map(|(d, &p)| {
+                    let mut l = ldim(format!("d{p}"), outs[0].shape[d], ni, no);
+                    l.ins[0] = InMap::Dim(p);
+                    l.outs[0] = Some(d);
+                    l
+                })
+                .collect();
+            r(dims, vec![vec![0]])
+        }
+        Concat { axis } => r(elementwise(ins, outs, &[*axis]), vec![(0..ni).collect()]),
+        Split { axis, .. } => {
+            let mut dims = elementwise(ins, &outs[..1], &[*axis]);
+            for l in &mut dims {
+                l.outs = vec![l.outs[0]; no];
+            }
+            r(dims, vec![vec![0]])
+        }
+        Slice { axes } | SliceGrad { axes, .. } => {
+            let skip: Vec<usize> = axes.iter().map(|a| a.axis).collect();
+            r(elementwise(ins, outs, &skip), vec![vec![0]])
+        }
+        Pad { pads, value } => {
+            let rank = outs[0].rank();
+            let skip: Vec<usize> = (0..rank).filter(|&d| pads[d] != 0 || pads[d + rank] != 0).collect();
+            r(elementwise(ins, outs, &skip), if *value == 0.0 { vec![vec![0]] } else { vec![] })
+        }
+        Gather { axis } => {
+            let (data, idx) = (&ins[0].shape, &ins[1].shape);
+            let mut dims = vec![];
+            for (d, &size) in data.iter().enumerate() {
+                let mut l = ldim(if d == *axis { "vocab".to_string() } else { format!("d{d}") }, size, ni, no);
+                l.ins[0] = InMap::Dim(d);
+                if d == *axis {
+                    l.special = Some(SpecialKind::MaskedGather);
+                } else {
+                    l.outs[0] = Some(if d < *axis { d } else { d - 1 + idx.len() });
+                }
+                dims.push(l);
+            }
+            for (d, &size) in idx.iter().enumerate() {
+                let mut l = ldim(format!("i{d}"), size, ni, no);
+                l.ins[1] = InMap::Dim(d);
+                l.outs[0] = Some(axis + d);
+                dims.push(l);
+            }
+            r(dims.into_iter().filter(|l| l.size > 1).collect(), vec![vec![0]])
+        }
+        GatherGrad { axis, shape } => {
+            let (idx, dy) = (&ins[0].shape, &ins[1].shape);
+            let mut dims = vec![];
+            for (d, &size) in shape.iter().enumerate() {
+                if d == *axis {
+                    continue;
+                }
+                let mut l = ldim(format!("d{d}"), size, ni, no);
+                l.ins[1] = InMap::Dim(if d < *axis { d } else { d - 1 + idx.len() });
+                l.outs[0] = Some(d);
+                dims.push(l);
+            }
+            for (d, &size) in idx.iter().enumerate() {
+                let mut l = ldim(format!("i{d}"), size, ni, no);
+                l.ins[0] = InMap::Dim(d);
+                l.ins[1] = InMap::Dim(axis + d);
+                dims.push(l);
+            }
+            debug_assert!(dy.len() == shape.len() - 1 + idx.len());
+            r(dims.into_iter().filter(|l| l.size > 1).collect(), vec![vec![1]])
+        }
+        Reduce { op: rop, axes, keepdims } => {
+            let x = &ins[0].shape;
+            let summing = matches!(rop, ReduceOp::Sum | ReduceOp::SumSquare | ReduceOp::L1);
+            let mut dims = vec![];
+            let mut o = 0;
+            for (d, &size) in x.iter().enumerate() {
+                let reduced = axes.contains(&d);
+                let out_dim = if reduced && !keepdims { None } else { Some(o) };
+                if !reduced || *keepdims {
+                    o += 1;
+                }
+                if size <= 1 || (reduced && !summing) {
+                    continue;
+                }
+                let mut l = ldim(format!("d{d}"), size, ni, no);
+                l.ins[0] = InMap::Dim(d);
+                l.outs[0] = if reduced { None } else { out_dim };
+                dims.push(l);
+            }
+            let linear = if matches!(rop, ReduceOp::Sum | ReduceOp::Mean) { vec![vec![0]] } else { vec![] };
+            r(dims, linear)
+        }
+    }
+}
+
+/// Dims `keep` of an NCHW op, the same in every input and output (pooling and its gradients).
+fn channel_dims(ins: &[TensorMeta], outs: &[TensorMeta], keep: &[usize]) -> Vec<LogicalDim> {
+    keep.iter()
+        .filter(|&&d| outs[0].shape[d] > 1)
+        .map(|&d| {
+            let mut l = ldim(if d == 0 { "batch" } else { "channel" }, outs[0].shape[d], ins.len(), outs.len());
+            l.ins = ins.iter().map(|m| if m.rank() > d { InMap::Dim(d) } else { InMap::Replicate }).collect();
+            l.outs = vec![Some(d); outs.len()];
+            l
+        })
+        .collect()
+}
+
+/// Reshape: an input dim and an output dim with the same product of the dims before them split
+/// into the same contiguous blocks.
+fn reshape_dims(a: &[usize], b: &[usize]) -> Vec<LogicalDim> {
+    let prefix = |s: &[usize]| -> Vec<usize> {
+        let mut p = vec![1; s.len()];
+        for i in 1..s.len() {
+            p[i] = p[i - 1] * s[i - 1];
+        }
+        p
+    };
+    let (pa, pb) = (prefix(a), prefix(b));
+    let mut dims = vec![];
+    for i in 0..a.len() {
+        for j in 0..b.len() {
+            if pa[i] == pb[j] && a[i] > 1 && b[j] > 1 {
+                let mut l = ldim(format!("d{i}"), gcd(a[i], b[j]), 1, 1);
+                l.ins[0] = InMap::Dim(i);
+                l.outs[0] = Some(j);
+                dims.push(l);
+            }
+        }
+    }
+    dims
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn matmul_rule(ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
+    let (a, b, out) = (&ins[0].shape, &ins[1].shape, &outs[0].shape);
+    if a.len() < 2 || b.len() < 2 {
+        // 1-D operands: replicated only.
+        return Some(Rule { dims: vec![], linear: vec![vec![0], vec![1]] });
+    }
+    let r = out.len();
+    let mut dims = vec![];
+    let amap = broadcast_map(&out[..r - 2], &a[..a.len() - 2]);
+    let bmap = broadcast_map(&out[..r - 2], &b[..b.len() - 2]);
+    for d in 0..r - 2 {
+        if out[d] <= 1 {
+            continue;
+        }
+        let mut l = ldim(if d == 0 { "batch".to_string() } else { format!("b{d}") }, out[d], 2, 1);
+        l.ins[0] = amap[d].map_or(InMap::Replicate, InMap::Dim);
+        l.ins[1] = bmap[d].map_or(InMap::Replicate, InMap::Dim);
+        l.outs[0] = Some(d);
+        dims.push(l);
+    }
+    let mut m = ldim("m", a[a.len() - 2], 2, 1);
+    m.ins[0] = InMap::Dim(a.len() - 2);
+    m.outs[0] = Some(r - 2);
+    let mut n = ldim("n", b[b.len() - 1], 2, 1);
+    n.ins[1] = InMap::Dim(b.len() - 1);
+    n.outs[0] = Some(r - 1);
+    let mut k = ldim("k", a[a.len() - 1], 2, 1);
+    k.ins[0] = InMap::Dim(a.len() - 1);
+    k.ins[1] = InMap::Dim(b.len() - 2);
+    dims.extend([m, n, k]);
+    Some(Rule { dims, linear: vec![vec![0], vec![1]] })
+}
+
+/// What one mesh axis does in a strategy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Choice {
+    Nothing,
+    Dim(usize),
+    Linear(usize),
+}
+
+/// The op with its shape attributes made local.
+pub fn local_op(op: &Op, local_ins: &[TensorMeta], local_outs: &[Vec<usize>]) -> Op {
+    let mut op = op.clone();
+    match &mut op {
+        Op::Reshape { shape } | Op::Expand { shape } => *shape = local_outs[0].clone(),
+        Op::ConvInputGrad { shape, .. }
+        | Op::ConvWeightGrad { shape, .. }
+        | Op::AveragePoolGrad { shape, .. }
+        | Op::SliceGrad { shape, .. } => *shape = local_outs[0].clone(),
+        Op::GatherGrad { shape, axis } => {
+            // The table's gathered axis is never split by a `Same` strategy.
+            let mut s = local_outs[0].clone();
+            s[*axis] = shape[*axis];
+            *shape = s;
+        }
+        Op::Split { sizes, axis } => {
+            let _ = local_ins;
+            *sizes = local_outs.iter().map(|s| s[*axis]).collect();
+        }
+        _ => {}
+    }
+    op
+}
+
+/// Every strategy of an op on a mesh (see the module docs).
+pub fn expand(
+    op: &Op,
+    ins: &[TensorMeta],
+    outs: &[TensorMeta],
+    ctx: &OpContext,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+) -> Option<Vec<Strategy>> {
+    let rule = rule(op, ins, outs)?;
+    let axes: Vec<usize> = (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1).collect();
+    let mut choices_per_axis = vec![Choice::Nothing];
+    choices_per_axis.extend((0..rule.dims.len()).map(Choice::Dim));
+    choices_per_axis.extend((0..rule.linear.len()).map(Choice::Linear));
+    let mut out: Vec<Strategy> = vec![];
+    let mut assign = vec![Choice::Nothing; axes.len()];
+    loop {
+        if let Some(s) = build(op, ins, outs, ctx, mesh, profile, &rule, &axes, &assign)
+            && !out.iter().any(|o| o.inputs == s.inputs && o.outputs == s.outputs && o.local == s.local)
+        {
+            out.push(s);
+        }
+        // Next assignment (odometer over axes).
+        let mut i = 0;
+        loop {
+            if i == axes.len() {
+                return Some(out);
+            }
+            let pos = choices_per_axis.iter().position(|c| *c == assign[i]).unwrap_or(0);
+            if pos + 1 < choices_per_axis.len() {
+                assign[i] = choices_per_axis[pos + 1];
+                break;
+            }
+            assign[i] = Choice::Nothing;
+            i += 1;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    op: &Op,
+    ins: &[TensorMeta],
+    outs: &[TensorMeta],
+    ctx: &OpContext,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    rule: &Rule,
+    axes: &[usize],
+    assign: &[Choice],
+) -> Option<Strategy> {
+    let mut in_dims: Vec<Vec<Vec<usize>>> = ins.iter().map(|m| vec![vec![]; m.rank()]).collect();
+    let mut in_partial: Vec<Vec<usize>> = vec![vec![]; ins.len()];
+    let mut out_dims: Vec<Vec<Vec<usize>>> = outs.iter().map(|m| vec![vec![]; m.rank()]).collect();
+    let mut out_partial: Vec<Vec<usize>> = vec![vec![]; outs.len()];
+    let mut special: Option<(SpecialKind, Vec<usize>)> = None;
+    let mut names = vec![];
+    let mut split_of: Vec<Vec<usize>> = vec![vec![]; rule.dims.len()];
+    for (&a, &c) in axes.iter().zip(assign) {
+        match c {
+            Choice::Nothing => {}
+            Choice::Dim(k) => {
+                let l = &rule.dims[k];
+                split_of[k].push(a);
+                names.push(format!("{}@{a}", l.name));
+                if let Some(kind) = l.special {
+                    match &mut special {
+                        None => special = Some((kind, vec![a])),
+                        Some((_, v)) => v.push(a),
+                    }
+                }
+                for (i, m) in l.ins.iter().enumerate() {
+                    match m {
+                        InMap::Dim(d) => in_dims[i][*d].push(a),
+                        InMap::Replicate => {}
+                        InMap::Partial => in_partial[i].push(a),
+                    }
+                }
+                for (j, m) in l.outs.iter().enumerate() {
+                    match m {
+                        Some(d) => out_dims[j][*d].push(a),
+                        None => out_partial[j].push(a),
+                    }
+                }
+            }
+            Choice::Linear(s) => {
+                names.push(format!(
+                    "P({})@{a}",
+                    rule.linear[s].iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+                ));
+                for &i in &rule.linear[s] {
+                    in_partial[i].push(a);
+                }
+                for p in &mut out_partial {
+                    p.push(a);
+                }
+            }
+        }
+    }
+    // A special dim must be the only split of its kind, and not mixed with partial inputs.
+    if special.is_some()
+        && (rule.dims.iter().filter(|l| l.special.is_some()).count() > 1 || in_partial.iter().any(|p| !p.is_empty()))
+    {
+        return None;
+    }
+    for (k, l) in rule.dims.iter().enumerate() {
+        if !l.size.is_multiple_of(mesh.group_size(&split_of[k])) {
+            return None;
+        }
+    }
+    let inputs: Vec<ShardingSpec> = in_dims.into_iter().zip(in_partial).map(|(d, p)| ShardingSpec::new(d, p)).collect();
+    let outputs: Vec<ShardingSpec> =
+        out_dims.into_iter().zip(out_partial).map(|(d, p)| ShardingSpec::new(d, p)).collect();
+    let local = match &special {
+        None => Local::Same,
+        // The vocab dim has no output dim, so the output is already partial over `ax`.
+        Some((SpecialKind::MaskedGather, ax)) => Local::MaskedGather { axes: ax.clone() },
+        Some((SpecialKind::SplitSoftmax, ax)) => Local::SplitSoftmax { axes: ax.clone() },
+    };
+    for (s, m) in inputs.iter().zip(ins).chain(outputs.iter().zip(outs)) {
+        s.check(&m.shape, mesh).ok()?;
+    }
+    // Integer and boolean tensors are never partial sums.
+    for (s, m) in inputs.iter().zip(ins).chain(outputs.iter().zip(outs)) {
+        if s.is_partial() && m.dtype != ir::DType::F32 {
+            return None;
+        }
+    }
+    let local_ins: Vec<TensorMeta> =
+        inputs.iter().zip(ins).map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))).collect();
+    let local_outs: Vec<TensorMeta> =
+        outputs.iter().zip(outs).map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))).collect();
+    let flops = op.flops(&local_ins, &local_outs) as f64;
+    let bytes: usize = local_ins.iter().chain(&local_outs).map(|m| m.bytes()).sum();
+    let memory: usize = local_outs.iter().map(|m| m.bytes()).sum();
+    let mut collectives = vec![];
+    if let Local::SplitSoftmax { axes } = &local {
+        let axis = match op {
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => *axis,
+            _ => return None,
+        };
+        let row_bytes = local_outs[0].bytes() / local_outs[0].shape[axis].max(1);
+        collectives.push((Collective::AllReduce { axes: axes.clone(), op: ReduceKind::Max }, row_bytes));
+        collectives.push((Collective::AllReduce { axes: axes.clone(), op: ReduceKind::Sum }, row_bytes));
+    }
+    let comm = collectives.iter().fold(0.0, |acc, (c, b)| acc + c.cost(*b, mesh));
+    let name = if names.is_empty() { "replicate".to_string() } else { names.join(" ") };
+    let tags = tags(op, rule, assign, ctx, &inputs, &outputs, mesh);
+    Some(Strategy {
+        name,
+        tags,
+        inputs,
+        outputs,
+        local,
+        collectives,
+        compute_seconds: profile.compute_seconds(flops, bytes as f64),
+        comm_seconds: comm,
+        memory_bytes: memory as u64,
+    })
+}
+
+/// Expert names for a strategy. The data axis is mesh axis 0 (outermost) on meshes of 2+ axes,
+/// as Megatron lays out data x tensor; on a 1-D mesh, the one axis.
+#[allow(clippy::too_many_arguments)]
+fn tags(
+    op: &Op,
+    rule: &Rule,
+    assign: &[Choice],
+    ctx: &OpContext,
+    inputs: &[ShardingSpec],
+    outputs: &[ShardingSpec],
+    mesh: &DeviceMesh,
+) -> Vec<&'static str> {
+    let mut t: Vec<&'static str> = vec![];
+    let split: Vec<&str> = assign
+        .iter()
+        .filter_map(|c| match c {
+            Choice::Dim(k) => Some(rule.dims[*k].name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let has = |n: &str| split.contains(&n);
+    if assign.iter().all(|c| *c == Choice::Nothing) {
+        t.push("replicated");
+    }
+    let weight = |i: usize| ctx.param_inputs.get(i).copied().unwrap_or(false);
+    match op {
+        Op::MatMul | Op::Gemm { .. } if weight(1) => {
+            if has("m") || has("batch") || has("b1") {
+                t.push("dp");
+            }
+            if has("n") {
+                t.push("megatron-col");
+            }
+            if has("k") {
+                t.push("megatron-row");
+            }
+        }
+        Op::MatMul if !weight(0) && !weight(1) => {
+            if has("batch") {
+                t.push("dp");
+            }
+            if split.iter().any(|n| n.starts_with('b') && *n != "batch") {
+                t.push("head-parallel");
+            }
+        }
+        Op::Gather { .. } => {
+            if has("i0") {
+                t.push("dp");
+            }
+            if split.iter().any(|n| n.starts_with('i') && *n != "i0") {
+                t.push("sequence-parallel");
+            }
+            if has("vocab") {
+                t.push("vocab-parallel");
+            }
+        }
+        Op::Softmax { .. } | Op::LogSoftmax { .. } if has("vocab") => t.push("vocab-parallel"),
+        Op::SgdUpdate { .. } | Op::AdamWUpdate { .. } | Op::Param { .. } | Op::State { .. } => {
+            let data = 0;
+            if mesh.shape()[data] > 1
+                && inputs.iter().chain(outputs).any(|s| s.dims().iter().any(|d| d.contains(&data)))
+            {
+                t.push("zero");
+            }
+            if inputs.iter().chain(outputs).any(|s| s.dims().iter().flatten().any(|&a| a != data)) {
+                t.push("tensor-parallel");
+            }
+        }
+        _ => {
+            if has("d0") || has("batch") {
+                t.push("dp");
+            }
+            // Transformer activations are [batch, seq, hidden].
+            if outputs.first().is_some_and(|o| o.rank() == 3) && has("d1") {
+                t.push("sequence-parallel");
+            }
+        }
+    }
+    let matmul_dims = ["m", "n", "k"].iter().filter(|n| has(n)).count();
+    if matches!(op, Op::MatMul | Op::Gemm { .. }) && matmul_dims >= 2 {
+        t.push("2d");
+    }
+    t
+}
+
+/// Strategies of node `n` of a graph (inputs from its producers' metas).
+pub fn strategies(g: &Graph, n: NodeIndex, mesh: &DeviceMesh, profile: &DeviceProfile) -> Result<Vec<Strategy>> {
+    let node = g.node(n);
+    let ins: Vec<TensorMeta> = g.node_inputs(n).iter().map(|v| g.meta(*v).clone()).collect();
+    let ctx = OpContext {
+        param_inputs: g.node_inputs(n).iter().map(|v| matches!(g.node(v.node).op, Op::Param { .. })).collect(),
+    };
+    expand(&node.op, &ins, &node.outputs, &ctx, mesh, profile).ok_or_else(|| Error::NoRule {
+        node: node.name.clone(),
+        op: node.op.name().to_string(),
+        why: "the op has no sharding rule".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir::DType;
+
+    fn f(shape: &[usize]) -> TensorMeta {
+        TensorMeta::new(DType::F32, shape.to_vec())
+    }
+
+    #[test]
+    fn matmul_on_2x2() {
+        let mesh = DeviceMesh::uniform(&[2, 2]).unwrap();
+        let cpu = DeviceProfile::builtin("cpu").unwrap();
+        let ctx = OpContext { param_inputs: vec![false, true] };
+        let s = expand(&Op::MatMul, &[f(&[4, 8]), f(&[8, 6])], &[f(&[4, 6])], &ctx, &mesh, &cpu).unwrap();
+        let find = |name: &str| s.iter().find(|x| x.name == name).unwrap();
+        let col = find("n@1");
+        assert_eq!(col.inputs[1].to_string(), "R S1");
+        assert!(col.tags.contains(&"megatron-col"));
+        let row = find("k@1");
+        assert_eq!(row.outputs[0].to_string(), "R R | P1");
+        let dp_col = find("m@0 n@1");
+        assert_eq!(dp_col.outputs[0].to_string(), "S0 S1");
+        assert!(s.iter().any(|x| x.name == "m@0 m@1" && x.inputs[0].to_string() == "S01 R"));
+    }
+}
