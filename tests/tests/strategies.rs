@@ -140,7 +140,9 @@ fn cnn() -> Result<(Graph, LossSpec, Optimizer)> {
     let h = op(&mut g, "depthwise", Op::Conv(conv_attrs([1; 4], 8)), &[h, wd])?;
     let h = op(&mut g, "avgpool", Op::AveragePool(pool(2)), &[h])?;
     let h = op(&mut g, "lrn", Op::Lrn { size: 3, alpha: 0.5, beta: 0.75, bias: 1.0 }, &[h])?;
+    let gmax = op(&mut g, "gmp", Op::GlobalMaxPool, &[h])?;
     let h = op(&mut g, "gap", Op::GlobalAveragePool, &[h])?;
+    let h = op(&mut g, "pools", Op::Binary(BinaryOp::Add), &[h, gmax])?;
     let h = op(&mut g, "flatten", Op::Reshape { shape: vec![4, 8] }, &[h])?;
     let fw = param(&mut g, "fc.w", &[8, 4]);
     let y = op(&mut g, "fc", Op::Gemm { alpha: 1.0, beta: 0.0, trans_a: false, trans_b: false }, &[h, fw])?;
@@ -172,6 +174,12 @@ fn shapes() -> Result<(Graph, LossSpec, Optimizer)> {
     let sq = op(&mut g, "shift", Op::Binary(BinaryOp::Add), &[sq, eps])?;
     let r = op(&mut g, "sqrt", Op::Unary(UnaryOp::Sqrt), &[sq])?;
     let l = op(&mut g, "logsoftmax", Op::LogSoftmax { axis: 1 }, &[r])?;
+    let l = op(&mut g, "identity", Op::Identity, &[l])?;
+    let k = g.constant("k", Tensor::i64(vec![16], (0..16).collect()));
+    let k = op(&mut g, "cast", Op::Cast { to: DType::F32 }, &[k])?;
+    let l = op(&mut g, "scale", Op::Binary(BinaryOp::Mul), &[l, k])?;
+    let ss = op(&mut g, "sumsq", Op::Reduce { op: ReduceOp::SumSquare, axes: vec![1], keepdims: true }, &[l])?;
+    let l = op(&mut g, "plus_sumsq", Op::Binary(BinaryOp::Add), &[l, ss])?;
     let y = op(&mut g, "mean", Op::Reduce { op: ReduceOp::Mean, axes: vec![0], keepdims: false }, &[l])?;
     g.set_output("y", y);
     let loss = LossSpec::Mse { output: "y".into(), target: "t".into() };
