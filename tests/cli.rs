@@ -665,3 +665,17 @@ fn reshard_prints_path_and_rejects_bad_specs() {
     let out = autopar(&["reshard", "--mesh", "2y4", "--shape", "8", "R", "R"]);
     assert!(stderr(&out).contains("invalid mesh"), "{}", stderr(&out));
 }
+
+/// `--accumulate f64` trains the same model: its losses agree with f32 accumulation to 1e-5.
+#[test]
+fn train_with_f64_accumulation() {
+    let x = format!("x={}", data("models/mlp.x.npy").display());
+    let t = format!("target={}", data("refgrad/mlp/mlp.target.npy").display());
+    let m = model("mlp.onnx");
+    let base = [m.as_str(), "--feed", &x, "--feed", &t, "--loss", "mse:y:target", "--optimizer", "sgd", "--steps", "3"];
+    let f32_losses = train_losses(&base);
+    let f64_losses = train_losses(&[&base[..], &["--accumulate", "f64"][..]].concat());
+    for (a, b) in f32_losses.iter().zip(&f64_losses) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{f32_losses:?} vs {f64_losses:?}");
+    }
+}

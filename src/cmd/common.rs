@@ -107,3 +107,24 @@ impl OptimizerArgs {
         })
     }
 }
+
+/// `--accumulate`: how matrix products accumulate.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AccumulateKind {
+    /// f32 with fused multiply-adds (fast; the usual BLAS behaviour).
+    #[default]
+    F32,
+    /// f64, rounded to f32 once: about twice the time in matrix products, results independent of
+    /// summation order at the f32 level.
+    F64,
+}
+
+impl AccumulateKind {
+    /// The kernels' accumulation mode.
+    pub fn mode(self) -> kernels::cpu::Accumulation {
+        match self {
+            AccumulateKind::F32 => kernels::cpu::Accumulation::F32,
+            AccumulateKind::F64 => kernels::cpu::Accumulation::F64,
+        }
+    }
+}

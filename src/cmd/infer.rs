@@ -20,6 +20,10 @@ pub struct InferArgs {
     /// Directory for the outputs (`DIR/<output name>.npy`); created if missing.
     #[arg(long, default_value = "out")]
     pub out: PathBuf,
+    /// How matrix products (matmul, gemm, convolutions) accumulate: f32 (fast) or f64 (about 2x
+    /// slower products; sums that cancel keep their exact sign).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub accumulate: common::AccumulateKind,
     /// CPU threads for the kernels.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -44,7 +48,9 @@ pub fn run(a: &InferArgs) -> Result<()> {
         opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
     }
     let g = common::load_model(&a.model, &opts)?;
-    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1)).context("starting the CPU thread pool")?;
+    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1))
+        .context("starting the CPU thread pool")?
+        .with_accumulation(a.accumulate.mode());
     let interp = runtime::Interpreter::new(&g)?;
     let t0 = std::time::Instant::now();
     let rep = interp.run(&ctx, &feeds)?;

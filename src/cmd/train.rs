@@ -39,6 +39,10 @@ pub struct TrainArgs {
     /// Start from parameters and optimizer state saved with --save.
     #[arg(long, value_name = "DIR")]
     pub load: Option<PathBuf>,
+    /// How matrix products (matmul, gemm, convolutions) accumulate: f32 (fast) or f64 (about 2x
+    /// slower products; sums that cancel keep their exact sign).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub accumulate: common::AccumulateKind,
     /// CPU threads for the kernels.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -68,7 +72,9 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         print!("{}", tg.graph.to_text());
         return Ok(());
     }
-    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1)).context("starting the CPU thread pool")?;
+    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1))
+        .context("starting the CPU thread pool")?
+        .with_accumulation(a.accumulate.mode());
     let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile);
     if let Some(dir) = &a.load {
         trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;

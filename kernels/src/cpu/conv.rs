@@ -131,7 +131,7 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
             im2col(inner, xin, h, wd, kh, kw, a, oh, ow, col);
             col
         };
-        gemm_with(par, mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
+        gemm_with(par, ctx.accumulation(), mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
     };
     per_group(ctx, &mut out, mg * p, mg * kk * p, run)?;
     tensor("conv", out_shape, Data::F32(out))

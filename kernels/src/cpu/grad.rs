@@ -274,10 +274,10 @@ pub(crate) fn conv_input_grad(
         let wg = &wv[gi * mg * kk..(gi + 1) * mg * kk];
         if direct {
             // dx [cg, p] = W^T [cg, mg] @ dy [mg, p]
-            return super::linalg::gemm_with(par, kk, p, mg, wg, true, dyg, false, dxg, 1.0, 0.0);
+            return super::linalg::gemm_with(par, ctx.accumulation(), kk, p, mg, wg, true, dyg, false, dxg, 1.0, 0.0);
         }
         col.resize(kk * p, 0.0);
-        super::linalg::gemm_with(par, kk, p, mg, wg, true, dyg, false, col, 1.0, 0.0)?;
+        super::linalg::gemm_with(par, ctx.accumulation(), kk, p, mg, wg, true, dyg, false, col, 1.0, 0.0)?;
         col2im(inner, col, h, wd, kh, kw, a, oh, ow, dxg);
         Ok(())
     };
@@ -325,7 +325,9 @@ pub(crate) fn conv_weight_grad(
             };
             let beta = if ni == 0 { 0.0 } else { 1.0 };
             // dW [mg, kk] += dy [mg, p] @ col^T [p, kk]
-            ctx.install(|| super::linalg::gemm_with(par, mg, kk, p, dyg, false, colv, true, dwg, 1.0, beta))?;
+            ctx.install(|| {
+                super::linalg::gemm_with(par, ctx.accumulation(), mg, kk, p, dyg, false, colv, true, dwg, 1.0, beta)
+            })?;
         }
     }
     tensor(op, shape, Data::F32(dw))

@@ -4,7 +4,7 @@
 //! `benches/gemm.rs` and BENCHMARKS.md); its `Parallelism::Rayon(n)` runs on whichever rayon pool
 //! is current, so calls are made inside the context's pool.
 
-use super::{CpuContext, elementwise::broadcast_f32, f32s, tensor};
+use super::{Accumulation, CpuContext, elementwise::broadcast_f32, f32s, tensor};
 use crate::Error;
 use ir::{Data, Tensor};
 use rayon::prelude::*;
@@ -37,7 +37,7 @@ pub fn gemm_f32(
     beta: f32,
 ) -> Result<(), Error> {
     let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
-    ctx.install(|| gemm_with(par, m, n, k, a, trans_a, b, trans_b, c, alpha, beta))
+    ctx.install(|| gemm_with(par, ctx.accumulation(), m, n, k, a, trans_a, b, trans_b, c, alpha, beta))
 }
 
 /// [`gemm_f32`] with an explicit `gemm` parallelism (callers already inside a parallel loop pass
@@ -45,6 +45,7 @@ pub fn gemm_f32(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_with(
     par: gemm::Parallelism,
+    acc: Accumulation,
     m: usize,
     n: usize,
     k: usize,
@@ -79,6 +80,37 @@ pub(crate) fn gemm_with(
     }
     let (lhs_cs, lhs_rs) = if trans_a { (m as isize, 1) } else { (1, k as isize) };
     let (rhs_cs, rhs_rs) = if trans_b { (k as isize, 1) } else { (1, n as isize) };
+    if acc == Accumulation::F64 {
+        let a64: Vec<f64> = a.iter().map(|&x| x as f64).collect();
+        let b64: Vec<f64> = b.iter().map(|&x| x as f64).collect();
+        let mut c64: Vec<f64> = if beta != 0.0 { c.iter().map(|&x| x as f64).collect() } else { vec![0.0; mn] };
+        // SAFETY: as below, on the f64 copies (same sizes and strides).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                c64.as_mut_ptr(),
+                1,
+                n as isize,
+                beta != 0.0,
+                a64.as_ptr(),
+                lhs_cs,
+                lhs_rs,
+                b64.as_ptr(),
+                rhs_cs,
+                rhs_rs,
+                beta as f64,
+                alpha as f64,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+        c.iter_mut().zip(c64).for_each(|(o, v)| *o = v as f32);
+        return Ok(());
+    }
     // SAFETY: the pointers cover exactly m*k, k*n and m*n elements (checked above) and the
     // strides stay inside them; `c` is borrowed mutably, so it aliases neither input.
     unsafe {
@@ -151,7 +183,7 @@ pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usiz
         let (mk, kn, mn) = (m * k, k * n, m * n);
         let one = |i: usize, c: &mut [f32], par| {
             let (x, y) = (ao[i] * mk, bo[i] * kn);
-            gemm_with(par, m, n, k, &av[x..x + mk], false, &bv[y..y + kn], false, c, 1.0, 0.0)
+            gemm_with(par, ctx.accumulation(), m, n, k, &av[x..x + mk], false, &bv[y..y + kn], false, c, 1.0, 0.0)
         };
         if mn > 0
             && ctx.threads() > 1

@@ -36,11 +36,25 @@ pub const PAR_MIN_ELEMS: usize = 1 << 15;
 pub struct CpuContext {
     pool: rayon::ThreadPool,
     threads: usize,
+    accumulation: Accumulation,
+}
+
+/// How matrix products (MatMul, Gemm, convolutions and their gradients) accumulate their sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Accumulation {
+    /// In f32 with fused multiply-adds, as BLAS libraries do: fast; a sum of `k` products carries
+    /// a rounding error of a few `sqrt(k)` f32 ulps of its terms.
+    #[default]
+    F32,
+    /// Products and sums in f64, rounded to f32 once at the end: about twice the time of a
+    /// product, for results that do not depend on summation order at the f32 level (a sum that
+    /// cancels to a few ulps of its terms keeps its sign).
+    F64,
 }
 
 impl std::fmt::Debug for CpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuContext").field("threads", &self.threads).finish()
+        f.debug_struct("CpuContext").field("threads", &self.threads).field("accumulation", &self.accumulation).finish()
     }
 }
 
@@ -55,7 +69,18 @@ impl CpuContext {
             .thread_name(|i| format!("autopar-cpu-{i}"))
             .build()
             .map_err(|e| Error::ThreadPool { threads, message: e.to_string() })?;
-        Ok(CpuContext { pool, threads })
+        Ok(CpuContext { pool, threads, accumulation: Accumulation::F32 })
+    }
+
+    /// The same context with another accumulation mode for matrix products.
+    pub fn with_accumulation(mut self, accumulation: Accumulation) -> CpuContext {
+        self.accumulation = accumulation;
+        self
+    }
+
+    /// How matrix products accumulate.
+    pub fn accumulation(&self) -> Accumulation {
+        self.accumulation
     }
 
     /// Number of worker threads.

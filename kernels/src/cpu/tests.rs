@@ -649,3 +649,31 @@ fn context_reports_threads() {
     assert_eq!(ctx2().threads(), 2);
     assert!(CpuContext::new(0).unwrap().threads() >= 1);
 }
+
+/// f64 accumulation rounds a cancelling sum once: `1e8 + 1 - 1e8 + ... ` loses the ones in f32
+/// (1e8 + 1 == 1e8 in f32) but not in f64.
+#[test]
+fn f64_accumulation_keeps_cancelling_sums() {
+    let k = 64;
+    let a: Vec<f32> = (0..k).map(|i| if i % 2 == 0 { 1e8 } else { 1.0 }).collect();
+    let mut b: Vec<f32> = vec![1.0; k];
+    // Pairs (1e8 * 1) + (1 * 1), then subtract the 1e8s at the end.
+    for (i, x) in b.iter_mut().enumerate() {
+        if i % 2 == 0 && i >= k / 2 {
+            *x = -1.0;
+        }
+    }
+    let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    for threads in [1, 2] {
+        let ctx = CpuContext::new(threads).unwrap().with_accumulation(Accumulation::F64);
+        let mut c = [0f32];
+        linalg::gemm_f32(&ctx, 1, 1, k, &a, false, &b, false, &mut c, 1.0, 0.0).unwrap();
+        assert_eq!(c[0] as f64, want, "threads {threads}");
+        let y = run_ctx(&ctx, Op::MatMul, &[&f([1, k], a.clone()), &f([k, 1], b.clone())]);
+        assert_eq!(y.to_f32_vec(), vec![want as f32]);
+    }
+}
+
+fn run_ctx(ctx: &CpuContext, op: Op, ins: &[&Tensor]) -> Tensor {
+    eval(ctx, &op, ins).unwrap().swap_remove(0)
+}
