@@ -47,6 +47,15 @@ enum Command {
         after_help = "Example:\n  autopar reshard --mesh 2x4 --shape 8x16x32 \"S0 R R\" \"R S01 R\"\n\nSpec grammar: one entry per tensor dim, R (replicated) or S<mesh axes> (split over those axes,\noutermost first: S01); partial-sum axes after a bar: \"R S1 | P0\"; \"-\" for a scalar."
     )]
     Reshard(cmd::reshard::ReshardArgs),
+    /// Plan distributed training: choose a sharding for every op under a memory budget and write plan.json.
+    #[command(
+        visible_alias = "plan",
+        after_help = "Examples:\n  autopar autoparallelize gpt2.onnx --mesh 2x4 --memory 16GiB -o plan.json\n  autopar plan mlp.onnx --mesh 1x2 --memory 64MiB --loss mse:y:t --strategy megatron\n  (--strategy dp|megatron|zero prices a manual baseline with the same cost model)"
+    )]
+    Autoparallelize(cmd::plan::PlanArgs),
+    /// Summarise a plan; --dot and --html render it.
+    #[command(after_help = "Example:\n  autopar explain plan.json --html plan.html --dot plan.dot")]
+    Explain(cmd::plan::ExplainArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +89,8 @@ fn main() -> ExitCode {
         Command::Train(a) => cmd::train::run(a),
         Command::Strategies(a) => cmd::strategies::run(a),
         Command::Reshard(a) => cmd::reshard::run(a),
+        Command::Autoparallelize(a) => cmd::plan::run(a),
+        Command::Explain(a) => cmd::plan::explain(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

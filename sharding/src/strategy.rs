@@ -72,7 +72,7 @@ pub struct Rule {
 }
 
 /// How every rank computes its blocks.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Local {
     /// The op itself on the local blocks (shape attributes made local by [`local_op`]).

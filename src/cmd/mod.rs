@@ -2,6 +2,7 @@
 pub mod common;
 pub mod infer;
 pub mod inspect;
+pub mod plan;
 pub mod reshard;
 pub mod solve;
 pub mod strategies;

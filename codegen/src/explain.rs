@@ -1,0 +1,207 @@
+//! Renderings of a plan for people: a one-screen summary, Graphviz DOT and a standalone HTML page.
+
+use std::fmt::Write;
+
+use crate::fmt_bytes;
+use crate::plan::{Instr, Plan};
+
+fn ms(s: f64) -> String {
+    if s >= 1.0 { format!("{s:.3} s") } else { format!("{:.3} ms", s * 1e3) }
+}
+
+/// The one-screen summary.
+pub fn summary(p: &Plan) -> String {
+    let e = &p.estimate;
+    let mut o = String::new();
+    let names = p.mesh.names.join(" x ");
+    let shape: Vec<String> = p.mesh.shape.iter().map(|s| s.to_string()).collect();
+    let _ = writeln!(
+        o,
+        "plan      {} on mesh {} ({names}), device {}, strategy {} (chosen: {})",
+        p.model.name,
+        shape.join("x"),
+        p.device,
+        p.options.strategy.name(),
+        p.solver.chosen.name()
+    );
+    let share = |x: f64| if e.step_seconds > 0.0 { 100.0 * x / e.step_seconds } else { 0.0 };
+    let _ = writeln!(
+        o,
+        "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%)",
+        ms(e.step_seconds),
+        ms(e.compute_seconds),
+        share(e.compute_seconds),
+        ms(e.comm_seconds),
+        share(e.comm_seconds)
+    );
+    let _ = writeln!(
+        o,
+        "memory    peak {} per rank of budget {} ({:.1}%); resident {} (parameters, optimizer state, constants)",
+        fmt_bytes(e.peak_bytes_per_rank),
+        fmt_bytes(p.options.budget_bytes),
+        100.0 * e.peak_bytes_per_rank as f64 / p.options.budget_bytes.max(1) as f64,
+        fmt_bytes(e.resident_bytes_per_rank)
+    );
+    if e.collectives.is_empty() {
+        let _ = writeln!(o, "comms     none");
+    }
+    for (i, c) in e.collectives.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "{}{:<15} x{:<5} {:>12}  {}",
+            if i == 0 { "comms     " } else { "          " },
+            c.kind,
+            c.count,
+            fmt_bytes(c.bytes as u64),
+            ms(c.seconds)
+        );
+    }
+    let sharded = p.params.iter().filter(|x| !x.spec.is_replicated()).count();
+    let _ = writeln!(
+        o,
+        "params    {} tensors: {} sharded, {} replicated",
+        p.params.len(),
+        sharded,
+        p.params.len() - sharded
+    );
+    let mut top: Vec<_> = e.per_op.iter().collect();
+    top.sort_by(|a, b| (b.compute_seconds + b.comm_seconds).total_cmp(&(a.compute_seconds + a.comm_seconds)));
+    for (i, op) in top.iter().take(3).enumerate() {
+        let _ = writeln!(
+            o,
+            "{}{} ({}, {}): {}",
+            if i == 0 { "costliest " } else { "          " },
+            op.node,
+            op.op,
+            op.strategy,
+            ms(op.compute_seconds + op.comm_seconds)
+        );
+    }
+    let compared: Vec<String> = p
+        .solver
+        .compared
+        .iter()
+        .map(|(k, v)| match v {
+            Some(s) => format!("{k} {}", ms(*s)),
+            None => format!("{k} does not fit"),
+        })
+        .collect();
+    let _ = writeln!(
+        o,
+        "solver    {} in {:.2} s: {} nodes, {} edges, {} strategies; objective {} (bound {}); compared: {}",
+        p.solver.status,
+        p.solver.seconds,
+        p.solver.nodes,
+        p.solver.edges,
+        p.solver.strategies,
+        ms(p.solver.objective_seconds),
+        ms(p.solver.lower_bound_seconds),
+        compared.join(", ")
+    );
+    o
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Colour of a strategy by what it splits (replicated grey, partial orange, split blue).
+fn colour(specs: &[sharding::ShardingSpec]) -> &'static str {
+    if specs.iter().all(|s| s.is_replicated()) {
+        "#dddddd"
+    } else if specs.iter().any(|s| s.is_partial()) {
+        "#f4b183"
+    } else {
+        "#9dc3e6"
+    }
+}
+
+/// The program's ops as a Graphviz graph, coloured by their output layouts.
+pub fn dot(p: &Plan) -> String {
+    let mut o =
+        String::from("digraph plan {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
+    let mut producer = std::collections::HashMap::new();
+    for ins in &p.program {
+        if let Instr::Op { node, name, op, strategy, inputs, outputs, output_specs, .. } = ins {
+            let specs: Vec<String> = output_specs.iter().map(|s| s.to_string()).collect();
+            let _ = writeln!(
+                o,
+                "  n{node} [label=\"{}\\n{op} {}\\n[{}]\", fillcolor=\"{}\"];",
+                esc(name).replace('\\', "\\\\"),
+                esc(strategy),
+                specs.join("] ["),
+                colour(output_specs)
+            );
+            for i in inputs {
+                let base = i.split('@').next().unwrap_or(i);
+                if let Some(src) = producer.get(base) {
+                    let style = if i.contains('@') { " [color=red, label=\"reshard\"]" } else { "" };
+                    let _ = writeln!(o, "  n{src} -> n{node}{style};");
+                }
+            }
+            for out in outputs {
+                producer.insert(out.clone(), *node);
+            }
+        }
+    }
+    o.push_str("}\n");
+    o
+}
+
+/// A standalone HTML page: the summary, the collectives, the parameter layouts and the program.
+pub fn html(p: &Plan) -> String {
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>autopar plan: {}</title>\n<style>\nbody {{ font-family: sans-serif; margin: 2em; }}\ntable {{ border-collapse: collapse; }}\ntd, th {{ border: 1px solid #999; padding: 2px 6px; font-family: monospace; font-size: 12px; }}\n.r {{ background: #dddddd; }} .p {{ background: #f4b183; }} .s {{ background: #9dc3e6; }}\n</style>\n</head>\n<body>\n",
+        esc(&p.model.name)
+    );
+    let _ = write!(o, "<h1>autopar plan: {}</h1>\n<pre>{}</pre>\n", esc(&p.model.name), esc(&summary(p)));
+    o.push_str("<h2>Parameters</h2>\n<table>\n<tr><th>name</th><th>shape</th><th>spec</th><th>local shape</th></tr>\n");
+    for x in &p.params {
+        let class = if x.spec.is_replicated() { "r" } else { "s" };
+        let _ = writeln!(
+            o,
+            "<tr class=\"{class}\"><td>{}</td><td>{:?}</td><td>{}</td><td>{:?}</td></tr>",
+            esc(&x.name),
+            x.shape,
+            esc(&x.spec.to_string()),
+            x.local_shape
+        );
+    }
+    o.push_str("</table>\n<h2>Program</h2>\n<table>\n<tr><th>#</th><th>instruction</th><th>strategy / collective</th><th>specs</th><th>seconds</th></tr>\n");
+    for (k, ins) in p.program.iter().enumerate() {
+        match ins {
+            Instr::Op { name, op, strategy, input_specs, output_specs, seconds, .. } => {
+                let ins: Vec<String> = input_specs.iter().map(|s| format!("[{s}]")).collect();
+                let outs: Vec<String> = output_specs.iter().map(|s| format!("[{s}]")).collect();
+                let class = match colour(output_specs) {
+                    "#dddddd" => "r",
+                    "#f4b183" => "p",
+                    _ => "s",
+                };
+                let _ = writeln!(
+                    o,
+                    "<tr class=\"{class}\"><td>{k}</td><td>{} ({op})</td><td>{}</td><td>{} -&gt; {}</td><td>{seconds:.3e}</td></tr>",
+                    esc(name),
+                    esc(strategy),
+                    esc(&ins.join(" ")),
+                    esc(&outs.join(" "))
+                );
+            }
+            Instr::Collective { input, collective, from, to, seconds, .. } => {
+                let _ = writeln!(
+                    o,
+                    "<tr><td>{k}</td><td>{}</td><td>{}</td><td>[{}] -&gt; [{}]</td><td>{seconds:.3e}</td></tr>",
+                    esc(input),
+                    esc(&collective.to_string()),
+                    esc(&from.to_string()),
+                    esc(&to.to_string())
+                );
+            }
+            Instr::Free { .. } => {}
+        }
+    }
+    o.push_str("</table>\n</body>\n</html>\n");
+    o
+}

@@ -1,0 +1,22 @@
+//! Planning: from a training graph, a device mesh and a memory budget to a distributed plan.
+//!
+//! `problem` builds the solver's cost graph (strategies per op from `sharding`, layout-conversion
+//! costs per edge, live intervals, parameter/update ties), `plan` solves it and lowers the choice
+//! into one SPMD program with inserted collectives and frees (`plan.json`), `explain` renders a
+//! plan for people.
+//!
+//! Invariants: every cost is seconds (the solver sees picoseconds); memory is the liveness peak
+//! in bytes per rank; a parameter and its updated value always get the same spec; the plan the
+//! solver returns with `auto` is never costlier (by the same model) than the manual baselines
+//! (`dp`, `megatron`, `zero`) that fit, because those are solved too and are feasible plans of
+//! the same problem.
+#![warn(missing_docs)]
+
+mod error;
+pub mod explain;
+pub mod plan;
+pub mod problem;
+
+pub use error::{Error, Result, fmt_bytes, parse_bytes};
+pub use plan::{Plan, PlanOptions, plan};
+pub use problem::Baseline;

@@ -1,0 +1,677 @@
+//! The distributed plan: solving the problem and lowering the chosen strategies into one SPMD
+//! program, and the versioned JSON document (`plan.json`) with its validating loader.
+//!
+//! Invariants of a [`Plan`] that [`Plan::from_json`] checks: the version is known; the mesh is
+//! valid; `graph` parses and verifies, and its node `%i` is program node `i`; every spec fits its
+//! tensor on the mesh; every value an instruction reads was produced earlier and not freed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use ir::{Graph, NodeIndex, Op, Value};
+use serde::{Deserialize, Serialize};
+use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec};
+
+use crate::problem::{Baseline, Built, FORBIDDEN, build};
+use crate::{Error, Result, fmt_bytes};
+
+/// The plan format's version.
+pub const VERSION: u32 = 1;
+
+/// Options of [`plan`].
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Memory budget per rank, bytes.
+    pub budget: u64,
+    /// Which strategies are allowed.
+    pub baseline: Baseline,
+    /// Wall-clock budget of the solver (shared by the baselines compared against with `Auto`).
+    pub time_limit: Duration,
+    /// Solver threads.
+    pub threads: usize,
+    /// With `Auto`, also solve the manual baselines and keep the best plan (each is a feasible
+    /// plan of the unrestricted problem), so the result is never worse than them.
+    pub compare_baselines: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            budget: 16 << 30,
+            baseline: Baseline::Auto,
+            time_limit: Duration::from_secs(5),
+            threads: 1,
+            compare_baselines: true,
+        }
+    }
+}
+
+/// Model identity.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// Graph name.
+    pub name: String,
+    /// FNV-1a hash of the training graph's text form.
+    pub hash: String,
+}
+
+/// The mesh as planned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MeshInfo {
+    /// Axis sizes, outermost first.
+    pub shape: Vec<usize>,
+    /// Axis names.
+    pub names: Vec<String>,
+    /// Link of each axis.
+    pub links: Vec<Link>,
+}
+
+/// Planning options as used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptionsInfo {
+    /// Memory budget per rank, bytes.
+    pub budget_bytes: u64,
+    /// Requested strategy.
+    pub strategy: Baseline,
+    /// Solver time limit, seconds.
+    pub time_limit_seconds: f64,
+}
+
+/// Where one parameter (or optimizer state) lives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamShard {
+    /// Initializer or state name.
+    pub name: String,
+    /// Program node id.
+    pub node: usize,
+    /// Global shape.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: String,
+    /// Layout.
+    pub spec: ShardingSpec,
+    /// Shape of each rank's block.
+    pub local_shape: Vec<usize>,
+    /// Offset of each rank's block (index = rank).
+    pub offsets: Vec<Vec<usize>>,
+}
+
+/// One instruction of the SPMD program (every rank runs all of them on its blocks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Instr {
+    /// Run node `node` of `graph` on local blocks.
+    Op {
+        /// Program node id (`%node` in `graph`).
+        node: usize,
+        /// Node name.
+        name: String,
+        /// Op name.
+        op: String,
+        /// Strategy name.
+        strategy: String,
+        /// Values read (`%i`, `%i.s`, or a converted copy `%i@k`).
+        inputs: Vec<String>,
+        /// Their specs.
+        input_specs: Vec<ShardingSpec>,
+        /// Values written.
+        outputs: Vec<String>,
+        /// Their specs.
+        output_specs: Vec<ShardingSpec>,
+        /// Local shape of each output.
+        local_shapes: Vec<Vec<usize>>,
+        /// How the rank computes.
+        local: Local,
+        /// Estimated seconds (compute + the op's own collectives).
+        seconds: f64,
+    },
+    /// A layout conversion step of a value.
+    Collective {
+        /// Value read.
+        input: String,
+        /// Value written (a converted copy).
+        output: String,
+        /// The collective.
+        collective: Collective,
+        /// Spec before.
+        from: ShardingSpec,
+        /// Spec after.
+        to: ShardingSpec,
+        /// Bytes as nccl-tests counts them.
+        bytes: usize,
+        /// Estimated seconds.
+        seconds: f64,
+    },
+    /// Values no longer needed.
+    Free {
+        /// The values.
+        values: Vec<String>,
+    },
+}
+
+/// Cost of one op in the estimate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpCost {
+    /// Node name.
+    pub node: String,
+    /// Op name.
+    pub op: String,
+    /// Strategy name.
+    pub strategy: String,
+    /// Compute seconds.
+    pub compute_seconds: f64,
+    /// Seconds of its own collectives and of converting its inputs.
+    pub comm_seconds: f64,
+}
+
+/// Collectives of one kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveSummary {
+    /// Kind (`all-reduce`, ...).
+    pub kind: String,
+    /// How many.
+    pub count: usize,
+    /// Bytes in total.
+    pub bytes: usize,
+    /// Seconds in total.
+    pub seconds: f64,
+}
+
+/// What the plan is expected to cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Seconds per training step (compute + communication, no overlap assumed).
+    pub step_seconds: f64,
+    /// Compute seconds.
+    pub compute_seconds: f64,
+    /// Communication seconds.
+    pub comm_seconds: f64,
+    /// Peak bytes per rank (liveness).
+    pub peak_bytes_per_rank: u64,
+    /// Bytes per rank resident for the whole step (parameters, optimizer state, constants).
+    pub resident_bytes_per_rank: u64,
+    /// Per op.
+    pub per_op: Vec<OpCost>,
+    /// Per collective kind.
+    pub collectives: Vec<CollectiveSummary>,
+}
+
+/// How the solver did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SolverInfo {
+    /// `Optimal` or `TimeLimit`.
+    pub status: String,
+    /// The solver's objective, seconds.
+    pub objective_seconds: f64,
+    /// Its lower bound, seconds.
+    pub lower_bound_seconds: f64,
+    /// Wall time of all solves, seconds.
+    pub seconds: f64,
+    /// Problem nodes.
+    pub nodes: usize,
+    /// Problem edges.
+    pub edges: usize,
+    /// Strategies kept in the problem (after baseline pinning).
+    pub strategies: usize,
+    /// Which restriction gave the chosen plan (with `auto`, possibly a baseline).
+    pub chosen: Baseline,
+    /// Step seconds of each plan solved (auto and the baselines compared), by name.
+    pub compared: BTreeMap<String, Option<f64>>,
+}
+
+/// A distributed training plan (see the module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Format version ([`VERSION`]).
+    pub version: u32,
+    /// The model.
+    pub model: ModelInfo,
+    /// The mesh.
+    pub mesh: MeshInfo,
+    /// Device profile name.
+    pub device: String,
+    /// Options.
+    pub options: OptionsInfo,
+    /// The training graph in IR text form; node `%i` is program node `i`.
+    pub graph: String,
+    /// Parameter and optimizer-state layouts.
+    pub params: Vec<ParamShard>,
+    /// The SPMD program.
+    pub program: Vec<Instr>,
+    /// Estimates.
+    pub estimate: Estimate,
+    /// Solver report.
+    pub solver: SolverInfo,
+}
+
+fn fnv(s: &str) -> String {
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    format!("{h:016x}")
+}
+
+fn value_id(v: Value) -> String {
+    if v.slot == 0 { format!("%{}", v.node.index()) } else { format!("%{}.{}", v.node.index(), v.slot) }
+}
+
+/// The graph with node `i` at index `i` in topological order (the text form's numbering).
+pub fn canonical(g: &Graph) -> Result<Graph> {
+    let text = g.to_text();
+    let c = Graph::parse(&text).map_err(|e| Error::Graph(format!("re-reading the training graph: {e}")))?;
+    let order = c.topo_order().map_err(|_| Error::Graph("cycle".into()))?;
+    if order.iter().enumerate().any(|(i, n)| n.index() != i) {
+        return Err(Error::Internal("the text form's numbering is not topological".into()));
+    }
+    Ok(c)
+}
+
+struct Solved {
+    solution: Vec<usize>,
+    status: String,
+    bound: u128,
+}
+
+fn solve_one(b: &Built, opts: &PlanOptions, limit: Duration) -> Result<Solved> {
+    let so = solver::SolveOptions { time_limit: limit, threads: opts.threads.max(1), ..Default::default() };
+    let r = solver::solve(&b.problem, &so)?;
+    if r.cost >= FORBIDDEN as u128 {
+        return Err(Error::Internal("the solver's plan breaks a parameter/update tie".into()));
+    }
+    Ok(Solved { solution: r.solution, status: format!("{:?}", r.status), bound: r.lower_bound })
+}
+
+/// Maps a solution of a restricted problem onto the unrestricted one (strategies are subsets).
+fn map_solution(from: &Built, to: &Built, sol: &[usize]) -> Option<Vec<usize>> {
+    sol.iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let want = &from.strategies[i][s];
+            to.strategies[i]
+                .iter()
+                .position(|x| x.inputs == want.inputs && x.outputs == want.outputs && x.local == want.local)
+        })
+        .collect()
+}
+
+fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
+    let resident: u64 = b
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| b.problem.nodes[*i].interval.0 == 0 && b.problem.nodes[*i].interval.1 == b.nodes.len() as u64)
+        .map(|(i, _)| b.problem.nodes[i].usages.iter().copied().min().unwrap_or(0))
+        .sum();
+    let peak = min_peak.min(u64::MAX as u128) as u64;
+    let biggest = b
+        .nodes
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, _)| b.problem.nodes[*i].usages.iter().copied().min().unwrap_or(0))
+        .map(|(i, &n)| (g.node(n).name.clone(), b.problem.nodes[i].usages.iter().copied().min().unwrap_or(0)));
+    let dominant = if resident * 2 >= peak {
+        format!(
+            ", dominated by parameters, optimizer state and constants ({} at their smallest split)",
+            fmt_bytes(resident)
+        )
+    } else {
+        let big = biggest.map(|(n, u)| format!("; the largest is {n} ({})", fmt_bytes(u))).unwrap_or_default();
+        format!(
+            ", dominated by activations ({} beside {} resident){big}",
+            fmt_bytes(peak - resident),
+            fmt_bytes(resident)
+        )
+    };
+    let suggest = peak + peak / 100 + 1;
+    Error::Infeasible {
+        budget: fmt_bytes(budget),
+        min_peak: fmt_bytes(peak),
+        suggest: fmt_bytes(suggest),
+        dominant,
+        min_peak_bytes: peak,
+    }
+}
+
+/// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
+/// the manual baselines), and lowers the best solution.
+pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
+    let t0 = Instant::now();
+    let g = canonical(graph)?;
+    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
+        vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]
+    } else {
+        vec![]
+    };
+    let share = opts.time_limit / (1 + others.len() as u32);
+    let first = match solve_one(&main, opts, share) {
+        Ok(s) => s,
+        Err(Error::Solver(solver::Error::Infeasible { min_peak, .. })) => {
+            return Err(infeasible(&main, &g, opts.budget, min_peak));
+        }
+        Err(e) => return Err(e),
+    };
+    let cost_of = |sol: &[usize]| -> Result<u128> { Ok(main.problem.evaluate(sol)?.cost) };
+    let mut best = (cost_of(&first.solution)?, first.solution.clone(), opts.baseline);
+    let mut compared = BTreeMap::new();
+    compared.insert(opts.baseline.name().to_string(), Some(best.0 as f64 * 1e-12));
+    for b in others {
+        let built = build(&g, mesh, profile, b, Some(opts.budget))?;
+        let r = solve_one(&built, opts, share).ok().and_then(|s| map_solution(&built, &main, &s.solution));
+        let c = match &r {
+            Some(sol) => {
+                let ev = main.problem.evaluate(sol)?;
+                ev.feasible().then_some(ev.cost)
+            }
+            None => None,
+        };
+        compared.insert(b.name().to_string(), c.map(|c| c as f64 * 1e-12));
+        if let (Some(c), Some(sol)) = (c, r)
+            && c < best.0
+        {
+            best = (c, sol, b);
+        }
+    }
+    let ev = main.problem.evaluate(&best.1)?;
+    let solver_info = SolverInfo {
+        status: if best.0 <= first.bound {
+            "Optimal".into()
+        } else if best.2 == opts.baseline {
+            first.status.clone()
+        } else {
+            "TimeLimit".into()
+        },
+        objective_seconds: best.0 as f64 * 1e-12,
+        lower_bound_seconds: first.bound as f64 * 1e-12,
+        seconds: t0.elapsed().as_secs_f64(),
+        nodes: main.problem.nodes.len(),
+        edges: main.problem.edges.len(),
+        strategies: main.problem.total_strategies(),
+        chosen: best.2,
+        compared,
+    };
+    lower(&g, mesh, profile, opts, &main, &best.1, ev.peak_usage as u64, solver_info)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lower(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    opts: &PlanOptions,
+    b: &Built,
+    sol: &[usize],
+    peak: u64,
+    solver_info: SolverInfo,
+) -> Result<Plan> {
+    let pos: HashMap<NodeIndex, usize> = b.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let chosen = |n: NodeIndex| &b.strategies[pos[&n]][sol[pos[&n]]];
+    // Last step at which each value is read.
+    let mut last_use: HashMap<String, usize> = HashMap::new();
+    for (i, &n) in b.nodes.iter().enumerate() {
+        for v in g.node_inputs(n) {
+            last_use.insert(value_id(v), i);
+        }
+    }
+    let keep: HashSet<String> = g
+        .outputs
+        .iter()
+        .map(|(_, v)| value_id(*v))
+        .chain(
+            b.nodes
+                .iter()
+                .filter(|&&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)))
+                .map(|&n| value_id(Value::new(n, 0))),
+        )
+        .collect();
+    let mut program = vec![];
+    let mut per_op = vec![];
+    let mut colls: BTreeMap<String, CollectiveSummary> = BTreeMap::new();
+    let (mut compute, mut comm) = (0.0, 0.0);
+    let mut temp = 0usize;
+    for (i, &n) in b.nodes.iter().enumerate() {
+        let node = g.node(n);
+        let s = chosen(n);
+        let mut inputs = vec![];
+        let mut temps = vec![];
+        let mut conv_seconds = 0.0;
+        for (k, v) in g.node_inputs(n).into_iter().enumerate() {
+            let from = &chosen(v.node).outputs[v.slot];
+            let to = &s.inputs[k];
+            let mut cur = value_id(v);
+            if from != to {
+                let meta = g.meta(v);
+                let path = b.converter.convert(&meta.shape, meta.dtype.size(), from, to)?;
+                for step in &path.steps {
+                    temp += 1;
+                    let out = format!("{}@{temp}", value_id(v));
+                    let e = colls.entry(step.collective.kind().to_string()).or_insert_with(|| CollectiveSummary {
+                        kind: step.collective.kind().to_string(),
+                        count: 0,
+                        bytes: 0,
+                        seconds: 0.0,
+                    });
+                    e.count += 1;
+                    e.bytes += step.bytes;
+                    e.seconds += step.cost;
+                    conv_seconds += step.cost;
+                    let prev_from = program_spec_before(&path.from, &path.steps, step);
+                    program.push(Instr::Collective {
+                        input: cur.clone(),
+                        output: out.clone(),
+                        collective: step.collective.clone(),
+                        from: prev_from,
+                        to: step.after.clone(),
+                        bytes: step.bytes,
+                        seconds: step.cost,
+                    });
+                    if cur.contains('@') {
+                        program.push(Instr::Free { values: vec![cur.clone()] });
+                    }
+                    cur = out;
+                }
+                temps.push(cur.clone());
+            }
+            inputs.push(cur);
+        }
+        for (c, bytes) in &s.collectives {
+            let e = colls.entry(c.kind().to_string()).or_insert_with(|| CollectiveSummary {
+                kind: c.kind().to_string(),
+                count: 0,
+                bytes: 0,
+                seconds: 0.0,
+            });
+            e.count += 1;
+            e.bytes += bytes;
+            e.seconds += c.cost(*bytes, mesh);
+        }
+        compute += s.compute_seconds;
+        comm += s.comm_seconds + conv_seconds;
+        per_op.push(OpCost {
+            node: node.name.clone(),
+            op: node.op.name().to_string(),
+            strategy: s.name.clone(),
+            compute_seconds: s.compute_seconds,
+            comm_seconds: s.comm_seconds + conv_seconds,
+        });
+        let outputs: Vec<String> = (0..node.outputs.len()).map(|k| value_id(Value::new(n, k))).collect();
+        program.push(Instr::Op {
+            node: n.index(),
+            name: node.name.clone(),
+            op: node.op.name().to_string(),
+            strategy: s.name.clone(),
+            inputs: inputs.clone(),
+            input_specs: s.inputs.clone(),
+            outputs,
+            output_specs: s.outputs.clone(),
+            local_shapes: s.outputs.iter().zip(&node.outputs).map(|(sp, m)| sp.local_shape(&m.shape, mesh)).collect(),
+            local: s.local.clone(),
+            seconds: s.seconds(),
+        });
+        let mut free: Vec<String> = temps;
+        for v in g.node_inputs(n) {
+            let id = value_id(v);
+            if last_use.get(&id) == Some(&i) && !keep.contains(&id) && !free.contains(&id) {
+                free.push(id);
+            }
+        }
+        if !free.is_empty() {
+            program.push(Instr::Free { values: free });
+        }
+    }
+    let mut params = vec![];
+    let mut resident = 0u64;
+    for &n in &b.nodes {
+        let node = g.node(n);
+        let name = match &node.op {
+            Op::Param { name } | Op::State { name } => name.clone(),
+            Op::Constant(_) => {
+                resident += chosen(n).memory_bytes;
+                continue;
+            }
+            _ => continue,
+        };
+        let s = chosen(n);
+        resident += s.memory_bytes;
+        let m = &node.outputs[0];
+        params.push(ParamShard {
+            name,
+            node: n.index(),
+            shape: m.shape.clone(),
+            dtype: m.dtype.name().to_string(),
+            spec: s.outputs[0].clone(),
+            local_shape: s.outputs[0].local_shape(&m.shape, mesh),
+            offsets: (0..mesh.size()).map(|r| s.outputs[0].offsets(&m.shape, mesh, r)).collect(),
+        });
+    }
+    let graph_text = g.to_text();
+    Ok(Plan {
+        version: VERSION,
+        model: ModelInfo { name: g.name.clone(), hash: fnv(&graph_text) },
+        mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
+        device: profile.name.clone(),
+        options: OptionsInfo {
+            budget_bytes: opts.budget,
+            strategy: opts.baseline,
+            time_limit_seconds: opts.time_limit.as_secs_f64(),
+        },
+        graph: graph_text,
+        params,
+        program,
+        estimate: Estimate {
+            step_seconds: compute + comm,
+            compute_seconds: compute,
+            comm_seconds: comm,
+            peak_bytes_per_rank: peak,
+            resident_bytes_per_rank: resident,
+            per_op,
+            collectives: colls.into_values().collect(),
+        },
+        solver: solver_info,
+    })
+}
+
+/// The spec before `step` on a conversion path.
+fn program_spec_before(from: &ShardingSpec, steps: &[sharding::Step], step: &sharding::Step) -> ShardingSpec {
+    let i = steps.iter().position(|s| std::ptr::eq(s, step)).unwrap_or(0);
+    if i == 0 { from.clone() } else { steps[i - 1].after.clone() }
+}
+
+impl Plan {
+    /// Pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// Reads and validates a plan (see the module docs).
+    pub fn from_json(text: &str) -> Result<Plan> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::BadPlan(format!("not JSON: {e}")))?;
+        match v.get("version").and_then(|x| x.as_u64()) {
+            Some(x) if x == VERSION as u64 => {}
+            Some(x) => return Err(Error::BadPlan(format!("version {x}; this autopar reads version {VERSION}"))),
+            None => return Err(Error::BadPlan("no `version` field: not an autopar plan".into())),
+        }
+        let p: Plan = serde_json::from_value(v).map_err(|e| Error::BadPlan(e.to_string()))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// The mesh of the plan.
+    pub fn device_mesh(&self) -> Result<DeviceMesh> {
+        Ok(DeviceMesh::new(self.mesh.shape.clone(), self.mesh.names.clone(), self.mesh.links.clone())?)
+    }
+
+    /// Checks the invariants of the module docs.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Error::BadPlan(m);
+        let mesh = self.device_mesh().map_err(|e| bad(e.to_string()))?;
+        let g = Graph::parse(&self.graph).map_err(|e| bad(format!("graph: {e}")))?;
+        ir::verify(&g).map_err(|e| bad(format!("graph: {e}")))?;
+        if fnv(&self.graph) != self.model.hash {
+            return Err(bad("the graph does not match the model hash (edited?)".into()));
+        }
+        let meta_of = |id: &str| -> Option<ir::TensorMeta> {
+            let base = id.split('@').next()?;
+            let base = base.strip_prefix('%')?;
+            let (n, s) = match base.split_once('.') {
+                Some((n, s)) => (n.parse::<usize>().ok()?, s.parse::<usize>().ok()?),
+                None => (base.parse::<usize>().ok()?, 0),
+            };
+            let idx = NodeIndex::new(n);
+            g.g.node_weight(idx)?.outputs.get(s).cloned()
+        };
+        let mut live: HashSet<String> = HashSet::new();
+        for (k, ins) in self.program.iter().enumerate() {
+            let at = |m: String| bad(format!("instruction {k}: {m}"));
+            match ins {
+                Instr::Op { node, inputs, input_specs, outputs, output_specs, .. } => {
+                    let idx = NodeIndex::new(*node);
+                    let n = g.g.node_weight(idx).ok_or_else(|| at(format!("no node %{node}")))?;
+                    if inputs.len() != input_specs.len()
+                        || outputs.len() != output_specs.len()
+                        || outputs.len() != n.outputs.len()
+                    {
+                        return Err(at(format!("node %{node}: inputs/outputs do not match its specs")));
+                    }
+                    for (i, s) in inputs.iter().zip(input_specs) {
+                        if !live.contains(i) {
+                            return Err(at(format!("reads {i} before it is written or after it is freed")));
+                        }
+                        let m = meta_of(i).ok_or_else(|| at(format!("unknown value {i}")))?;
+                        s.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
+                    }
+                    for (o, (s, m)) in outputs.iter().zip(output_specs.iter().zip(&n.outputs)) {
+                        s.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
+                        live.insert(o.clone());
+                    }
+                }
+                Instr::Collective { input, output, from, to, .. } => {
+                    if !live.contains(input) {
+                        return Err(at(format!("converts {input} before it is written or after it is freed")));
+                    }
+                    let m = meta_of(input).ok_or_else(|| at(format!("unknown value {input}")))?;
+                    from.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
+                    to.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
+                    live.insert(output.clone());
+                }
+                Instr::Free { values } => {
+                    for v in values {
+                        if !live.remove(v) {
+                            return Err(at(format!("frees {v}, which is not live")));
+                        }
+                    }
+                }
+            }
+        }
+        for p in &self.params {
+            p.spec.check(&p.shape, &mesh).map_err(|e| bad(format!("parameter {}: {e}", p.name)))?;
+            if p.offsets.len() != mesh.size() {
+                return Err(bad(format!(
+                    "parameter {}: {} offsets for {} ranks",
+                    p.name,
+                    p.offsets.len(),
+                    mesh.size()
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! `autopar autoparallelize` (alias `plan`) and `autopar explain`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use codegen::{Baseline, Plan, PlanOptions};
+use ir::autodiff::{LossSpec, TrainOptions};
+use sharding::{DeviceMesh, DeviceProfile};
+
+use super::common;
+
+/// Arguments of `autopar autoparallelize`.
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Device mesh: `2x4` (axis 0 outermost, across machines) or `data=2,tensor=4`.
+    #[arg(long)]
+    pub mesh: String,
+    /// Memory budget per device, e.g. `16GiB`, `512MiB`, `80GB`.
+    #[arg(long)]
+    pub memory: String,
+    /// Device profile: cpu, a100-80g, h100-sxm, h200, or a JSON file (`autopar profile` writes one).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Measured alpha/beta per mesh axis (JSON `{"axes": [{"alpha": s, "beta": s_per_byte}, ...]}`).
+    #[arg(long, value_name = "FILE")]
+    pub mesh_profile: Option<String>,
+    /// auto (the solver chooses; also compares the manual ones and keeps the best), or a manual
+    /// baseline priced by the same model: dp, megatron, zero.
+    #[arg(long, default_value = "auto")]
+    pub strategy: String,
+    /// The loss (`mse:OUT:TARGET`, `ce:OUT:LABELS`, `ce-next:OUT:IDS`); default: ce-next on the
+    /// first output with an `input_ids` input, else mse on the first output.
+    #[arg(long, value_name = "SPEC")]
+    pub loss: Option<String>,
+    /// Optimizer settings.
+    #[command(flatten)]
+    pub opt: common::OptimizerArgs,
+    /// Bind an input's shape, e.g. `input_ids=8x1024` (the global batch).
+    #[arg(long = "input", value_name = "NAME=DIMS")]
+    pub inputs: Vec<String>,
+    /// Solver time limit in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub time_limit: f64,
+    /// Solver threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Where to write the plan.
+    #[arg(short = 'o', long, default_value = "plan.json")]
+    pub out: PathBuf,
+}
+
+/// Arguments of `autopar explain`.
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// A plan written by `autopar autoparallelize`.
+    pub plan: PathBuf,
+    /// Also write the program as a Graphviz graph, coloured by layout.
+    #[arg(long, value_name = "FILE")]
+    pub dot: Option<PathBuf>,
+    /// Also write a standalone HTML page (summary, parameter layouts, program).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+fn default_loss(g: &ir::Graph) -> Result<LossSpec> {
+    let Some((out, _)) = g.outputs.first() else { bail!("the model has no outputs") };
+    let ids = g.inputs.iter().map(|&n| g.node(n).name.clone()).find(|n| n == "input_ids");
+    Ok(match ids {
+        Some(ids) => LossSpec::NextTokenCe { output: out.clone(), input_ids: ids },
+        None => LossSpec::Mse { output: out.clone(), target: format!("{out}_target") },
+    })
+}
+
+/// Runs `autopar autoparallelize`.
+pub fn run(a: &PlanArgs) -> Result<()> {
+    let budget = codegen::parse_bytes(&a.memory)
+        .with_context(|| format!("--memory {}: expected a size like 16GiB, 512MiB or 80GB", a.memory))?;
+    let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
+    if !(a.time_limit > 0.0 && a.time_limit.is_finite()) {
+        bail!("--time-limit must be a positive number of seconds");
+    }
+    let profile = DeviceProfile::load(&a.device)?;
+    let mut mesh = DeviceMesh::parse(&a.mesh, &profile)?;
+    if let Some(f) = &a.mesh_profile {
+        mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
+    }
+    let opts = common::import_options(&a.inputs, false)?;
+    let forward = common::load_model(&a.model, &opts)?;
+    let loss = match &a.loss {
+        Some(s) => s.parse().map_err(anyhow::Error::msg)?,
+        None => default_loss(&forward)?,
+    };
+    let optimizer = Some(a.opt.optimizer()?);
+    eprintln!("building the training graph ({loss}) ...");
+    let tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: vec![] })?;
+    eprintln!(
+        "planning {} nodes on mesh {mesh} with {} per rank (solver limit {} s) ...",
+        tg.graph.node_count(),
+        codegen::fmt_bytes(budget),
+        a.time_limit
+    );
+    let popts = PlanOptions {
+        budget,
+        baseline,
+        time_limit: Duration::from_secs_f64(a.time_limit),
+        threads: a.threads.max(1),
+        compare_baselines: true,
+    };
+    let plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
+    std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
+    print!("{}", codegen::explain::summary(&plan));
+    println!("wrote     {}", a.out.display());
+    Ok(())
+}
+
+/// Runs `autopar explain`.
+pub fn explain(a: &ExplainArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.plan).with_context(|| format!("reading {}", a.plan.display()))?;
+    let plan = Plan::from_json(&text).with_context(|| a.plan.display().to_string())?;
+    print!("{}", codegen::explain::summary(&plan));
+    if let Some(f) = &a.dot {
+        std::fs::write(f, codegen::explain::dot(&plan)).with_context(|| format!("writing {}", f.display()))?;
+        println!("wrote     {}", f.display());
+    }
+    if let Some(f) = &a.html {
+        std::fs::write(f, codegen::explain::html(&plan)).with_context(|| format!("writing {}", f.display()))?;
+        println!("wrote     {}", f.display());
+    }
+    Ok(())
+}

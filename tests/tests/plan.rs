@@ -1,0 +1,235 @@
+//! Planning (issue 6): `codegen::plan` on the bundled models.
+//!
+//! - Acceptance 1: gpt2-tiny, bert-tiny, mlp and resnet18 on meshes 1x2, 2x2 and 2x4, with a
+//!   generous budget (64 GiB) and a tight one (1.25x the smallest peak any plan reaches, which
+//!   the planner reports when asked for 1 byte): the auto plan is valid (it survives the JSON
+//!   round trip through the validating loader) and fits, and its estimated step time is no more
+//!   than each manual baseline (`dp`, `megatron`, `zero`, planned separately as
+//!   `--strategy NAME` does) that fits the same budget. When the baseline's own solve ended at
+//!   its time limit, "no more" allows the baseline solver's reported gap. The table is printed.
+//! - Acceptance 2: on a tensor-only mesh the MLP's and gpt2-tiny's linear pairs are split column
+//!   then row (Megatron's pattern), pinned by the specs chosen.
+//! - Acceptance 3: a budget below the smallest peak is the "no plan fits" error naming that peak;
+//!   1% above it plans successfully.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use codegen::plan::Instr;
+use codegen::{Baseline, Plan, PlanOptions};
+use ir::Graph;
+use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
+use sharding::{DeviceMesh, DeviceProfile};
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/models").join(name)
+}
+
+fn training(name: &str, loss: &str) -> Result<Graph> {
+    let g = tracer::import_file(&model(name), &tracer::ImportOptions { load_weights: false, ..Default::default() })?;
+    let loss: LossSpec = loss.parse().map_err(anyhow::Error::msg)?;
+    Ok(training_graph(&g, &TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-3)), frozen: vec![] })?.graph)
+}
+
+const MODELS: [(&str, &str); 4] = [
+    ("mlp.onnx", "mse:y:t"),
+    ("gpt2-tiny.onnx", "ce-next:logits:input_ids"),
+    ("bert-tiny.onnx", "mse:last_hidden_state:t"),
+    ("resnet18.onnx", "ce:logits:labels"),
+];
+
+fn opts(budget: u64, baseline: Baseline) -> PlanOptions {
+    PlanOptions { budget, baseline, time_limit: Duration::from_secs(2), threads: 1, compare_baselines: true }
+}
+
+fn min_peak(g: &Graph, mesh: &DeviceMesh, cpu: &DeviceProfile) -> Result<u64> {
+    match codegen::plan(g, mesh, cpu, &opts(1, Baseline::Auto)) {
+        Err(codegen::Error::Infeasible { min_peak_bytes, .. }) => Ok(min_peak_bytes),
+        Err(e) => bail!("expected the infeasible-budget error, got: {e}"),
+        Ok(_) => bail!("a 1-byte budget was accepted"),
+    }
+}
+
+fn round_trip(p: &Plan) -> Result<Plan> {
+    Plan::from_json(&p.to_json()).context("the plan does not pass its own loader")
+}
+
+#[test]
+fn auto_is_never_worse_than_manual_baselines() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mut rows = vec![];
+    for (name, loss) in MODELS {
+        let g = training(name, loss)?;
+        for shape in [[1, 2], [2, 2], [2, 4]] {
+            let mesh = DeviceMesh::with_profile(shape.to_vec(), vec!["data".into(), "tensor".into()], &cpu)?;
+            let tight = min_peak(&g, &mesh, &cpu)? / 4 * 5;
+            for (label, budget) in [("64GiB", 64u64 << 30), ("tight", tight)] {
+                let auto = codegen::plan(&g, &mesh, &cpu, &opts(budget, Baseline::Auto))
+                    .with_context(|| format!("{name} on {mesh}, budget {budget}"))?;
+                let auto = round_trip(&auto)?;
+                ensure!(auto.estimate.peak_bytes_per_rank <= budget, "{name}: auto plan exceeds the budget");
+                let mut row = format!(
+                    "| {name} | {mesh} | {label} ({}) | {:.3} ms ({}) |",
+                    codegen::fmt_bytes(budget),
+                    auto.estimate.step_seconds * 1e3,
+                    auto.solver.chosen.name()
+                );
+                for b in [Baseline::Dp, Baseline::Megatron, Baseline::Zero] {
+                    match codegen::plan(&g, &mesh, &cpu, &PlanOptions { compare_baselines: false, ..opts(budget, b) }) {
+                        Ok(p) => {
+                            let p = round_trip(&p)?;
+                            let base = p.estimate.step_seconds;
+                            let gap = if p.solver.status == "Optimal" {
+                                0.0
+                            } else {
+                                (p.solver.objective_seconds - p.solver.lower_bound_seconds).max(0.0)
+                            };
+                            ensure!(
+                                auto.estimate.step_seconds <= base + gap + 1e-12,
+                                "{name} on {mesh} ({label}): auto {} s > {} {} s",
+                                auto.estimate.step_seconds,
+                                b.name(),
+                                base
+                            );
+                            row += &format!(" {:.3} ms |", base * 1e3);
+                        }
+                        Err(codegen::Error::Infeasible { .. }) => row += " does not fit |",
+                        Err(e) => return Err(e).with_context(|| format!("{name} on {mesh}: {}", b.name())),
+                    }
+                }
+                rows.push(row);
+            }
+        }
+    }
+    println!("| model | mesh | budget | auto (chosen) | dp | megatron | zero |\n|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!("{r}");
+    }
+    println!("{} (model, mesh, budget) combinations planned", rows.len());
+    Ok(())
+}
+
+/// The chosen strategy of the op named `name`.
+fn chosen<'a>(p: &'a Plan, name: &str) -> Result<(&'a str, Vec<String>)> {
+    for i in &p.program {
+        if let Instr::Op { name: n, strategy, input_specs, .. } = i
+            && n == name
+        {
+            return Ok((strategy.as_str(), input_specs.iter().map(|s| s.to_string()).collect()));
+        }
+    }
+    bail!("no op {name} in the plan")
+}
+
+#[test]
+fn megatron_pattern_on_a_tensor_only_mesh() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::parse("tensor=4", &cpu)?;
+    // mlp: replicated parameters and AdamW state take 4 x 1.5 MiB x 3 (fc2) + ...: a budget of
+    // 1.25x the smallest peak rules replication out.
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let budget = min_peak(&g, &mesh, &cpu)? / 4 * 5;
+    let p = codegen::plan(&g, &mesh, &cpu, &opts(budget, Baseline::Auto))?;
+    // fc2 column-parallel (weight [out, in] split on out), then fc3 row-parallel (split on in,
+    // its input split the same way, output partial).
+    assert_eq!(chosen(&p, "/fc2/Gemm")?, ("n@0", vec!["R R".into(), "S0 R".into(), "S0".into()]));
+    assert_eq!(chosen(&p, "/fc3/Gemm")?, ("k@0", vec!["R S0".into(), "R S0".into(), "R | P0".into()]));
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let budget = min_peak(&g, &mesh, &cpu)? / 4 * 5;
+    let p = codegen::plan(&g, &mesh, &cpu, &opts(budget, Baseline::Auto))?;
+    for layer in ["h.0", "h.1"] {
+        for (col, row) in [("attn/c_attn", "attn/c_proj"), ("mlp/c_fc", "mlp/c_proj")] {
+            let c = chosen(&p, &format!("/m/transformer/{layer}/{col}/Gemm"))?;
+            let r = chosen(&p, &format!("/m/transformer/{layer}/{row}/Gemm"))?;
+            assert_eq!(c, ("n@0", vec!["R R".into(), "R S0".into(), "S0".into()]), "{layer} {col}");
+            assert_eq!(r, ("k@0", vec!["R S0".into(), "S0 R".into(), "R | P0".into()]), "{layer} {row}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn too_small_budget_names_the_minimum_and_just_above_it_fits() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::parse("2x2", &cpu)?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let err = codegen::plan(&g, &mesh, &cpu, &opts(1 << 20, Baseline::Auto)).err().context("1 MiB was accepted")?;
+    let msg = err.to_string();
+    ensure!(msg.starts_with("no plan fits 1.00 MiB per rank: the smallest peak any plan reaches is"), "{msg}");
+    ensure!(msg.contains("dominated by") && msg.contains("use --memory"), "{msg}");
+    let min = min_peak(&g, &mesh, &cpu)?;
+    let p = codegen::plan(&g, &mesh, &cpu, &opts(min + min / 100 + 1, Baseline::Auto))?;
+    ensure!(p.estimate.peak_bytes_per_rank <= min + min / 100 + 1);
+    println!("gpt2-tiny on 2x2: smallest peak {min} B; planned at +1% with peak {} B", p.estimate.peak_bytes_per_rank);
+    Ok(())
+}
+
+#[test]
+fn explain_renders_and_the_loader_rejects_corrupt_plans() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::parse("2x2", &cpu)?;
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let p = codegen::plan(&g, &mesh, &cpu, &opts(64 << 30, Baseline::Auto))?;
+    let s = codegen::explain::summary(&p);
+    for k in ["step", "memory", "comms", "solver"] {
+        ensure!(s.lines().any(|l| l.starts_with(k)), "summary has no `{k}` line:\n{s}");
+    }
+    // The HTML page is well formed: every opened element is closed in order.
+    let html = codegen::explain::html(&p);
+    check_html(&html)?;
+    let dot = codegen::explain::dot(&p);
+    ensure!(dot.starts_with("digraph plan {") && dot.trim_end().ends_with('}'));
+    // Corruptions: each is a clear error, never a panic.
+    let json = p.to_json();
+    let cases = [
+        (json.replace("\"version\": 1", "\"version\": 7"), "version 7"),
+        (json.replacen("\"spec\": \"", "\"spec\": \"S9 ", 1), "spec"),
+        (json.replacen("\"kind\": \"free\"", "\"kind\": \"nonsense\"", 1), "unknown variant"),
+        (json[..json.len() / 2].to_string(), "not JSON"),
+        ("{}".to_string(), "no `version`"),
+    ];
+    for (text, phrase) in cases {
+        match Plan::from_json(&text) {
+            Ok(_) => bail!("a corrupt plan ({phrase}) was accepted"),
+            Err(e) => ensure!(e.to_string().contains(phrase), "`{phrase}` not in: {e}"),
+        }
+    }
+    // A program that reads a freed value is rejected.
+    let mut q = p.clone();
+    let first_free = q.program.iter().position(|i| matches!(i, Instr::Free { .. })).context("no free")?;
+    let freed = match &q.program[first_free] {
+        Instr::Free { values } => values[0].clone(),
+        _ => unreachable!(),
+    };
+    q.program.insert(first_free + 1, Instr::Free { values: vec![freed] });
+    ensure!(q.validate().is_err(), "double free accepted");
+    Ok(())
+}
+
+fn check_html(html: &str) -> Result<()> {
+    ensure!(html.starts_with("<!DOCTYPE html>"));
+    let mut stack: Vec<String> = vec![];
+    let mut rest = html;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').context("unclosed tag")?;
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        let name: String = tag.trim_start_matches('/').chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+        if ["meta", "br"].contains(&name.as_str()) {
+            continue;
+        }
+        if tag.starts_with('/') {
+            let open = stack.pop().context("closing tag without opening")?;
+            ensure!(open == name, "<{open}> closed by </{name}>");
+        } else {
+            stack.push(name);
+        }
+    }
+    ensure!(stack.is_empty(), "unclosed elements: {stack:?}");
+    Ok(())
+}
