@@ -679,3 +679,62 @@ fn train_with_f64_accumulation() {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "{f32_losses:?} vs {f64_losses:?}");
     }
 }
+
+/// Issue 6: `autopar autoparallelize` (and its alias `plan`) writes a plan and prints the
+/// one-screen summary; `explain` reads it back and renders DOT and HTML; bad input is one line.
+#[test]
+fn autoparallelize_and_explain() {
+    let dir = tempdir();
+    let plan = dir.path().join("plan.json").display().to_string();
+    let m = model("mlp.onnx");
+    let out = ok(&[
+        "autoparallelize",
+        &m,
+        "--mesh",
+        "2x2",
+        "--memory",
+        "1GiB",
+        "--loss",
+        "mse:y:t",
+        "--time-limit",
+        "2",
+        "-o",
+        &plan,
+    ]);
+    for k in ["step ", "memory ", "comms ", "params ", "solver ", "wrote "] {
+        assert!(out.lines().any(|l| l.starts_with(k)), "no `{k}` line in\n{out}");
+    }
+    let html = dir.path().join("plan.html").display().to_string();
+    let dot = dir.path().join("plan.dot").display().to_string();
+    let out = ok(&["explain", &plan, "--html", &html, "--dot", &dot]);
+    assert!(out.contains("plan      mlp on mesh 2x2"), "{out}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<h2>Program</h2>"));
+    assert!(std::fs::read_to_string(&dot).unwrap().starts_with("digraph plan"));
+    // The alias, a manual baseline.
+    let out = ok(&[
+        "plan",
+        &m,
+        "--mesh",
+        "2x2",
+        "--memory",
+        "1GiB",
+        "--loss",
+        "mse:y:t",
+        "--strategy",
+        "megatron",
+        "-o",
+        &plan,
+    ]);
+    assert!(out.contains("strategy megatron"), "{out}");
+    fails(
+        &["plan", &m, "--mesh", "2x2", "--memory", "1KiB", "--loss", "mse:y:t", "-o", &plan],
+        &["no plan fits 1.00 KiB per rank", "use --memory"],
+    );
+    fails(&["plan", &m, "--mesh", "2x2", "--memory", "lots", "-o", &plan], &["--memory lots"]);
+    fails(
+        &["plan", &m, "--mesh", "2x2", "--memory", "1GiB", "--strategy", "fsdp", "-o", &plan],
+        &["unknown strategy `fsdp`"],
+    );
+    std::fs::write(&plan, "{\"version\": 1}").unwrap();
+    fails(&["explain", &plan], &["invalid plan"]);
+}

@@ -354,7 +354,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
     let mut compared = BTreeMap::new();
     compared.insert(opts.baseline.name().to_string(), Some(best.0 as f64 * 1e-12));
     for b in others {
-        let built = build(&g, mesh, profile, b, Some(opts.budget))?;
+        let built = main.restrict(&g, mesh, b)?;
         let r = solve_one(&built, opts, share).ok().and_then(|s| map_solution(&built, &main, &s.solution));
         let c = match &r {
             Some(sol) => {

@@ -16,6 +16,7 @@
 //! Costs are integers in picoseconds; usages are bytes.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ir::{Graph, NodeIndex, Op, Value};
 use sharding::{DeviceMesh, DeviceProfile, LayoutConverter, Search, ShardingSpec, Strategy};
@@ -80,7 +81,7 @@ pub struct Built {
     /// Strategies of each solver node (same order as the problem's).
     pub strategies: Vec<Vec<Strategy>>,
     /// The layout converter (its cache holds every conversion priced).
-    pub converter: LayoutConverter,
+    pub converter: Arc<LayoutConverter>,
     /// Nodes and strategies before and after nothing (for reports): total strategy count.
     pub total_strategies: usize,
 }
@@ -145,7 +146,8 @@ fn allowed(g: &Graph, n: NodeIndex, s: &Strategy, b: Baseline, mesh: &DeviceMesh
     }
 }
 
-/// Builds the problem (see the module docs). `budget` is bytes per rank.
+/// Builds the problem (see the module docs) with the strategies `baseline` allows. `budget` is
+/// bytes per rank.
 pub fn build(
     g: &Graph,
     mesh: &DeviceMesh,
@@ -153,24 +155,75 @@ pub fn build(
     baseline: Baseline,
     budget: Option<u64>,
 ) -> Result<Built> {
+    let full = build_all(g, mesh, profile, budget)?;
+    if baseline == Baseline::Auto { Ok(full) } else { full.restrict(g, mesh, baseline) }
+}
+
+impl Built {
+    /// The sub-problem with only the strategies `baseline` allows (replication where none is).
+    pub fn restrict(&self, g: &Graph, mesh: &DeviceMesh, baseline: Baseline) -> Result<Built> {
+        let mut keep: Vec<Vec<usize>> = Vec::with_capacity(self.nodes.len());
+        for (i, &n) in self.nodes.iter().enumerate() {
+            let st = &self.strategies[i];
+            let mut k: Vec<usize> = (0..st.len()).filter(|&j| allowed(g, n, &st[j], baseline, mesh)).collect();
+            if k.is_empty() {
+                k = (0..st.len())
+                    .filter(|&j| st[j].inputs.iter().chain(&st[j].outputs).all(|x| x.is_replicated()))
+                    .collect();
+            }
+            if k.is_empty() {
+                return Err(Error::Internal(format!("node {} has no strategy", g.node(n).name)));
+            }
+            keep.push(k);
+        }
+        let nodes = self
+            .problem
+            .nodes
+            .iter()
+            .zip(&keep)
+            .map(|(nd, k)| solver::Node {
+                interval: nd.interval,
+                costs: k.iter().map(|&j| nd.costs[j]).collect(),
+                usages: k.iter().map(|&j| nd.usages[j]).collect(),
+            })
+            .collect();
+        let edges = self
+            .problem
+            .edges
+            .iter()
+            .map(|e| {
+                let (a, b) = e.nodes;
+                let nb = self.strategies[b].len();
+                let costs = keep[a].iter().flat_map(|&i| keep[b].iter().map(move |&j| e.costs[i * nb + j])).collect();
+                solver::Edge { nodes: e.nodes, costs }
+            })
+            .collect();
+        let problem =
+            solver::Problem { name: self.problem.name.clone(), nodes, edges, usage_limit: self.problem.usage_limit };
+        let strategies =
+            keep.iter().zip(&self.strategies).map(|(k, st)| k.iter().map(|&j| st[j].clone()).collect()).collect();
+        Ok(Built {
+            problem,
+            nodes: self.nodes.clone(),
+            strategies,
+            converter: self.converter.clone(),
+            total_strategies: self.total_strategies,
+        })
+    }
+}
+
+/// Builds the unrestricted problem.
+fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Option<u64>) -> Result<Built> {
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
     let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let steps = order.len() as u64;
-    let converter = LayoutConverter::new(mesh.clone(), Search::Auto);
+    let converter = Arc::new(LayoutConverter::new(mesh.clone(), Search::Auto));
     let mut strategies: Vec<Vec<Strategy>> = Vec::with_capacity(order.len());
     let mut total = 0;
     for &n in &order {
         let all = sharding::strategies(g, n, mesh, profile)?;
         total += all.len();
-        let mut kept: Vec<Strategy> = all.iter().filter(|s| allowed(g, n, s, baseline, mesh)).cloned().collect();
-        if kept.is_empty() {
-            // A pinned layout that does not divide: fall back to replication.
-            kept = all.into_iter().filter(|s| s.inputs.iter().chain(&s.outputs).all(|x| x.is_replicated())).collect();
-        }
-        if kept.is_empty() {
-            return Err(Error::Internal(format!("node {} has no strategy", g.node(n).name)));
-        }
-        strategies.push(kept);
+        strategies.push(all);
     }
     // Live intervals.
     let outputs: Vec<NodeIndex> = g.outputs.iter().map(|(_, v)| v.node).collect();
@@ -213,21 +266,34 @@ pub fn build(
             }
         }
     };
+    // Conversions priced so far, keyed by reference (the converter's own cache clones its keys).
+    let mut priced: HashMap<(&[usize], usize, &ShardingSpec, &ShardingSpec), u64> = HashMap::new();
     for (iv, &v) in order.iter().enumerate() {
         for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
             let iu = pos[&val.node];
             let meta = g.meta(*val);
-            let cost = |i: usize, j: usize| -> u64 {
-                let from = &strategies[iu][i].outputs[val.slot];
-                let to = &strategies[iv][j].inputs[slot_in];
-                if from == to {
-                    return 0;
+            // Price each distinct (output spec, input spec) pair once.
+            let (outs, out_idx) = distinct(strategies[iu].iter().map(|s| &s.outputs[val.slot]));
+            let (ins, in_idx) = distinct(strategies[iv].iter().map(|s| &s.inputs[slot_in]));
+            let mut price = vec![0u64; outs.len() * ins.len()];
+            for (a, from) in outs.iter().enumerate() {
+                for (b, to) in ins.iter().enumerate() {
+                    price[a * ins.len() + b] = if from == to {
+                        0
+                    } else {
+                        let key = (meta.shape.as_slice(), meta.dtype.size(), *from, *to);
+                        match priced.get(&key) {
+                            Some(&c) => c,
+                            None => {
+                                let c = to_cost(converter.convert(&meta.shape, meta.dtype.size(), from, to)?.cost);
+                                priced.insert(key, c);
+                                c
+                            }
+                        }
+                    };
                 }
-                match converter.convert(&meta.shape, meta.dtype.size(), from, to) {
-                    Ok(c) => to_cost(c.cost),
-                    Err(_) => FORBIDDEN,
-                }
-            };
+            }
+            let cost = |i: usize, j: usize| -> u64 { price[out_idx[i] * ins.len() + in_idx[j]] };
             add(iu, iv, &cost, &strategies);
         }
     }
@@ -248,4 +314,19 @@ pub fn build(
     };
     problem.validate()?;
     Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
+}
+
+/// The distinct specs of a list, and each element's index among them.
+fn distinct<'a>(specs: impl Iterator<Item = &'a ShardingSpec>) -> (Vec<&'a ShardingSpec>, Vec<usize>) {
+    let mut uniq: Vec<&ShardingSpec> = vec![];
+    let mut seen: HashMap<&ShardingSpec, usize> = HashMap::new();
+    let idx = specs
+        .map(|s| {
+            *seen.entry(s).or_insert_with(|| {
+                uniq.push(s);
+                uniq.len() - 1
+            })
+        })
+        .collect();
+    (uniq, idx)
 }

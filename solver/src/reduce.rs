@@ -215,6 +215,12 @@ pub fn reduce(p: &Problem) -> Reduction {
         }
         let mem = !w.memory_free(i);
         let nb: Vec<usize> = w.nbrs[i].iter().copied().collect();
+        // Each neighbour's costs against each of our strategies, as rows (one map lookup per
+        // neighbour instead of one per entry).
+        let rows: Vec<Vec<Vec<u64>>> = nb
+            .iter()
+            .map(|&j| (0..ki).map(|s| (0..w.k(j)).map(|sj| w.cost(i, s, j, sj)).collect()).collect())
+            .collect();
         let mut dominated = vec![false; ki];
         for s in 0..ki {
             for t in 0..ki {
@@ -228,9 +234,8 @@ pub fn reduce(p: &Problem) -> Reduction {
                 let equal_node = w.costs[i][t] == w.costs[i][s] && (!mem || w.usages[i][t] == w.usages[i][s]);
                 let mut all_le = true;
                 let mut all_eq = equal_node;
-                'nb: for &j in &nb {
-                    for sj in 0..w.k(j) {
-                        let (ct, cs) = (w.cost(i, t, j, sj), w.cost(i, s, j, sj));
+                'nb: for r in &rows {
+                    for (&ct, &cs) in r[t].iter().zip(&r[s]) {
                         if ct > cs {
                             all_le = false;
                             break 'nb;

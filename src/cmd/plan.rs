@@ -1,5 +1,6 @@
 //! `autopar autoparallelize` (alias `plan`) and `autopar explain`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -41,8 +42,8 @@ pub struct PlanArgs {
     /// Bind an input's shape, e.g. `input_ids=8x1024` (the global batch).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
-    /// Solver time limit in seconds.
-    #[arg(long, default_value_t = 5.0)]
+    /// Solver time limit in seconds (shared by the auto plan and the baselines it is compared with).
+    #[arg(long, default_value_t = 2.0)]
     pub time_limit: f64,
     /// Solver threads.
     #[arg(long, default_value_t = 1)]
@@ -94,14 +95,20 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         None => default_loss(&forward)?,
     };
     let optimizer = Some(a.opt.optimizer()?);
-    eprintln!("building the training graph ({loss}) ...");
+    // Progress on a terminal only: scripts and tests see the summary and at most one error line.
+    let progress = std::io::stderr().is_terminal();
+    if progress {
+        eprintln!("building the training graph ({loss}) ...");
+    }
     let tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: vec![] })?;
-    eprintln!(
-        "planning {} nodes on mesh {mesh} with {} per rank (solver limit {} s) ...",
-        tg.graph.node_count(),
-        codegen::fmt_bytes(budget),
-        a.time_limit
-    );
+    if progress {
+        eprintln!(
+            "planning {} nodes on mesh {mesh} with {} per rank (solver limit {} s) ...",
+            tg.graph.node_count(),
+            codegen::fmt_bytes(budget),
+            a.time_limit
+        );
+    }
     let popts = PlanOptions {
         budget,
         baseline,
