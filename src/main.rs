@@ -56,6 +56,11 @@ enum Command {
     /// Summarise a plan; --dot and --html render it.
     #[command(after_help = "Example:\n  autopar explain plan.json --html plan.html --dot plan.dot")]
     Explain(cmd::plan::ExplainArgs),
+    /// Write weight-free ONNX models with the shapes of real architectures, for planning at scale.
+    #[command(
+        after_help = "Example:\n  autopar gen gpt --layers 48 --hidden 4096 --heads 32 --seq 2048 --vocab 50257 --batch 8 -o gpt-48l.onnx"
+    )]
+    Gen(cmd::generate::GenArgs),
 }
 
 fn main() -> ExitCode {
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
         Command::Reshard(a) => cmd::reshard::run(a),
         Command::Autoparallelize(a) => cmd::plan::run(a),
         Command::Explain(a) => cmd::plan::explain(a),
+        Command::Gen(a) => cmd::generate::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

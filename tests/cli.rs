@@ -738,3 +738,28 @@ fn autoparallelize_and_explain() {
     std::fs::write(&plan, "{\"version\": 1}").unwrap();
     fails(&["explain", &plan], &["invalid plan"]);
 }
+
+/// Issue 6: `autopar gen gpt` writes a weight-free GPT that imports with the parameter count it
+/// reports and can be planned; bad sizes are one-line errors.
+#[test]
+fn gen_gpt_then_plan() {
+    let dir = tempdir();
+    let m = dir.path().join("gpt.onnx").display().to_string();
+    let out = ok(&[
+        "gen", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128", "--batch",
+        "4", "-o", &m,
+    ]);
+    assert!(out.contains("GPT with 2 layers"), "{out}");
+    let inspect = ok(&["inspect", &m]);
+    // 128*64 + 32*64 + 2 * (blocks) + final LN + head, as GptConfig::parameters computes.
+    let block = 2 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64);
+    let params = 128 * 64 + 32 * 64 + 2 * block + 2 * 64 + 64 * 128;
+    assert!(inspect.contains(&format!("({params} parameters")), "{inspect}");
+    let plan = dir.path().join("plan.json").display().to_string();
+    let out = ok(&["plan", &m, "--mesh", "2x2", "--memory", "1GiB", "--time-limit", "2", "-o", &plan]);
+    assert!(out.contains("plan      gpt on mesh 2x2"), "{out}");
+    fails(
+        &["gen", "gpt", "--layers", "2", "--hidden", "64", "--heads", "5", "-o", &m],
+        &["--heads 5 does not divide --hidden 64"],
+    );
+}

@@ -88,10 +88,11 @@ pub fn summary(p: &Plan) -> String {
         .collect();
     let _ = writeln!(
         o,
-        "solver    {} in {:.2} s: {} nodes, {} edges, {} strategies; objective {} (bound {}); compared: {}",
+        "solver    {} in {:.2} s: {} nodes ({} tied to a repeated layer), {} edges, {} strategies; objective {} (bound {}); compared: {}",
         p.solver.status,
         p.solver.seconds,
         p.solver.nodes,
+        p.solver.tied,
         p.solver.edges,
         p.solver.strategies,
         ms(p.solver.objective_seconds),

@@ -32,6 +32,10 @@ pub struct PlanOptions {
     /// With `Auto`, also solve the manual baselines and keep the best plan (each is a feasible
     /// plan of the unrestricted problem), so the result is never worse than them.
     pub compare_baselines: bool,
+    /// Tie the strategies of repeated layers (the same op in every transformer block) with
+    /// equality edges. Off by default: on generated GPTs of 12-96 layers it gave slightly worse
+    /// plans in no less time (BENCHMARKS.md); shared decision variables need solver support.
+    pub tie_layers: bool,
 }
 
 impl Default for PlanOptions {
@@ -42,6 +46,7 @@ impl Default for PlanOptions {
             time_limit: Duration::from_secs(5),
             threads: 1,
             compare_baselines: true,
+            tie_layers: false,
         }
     }
 }
@@ -211,6 +216,9 @@ pub struct SolverInfo {
     pub nodes: usize,
     /// Problem edges.
     pub edges: usize,
+    /// Nodes tied to the same node of the previous repeated layer.
+    #[serde(default)]
+    pub tied: usize,
     /// Strategies kept in the problem (after baseline pinning).
     pub strategies: usize,
     /// Which restriction gave the chosen plan (with `auto`, possibly a baseline).
@@ -335,7 +343,7 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     let t0 = Instant::now();
     let g = canonical(graph)?;
-    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget), opts.tie_layers)?;
     let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
         vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]
     } else {
@@ -384,6 +392,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         seconds: t0.elapsed().as_secs_f64(),
         nodes: main.problem.nodes.len(),
         edges: main.problem.edges.len(),
+        tied: main.tied,
         strategies: main.problem.total_strategies(),
         chosen: best.2,
         compared,

@@ -82,8 +82,10 @@ pub struct Built {
     pub strategies: Vec<Vec<Strategy>>,
     /// The layout converter (its cache holds every conversion priced).
     pub converter: Arc<LayoutConverter>,
-    /// Nodes and strategies before and after nothing (for reports): total strategy count.
+    /// Strategies generated before any restriction.
     pub total_strategies: usize,
+    /// Nodes tied to the same node of the previous repeated layer.
+    pub tied: usize,
 }
 
 /// Mesh axes of size > 1.
@@ -154,8 +156,9 @@ pub fn build(
     profile: &DeviceProfile,
     baseline: Baseline,
     budget: Option<u64>,
+    tie_layers: bool,
 ) -> Result<Built> {
-    let full = build_all(g, mesh, profile, budget)?;
+    let full = build_all(g, mesh, profile, budget, tie_layers)?;
     if baseline == Baseline::Auto { Ok(full) } else { full.restrict(g, mesh, baseline) }
 }
 
@@ -208,12 +211,19 @@ impl Built {
             strategies,
             converter: self.converter.clone(),
             total_strategies: self.total_strategies,
+            tied: self.tied,
         })
     }
 }
 
 /// Builds the unrestricted problem.
-fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Option<u64>) -> Result<Built> {
+fn build_all(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    budget: Option<u64>,
+    tie_layers: bool,
+) -> Result<Built> {
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
     let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let steps = order.len() as u64;
@@ -304,6 +314,36 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
         };
         add(ip, iu, &cost, &strategies);
     }
+    // Repeated layers: the same op at the same place of consecutive blocks takes the same
+    // strategy (an equality edge: forbidden off the diagonal).
+    let mut tied = 0;
+    if tie_layers {
+        let mut groups: HashMap<(String, &'static str, String), Vec<usize>> = HashMap::new();
+        for (i, &n) in order.iter().enumerate() {
+            let node = g.node(n);
+            let key = layer_pattern(&node.name);
+            if key != node.name {
+                let metas: Vec<String> = node.outputs.iter().map(|m| m.to_string()).collect();
+                groups.entry((key, node.op.name(), metas.join(","))).or_default().push(i);
+            }
+        }
+        let mut group_list: Vec<Vec<usize>> = groups.into_values().filter(|v| v.len() > 1).collect();
+        group_list.sort();
+        for members in group_list {
+            for w in members.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let same = strategies[a].len() == strategies[b].len()
+                    && strategies[a]
+                        .iter()
+                        .zip(&strategies[b])
+                        .all(|(x, y)| x.inputs == y.inputs && x.outputs == y.outputs && x.local == y.local);
+                if same {
+                    add(a, b, &|i, j| if i == j { 0 } else { FORBIDDEN }, &strategies);
+                    tied += 1;
+                }
+            }
+        }
+    }
     let mut edge_list: Vec<((usize, usize), Vec<u64>)> = edges.into_iter().collect();
     edge_list.sort_by_key(|e| e.0);
     let problem = solver::Problem {
@@ -313,7 +353,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
         usage_limit: budget,
     };
     problem.validate()?;
-    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
+    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total, tied })
 }
 
 /// The distinct specs of a list, and each element's index among them.
@@ -329,4 +369,43 @@ fn distinct<'a>(specs: impl Iterator<Item = &'a ShardingSpec>) -> (Vec<&'a Shard
         })
         .collect();
     (uniq, idx)
+}
+
+/// A node name with its layer indices replaced by `#`: every digit run between a `.` and a `.`,
+/// `/` or the end (`/h.3/attn/MatMul` and `h.3.mlp.c_fc.weight` give `/h.#/attn/MatMul` and
+/// `h.#.mlp.c_fc.weight`), so the same op of every block has the same pattern.
+pub fn layer_pattern(name: &str) -> String {
+    let b = name.as_bytes();
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() && i > 0 && b[i - 1] == b'.' {
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            if j == b.len() || b[j] == b'.' || b[j] == b'/' {
+                out.push('#');
+                i = j;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_patterns() {
+        assert_eq!(layer_pattern("/m/transformer/h.11/attn/MatMul"), "/m/transformer/h.#/attn/MatMul");
+        assert_eq!(layer_pattern("h.3.mlp.c_fc.weight/m"), "h.#.mlp.c_fc.weight/m");
+        assert_eq!(layer_pattern("onnx::MatMul_471"), "onnx::MatMul_471");
+        assert_eq!(layer_pattern("layer.2"), "layer.#");
+        assert_eq!(layer_pattern("v1.5x"), "v1.5x");
+    }
 }

@@ -60,6 +60,8 @@ pub enum SpecialKind {
     MaskedGather,
     /// Softmax / log-softmax over a split axis.
     SplitSoftmax,
+    /// Scatter-add (gather's gradient) into a table split along the gathered axis.
+    MaskedScatter,
 }
 
 /// The sharding rule of one op: logical dims and linear input sets.
@@ -88,6 +90,12 @@ pub enum Local {
     /// local sum of `exp(x - max)`, all-reduce(sum), then the local normalisation.
     SplitSoftmax {
         /// Mesh axes splitting the softmax axis.
+        axes: Vec<usize>,
+    },
+    /// Gather's gradient into a table whose gathered axis is split over `axes`: rank `r` keeps
+    /// rows `[i*len, (i+1)*len)`; indices outside them (and their rows of `dy`) are skipped.
+    MaskedScatter {
+        /// Mesh axes splitting the table's axis.
         axes: Vec<usize>,
     },
 }
@@ -372,6 +380,10 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
             let mut dims = vec![];
             for (d, &size) in shape.iter().enumerate() {
                 if d == *axis {
+                    let mut l = ldim("vocab", size, ni, no);
+                    l.outs[0] = Some(d);
+                    l.special = Some(SpecialKind::MaskedScatter);
+                    dims.push(l);
                     continue;
                 }
                 let mut l = ldim(format!("d{d}"), size, ni, no);
@@ -505,12 +517,8 @@ pub fn local_op(op: &Op, local_ins: &[TensorMeta], local_outs: &[Vec<usize>]) ->
         | Op::ConvWeightGrad { shape, .. }
         | Op::AveragePoolGrad { shape, .. }
         | Op::SliceGrad { shape, .. } => *shape = local_outs[0].clone(),
-        Op::GatherGrad { shape, axis } => {
-            // The table's gathered axis is never split by a `Same` strategy.
-            let mut s = local_outs[0].clone();
-            s[*axis] = shape[*axis];
-            *shape = s;
-        }
+        // With a split gathered axis (`MaskedScatter`) the local table has the local rows.
+        Op::GatherGrad { shape, .. } => *shape = local_outs[0].clone(),
         Op::Split { sizes, axis } => {
             let _ = local_ins;
             *sizes = local_outs.iter().map(|s| s[*axis]).collect();
@@ -638,6 +646,7 @@ fn build(
         // The vocab dim has no output dim, so the output is already partial over `ax`.
         Some((SpecialKind::MaskedGather, ax)) => Local::MaskedGather { axes: ax.clone() },
         Some((SpecialKind::SplitSoftmax, ax)) => Local::SplitSoftmax { axes: ax.clone() },
+        Some((SpecialKind::MaskedScatter, ax)) => Local::MaskedScatter { axes: ax.clone() },
     };
     for (s, m) in inputs.iter().zip(ins).chain(outputs.iter().zip(outs)) {
         s.check(&m.shape, mesh).ok()?;
@@ -737,7 +746,7 @@ fn tags(
                 t.push("vocab-parallel");
             }
         }
-        Op::Softmax { .. } | Op::LogSoftmax { .. } if has("vocab") => t.push("vocab-parallel"),
+        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::GatherGrad { .. } if has("vocab") => t.push("vocab-parallel"),
         Op::SgdUpdate { .. } | Op::AdamWUpdate { .. } | Op::Param { .. } | Op::State { .. } => {
             let data = 0;
             if mesh.shape()[data] > 1

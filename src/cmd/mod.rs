@@ -1,5 +1,6 @@
 //! Subcommands.
 pub mod common;
+pub mod generate;
 pub mod infer;
 pub mod inspect;
 pub mod plan;

@@ -48,6 +48,10 @@ pub struct PlanArgs {
     /// Solver threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Tie repeated layers: the same op of every transformer block gets the same strategy
+    /// (equality edges between consecutive blocks).
+    #[arg(long)]
+    pub tie_layers: bool,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -115,6 +119,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         time_limit: Duration::from_secs_f64(a.time_limit),
         threads: a.threads.max(1),
         compare_baselines: true,
+        tie_layers: a.tie_layers,
     };
     let plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;

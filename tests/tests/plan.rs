@@ -40,7 +40,14 @@ const MODELS: [(&str, &str); 4] = [
 ];
 
 fn opts(budget: u64, baseline: Baseline) -> PlanOptions {
-    PlanOptions { budget, baseline, time_limit: Duration::from_secs(2), threads: 1, compare_baselines: true }
+    PlanOptions {
+        budget,
+        baseline,
+        time_limit: Duration::from_secs(2),
+        threads: 1,
+        compare_baselines: true,
+        tie_layers: false,
+    }
 }
 
 fn min_peak(g: &Graph, mesh: &DeviceMesh, cpu: &DeviceProfile) -> Result<u64> {
@@ -231,5 +238,30 @@ fn check_html(html: &str) -> Result<()> {
         }
     }
     ensure!(stack.is_empty(), "unclosed elements: {stack:?}");
+    Ok(())
+}
+
+/// With `tie_layers`, the same op of both gpt2-tiny blocks gets the same strategy.
+#[test]
+fn tied_layers_choose_the_same_strategies() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::parse("2x2", &cpu)?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let p = codegen::plan(&g, &mesh, &cpu, &PlanOptions { tie_layers: true, ..opts(64 << 30, Baseline::Auto) })?;
+    ensure!(p.solver.tied > 50, "only {} nodes tied", p.solver.tied);
+    let mut pairs = 0;
+    for i in &p.program {
+        if let Instr::Op { name, strategy, .. } = i
+            && name.contains("/h.0/")
+            && !name.starts_with("grad")
+        {
+            let other = name.replace("/h.0/", "/h.1/");
+            if let Ok((s1, _)) = chosen(&p, &other) {
+                ensure!(s1 == strategy, "{name}: {strategy} but {other}: {s1}");
+                pairs += 1;
+            }
+        }
+    }
+    ensure!(pairs > 20, "only {pairs} layer pairs compared");
     Ok(())
 }

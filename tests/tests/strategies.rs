@@ -290,6 +290,35 @@ fn run_local(
                 })
                 .collect()
         }
+        Local::MaskedScatter { axes } => {
+            let Op::GatherGrad { axis, shape } = o else { bail!("masked scatter on {}", o.name()) };
+            let rows = local_outs[0][*axis];
+            let total = shape[*axis] as i64;
+            let lop = local_op(o, &local_ins, &local_outs);
+            (0..mesh.size())
+                .map(|r| {
+                    let off = (mesh.index_in_group(r, axes) * rows) as i64;
+                    let idx = blocks[0][r].to_i64_vec();
+                    let norm: Vec<i64> = idx.iter().map(|&i| if i < 0 { i + total } else { i }).collect();
+                    let inside: Vec<bool> = norm.iter().map(|&i| i >= off && i < off + rows as i64).collect();
+                    let local_idx: Vec<i64> =
+                        norm.iter().zip(&inside).map(|(&i, &ok)| if ok { i - off } else { 0 }).collect();
+                    let li = Tensor::i64(blocks[0][r].shape().to_vec(), local_idx);
+                    // dy [pre, idx..., post]: zero the rows of skipped indices.
+                    let dy = &blocks[1][r];
+                    let pre: usize = shape[..*axis].iter().product();
+                    let inner: usize = dy.numel() / pre.max(1) / inside.len().max(1);
+                    let v: Vec<f32> = dy
+                        .to_f32_vec()
+                        .into_iter()
+                        .enumerate()
+                        .map(|(e, x)| if inside[(e / inner) % inside.len()] { x } else { 0.0 })
+                        .collect();
+                    let dy = Tensor::f32(dy.shape().to_vec(), v);
+                    Ok(eval(ctx, &lop, &[&li, &dy])?)
+                })
+                .collect()
+        }
         Local::SplitSoftmax { axes } => {
             let (axis, log) = match o {
                 Op::Softmax { axis } => (*axis, false),

@@ -17,6 +17,7 @@
 //! An ONNX op outside [`SUPPORTED_OPS`] is an error naming the node and its op type.
 #![warn(missing_docs)]
 
+pub mod generate;
 mod import;
 mod proto;
 
