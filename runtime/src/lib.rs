@@ -9,10 +9,14 @@
 //! parameters, and the new values of [`ir::Graph::updates`] come back in [`RunReport::updates`];
 //! [`train::Trainer`] keeps them between steps.
 //!
+//! [`comm`] has the [`comm::Communicator`] trait for multi-rank execution and its `threads` back
+//! end (ranks as threads, deterministic reductions, abort and timeout instead of hangs).
+//!
 //! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
 //! error (weight-free models can be planned, not run, until they are initialised).
 #![warn(missing_docs)]
 
+pub mod comm;
 pub mod npy;
 pub mod train;
 

@@ -1,0 +1,281 @@
+//! Communication between ranks: the [`Communicator`] trait and its `threads` back end.
+//!
+//! A collective runs over a *group* of ranks (the ranks that differ only along some mesh axes,
+//! ordered as [`sharding::DeviceMesh::group_of`] orders them). Every member calls the same
+//! collectives on the same group in the same order (SPMD), so the n-th call on a group of one
+//! rank meets the n-th call of the others.
+//!
+//! Results are deterministic: reductions add the members' blocks in group order on every member,
+//! so replicas stay bitwise identical and runs are reproducible.
+//!
+//! Faults: a rank that fails calls [`Communicator::abort`] with its cause; every rank waiting in
+//! (or later entering) a collective gets [`CommError::Aborted`] naming that rank and cause, and a
+//! wait longer than the world's timeout is [`CommError::Timeout`]. Nothing hangs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use ir::Tensor;
+use sharding::{Collective, DeviceMesh, ReduceKind, sim};
+
+/// Why a collective failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CommError {
+    /// Another rank (or this one) aborted the run.
+    #[error("rank {rank} failed: {cause}")]
+    Aborted {
+        /// The rank that failed first.
+        rank: usize,
+        /// Its message.
+        cause: String,
+    },
+    /// Some member did not arrive in time.
+    #[error("rank {rank}: collective on ranks {group:?} timed out after {seconds:.1} s (a rank stopped or diverged)")]
+    Timeout {
+        /// The waiting rank.
+        rank: usize,
+        /// The group.
+        group: Vec<usize>,
+        /// The timeout.
+        seconds: f64,
+    },
+    /// Blocks that do not fit the collective (a bug in the plan or the caller).
+    #[error("rank {rank}: bad collective input: {why}")]
+    Bad {
+        /// The rank.
+        rank: usize,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Collectives over groups of ranks.
+pub trait Communicator: Send {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// Every member gets the group's blocks, in group order (this rank's included).
+    fn exchange(&mut self, group: &[usize], block: &Tensor) -> Result<Vec<Tensor>, CommError>;
+    /// Stops every rank: their pending and future collectives fail with this rank and cause.
+    fn abort(&self, cause: &str);
+
+    /// Runs one collective of a plan on this rank's block.
+    fn run(&mut self, c: &Collective, mesh: &DeviceMesh, block: &Tensor) -> Result<Tensor, CommError> {
+        let rank = self.rank();
+        let bad = |why: String| CommError::Bad { rank, why };
+        let group = mesh.group_of(rank, c.axes());
+        let i = mesh.index_in_group(rank, c.axes());
+        let n = group.len();
+        if n == 1 {
+            return Ok(block.clone());
+        }
+        let local = |r: sharding::Result<Tensor>| r.map_err(|e| bad(e.to_string()));
+        match c {
+            Collective::Slice { dim, .. } => Ok(sim::split(block, *dim, n).swap_remove(i)),
+            Collective::MakePartial { .. } => Ok(if i == 0 { block.clone() } else { Tensor::zeros(&block.meta()) }),
+            _ => {
+                let all = self.exchange(&group, block)?;
+                match c {
+                    Collective::AllGather { dim, .. } => local(sim::concat(&all, *dim)),
+                    Collective::AllReduce { op, .. } => local(reduce(&all, *op)),
+                    Collective::ReduceScatter { dim, .. } => {
+                        let sum = local(reduce(&all, ReduceKind::Sum))?;
+                        Ok(sim::split(&sum, *dim, n).swap_remove(i))
+                    }
+                    Collective::AllToAll { split_dim, concat_dim, .. } => {
+                        let pieces: Vec<Tensor> =
+                            all.iter().map(|t| sim::split(t, *split_dim, n).swap_remove(i)).collect();
+                        local(sim::concat(&pieces, *concat_dim))
+                    }
+                    Collective::Broadcast { .. } => Ok(all[0].clone()),
+                    Collective::Slice { .. } | Collective::MakePartial { .. } => Err(bad("unreachable".into())),
+                }
+            }
+        }
+    }
+}
+
+fn reduce(all: &[Tensor], op: ReduceKind) -> sharding::Result<Tensor> {
+    // `sim::apply` on one group reduces in group order; reuse it on a one-axis mesh of n ranks.
+    let mesh = DeviceMesh::uniform(&[all.len()])?;
+    let c = Collective::AllReduce { axes: vec![0], op };
+    Ok(sim::apply(&c, all, &mesh)?.swap_remove(0))
+}
+
+#[derive(Default)]
+struct Slot {
+    blocks: Vec<Option<Tensor>>,
+    read: usize,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<(Vec<usize>, u64), Slot>,
+    aborted: Option<(usize, String)>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cv: Condvar,
+    timeout: Duration,
+}
+
+/// The `threads` back end: ranks are threads of one process exchanging blocks through shared
+/// memory. [`ThreadWorld::new`] makes one communicator per rank; move each into its thread.
+pub struct ThreadComm {
+    rank: usize,
+    size: usize,
+    shared: Arc<Shared>,
+    seq: HashMap<Vec<usize>, u64>,
+}
+
+/// Constructor of a `threads` world.
+pub struct ThreadWorld;
+
+impl ThreadWorld {
+    /// Communicators for `n` ranks; a collective waiting longer than `timeout` fails.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(n: usize, timeout: Duration) -> Vec<ThreadComm> {
+        let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new(), timeout });
+        (0..n).map(|rank| ThreadComm { rank, size: n, shared: shared.clone(), seq: HashMap::new() }).collect()
+    }
+}
+
+impl Communicator for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn exchange(&mut self, group: &[usize], block: &Tensor) -> Result<Vec<Tensor>, CommError> {
+        let me = group
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| CommError::Bad { rank: self.rank, why: format!("not a member of group {group:?}") })?;
+        let seq = self.seq.entry(group.to_vec()).or_insert(0);
+        let key = (group.to_vec(), *seq);
+        *seq += 1;
+        let deadline = Instant::now() + self.shared.timeout;
+        let poisoned = |rank| CommError::Aborted { rank, cause: "a rank panicked while exchanging".into() };
+        let mut st = self.shared.state.lock().map_err(|_| poisoned(self.rank))?;
+        if let Some((rank, cause)) = &st.aborted {
+            return Err(CommError::Aborted { rank: *rank, cause: cause.clone() });
+        }
+        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot { blocks: vec![None; group.len()], read: 0 });
+        slot.blocks[me] = Some(block.clone());
+        self.shared.cv.notify_all();
+        loop {
+            if let Some((rank, cause)) = &st.aborted {
+                return Err(CommError::Aborted { rank: *rank, cause: cause.clone() });
+            }
+            let slot =
+                st.slots.get_mut(&key).ok_or_else(|| CommError::Bad { rank: self.rank, why: "lost slot".into() })?;
+            if slot.blocks.iter().all(|b| b.is_some()) {
+                let all: Vec<Tensor> =
+                    slot.blocks.iter().map(|b| b.clone().unwrap_or_else(|| Tensor::scalar_f32(0.0))).collect();
+                slot.read += 1;
+                if slot.read == group.len() {
+                    st.slots.remove(&key);
+                }
+                return Ok(all);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank: self.rank,
+                    group: group.to_vec(),
+                    seconds: self.shared.timeout.as_secs_f64(),
+                });
+            }
+            st = self.shared.cv.wait_timeout(st, deadline - now).map_err(|_| poisoned(self.rank))?.0;
+        }
+    }
+
+    fn abort(&self, cause: &str) {
+        if let Ok(mut st) = self.shared.state.lock()
+            && st.aborted.is_none()
+        {
+            st.aborted = Some((self.rank, cause.to_string()));
+        }
+        self.shared.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sharding::ShardingSpec;
+
+    fn iota(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::f32(shape.to_vec(), (0..n).map(|i| (i % 13) as f32 - 6.0).collect())
+    }
+
+    /// Every collective on threads equals the reference simulation, on a 2x4 mesh.
+    #[test]
+    fn threads_match_the_simulation() {
+        let mesh = DeviceMesh::uniform(&[2, 4]).unwrap();
+        let t = iota(&[8, 16, 4]);
+        let cases: Vec<(&str, Collective)> = vec![
+            ("S01 R R", Collective::AllGather { axes: vec![1], dim: 0 }),
+            ("R R R | P1", Collective::AllReduce { axes: vec![1], op: ReduceKind::Sum }),
+            ("R R R | P01", Collective::AllReduce { axes: vec![0, 1], op: ReduceKind::Sum }),
+            ("R R R | P0", Collective::ReduceScatter { axes: vec![0], dim: 1 }),
+            ("S01 R R", Collective::AllToAll { axes: vec![0, 1], split_dim: 1, concat_dim: 0 }),
+            ("R S1 R", Collective::Slice { axes: vec![0], dim: 2 }),
+            ("R R R", Collective::MakePartial { axes: vec![1] }),
+            ("R S1 R", Collective::Broadcast { axes: vec![0] }),
+        ];
+        for (spec, c) in cases {
+            let spec: ShardingSpec = spec.parse().unwrap();
+            let blocks = sim::distribute(&t, &spec, &mesh).unwrap();
+            let want = sim::apply(&c, &blocks, &mesh).unwrap();
+            let comms = ThreadWorld::new(mesh.size(), Duration::from_secs(10));
+            let got: Vec<Tensor> = std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .zip(&blocks)
+                    .map(|(mut comm, b)| {
+                        let (c, mesh) = (&c, &mesh);
+                        s.spawn(move || comm.run(c, mesh, b).unwrap())
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(got, want, "{c}");
+        }
+    }
+
+    /// A rank that aborts makes the others' collectives fail with its rank and cause, promptly.
+    #[test]
+    fn abort_reaches_every_rank() {
+        let comms = ThreadWorld::new(4, Duration::from_secs(30));
+        let t0 = Instant::now();
+        let errs: Vec<CommError> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|mut comm| {
+                    s.spawn(move || {
+                        if comm.rank() == 2 {
+                            comm.abort("injected fault");
+                            return CommError::Aborted { rank: 2, cause: "injected fault".into() };
+                        }
+                        comm.exchange(&[0, 1, 2, 3], &Tensor::scalar_f32(1.0)).unwrap_err()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for e in errs {
+            assert_eq!(e, CommError::Aborted { rank: 2, cause: "injected fault".into() });
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let mut lone = ThreadWorld::new(2, Duration::from_millis(50)).swap_remove(0);
+        assert!(matches!(lone.exchange(&[0, 1], &Tensor::scalar_f32(1.0)), Err(CommError::Timeout { .. })));
+    }
+}
