@@ -53,6 +53,11 @@ enum Command {
         after_help = "Examples:\n  autopar autoparallelize gpt2.onnx --mesh 2x4 --memory 16GiB -o plan.json\n  autopar plan mlp.onnx --mesh 1x2 --memory 64MiB --loss mse:y:t --strategy megatron\n  (--strategy dp|megatron|zero prices a manual baseline with the same cost model)"
     )]
     Autoparallelize(cmd::plan::PlanArgs),
+    /// Execute a plan's training steps on N ranks (threads, MPI or NCCL); prints each step's loss.
+    #[command(
+        after_help = "Examples:\n  autopar run plan.json --feed input_ids=ids.npy --steps 20\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 100 --checkpoint ckpt/ --checkpoint-every 10\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 200 --checkpoint ckpt/ --resume\n  (parameters are read block by block from the plan's ONNX file; --json streams {\"step\",\"loss\",...})"
+    )]
+    Run(cmd::run::RunArgs),
     /// Summarise a plan; --dot and --html render it.
     #[command(after_help = "Example:\n  autopar explain plan.json --html plan.html --dot plan.dot")]
     Explain(cmd::plan::ExplainArgs),
@@ -96,6 +101,7 @@ fn main() -> ExitCode {
         Command::Reshard(a) => cmd::reshard::run(a),
         Command::Autoparallelize(a) => cmd::plan::run(a),
         Command::Explain(a) => cmd::plan::explain(a),
+        Command::Run(a) => cmd::run::run(a),
         Command::Gen(a) => cmd::generate::run(a),
     };
     match res {

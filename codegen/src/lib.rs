@@ -14,6 +14,7 @@
 
 mod error;
 pub mod explain;
+pub mod memory;
 pub mod plan;
 pub mod problem;
 

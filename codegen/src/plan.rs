@@ -16,7 +16,7 @@ use crate::problem::{Baseline, Built, FORBIDDEN, build};
 use crate::{Error, Result, fmt_bytes};
 
 /// The plan format's version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Options of [`plan`].
 #[derive(Clone, Debug)]
@@ -58,6 +58,10 @@ pub struct ModelInfo {
     pub name: String,
     /// FNV-1a hash of the training graph's text form.
     pub hash: String,
+    /// The ONNX file the plan was made from, as given on the command line (where `autopar run`
+    /// reads each rank's parameter blocks); `None` when planned from a graph in memory.
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 /// The mesh as planned.
@@ -191,8 +195,13 @@ pub struct Estimate {
     pub compute_seconds: f64,
     /// Communication seconds.
     pub comm_seconds: f64,
-    /// Peak bytes per rank (liveness).
+    /// Peak bytes per rank: the liveness walk of the program ([`crate::memory::simulate`]),
+    /// which is what the runtime holds (conversion copies included).
     pub peak_bytes_per_rank: u64,
+    /// The peak in the solver's model (values live from producer to last reader; conversion
+    /// copies not counted).
+    #[serde(default)]
+    pub solver_peak_bytes_per_rank: u64,
     /// Bytes per rank resident for the whole step (parameters, optimizer state, constants).
     pub resident_bytes_per_rank: u64,
     /// Per op.
@@ -420,14 +429,24 @@ fn lower(
             last_use.insert(value_id(v), i);
         }
     }
+    // Kept to the end of the step: outputs, updated values, constants, and parameters nobody
+    // updates (frozen).
+    // An updated parameter or state gives its storage up after its last read: its new value
+    // (kept, as nothing reads it) becomes the storage for the next step.
+    let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
     let keep: HashSet<String> = g
         .outputs
         .iter()
         .map(|(_, v)| value_id(*v))
+        .chain(g.updates.iter().map(|(_, v)| value_id(*v)))
         .chain(
             b.nodes
                 .iter()
-                .filter(|&&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)))
+                .filter(|&&n| match g.node(n).op {
+                    Op::Param { .. } | Op::State { .. } => !updated.contains(&n),
+                    Op::Constant(_) => true,
+                    _ => false,
+                })
                 .map(|&n| value_id(Value::new(n, 0))),
         )
         .collect();
@@ -551,10 +570,11 @@ fn lower(
             offsets: (0..mesh.size()).map(|r| s.outputs[0].offsets(&m.shape, mesh, r)).collect(),
         });
     }
+    let memory = crate::memory::simulate(g, mesh, &program)?;
     let graph_text = g.to_text();
     Ok(Plan {
         version: VERSION,
-        model: ModelInfo { name: g.name.clone(), hash: fnv(&graph_text) },
+        model: ModelInfo { name: g.name.clone(), hash: fnv(&graph_text), source: None },
         mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
         device: profile.name.clone(),
         options: OptionsInfo {
@@ -569,7 +589,8 @@ fn lower(
             step_seconds: compute + comm,
             compute_seconds: compute,
             comm_seconds: comm,
-            peak_bytes_per_rank: peak,
+            peak_bytes_per_rank: memory.peak,
+            solver_peak_bytes_per_rank: peak,
             resident_bytes_per_rank: resident,
             per_op,
             collectives: colls.into_values().collect(),

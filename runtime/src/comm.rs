@@ -13,6 +13,7 @@
 //! wait longer than the world's timeout is [`CommError::Timeout`]. Nothing hangs.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,11 +58,17 @@ pub trait Communicator: Send {
     /// Number of ranks.
     fn size(&self) -> usize;
     /// Every member gets the group's blocks, in group order (this rank's included).
-    fn exchange(&mut self, group: &[usize], block: &Tensor) -> Result<Vec<Tensor>, CommError>;
+    fn exchange(&mut self, group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError>;
     /// Stops every rank: their pending and future collectives fail with this rank and cause.
     fn abort(&self, cause: &str);
+    /// Fails when some rank has aborted (cheap; called between instructions so a failure stops
+    /// every rank promptly, not only at its next collective).
+    fn check(&self) -> Result<(), CommError> {
+        Ok(())
+    }
 
-    /// Runs one collective of a plan on this rank's block.
+    /// Runs one collective of a plan on this rank's block. Reductions add the members' blocks
+    /// in group order, exactly as [`sharding::sim::apply`] does.
     fn run(&mut self, c: &Collective, mesh: &DeviceMesh, block: &Tensor) -> Result<Tensor, CommError> {
         let rank = self.rank();
         let bad = |why: String| CommError::Bad { rank, why };
@@ -73,23 +80,24 @@ pub trait Communicator: Send {
         }
         let local = |r: sharding::Result<Tensor>| r.map_err(|e| bad(e.to_string()));
         match c {
-            Collective::Slice { dim, .. } => Ok(sim::split(block, *dim, n).swap_remove(i)),
+            Collective::Slice { dim, .. } => Ok(piece(block, *dim, n, i)),
             Collective::MakePartial { .. } => Ok(if i == 0 { block.clone() } else { Tensor::zeros(&block.meta()) }),
             _ => {
-                let all = self.exchange(&group, block)?;
+                let all = self.exchange(&group, Arc::new(block.clone()))?;
                 match c {
-                    Collective::AllGather { dim, .. } => local(sim::concat(&all, *dim)),
-                    Collective::AllReduce { op, .. } => local(reduce(&all, *op)),
+                    Collective::AllGather { dim, .. } => {
+                        local(sim::concat(&all.iter().map(|t| (**t).clone()).collect::<Vec<_>>(), *dim))
+                    }
+                    Collective::AllReduce { op, .. } => reduce(all.iter().map(|t| &**t), *op).map_err(bad),
                     Collective::ReduceScatter { dim, .. } => {
-                        let sum = local(reduce(&all, ReduceKind::Sum))?;
-                        Ok(sim::split(&sum, *dim, n).swap_remove(i))
+                        let pieces: Vec<Tensor> = all.iter().map(|t| piece(t, *dim, n, i)).collect();
+                        reduce(pieces.iter(), ReduceKind::Sum).map_err(bad)
                     }
                     Collective::AllToAll { split_dim, concat_dim, .. } => {
-                        let pieces: Vec<Tensor> =
-                            all.iter().map(|t| sim::split(t, *split_dim, n).swap_remove(i)).collect();
+                        let pieces: Vec<Tensor> = all.iter().map(|t| piece(t, *split_dim, n, i)).collect();
                         local(sim::concat(&pieces, *concat_dim))
                     }
-                    Collective::Broadcast { .. } => Ok(all[0].clone()),
+                    Collective::Broadcast { .. } => Ok((*all[0]).clone()),
                     Collective::Slice { .. } | Collective::MakePartial { .. } => Err(bad("unreachable".into())),
                 }
             }
@@ -97,17 +105,45 @@ pub trait Communicator: Send {
     }
 }
 
-fn reduce(all: &[Tensor], op: ReduceKind) -> sharding::Result<Tensor> {
-    // `sim::apply` on one group reduces in group order; reuse it on a one-axis mesh of n ranks.
-    let mesh = DeviceMesh::uniform(&[all.len()])?;
-    let c = Collective::AllReduce { axes: vec![0], op };
-    Ok(sim::apply(&c, all, &mesh)?.swap_remove(0))
+/// Piece `i` of `n` equal pieces of `t` along `dim`.
+fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Tensor {
+    let mut size = t.shape().to_vec();
+    size[dim] /= n;
+    let mut off = vec![0; size.len()];
+    off[dim] = i * size[dim];
+    sim::block(t, &off, &size)
+}
+
+/// Elementwise reduction of same-shaped blocks, in the order given.
+fn reduce<'a>(mut blocks: impl Iterator<Item = &'a Tensor>, op: ReduceKind) -> Result<Tensor, String> {
+    use ir::Data;
+    let first = blocks.next().ok_or("reducing no blocks")?;
+    let mut acc = first.clone().into_data();
+    for b in blocks {
+        if b.shape() != first.shape() {
+            return Err(format!("reducing blocks of shapes {:?} and {:?}", first.shape(), b.shape()));
+        }
+        match (&mut acc, b.data(), op) {
+            (Data::F32(a), Data::F32(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
+            (Data::F32(a), Data::F32(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
+            (Data::I64(a), Data::I64(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
+            (Data::I64(a), Data::I64(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = (*a).max(*x)),
+            (Data::Bool(a), Data::Bool(x), _) => a.iter_mut().zip(x).for_each(|(a, x)| *a |= x),
+            (a, x, _) => return Err(format!("reducing {:?} with {:?}", a.dtype(), x.dtype())),
+        }
+    }
+    Tensor::new(first.shape().to_vec(), acc).map_err(|e| e.to_string())
 }
 
 #[derive(Default)]
 struct Slot {
-    blocks: Vec<Option<Tensor>>,
+    blocks: Vec<Option<Arc<Tensor>>>,
+    /// Members that have put their block.
+    filled: usize,
+    /// Members that have taken the result.
     read: usize,
+    /// Signalled when the last member arrives (or on abort): only this collective's members wake.
+    cv: Arc<Condvar>,
 }
 
 #[derive(Default)]
@@ -118,7 +154,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    cv: Condvar,
+    /// Set once `state.aborted` is.
+    aborted: AtomicBool,
     timeout: Duration,
 }
 
@@ -138,7 +175,7 @@ impl ThreadWorld {
     /// Communicators for `n` ranks; a collective waiting longer than `timeout` fails.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(n: usize, timeout: Duration) -> Vec<ThreadComm> {
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new(), timeout });
+        let shared = Arc::new(Shared { state: Mutex::new(State::default()), aborted: AtomicBool::new(false), timeout });
         (0..n).map(|rank| ThreadComm { rank, size: n, shared: shared.clone(), seq: HashMap::new() }).collect()
     }
 }
@@ -152,7 +189,7 @@ impl Communicator for ThreadComm {
         self.size
     }
 
-    fn exchange(&mut self, group: &[usize], block: &Tensor) -> Result<Vec<Tensor>, CommError> {
+    fn exchange(&mut self, group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError> {
         let me = group
             .iter()
             .position(|&r| r == self.rank)
@@ -166,18 +203,27 @@ impl Communicator for ThreadComm {
         if let Some((rank, cause)) = &st.aborted {
             return Err(CommError::Aborted { rank: *rank, cause: cause.clone() });
         }
-        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot { blocks: vec![None; group.len()], read: 0 });
-        slot.blocks[me] = Some(block.clone());
-        self.shared.cv.notify_all();
+        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
+            blocks: vec![None; group.len()],
+            filled: 0,
+            read: 0,
+            cv: Arc::new(Condvar::new()),
+        });
+        if slot.blocks[me].replace(block).is_none() {
+            slot.filled += 1;
+        }
+        let cv = slot.cv.clone();
+        if slot.filled == group.len() {
+            cv.notify_all();
+        }
         loop {
             if let Some((rank, cause)) = &st.aborted {
                 return Err(CommError::Aborted { rank: *rank, cause: cause.clone() });
             }
             let slot =
                 st.slots.get_mut(&key).ok_or_else(|| CommError::Bad { rank: self.rank, why: "lost slot".into() })?;
-            if slot.blocks.iter().all(|b| b.is_some()) {
-                let all: Vec<Tensor> =
-                    slot.blocks.iter().map(|b| b.clone().unwrap_or_else(|| Tensor::scalar_f32(0.0))).collect();
+            if slot.filled == group.len() {
+                let all: Vec<Arc<Tensor>> = slot.blocks.iter().flatten().cloned().collect();
                 slot.read += 1;
                 if slot.read == group.len() {
                     st.slots.remove(&key);
@@ -192,7 +238,7 @@ impl Communicator for ThreadComm {
                     seconds: self.shared.timeout.as_secs_f64(),
                 });
             }
-            st = self.shared.cv.wait_timeout(st, deadline - now).map_err(|_| poisoned(self.rank))?.0;
+            st = cv.wait_timeout(st, deadline - now).map_err(|_| poisoned(self.rank))?.0;
         }
     }
 
@@ -202,7 +248,27 @@ impl Communicator for ThreadComm {
         {
             st.aborted = Some((self.rank, cause.to_string()));
         }
-        self.shared.cv.notify_all();
+        self.shared.aborted.store(true, Ordering::SeqCst);
+        if let Ok(st) = self.shared.state.lock() {
+            for slot in st.slots.values() {
+                slot.cv.notify_all();
+            }
+        }
+    }
+
+    fn check(&self) -> Result<(), CommError> {
+        if !self.shared.aborted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let st = self
+            .shared
+            .state
+            .lock()
+            .map_err(|_| CommError::Aborted { rank: self.rank, cause: "a rank panicked while exchanging".into() })?;
+        match &st.aborted {
+            Some((rank, cause)) => Err(CommError::Aborted { rank: *rank, cause: cause.clone() }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -265,7 +331,7 @@ mod tests {
                             comm.abort("injected fault");
                             return CommError::Aborted { rank: 2, cause: "injected fault".into() };
                         }
-                        comm.exchange(&[0, 1, 2, 3], &Tensor::scalar_f32(1.0)).unwrap_err()
+                        comm.exchange(&[0, 1, 2, 3], Arc::new(Tensor::scalar_f32(1.0))).unwrap_err()
                     })
                 })
                 .collect();
@@ -276,6 +342,6 @@ mod tests {
         }
         assert!(t0.elapsed() < Duration::from_secs(5));
         let mut lone = ThreadWorld::new(2, Duration::from_millis(50)).swap_remove(0);
-        assert!(matches!(lone.exchange(&[0, 1], &Tensor::scalar_f32(1.0)), Err(CommError::Timeout { .. })));
+        assert!(matches!(lone.exchange(&[0, 1], Arc::new(Tensor::scalar_f32(1.0))), Err(CommError::Timeout { .. })));
     }
 }

@@ -16,7 +16,10 @@
 //! error (weight-free models can be planned, not run, until they are initialised).
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod comm;
+pub mod dist;
+pub mod launch;
 pub mod npy;
 pub mod train;
 

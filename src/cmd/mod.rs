@@ -5,6 +5,7 @@ pub mod infer;
 pub mod inspect;
 pub mod plan;
 pub mod reshard;
+pub mod run;
 pub mod solve;
 pub mod strategies;
 pub mod train;

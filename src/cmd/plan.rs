@@ -121,7 +121,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         compare_baselines: true,
         tie_layers: a.tie_layers,
     };
-    let plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
+    let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
+    plan.model.source = Some(a.model.display().to_string());
     std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
     print!("{}", codegen::explain::summary(&plan));
     println!("wrote     {}", a.out.display());

@@ -190,7 +190,7 @@ fn explain_renders_and_the_loader_rejects_corrupt_plans() -> Result<()> {
     // Corruptions: each is a clear error, never a panic.
     let json = p.to_json();
     let cases = [
-        (json.replace("\"version\": 1", "\"version\": 7"), "version 7"),
+        (json.replace(&format!("\"version\": {}", codegen::plan::VERSION), "\"version\": 7"), "version 7"),
         (json.replacen("\"spec\": \"", "\"spec\": \"S9 ", 1), "spec"),
         (json.replacen("\"kind\": \"free\"", "\"kind\": \"nonsense\"", 1), "unknown variant"),
         (json[..json.len() / 2].to_string(), "not JSON"),

@@ -20,9 +20,11 @@
 pub mod generate;
 mod import;
 mod proto;
+pub mod shards;
 
 pub use import::{ImportOptions, import_bytes, import_file, parse_input_binding};
 pub use proto::{dtype_name, read_tensor_file, tensor_from_proto};
+pub use shards::InitializerIndex;
 
 use std::path::PathBuf;
 

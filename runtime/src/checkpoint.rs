@@ -1,0 +1,242 @@
+//! Sharded, atomic checkpoints of a distributed run.
+//!
+//! Layout of a checkpoint directory `DIR`:
+//!
+//! ```text
+//! DIR/LATEST                          the name of the newest complete checkpoint, one line
+//! DIR/ckpt-00000003-<run>/manifest.json   step, model hash, mesh, and every rank file's size and CRC-32
+//! DIR/ckpt-00000003-<run>/rank-00000.npz  rank 0's blocks of every parameter and optimizer state
+//! ...
+//! ```
+//!
+//! Writing is atomic: every rank writes (and syncs) its file into a temporary directory
+//! `DIR/.tmp-ckpt-...`; once all ranks have written (a barrier that also hands rank 0 the
+//! checksums), rank 0 writes the manifest, renames the directory to its final name, and then
+//! replaces `LATEST` by writing `LATEST.tmp` and renaming it. A run killed at any point leaves
+//! `LATEST` naming a complete checkpoint (or no `LATEST` at all); unfinished temporary
+//! directories are ignored and removed by the next writer. The newest two complete checkpoints
+//! are kept.
+//!
+//! Reading checks the manifest's model hash and mesh against the plan, each file's size and
+//! CRC-32, and that every parameter and state block is there with its local shape.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use ir::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::comm::Communicator;
+use crate::dist::{DistError, Program, RankState};
+use crate::npy::{read_npz, write_npz};
+
+/// The manifest's format name.
+pub const FORMAT: &str = "autopar-checkpoint";
+/// The manifest's version.
+pub const VERSION: u32 = 1;
+
+/// One rank's file in a checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankFile {
+    /// The rank.
+    pub rank: usize,
+    /// File name inside the checkpoint directory.
+    pub file: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of the file.
+    pub crc32: u32,
+}
+
+/// `manifest.json` of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`].
+    pub version: u32,
+    /// Steps done when it was written.
+    pub step: u64,
+    /// The plan's model hash.
+    pub model_hash: String,
+    /// The mesh shape.
+    pub mesh: Vec<usize>,
+    /// One file per rank.
+    pub files: Vec<RankFile>,
+}
+
+fn err(path: &Path, m: impl std::fmt::Display) -> DistError {
+    DistError::Checkpoint(format!("{}: {m}", path.display()))
+}
+
+fn crc_of(path: &Path) -> Result<(u64, u32), DistError> {
+    let mut f = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf).map_err(|e| err(path, e))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((n, h.finalize()))
+}
+
+fn sync_dir(dir: &Path) {
+    // Directory fsync makes the renames durable; not every platform allows opening a directory.
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+fn rank_file(rank: usize) -> String {
+    format!("rank-{rank:05}.npz")
+}
+
+/// Writes this rank's part of the checkpoint after step `st.steps_done`, and (rank 0) completes
+/// it. `run` names this run's temporary directories; every rank must pass the same one. `fault`
+/// stops the process after this rank's file is written, as a kill mid-write would (tests).
+pub fn write(
+    dir: &Path,
+    run: &str,
+    program: &Program,
+    st: &RankState,
+    comm: &mut dyn Communicator,
+    exit_mid_write: bool,
+) -> Result<PathBuf, DistError> {
+    let step = st.steps_done;
+    let name = format!("ckpt-{step:08}-{run}");
+    let tmp = dir.join(format!(".tmp-{name}"));
+    std::fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
+    let file = tmp.join(rank_file(st.rank));
+    write_npz(&file, &st.storage).map_err(|e| err(&file, e))?;
+    std::fs::File::open(&file).and_then(|f| f.sync_all()).map_err(|e| err(&file, e))?;
+    let (bytes, crc) = crc_of(&file)?;
+    if exit_mid_write {
+        eprintln!("rank {}: injected fault: exiting while checkpoint {name} is being written", st.rank);
+        std::process::exit(137);
+    }
+    let everyone: Vec<usize> = (0..program.ranks()).collect();
+    let sums = comm.exchange(&everyone, std::sync::Arc::new(Tensor::i64(vec![2], vec![bytes as i64, crc as i64])))?;
+    let done = dir.join(&name);
+    if st.rank == 0 {
+        let files = sums
+            .iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let v = t.to_i64_vec();
+                RankFile { rank, file: rank_file(rank), bytes: v[0] as u64, crc32: v[1] as u32 }
+            })
+            .collect();
+        let m = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            step,
+            model_hash: program.model_hash.clone(),
+            mesh: program.mesh().shape().to_vec(),
+            files,
+        };
+        let mpath = tmp.join("manifest.json");
+        let text = serde_json::to_string_pretty(&m).map_err(|e| err(&mpath, e))?;
+        std::fs::write(&mpath, text + "\n").map_err(|e| err(&mpath, e))?;
+        std::fs::File::open(&mpath).and_then(|f| f.sync_all()).map_err(|e| err(&mpath, e))?;
+        sync_dir(&tmp);
+        std::fs::rename(&tmp, &done).map_err(|e| err(&done, e))?;
+        let previous = latest_name(dir);
+        let lt = dir.join("LATEST.tmp");
+        std::fs::write(&lt, format!("{name}\n")).map_err(|e| err(&lt, e))?;
+        std::fs::File::open(&lt).and_then(|f| f.sync_all()).map_err(|e| err(&lt, e))?;
+        std::fs::rename(&lt, dir.join("LATEST")).map_err(|e| err(dir, e))?;
+        sync_dir(dir);
+        prune(dir, &name, previous.as_deref(), run);
+    }
+    Ok(done)
+}
+
+/// The name `LATEST` holds, if any.
+fn latest_name(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join("LATEST")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// Removes complete checkpoints other than `keep` and `previous`, and temporary directories of
+/// other runs (a run killed mid-write).
+fn prune(dir: &Path, keep: &str, previous: Option<&str>, run: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let stale_ckpt = n.starts_with("ckpt-") && n != keep && Some(n.as_str()) != previous;
+        let stale_tmp = n.starts_with(".tmp-ckpt-") && !n.ends_with(run);
+        if stale_ckpt || stale_tmp {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Reads the manifest of the newest complete checkpoint in `dir`.
+pub fn latest(dir: &Path) -> Result<(PathBuf, Manifest), DistError> {
+    let name = latest_name(dir).ok_or_else(|| err(dir, "no checkpoint here (no LATEST file)"))?;
+    let ck = dir.join(&name);
+    let mpath = ck.join("manifest.json");
+    let text = std::fs::read_to_string(&mpath).map_err(|e| err(&mpath, e))?;
+    let m: Manifest =
+        serde_json::from_str(&text).map_err(|e| err(&mpath, format!("not a checkpoint manifest: {e}")))?;
+    if m.format != FORMAT || m.version != VERSION {
+        return Err(err(
+            &mpath,
+            format!("format {} version {}; this autopar reads {FORMAT} {VERSION}", m.format, m.version),
+        ));
+    }
+    Ok((ck, m))
+}
+
+/// Loads rank `st.rank`'s blocks from the newest checkpoint in `dir` into `st` (see the module
+/// docs for what is checked).
+pub fn load(dir: &Path, program: &Program, st: &mut RankState) -> Result<u64, DistError> {
+    let (ck, m) = latest(dir)?;
+    if m.model_hash != program.model_hash {
+        return Err(err(&ck, "was written for another plan (model hash differs)"));
+    }
+    if m.mesh != program.mesh().shape() {
+        return Err(err(
+            &ck,
+            format!("was written on mesh {:?}, the plan's mesh is {:?}", m.mesh, program.mesh().shape()),
+        ));
+    }
+    let entry = m
+        .files
+        .iter()
+        .find(|f| f.rank == st.rank)
+        .ok_or_else(|| err(&ck, format!("has no file of rank {}", st.rank)))?;
+    let path = ck.join(&entry.file);
+    let (bytes, crc) = crc_of(&path)?;
+    if bytes != entry.bytes || crc != entry.crc32 {
+        return Err(err(
+            &path,
+            format!(
+                "is corrupt: {bytes} bytes with CRC-32 {crc:08x}, the manifest says {} and {:08x}",
+                entry.bytes, entry.crc32
+            ),
+        ));
+    }
+    let blocks: BTreeMap<String, Tensor> = read_npz(&path).map_err(|e| err(&path, e))?;
+    let mut next = BTreeMap::new();
+    for r in &program.resident {
+        let want = r.spec.local_shape(&r.meta.shape, program.mesh());
+        match blocks.get(&r.name) {
+            Some(t) if t.shape() == want.as_slice() && t.dtype() == r.meta.dtype => {
+                next.insert(r.name.clone(), t.clone());
+            }
+            Some(t) => {
+                return Err(err(&path, format!("{} is {} but the plan needs a block of {want:?}", r.name, t.meta())));
+            }
+            None => return Err(err(&path, format!("has no block of {}", r.name))),
+        }
+    }
+    st.storage = next;
+    st.steps_done = m.step;
+    Ok(m.step)
+}

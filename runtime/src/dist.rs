@@ -1,0 +1,821 @@
+//! Executing a distributed plan: one SPMD [`Program`] run by every rank on its own blocks.
+//!
+//! [`Program::new`] compiles a validated [`Plan`] once: value ids become slots, every `op`
+//! instruction gets the op with its shape attributes made local (or one of the special local
+//! computations of [`sharding::Local`]), every value its local byte size. A rank's state
+//! ([`RankState`]) holds only its own blocks: parameters and optimizer state (read by
+//! [`Program::init_rank`] from a [`ParamSource`] block by block), constants, and its block of
+//! every fed input. [`Program::step`] then runs the program on that state through a
+//! [`Communicator`]: kernels, collectives and frees in the plan's order, the updated parameters
+//! becoming the storage of the next step.
+//!
+//! Invariants:
+//! - Every rank runs the same instructions in the same order, so their collectives meet.
+//! - Memory is accounted as [`codegen::memory::simulate`] estimates it: resident blocks from the
+//!   start, outputs added when written, values subtracted when freed; the measured peak is the
+//!   bytes of tensors this rank actually held.
+//! - A step that fails leaves the rank's storage unusable (its parameters moved into the step):
+//!   the run stops, and only checkpoints written between steps are ever read back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use codegen::plan::{Instr, Plan};
+use ir::{BinaryOp, Graph, NodeIndex, Op, ReduceOp, Tensor, TensorMeta, UnaryOp};
+use kernels::cpu::CpuContext;
+use sharding::{Collective, DeviceMesh, Local, ReduceKind, ShardingSpec, sim};
+
+use crate::comm::{CommError, Communicator};
+
+/// Why a distributed run failed. `Plan` and `Data` are the user's input; `Kernel` names the
+/// node; `Comm` carries another rank's failure or a timeout.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DistError {
+    /// The plan cannot be executed (inconsistent with its graph).
+    #[error("plan: {0}")]
+    Plan(String),
+    /// A kernel failed on a rank.
+    #[error("rank {rank}: node {node} ({op}): {message}")]
+    Kernel {
+        /// The rank.
+        rank: usize,
+        /// Node name.
+        node: String,
+        /// Op name.
+        op: String,
+        /// Kernel message.
+        message: String,
+    },
+    /// Feeds or parameters do not fit the plan.
+    #[error("rank {rank}: {message}")]
+    Data {
+        /// The rank.
+        rank: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A collective failed (another rank's failure, a timeout).
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// A fault injected for testing.
+    #[error("rank {rank}: injected fault at step {step}")]
+    Injected {
+        /// The rank.
+        rank: usize,
+        /// The step.
+        step: u64,
+    },
+    /// A rank panicked (a bug).
+    #[error("rank {rank} panicked: {message}")]
+    Panic {
+        /// The rank.
+        rank: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// A checkpoint could not be written or read.
+    #[error("{0}")]
+    Checkpoint(String),
+}
+
+impl DistError {
+    /// True when this error only reports another rank's failure.
+    pub fn is_secondary(&self) -> bool {
+        matches!(self, DistError::Comm(CommError::Aborted { .. }))
+    }
+}
+
+/// Local computation of one op instruction.
+#[derive(Clone, Debug)]
+enum Kernel {
+    /// The op (shape attributes local) on the local blocks.
+    Same(Op),
+    /// Gather from a table split along `axis` over `axes` (see [`Local::MaskedGather`]).
+    MaskedGather { op: Op, axis: usize, axes: Vec<usize>, rows: usize, total: usize },
+    /// Gather's gradient into a table split along `axis` over `axes`.
+    MaskedScatter { op: Op, axes: Vec<usize>, rows: usize, total: usize, pre: usize },
+    /// Softmax or log-softmax along `axis` split over `axes`.
+    SplitSoftmax { axis: usize, log: bool, axes: Vec<usize> },
+}
+
+/// One compiled instruction.
+#[derive(Clone, Debug)]
+enum Exec {
+    /// A parameter or optimizer state: its storage becomes the slot's value.
+    Storage { slot: usize, name: String },
+    /// This rank's block of a fed input.
+    Input { slot: usize, index: usize },
+    /// This rank's block of a constant.
+    Constant { slot: usize, index: usize },
+    /// A kernel.
+    Op { node: String, op: &'static str, kernel: Kernel, inputs: Vec<usize>, outputs: Vec<usize> },
+    /// A collective.
+    Collective { input: usize, output: usize, c: Collective },
+    /// Values no longer needed.
+    Free { slots: Vec<usize> },
+}
+
+/// A parameter or optimizer-state tensor of the plan.
+#[derive(Clone, Debug)]
+pub struct Resident {
+    /// Storage name (initializer name, or the state's name).
+    pub name: String,
+    /// Global meta.
+    pub meta: TensorMeta,
+    /// Layout.
+    pub spec: ShardingSpec,
+    /// True for optimizer state (initialised to zeros), false for parameters.
+    pub is_state: bool,
+}
+
+/// A graph input of the plan.
+#[derive(Clone, Debug)]
+pub struct InputInfo {
+    /// Input name.
+    pub name: String,
+    /// Global meta (the global batch).
+    pub meta: TensorMeta,
+    /// Layout.
+    pub spec: ShardingSpec,
+}
+
+/// A plan compiled for execution (see the module docs). Shared read-only by all ranks.
+#[derive(Debug)]
+pub struct Program {
+    mesh: DeviceMesh,
+    code: Vec<Exec>,
+    slot_names: Vec<String>,
+    /// Parameters and optimizer state, in plan order.
+    pub resident: Vec<Resident>,
+    /// Constants: global value and layout.
+    constants: Vec<(Tensor, ShardingSpec)>,
+    /// Graph inputs.
+    pub inputs: Vec<InputInfo>,
+    /// Graph outputs: name, slot, layout, global shape.
+    outputs: Vec<(String, usize, ShardingSpec, Vec<usize>)>,
+    /// Storage name and slot of each updated value.
+    updates: Vec<(String, usize)>,
+    /// Parameters read but never updated (frozen): their slot goes back to storage.
+    kept: Vec<(String, usize)>,
+    /// The plan's estimate of the peak bytes per rank.
+    pub estimated_peak: u64,
+    /// The plan's model hash.
+    pub model_hash: String,
+}
+
+/// One rank's blocks (see the module docs).
+#[derive(Debug)]
+pub struct RankState {
+    /// The rank.
+    pub rank: usize,
+    /// Local blocks of parameters and optimizer state, by storage name.
+    pub storage: BTreeMap<String, Tensor>,
+    constants: Vec<Arc<Tensor>>,
+    feeds: Vec<Arc<Tensor>>,
+    /// Steps run so far (including those of a loaded checkpoint).
+    pub steps_done: u64,
+}
+
+/// What one step did on one rank.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    /// Graph outputs (the loss), assembled from every rank's blocks.
+    pub outputs: BTreeMap<String, Tensor>,
+    /// Peak bytes this rank held during the step.
+    pub peak_bytes: u64,
+    /// Seconds of the step on this rank.
+    pub seconds: f64,
+    /// Seconds spent in collectives (waiting included).
+    pub comm_seconds: f64,
+}
+
+/// Where a rank's parameter blocks come from.
+pub trait ParamSource: Sync {
+    /// The block of parameter `name` (global `meta`) at `offsets` with shape `size`, or `None`
+    /// when the source has no data for it.
+    fn block(&self, name: &str, meta: &TensorMeta, offsets: &[usize], size: &[usize])
+    -> Result<Option<Tensor>, String>;
+}
+
+/// Whole tensors in memory (tests, single-process runs of small models).
+impl ParamSource for BTreeMap<String, Tensor> {
+    fn block(
+        &self,
+        name: &str,
+        meta: &TensorMeta,
+        offsets: &[usize],
+        size: &[usize],
+    ) -> Result<Option<Tensor>, String> {
+        match self.get(name) {
+            Some(t) if &t.meta() == meta => Ok(Some(sim::block(t, offsets, size))),
+            Some(t) => Err(format!("parameter {name} is {} but the plan needs {meta}", t.meta())),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Blocks read straight from the ONNX file (see [`tracer::InitializerIndex`]).
+impl ParamSource for tracer::InitializerIndex {
+    fn block(
+        &self,
+        name: &str,
+        meta: &TensorMeta,
+        offsets: &[usize],
+        size: &[usize],
+    ) -> Result<Option<Tensor>, String> {
+        match self.get(name) {
+            Some(loc) if loc.shape != meta.shape => {
+                Err(format!("initializer {name} has shape {:?} but the plan needs {meta}", loc.shape))
+            }
+            _ => Ok(self
+                .read_block(name, offsets, size)
+                .map_err(|e| e.to_string())?
+                .map(|v| Tensor::f32(size.to_vec(), v))),
+        }
+    }
+}
+
+/// Deterministic pseudo-random initial values, a function of (seed, name, global element index)
+/// only, so every mesh and every rank sees the same global tensor: rank-1 tensors named like a
+/// scale (`weight`, `scale`, `gamma`) start at 1, other rank-1 tensors at 0, the rest uniform with
+/// standard deviation 0.02 (GPT-2's initialisation).
+#[derive(Clone, Copy, Debug)]
+pub struct SeededInit {
+    /// The seed.
+    pub seed: u64,
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl ParamSource for SeededInit {
+    fn block(
+        &self,
+        name: &str,
+        meta: &TensorMeta,
+        offsets: &[usize],
+        size: &[usize],
+    ) -> Result<Option<Tensor>, String> {
+        let n: usize = size.iter().product();
+        if meta.shape.len() <= 1 {
+            let lower = name.to_ascii_lowercase();
+            let one = ["weight", "scale", "gamma"].iter().any(|k| lower.ends_with(k));
+            return Ok(Some(Tensor::f32(size.to_vec(), vec![if one { 1.0 } else { 0.0 }; n])));
+        }
+        let key = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+        let base = splitmix(self.seed ^ key);
+        let shape = &meta.shape;
+        let amp = 0.02f64 * 3f64.sqrt();
+        let mut v = Vec::with_capacity(n);
+        let mut idx = vec![0usize; size.len()];
+        for _ in 0..n {
+            let flat = idx.iter().zip(offsets).zip(shape).fold(0usize, |acc, ((&i, &o), &d)| acc * d + i + o);
+            let u =
+                (splitmix(base ^ (flat as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)) >> 11) as f64 / (1u64 << 53) as f64;
+            v.push(((2.0 * u - 1.0) * amp) as f32);
+            for d in (0..size.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < size[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(Some(Tensor::f32(size.to_vec(), v)))
+    }
+}
+
+/// The first source with data for a block wins.
+pub struct FirstOf<'a>(pub Vec<&'a dyn ParamSource>);
+
+impl ParamSource for FirstOf<'_> {
+    fn block(
+        &self,
+        name: &str,
+        meta: &TensorMeta,
+        offsets: &[usize],
+        size: &[usize],
+    ) -> Result<Option<Tensor>, String> {
+        for s in &self.0 {
+            if let Some(t) = s.block(name, meta, offsets, size)? {
+                return Ok(Some(t));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A value held during a step.
+enum Held {
+    Owned(Tensor),
+    Shared(Arc<Tensor>),
+}
+
+impl Held {
+    fn get(&self) -> &Tensor {
+        match self {
+            Held::Owned(t) => t,
+            Held::Shared(t) => t,
+        }
+    }
+    fn into_tensor(self) -> Tensor {
+        match self {
+            Held::Owned(t) => t,
+            Held::Shared(t) => Arc::try_unwrap(t).unwrap_or_else(|t| (*t).clone()),
+        }
+    }
+}
+
+impl Program {
+    /// Compiles a plan (which [`Plan::from_json`] or the planner validated).
+    pub fn new(plan: &Plan) -> Result<Program, DistError> {
+        let bad = |m: String| DistError::Plan(m);
+        let mesh = plan.device_mesh().map_err(|e| bad(e.to_string()))?;
+        let g = Graph::parse(&plan.graph).map_err(|e| bad(format!("graph: {e}")))?;
+        let node = |i: usize| g.g.node_weight(NodeIndex::new(i)).ok_or_else(|| bad(format!("no node %{i}")));
+        let mut slots: HashMap<String, usize> = HashMap::new();
+        let mut slot_names = vec![];
+        let mut slot_of = |id: &str| -> usize {
+            *slots.entry(id.to_string()).or_insert_with(|| {
+                slot_names.push(id.to_string());
+                slot_names.len() - 1
+            })
+        };
+        let mut code = vec![];
+        let mut resident = vec![];
+        let mut constants = vec![];
+        let mut inputs = vec![];
+        let mut out_specs: HashMap<String, ShardingSpec> = HashMap::new();
+        for ins in &plan.program {
+            match ins {
+                Instr::Op { node: id, name, outputs, output_specs, input_specs, inputs: ins_ids, local, .. } => {
+                    let n = node(*id)?;
+                    for (o, s) in outputs.iter().zip(output_specs) {
+                        out_specs.insert(o.clone(), s.clone());
+                    }
+                    let slot0 = slot_of(&outputs[0]);
+                    match &n.op {
+                        Op::Param { name: p } | Op::State { name: p } => {
+                            resident.push(Resident {
+                                name: p.clone(),
+                                meta: n.outputs[0].clone(),
+                                spec: output_specs[0].clone(),
+                                is_state: matches!(n.op, Op::State { .. }),
+                            });
+                            code.push(Exec::Storage { slot: slot0, name: p.clone() });
+                        }
+                        Op::Input { name: i } => {
+                            inputs.push(InputInfo {
+                                name: i.clone(),
+                                meta: n.outputs[0].clone(),
+                                spec: output_specs[0].clone(),
+                            });
+                            code.push(Exec::Input { slot: slot0, index: inputs.len() - 1 });
+                        }
+                        Op::Constant(t) => {
+                            constants.push((t.clone(), output_specs[0].clone()));
+                            code.push(Exec::Constant { slot: slot0, index: constants.len() - 1 });
+                        }
+                        op => {
+                            let global_ins: Vec<TensorMeta> =
+                                g.node_inputs(NodeIndex::new(*id)).iter().map(|v| g.meta(*v).clone()).collect();
+                            if global_ins.len() != input_specs.len() {
+                                return Err(bad(format!(
+                                    "node {name}: {} inputs, {} specs",
+                                    global_ins.len(),
+                                    input_specs.len()
+                                )));
+                            }
+                            let local_ins: Vec<TensorMeta> = input_specs
+                                .iter()
+                                .zip(&global_ins)
+                                .map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, &mesh)))
+                                .collect();
+                            let local_outs: Vec<Vec<usize>> = output_specs
+                                .iter()
+                                .zip(&n.outputs)
+                                .map(|(s, m)| s.local_shape(&m.shape, &mesh))
+                                .collect();
+                            let kernel = compile_kernel(op, local, &global_ins, &local_ins, &local_outs)
+                                .map_err(|m| bad(format!("node {name}: {m}")))?;
+                            code.push(Exec::Op {
+                                node: name.clone(),
+                                op: op.name(),
+                                kernel,
+                                inputs: ins_ids.iter().map(|i| slot_of(i)).collect(),
+                                outputs: outputs.iter().map(|o| slot_of(o)).collect(),
+                            });
+                        }
+                    }
+                }
+                Instr::Collective { input, output, collective, to, .. } => {
+                    out_specs.insert(output.clone(), to.clone());
+                    code.push(Exec::Collective {
+                        input: slot_of(input),
+                        output: slot_of(output),
+                        c: collective.clone(),
+                    });
+                }
+                Instr::Free { values } => code.push(Exec::Free { slots: values.iter().map(|v| slot_of(v)).collect() }),
+            }
+        }
+        let id_of = |v: ir::Value| {
+            if v.slot == 0 { format!("%{}", v.node.index()) } else { format!("%{}.{}", v.node.index(), v.slot) }
+        };
+        let mut outputs = vec![];
+        for (name, v) in &g.outputs {
+            let id = id_of(*v);
+            let spec =
+                out_specs.get(&id).cloned().ok_or_else(|| bad(format!("output {name} ({id}) is never written")))?;
+            outputs.push((name.clone(), slot_of(&id), spec, g.meta(*v).shape.clone()));
+        }
+        let mut updates = vec![];
+        let mut updated = std::collections::HashSet::new();
+        for (p, v) in &g.updates {
+            let (Op::Param { name } | Op::State { name }) = &g.node(*p).op else {
+                return Err(bad(format!("update of non-storage node %{}", p.index())));
+            };
+            updates.push((name.clone(), slot_of(&id_of(*v))));
+            updated.insert(name.clone());
+        }
+        let kept = resident
+            .iter()
+            .filter(|r| !updated.contains(&r.name))
+            .map(|r| {
+                let n =
+                    g.params.iter().chain(&g.states).find(
+                        |&&n| matches!(&g.node(n).op, Op::Param { name } | Op::State { name } if *name == r.name),
+                    );
+                n.map(|&n| (r.name.clone(), slot_of(&format!("%{}", n.index()))))
+                    .ok_or_else(|| bad(format!("storage {} has no node", r.name)))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Program {
+            mesh,
+            code,
+            slot_names,
+            resident,
+            constants,
+            inputs,
+            outputs,
+            updates,
+            kept,
+            estimated_peak: plan.estimate.peak_bytes_per_rank,
+            model_hash: plan.model.hash.clone(),
+        })
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.mesh.size()
+    }
+
+    /// The global batch size (first dim of the first input), for samples per second.
+    pub fn batch(&self) -> usize {
+        self.inputs.first().and_then(|i| i.meta.shape.first().copied()).unwrap_or(1)
+    }
+
+    /// Rank `rank`'s state: its parameter blocks from `params` (every parameter must be
+    /// found), zero optimizer state, its constant blocks and its blocks of `feeds` (global
+    /// tensors by input name).
+    pub fn init_rank(
+        &self,
+        rank: usize,
+        params: &dyn ParamSource,
+        feeds: &BTreeMap<String, Tensor>,
+    ) -> Result<RankState, DistError> {
+        let data = |message: String| DistError::Data { rank, message };
+        let mut storage = BTreeMap::new();
+        for r in &self.resident {
+            let offsets = r.spec.offsets(&r.meta.shape, &self.mesh, rank);
+            let size = r.spec.local_shape(&r.meta.shape, &self.mesh);
+            let t = if r.is_state {
+                Tensor::zeros(&TensorMeta::new(r.meta.dtype, size))
+            } else {
+                params
+                    .block(&r.name, &r.meta, &offsets, &size)
+                    .map_err(data)?
+                    .ok_or_else(|| data(format!("no data for parameter {}", r.name)))?
+            };
+            storage.insert(r.name.clone(), t);
+        }
+        let mut st = self.empty_rank(rank, feeds)?;
+        st.storage = storage;
+        Ok(st)
+    }
+
+    /// Rank `rank`'s state without parameters or optimizer state (to be loaded from a
+    /// checkpoint), with its constant blocks and its blocks of `feeds`.
+    pub fn empty_rank(&self, rank: usize, feeds: &BTreeMap<String, Tensor>) -> Result<RankState, DistError> {
+        let data = |message: String| DistError::Data { rank, message };
+        let constants = self
+            .constants
+            .iter()
+            .map(|(t, s)| sim::local_block(t, s, &self.mesh, rank).map(Arc::new).map_err(|e| data(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let mut st = RankState { rank, storage: BTreeMap::new(), constants, feeds: vec![], steps_done: 0 };
+        self.set_feeds(&mut st, feeds)?;
+        Ok(st)
+    }
+
+    /// The global parameters (no optimizer state) from every rank's blocks (`states` in rank
+    /// order). Replicas must agree exactly: the runtime's reductions are deterministic.
+    pub fn assemble_params(&self, states: &[RankState]) -> Result<BTreeMap<String, Tensor>, DistError> {
+        self.assemble(states, false)
+    }
+
+    /// The global optimizer state from every rank's blocks.
+    pub fn assemble_state(&self, states: &[RankState]) -> Result<BTreeMap<String, Tensor>, DistError> {
+        self.assemble(states, true)
+    }
+
+    fn assemble(&self, states: &[RankState], state: bool) -> Result<BTreeMap<String, Tensor>, DistError> {
+        if states.len() != self.mesh.size() {
+            return Err(DistError::Plan(format!("{} rank states for {} ranks", states.len(), self.mesh.size())));
+        }
+        let mut out = BTreeMap::new();
+        for r in self.resident.iter().filter(|r| r.is_state == state) {
+            let blocks: Vec<Tensor> = states
+                .iter()
+                .map(|s| {
+                    s.storage
+                        .get(&r.name)
+                        .cloned()
+                        .ok_or_else(|| DistError::Data { rank: s.rank, message: format!("no block of {}", r.name) })
+                })
+                .collect::<Result<_, _>>()?;
+            let t = sim::assemble(&blocks, &r.spec, &r.meta.shape, &self.mesh, 0.0)
+                .map_err(|e| DistError::Plan(format!("assembling {}: {e}", r.name)))?;
+            out.insert(r.name.clone(), t);
+        }
+        Ok(out)
+    }
+
+    /// Replaces a rank's input blocks with its blocks of `feeds` (global tensors by input name).
+    pub fn set_feeds(&self, st: &mut RankState, feeds: &BTreeMap<String, Tensor>) -> Result<(), DistError> {
+        let data = |message: String| DistError::Data { rank: st.rank, message };
+        let names: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+        if let Some(extra) = feeds.keys().find(|k| !names.contains(&k.as_str())) {
+            return Err(data(format!(
+                "--feed {extra}: the plan has no input of that name (inputs: {})",
+                names.join(", ")
+            )));
+        }
+        st.feeds = self
+            .inputs
+            .iter()
+            .map(|i| {
+                let t = feeds.get(&i.name).ok_or_else(|| {
+                    data(format!(
+                        "missing feed for input {} (expects {}); pass it with --feed {}=FILE.npy",
+                        i.name, i.meta, i.name
+                    ))
+                })?;
+                if t.meta() != i.meta {
+                    return Err(data(format!("feed {} is {} but the plan expects {}", i.name, t.meta(), i.meta)));
+                }
+                sim::local_block(t, &i.spec, &self.mesh, st.rank).map(Arc::new).map_err(|e| data(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Runs one training step on rank `st.rank` (see the module docs).
+    pub fn step(
+        &self,
+        st: &mut RankState,
+        ctx: &CpuContext,
+        comm: &mut dyn Communicator,
+    ) -> Result<StepResult, DistError> {
+        let rank = st.rank;
+        let t0 = Instant::now();
+        let mut comm_seconds = 0.0;
+        let mut vals: Vec<Option<Held>> = (0..self.slot_names.len()).map(|_| None).collect();
+        let resident: u64 = st.storage.values().map(|t| t.bytes() as u64).sum::<u64>()
+            + st.constants.iter().map(|t| t.bytes() as u64).sum::<u64>();
+        let (mut live, mut peak) = (resident, resident);
+        // Parameters move out of storage into the step; the storage is rebuilt at the end.
+        let mut storage = std::mem::take(&mut st.storage);
+        let missing =
+            |slot: usize| DistError::Plan(format!("rank {rank}: reads {} before it is written", self.slot_names[slot]));
+        let result = (|| -> Result<BTreeMap<String, Tensor>, DistError> {
+            for ins in &self.code {
+                comm.check()?;
+                match ins {
+                    Exec::Storage { slot, name } => {
+                        let t = storage
+                            .remove(name)
+                            .ok_or_else(|| DistError::Data { rank, message: format!("no storage for {name}") })?;
+                        vals[*slot] = Some(Held::Owned(t));
+                    }
+                    Exec::Input { slot, index } => {
+                        let t = st.feeds[*index].clone();
+                        live += t.bytes() as u64;
+                        vals[*slot] = Some(Held::Shared(t));
+                    }
+                    Exec::Constant { slot, index } => vals[*slot] = Some(Held::Shared(st.constants[*index].clone())),
+                    Exec::Op { node, op, kernel, inputs, outputs } => {
+                        let ins: Vec<&Tensor> = inputs
+                            .iter()
+                            .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
+                            .collect::<Result<_, _>>()?;
+                        let kerr =
+                            |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
+                        let (outs, waited) =
+                            run_kernel(ctx, kernel, &ins, &self.mesh, comm, rank).map_err(|e| match e {
+                                KernelFailure::Kernel(m) => kerr(m),
+                                KernelFailure::Comm(c) => DistError::Comm(c),
+                            })?;
+                        comm_seconds += waited;
+                        if outs.len() != outputs.len() {
+                            return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
+                        }
+                        for (t, &s) in outs.into_iter().zip(outputs) {
+                            live += t.bytes() as u64;
+                            vals[s] = Some(Held::Owned(t));
+                        }
+                        peak = peak.max(live);
+                    }
+                    Exec::Collective { input, output, c } => {
+                        let t1 = Instant::now();
+                        let x = vals[*input].as_ref().map(Held::get).ok_or_else(|| missing(*input))?;
+                        let y = comm.run(c, &self.mesh, x)?;
+                        comm_seconds += t1.elapsed().as_secs_f64();
+                        live += y.bytes() as u64;
+                        peak = peak.max(live);
+                        vals[*output] = Some(Held::Owned(y));
+                    }
+                    Exec::Free { slots } => {
+                        for &s in slots {
+                            let h = vals[s].take().ok_or_else(|| missing(s))?;
+                            live = live.saturating_sub(h.get().bytes() as u64);
+                        }
+                    }
+                }
+            }
+            // Outputs: every rank gets the global value.
+            let everyone: Vec<usize> = (0..self.mesh.size()).collect();
+            let mut outputs = BTreeMap::new();
+            for (name, slot, spec, shape) in &self.outputs {
+                let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
+                let t1 = Instant::now();
+                let blocks: Vec<Tensor> =
+                    comm.exchange(&everyone, Arc::new(x.clone()))?.iter().map(|t| (**t).clone()).collect();
+                comm_seconds += t1.elapsed().as_secs_f64();
+                let t = sim::assemble(&blocks, spec, shape, &self.mesh, f32::INFINITY)
+                    .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?;
+                outputs.insert(name.clone(), t);
+            }
+            Ok(outputs)
+        })();
+        let outputs = result?;
+        for (name, slot) in self.updates.iter().chain(&self.kept) {
+            let t = vals[*slot].take().ok_or_else(|| missing(*slot))?.into_tensor();
+            storage.insert(name.clone(), t);
+        }
+        st.storage = storage;
+        st.steps_done += 1;
+        Ok(StepResult { outputs, peak_bytes: peak, seconds: t0.elapsed().as_secs_f64(), comm_seconds })
+    }
+}
+
+/// Why a local computation failed.
+enum KernelFailure {
+    Kernel(String),
+    Comm(CommError),
+}
+
+fn compile_kernel(
+    op: &Op,
+    local: &Local,
+    global_ins: &[TensorMeta],
+    local_ins: &[TensorMeta],
+    local_outs: &[Vec<usize>],
+) -> Result<Kernel, String> {
+    Ok(match local {
+        Local::Same => Kernel::Same(sharding::strategy::local_op(op, local_ins, local_outs)),
+        Local::MaskedGather { axes } => {
+            let Op::Gather { axis } = op else { return Err(format!("masked gather on {}", op.name())) };
+            Kernel::MaskedGather {
+                op: op.clone(),
+                axis: *axis,
+                axes: axes.clone(),
+                rows: local_ins[0].shape[*axis],
+                total: global_ins[0].shape[*axis],
+            }
+        }
+        Local::MaskedScatter { axes } => {
+            let Op::GatherGrad { axis, shape } = op else { return Err(format!("masked scatter on {}", op.name())) };
+            Kernel::MaskedScatter {
+                op: sharding::strategy::local_op(op, local_ins, local_outs),
+                axes: axes.clone(),
+                rows: local_outs[0][*axis],
+                total: shape[*axis],
+                pre: shape[..*axis].iter().product(),
+            }
+        }
+        Local::SplitSoftmax { axes } => {
+            let (axis, log) = match op {
+                Op::Softmax { axis } => (*axis, false),
+                Op::LogSoftmax { axis } => (*axis, true),
+                _ => return Err(format!("split softmax on {}", op.name())),
+            };
+            Kernel::SplitSoftmax { axis, log, axes: axes.clone() }
+        }
+    })
+}
+
+fn eval1(ctx: &CpuContext, op: &Op, ins: &[&Tensor]) -> Result<Tensor, KernelFailure> {
+    kernels::cpu::eval(ctx, op, ins).map(|mut v| v.swap_remove(0)).map_err(|e| KernelFailure::Kernel(e.to_string()))
+}
+
+/// Indices normalised into `[0, total)` (negative ones count from the end), whether each falls in
+/// this rank's rows `[off, off + rows)`, and the local index (0 outside).
+fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> (Tensor, Vec<bool>) {
+    let (off, rows, total) = (off as i64, rows as i64, total as i64);
+    let v = idx.to_i64_vec();
+    let norm: Vec<i64> = v.iter().map(|&i| if i < 0 { i + total } else { i }).collect();
+    let inside: Vec<bool> = norm.iter().map(|&i| i >= off && i < off + rows).collect();
+    let local: Vec<i64> = norm.iter().zip(&inside).map(|(&i, &ok)| if ok { i - off } else { 0 }).collect();
+    (Tensor::i64(idx.shape().to_vec(), local), inside)
+}
+
+/// Runs one compiled kernel on this rank; returns the outputs and the seconds spent in the
+/// kernel's own collectives.
+fn run_kernel(
+    ctx: &CpuContext,
+    k: &Kernel,
+    ins: &[&Tensor],
+    mesh: &DeviceMesh,
+    comm: &mut dyn Communicator,
+    rank: usize,
+) -> Result<(Vec<Tensor>, f64), KernelFailure> {
+    let kfail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
+    match k {
+        Kernel::Same(op) => Ok((kernels::cpu::eval(ctx, op, ins).map_err(kfail)?, 0.0)),
+        Kernel::MaskedGather { op, axis, axes, rows, total } => {
+            let off = mesh.index_in_group(rank, axes) * rows;
+            let (li, inside) = local_indices(ins[1], off, *rows, *total);
+            let out = eval1(ctx, op, &[ins[0], &li])?;
+            let inner: usize = ins[0].shape()[axis + 1..].iter().product();
+            let n = inside.len().max(1);
+            let v: Vec<f32> = out
+                .to_f32_vec()
+                .into_iter()
+                .enumerate()
+                .map(|(e, x)| if inside[(e / inner.max(1)) % n] { x } else { 0.0 })
+                .collect();
+            Ok((vec![Tensor::f32(out.shape().to_vec(), v)], 0.0))
+        }
+        Kernel::MaskedScatter { op, axes, rows, total, pre, .. } => {
+            let off = mesh.index_in_group(rank, axes) * rows;
+            let (li, inside) = local_indices(ins[0], off, *rows, *total);
+            let dy = ins[1];
+            let n = inside.len().max(1);
+            let inner: usize = dy.numel() / (*pre).max(1) / n;
+            let v: Vec<f32> = dy
+                .to_f32_vec()
+                .into_iter()
+                .enumerate()
+                .map(|(e, x)| if inside[(e / inner.max(1)) % n] { x } else { 0.0 })
+                .collect();
+            let dy = Tensor::f32(dy.shape().to_vec(), v);
+            Ok((kernels::cpu::eval(ctx, op, &[&li, &dy]).map_err(kfail)?, 0.0))
+        }
+        Kernel::SplitSoftmax { axis, log, axes } => {
+            let red = |k| Op::Reduce { op: k, axes: vec![*axis], keepdims: true };
+            let x = ins[0];
+            let mut waited = 0.0;
+            let mut all = |t: &Tensor, op: ReduceKind| -> Result<Tensor, KernelFailure> {
+                let t0 = Instant::now();
+                let r =
+                    comm.run(&Collective::AllReduce { axes: axes.clone(), op }, mesh, t).map_err(KernelFailure::Comm);
+                waited += t0.elapsed().as_secs_f64();
+                r
+            };
+            let m = eval1(ctx, &red(ReduceOp::Max), &[x])?;
+            let m = all(&m, ReduceKind::Max)?;
+            let z = eval1(ctx, &Op::Binary(BinaryOp::Sub), &[x, &m])?;
+            let e = eval1(ctx, &Op::Unary(UnaryOp::Exp), &[&z])?;
+            let s = eval1(ctx, &red(ReduceOp::Sum), &[&e])?;
+            let s = all(&s, ReduceKind::Sum)?;
+            let y = if *log {
+                let ls = eval1(ctx, &Op::Unary(UnaryOp::Log), &[&s])?;
+                eval1(ctx, &Op::Binary(BinaryOp::Sub), &[&z, &ls])?
+            } else {
+                eval1(ctx, &Op::Binary(BinaryOp::Div), &[&e, &s])?
+            };
+            Ok((vec![y], waited))
+        }
+    }
+}

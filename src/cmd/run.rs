@@ -1,0 +1,336 @@
+//! `autopar run`: executes a plan's training steps on N ranks.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use codegen::{Plan, fmt_bytes};
+use runtime::dist::{FirstOf, ParamSource, Program, RankState, SeededInit};
+use runtime::launch::{CheckpointOptions, Fault, RunOptions, StepReport};
+
+use super::common;
+
+/// Where ranks run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Ranks as threads of this process (no setup).
+    Threads,
+    /// One process per rank under mpirun (build with `--features mpi`).
+    Mpi,
+    /// One process per GPU with NCCL (build with `--features cuda`).
+    Nccl,
+}
+
+/// Arguments of `autopar run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// A plan written by `autopar autoparallelize`.
+    pub plan: PathBuf,
+    /// Feed the global batch of an input from a .npy file: `NAME=FILE.npy` (model inputs and the
+    /// loss's targets or labels). Each rank takes its block as the plan's input layout says; the
+    /// same batch is used at every step.
+    #[arg(long = "feed", value_name = "NAME=FILE.npy")]
+    pub feeds: Vec<String>,
+    /// Train until this step (a resumed run continues from its checkpoint's step).
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Where the ranks run.
+    #[arg(long, value_enum, default_value = "threads")]
+    pub backend: Backend,
+    /// The ONNX model to read parameter blocks from (default: the file the plan was made from).
+    #[arg(long, value_name = "MODEL.onnx")]
+    pub model: Option<PathBuf>,
+    /// Parameters: `model` (every one from the ONNX file), `seed` (all from --seed), or `auto`
+    /// (from the file where it has data, the rest from --seed: weight-free models).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "model", "seed"])]
+    pub init: String,
+    /// Seed of the deterministic initialisation of parameters without data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write sharded checkpoints into this directory (after the last step, and every
+    /// --checkpoint-every steps).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// Checkpoint every K steps.
+    #[arg(long, value_name = "K", requires = "checkpoint")]
+    pub checkpoint_every: Option<u64>,
+    /// Continue from the newest checkpoint in --checkpoint DIR.
+    #[arg(long, requires = "checkpoint")]
+    pub resume: bool,
+    /// After the last step, write the full parameters (assembled from every rank) to DIR/params.npz.
+    #[arg(long, value_name = "DIR")]
+    pub save: Option<PathBuf>,
+    /// Kernel threads per rank.
+    #[arg(long, default_value_t = 1)]
+    pub threads_per_rank: usize,
+    /// How matrix products accumulate: f32 (fast) or f64.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub accumulate: common::AccumulateKind,
+    /// Seconds a rank waits in a collective before the run fails (a rank stopped responding).
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+    /// One JSON object per line: `{"step":i,"loss":x,"ms":t,...}` per step, then a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Inject a fault, for testing failure handling: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint]`
+    /// (also read from the AUTOPAR_INJECT_FAULT environment variable).
+    #[arg(long, value_name = "SPEC", hide = true)]
+    pub inject_fault: Option<String>,
+}
+
+/// The model file: `--model`, or the plan's source as given, or next to the plan file.
+fn model_path(a: &RunArgs, plan: &Plan) -> Option<PathBuf> {
+    if let Some(m) = &a.model {
+        return Some(m.clone());
+    }
+    let src = PathBuf::from(plan.model.source.as_ref()?);
+    if src.exists() {
+        return Some(src);
+    }
+    let beside = a.plan.parent().unwrap_or(Path::new(".")).join(src.file_name()?);
+    beside.exists().then_some(beside)
+}
+
+/// Runs `autopar run`.
+pub fn run(a: &RunArgs) -> Result<()> {
+    match a.backend {
+        Backend::Threads => {}
+        Backend::Mpi => {
+            bail!("--backend mpi: this autopar was built without MPI support (rebuild with --features mpi)")
+        }
+        Backend::Nccl => {
+            bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
+        }
+    }
+    if a.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    if !(a.timeout > 0.0 && a.timeout.is_finite()) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    let text = std::fs::read_to_string(&a.plan).with_context(|| format!("reading {}", a.plan.display()))?;
+    let plan = Plan::from_json(&text).with_context(|| a.plan.display().to_string())?;
+    let program = Program::new(&plan)?;
+    let feeds = common::read_feeds(&a.feeds)?;
+    let fault: Option<Fault> = match a.inject_fault.clone().or_else(|| std::env::var("AUTOPAR_INJECT_FAULT").ok()) {
+        Some(s) => Some(s.parse().map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let n = program.ranks();
+    let opts = RunOptions {
+        until_step: a.steps,
+        threads_per_rank: a.threads_per_rank.max(1),
+        accumulation: a.accumulate.mode(),
+        timeout: Duration::from_secs_f64(a.timeout),
+        checkpoint: a.checkpoint.as_ref().map(|dir| CheckpointOptions { dir: dir.clone(), every: a.checkpoint_every }),
+        fault,
+        run_id: format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+        ),
+    };
+    if let Some(dir) = &a.checkpoint {
+        std::fs::create_dir_all(dir).with_context(|| format!("--checkpoint {}", dir.display()))?;
+    }
+
+    let (states, source_note) = init_states(a, &plan, &program, &feeds)?;
+    let start = states[0].steps_done;
+    if start >= a.steps {
+        bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
+    }
+    let mut out = std::io::stdout().lock();
+    let est = &plan.estimate;
+    if !a.json {
+        writeln!(
+            out,
+            "running {} on mesh {} ({n} ranks as threads, {} kernel thread(s) each), steps {}..{}; {source_note}",
+            plan.model.name,
+            plan.mesh.shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("x"),
+            opts.threads_per_rank,
+            start + 1,
+            a.steps
+        )?;
+        writeln!(
+            out,
+            "plan: {} (chosen {}), estimated step {:.3} ms on {}, peak {} per rank",
+            plan.options.strategy.name(),
+            plan.solver.chosen.name(),
+            est.step_seconds * 1e3,
+            plan.device,
+            fmt_bytes(est.peak_bytes_per_rank)
+        )?;
+    }
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(a.steps - start);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let batch = program.batch() as f64;
+    let mut reports: Vec<StepReport> = vec![];
+    let mut print_err: Option<std::io::Error> = None;
+    let mut on_step = |r: &StepReport| {
+        let sps = batch / r.seconds.max(1e-12);
+        let comm = r.comm_seconds.iter().copied().fold(0.0, f64::max);
+        let line = if a.json {
+            serde_json::json!({
+                "step": r.step, "loss": r.loss, "ms": r.seconds * 1e3, "samples_per_s": sps,
+                "comm_ms": comm * 1e3, "peak_bytes": r.peak_bytes.iter().max(),
+                "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
+            })
+            .to_string()
+        } else {
+            format!(
+                "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{}",
+                r.step,
+                r.loss,
+                r.seconds * 1e3,
+                sps,
+                comm * 1e3,
+                r.checkpoint.as_ref().map(|p| format!("  checkpoint {}", p.display())).unwrap_or_default()
+            )
+        };
+        if !r.loss.is_finite() {
+            eprintln!("warning: step {}: loss is {} (diverged; try a smaller --lr when planning)", r.step, r.loss);
+        }
+        match &bar {
+            Some(b) => {
+                b.set_message(format!("loss {:.6}  {:.1} ms/step  {:.1} samples/s", r.loss, r.seconds * 1e3, sps));
+                b.inc(1);
+                b.println(line);
+            }
+            None => {
+                if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
+                    print_err.get_or_insert(e);
+                }
+            }
+        }
+        reports.push(r.clone());
+    };
+    let result = runtime::launch::run_threads(&program, states, &opts, &mut on_step);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let states = result.context("the run stopped")?;
+    if let Some(e) = print_err {
+        return Err(e.into());
+    }
+    let mut out = std::io::stdout().lock();
+    let peaks: Vec<u64> = (0..n).map(|r| reports.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0)).collect();
+    let max_peak = peaks.iter().copied().max().unwrap_or(0);
+    let dev = 100.0 * (max_peak as f64 - est.peak_bytes_per_rank as f64) / (est.peak_bytes_per_rank.max(1) as f64);
+    let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
+    secs.sort_by(f64::total_cmp);
+    let median = secs.get(secs.len() / 2).copied().unwrap_or(0.0);
+    let comm: f64 = reports.iter().map(|r| r.comm_seconds.iter().sum::<f64>() / n as f64).sum::<f64>()
+        / reports.len().max(1) as f64;
+    if a.json {
+        let line = serde_json::json!({
+            "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
+            "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
+            "estimated_step_ms": est.step_seconds * 1e3,
+        });
+        writeln!(out, "{line}")?;
+    } else {
+        writeln!(
+            out,
+            "median step {:.1} ms ({:.1} samples/s); collectives {:.1} ms per step per rank ({:.0}%)",
+            median * 1e3,
+            batch / median.max(1e-12),
+            comm * 1e3,
+            100.0 * comm / median.max(1e-12)
+        )?;
+        let all_same = peaks.iter().all(|&p| p == max_peak);
+        writeln!(
+            out,
+            "memory: measured peak {} per rank{} (plan estimate {}, {dev:+.1}%)",
+            fmt_bytes(max_peak),
+            if all_same { String::new() } else { format!(" at most; per rank {:?}", peaks) },
+            fmt_bytes(est.peak_bytes_per_rank)
+        )?;
+    }
+    if let Some(dir) = &a.save {
+        let params = program.assemble_params(&states)?;
+        std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
+        let file = dir.join("params.npz");
+        runtime::npy::write_npz(&file, &params).with_context(|| format!("--save {}", file.display()))?;
+        if !a.json {
+            writeln!(out, "saved the parameters ({} tensors) to {}", params.len(), file.display())?;
+        }
+    }
+    Ok(())
+}
+
+/// Every rank's blocks: from the checkpoint (`--resume`), or from the model file and the seed;
+/// and a line saying where they came from.
+fn init_states(
+    a: &RunArgs,
+    plan: &Plan,
+    program: &Program,
+    feeds: &std::collections::BTreeMap<String, ir::Tensor>,
+) -> Result<(Vec<RankState>, String)> {
+    let n = program.ranks();
+    let mut states: Vec<RankState> = Vec::with_capacity(n);
+    let note = if a.resume {
+        let dir = a.checkpoint.as_ref().context("--resume needs --checkpoint DIR")?;
+        for r in 0..n {
+            let mut st = program.empty_rank(r, feeds)?;
+            runtime::checkpoint::load(dir, program, &mut st)
+                .with_context(|| format!("--resume from {}", dir.display()))?;
+            states.push(st);
+        }
+        format!("resumed from {} at step {}", dir.display(), states[0].steps_done)
+    } else {
+        let seeded = SeededInit { seed: a.seed };
+        let index = match (a.init.as_str(), model_path(a, plan)) {
+            ("seed", _) => None,
+            (_, Some(p)) => Some((
+                tracer::InitializerIndex::open(&p)
+                    .with_context(|| format!("reading parameters from {}", p.display()))?,
+                p,
+            )),
+            ("model", None) => bail!(
+                "--init model: the plan's model file {} is not found; pass --model MODEL.onnx",
+                plan.model.source.as_deref().unwrap_or("(none recorded)")
+            ),
+            (_, None) => None,
+        };
+        let params: Vec<&str> = program.resident.iter().filter(|r| !r.is_state).map(|r| r.name.as_str()).collect();
+        let from_file = index.as_ref().map_or(0, |(ix, _)| params.iter().filter(|p| ix.get(p).is_some()).count());
+        if a.init == "model" && from_file < params.len() {
+            let missing = params
+                .iter()
+                .find(|p| index.as_ref().is_none_or(|(ix, _)| ix.get(p).is_none()))
+                .copied()
+                .unwrap_or("?");
+            bail!(
+                "--init model: the model file has no data for parameter {missing} ({from_file} of {} have data); use --init auto or seed",
+                params.len()
+            );
+        }
+        let mut sources: Vec<&dyn ParamSource> = vec![];
+        if let Some((ix, _)) = &index {
+            sources.push(ix);
+        }
+        sources.push(&seeded);
+        let source = FirstOf(sources);
+        for r in 0..n {
+            states.push(program.init_rank(r, &source, feeds)?);
+        }
+        match &index {
+            Some((_, p)) if from_file == params.len() => format!("parameters from {}", p.display()),
+            Some((_, p)) => format!(
+                "parameters: {from_file} from {}, {} from seed {}",
+                p.display(),
+                params.len() - from_file,
+                a.seed
+            ),
+            None => format!("parameters from seed {} ({} tensors)", a.seed, params.len()),
+        }
+    };
+    Ok((states, note))
+}

@@ -1,0 +1,330 @@
+//! Reading blocks of float initializers straight from an ONNX file, without decoding the model.
+//!
+//! A distributed rank needs only its own block of each parameter. [`InitializerIndex::open`]
+//! walks the protobuf wire format of the file (`ModelProto.graph` → `GraphProto.initializer`)
+//! and records, for every float32 initializer, its shape and where its little-endian elements
+//! sit: a byte range of the model file (`raw_data`, or packed `float_data`) or of an external
+//! data file. [`InitializerIndex::read_block`] then reads only the bytes of one block (one read
+//! per contiguous run). The element payloads are skipped by seeking, so a 500 MB model costs a
+//! few kilobytes of reading to index.
+//!
+//! Invariant: a block read from the index equals the same block of the tensor the importer
+//! builds from the same initializer (`tests`, and the workspace's runtime tests, check it).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::ImportError;
+
+/// Where one float32 initializer's elements are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InitializerLoc {
+    /// Global shape.
+    pub shape: Vec<usize>,
+    /// File holding the elements (the model, or its external data file).
+    pub file: PathBuf,
+    /// Byte offset of element 0 in that file.
+    pub offset: u64,
+}
+
+/// The float32 initializers of one ONNX file, by name (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct InitializerIndex {
+    locs: BTreeMap<String, InitializerLoc>,
+}
+
+struct Wire<R: Read + Seek> {
+    r: R,
+    pos: u64,
+    path: PathBuf,
+}
+
+impl<R: Read + Seek> Wire<R> {
+    fn bad(&self, m: impl Into<String>) -> ImportError {
+        ImportError::Decode { path: self.path.display().to_string(), message: m.into() }
+    }
+
+    fn byte(&mut self) -> Result<Option<u8>, ImportError> {
+        let mut b = [0u8];
+        match self.r.read(&mut b) {
+            Ok(0) => Ok(None),
+            Ok(_) => {
+                self.pos += 1;
+                Ok(Some(b[0]))
+            }
+            Err(cause) => Err(ImportError::Io { path: self.path.clone(), cause }),
+        }
+    }
+
+    /// A varint, or `None` at a clean end of input.
+    fn varint(&mut self) -> Result<Option<u64>, ImportError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let Some(b) = self.byte()? else {
+                return if shift == 0 { Ok(None) } else { Err(self.bad("truncated varint")) };
+            };
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(Some(v));
+            }
+        }
+        Err(self.bad("varint longer than 10 bytes"))
+    }
+
+    fn need_varint(&mut self) -> Result<u64, ImportError> {
+        self.varint()?.ok_or_else(|| self.bad("truncated field"))
+    }
+
+    fn skip(&mut self, n: u64) -> Result<(), ImportError> {
+        let n = i64::try_from(n).map_err(|_| self.bad("field length out of range"))?;
+        self.r.seek(SeekFrom::Current(n)).map_err(|cause| ImportError::Io { path: self.path.clone(), cause })?;
+        self.pos += n as u64;
+        Ok(())
+    }
+
+    fn bytes(&mut self, n: u64) -> Result<Vec<u8>, ImportError> {
+        if n > 1 << 20 {
+            return Err(self.bad(format!("a {n}-byte header field (expected a short string)")));
+        }
+        let mut v = vec![0u8; n as usize];
+        self.r.read_exact(&mut v).map_err(|cause| ImportError::Io { path: self.path.clone(), cause })?;
+        self.pos += n;
+        Ok(v)
+    }
+
+    /// Skips a field's payload of wire type `wt`.
+    fn skip_field(&mut self, wt: u64) -> Result<(), ImportError> {
+        match wt {
+            0 => self.need_varint().map(|_| ()),
+            1 => self.skip(8),
+            2 => {
+                let n = self.need_varint()?;
+                self.skip(n)
+            }
+            5 => self.skip(4),
+            _ => Err(self.bad(format!("unsupported protobuf wire type {wt}"))),
+        }
+    }
+}
+
+/// What the header fields of one `TensorProto` say.
+#[derive(Default)]
+struct TensorHeader {
+    name: String,
+    dims: Vec<i64>,
+    data_type: i32,
+    /// (offset, length) of `raw_data` or packed `float_data` in the model file.
+    inline: Option<(u64, u64)>,
+    external: Vec<(String, String)>,
+    data_location: i32,
+}
+
+impl InitializerIndex {
+    /// Indexes the float32 initializers of the ONNX model at `path` (see the module docs).
+    pub fn open(path: &Path) -> Result<InitializerIndex, ImportError> {
+        let f = File::open(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
+        let len = f.metadata().map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?.len();
+        let mut w = Wire { r: BufReader::new(f), pos: 0, path: path.to_path_buf() };
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut index = InitializerIndex::default();
+        // ModelProto: field 7 is the graph.
+        while let Some(key) = w.varint()? {
+            let (field, wt) = (key >> 3, key & 7);
+            if field == 7 && wt == 2 {
+                let n = w.need_varint()?;
+                let end = w.pos + n;
+                if end > len {
+                    return Err(w.bad("graph runs past the end of the file"));
+                }
+                index.read_graph(&mut w, end, &base)?;
+            } else {
+                w.skip_field(wt)?;
+            }
+        }
+        Ok(index)
+    }
+
+    fn read_graph<R: Read + Seek>(&mut self, w: &mut Wire<R>, end: u64, base: &Path) -> Result<(), ImportError> {
+        // GraphProto: field 5 is a repeated initializer (TensorProto).
+        while w.pos < end {
+            let key = w.need_varint()?;
+            let (field, wt) = (key >> 3, key & 7);
+            if field == 5 && wt == 2 {
+                let n = w.need_varint()?;
+                let t_end = w.pos + n;
+                if t_end > end {
+                    return Err(w.bad("initializer runs past the end of its graph"));
+                }
+                let h = read_tensor(w, t_end)?;
+                self.add(h, w, base)?;
+            } else {
+                w.skip_field(wt)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn add<R: Read + Seek>(&mut self, h: TensorHeader, w: &Wire<R>, base: &Path) -> Result<(), ImportError> {
+        if h.data_type != 1 {
+            return Ok(());
+        }
+        let bad = |m: String| ImportError::BadTensor { tensor: h.name.clone(), message: m };
+        let shape: Vec<usize> = h
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(format!("negative dim in {:?}", h.dims)))?;
+        let n = shape
+            .iter()
+            .try_fold(4u64, |a, &d| a.checked_mul(d as u64))
+            .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
+        let external = h.data_location == 1 || !h.external.is_empty();
+        let loc = if external {
+            let get = |k: &str| h.external.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+            let Some(file) = get("location") else { return Err(bad("external data without a location".into())) };
+            let offset: u64 = get("offset").and_then(|s| s.parse().ok()).unwrap_or(0);
+            let file = base.join(file);
+            if !file.exists() {
+                return Ok(()); // weight-free: the data file is absent
+            }
+            InitializerLoc { shape, file, offset }
+        } else {
+            match h.inline {
+                Some((offset, len)) if len == n => InitializerLoc { shape, file: w.path.clone(), offset },
+                Some((_, len)) if n > 0 => {
+                    return Err(bad(format!("has {len} data bytes, shape {shape:?} needs {n}")));
+                }
+                _ => return Ok(()), // no data: weight-free
+            }
+        };
+        self.locs.insert(h.name, loc);
+        Ok(())
+    }
+
+    /// The initializer called `name`, if the file has its data.
+    pub fn get(&self, name: &str) -> Option<&InitializerLoc> {
+        self.locs.get(name)
+    }
+
+    /// Number of float32 initializers with data.
+    pub fn len(&self) -> usize {
+        self.locs.len()
+    }
+
+    /// True when no float32 initializer has data (a weight-free model).
+    pub fn is_empty(&self) -> bool {
+        self.locs.is_empty()
+    }
+
+    /// Reads the block of initializer `name` that starts at `offsets` and has shape `size`.
+    /// Returns `Ok(None)` when the file has no data for it.
+    pub fn read_block(&self, name: &str, offsets: &[usize], size: &[usize]) -> Result<Option<Vec<f32>>, ImportError> {
+        let Some(loc) = self.locs.get(name) else { return Ok(None) };
+        let bad = |m: String| ImportError::BadTensor { tensor: name.to_string(), message: m };
+        let shape = &loc.shape;
+        if offsets.len() != shape.len() || size.len() != shape.len() {
+            return Err(bad(format!("block of rank {} asked of a rank-{} tensor", size.len(), shape.len())));
+        }
+        if offsets.iter().zip(size).zip(shape).any(|((&o, &s), &d)| o + s > d) {
+            return Err(bad(format!("block at {offsets:?} of size {size:?} is outside shape {shape:?}")));
+        }
+        let total: usize = size.iter().product();
+        let mut out = Vec::with_capacity(total);
+        if total == 0 {
+            return Ok(Some(out));
+        }
+        // The block is a set of contiguous runs: the trailing dims taken whole, plus one partial dim.
+        let nd = shape.len();
+        let mut k = nd; // dims k.. are whole in the block
+        while k > 0 && size[k - 1] == shape[k - 1] {
+            k -= 1;
+        }
+        let inner: usize = shape[k..].iter().product();
+        let run = if k == 0 { inner } else { size[k - 1] * inner };
+        let lead = k.saturating_sub(1); // dims 0..lead are iterated
+        let strides: Vec<usize> = (0..nd).map(|d| shape[d + 1..].iter().product()).collect();
+        let mut f = File::open(&loc.file).map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
+        let mut idx = vec![0usize; lead];
+        let mut buf = vec![0u8; run * 4];
+        loop {
+            let mut start: usize = (0..nd).map(|d| offsets[d] * strides[d]).sum();
+            start += idx.iter().enumerate().map(|(d, &i)| i * strides[d]).sum::<usize>();
+            f.seek(SeekFrom::Start(loc.offset + 4 * start as u64))
+                .and_then(|_| f.read_exact(&mut buf))
+                .map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
+            out.extend(buf.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            // Next index over the leading dims (odometer).
+            let mut d = lead;
+            loop {
+                if d == 0 {
+                    return Ok(Some(out));
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < size[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+}
+
+fn read_tensor<R: Read + Seek>(w: &mut Wire<R>, end: u64) -> Result<TensorHeader, ImportError> {
+    let mut h = TensorHeader::default();
+    while w.pos < end {
+        let key = w.need_varint()?;
+        let (field, wt) = (key >> 3, key & 7);
+        match (field, wt) {
+            (1, 0) => h.dims.push(w.need_varint()? as i64),
+            (1, 2) => {
+                let n = w.need_varint()?;
+                let e = w.pos + n;
+                while w.pos < e {
+                    h.dims.push(w.need_varint()? as i64);
+                }
+            }
+            (2, 0) => h.data_type = w.need_varint()? as i32,
+            (8, 2) => {
+                let n = w.need_varint()?;
+                h.name = String::from_utf8_lossy(&w.bytes(n)?).into_owned();
+            }
+            // raw_data, or packed float_data: little-endian f32 elements either way.
+            (9, 2) | (4, 2) => {
+                let n = w.need_varint()?;
+                h.inline = Some((w.pos, n));
+                w.skip(n)?;
+            }
+            (4, 5) => return Err(w.bad(format!("initializer {}: unpacked float_data is not supported", h.name))),
+            (13, 2) => {
+                let n = w.need_varint()?;
+                let e = w.pos + n;
+                let (mut k, mut v) = (String::new(), String::new());
+                while w.pos < e {
+                    let key = w.need_varint()?;
+                    match (key >> 3, key & 7) {
+                        (1, 2) => {
+                            let n = w.need_varint()?;
+                            k = String::from_utf8_lossy(&w.bytes(n)?).into_owned();
+                        }
+                        (2, 2) => {
+                            let n = w.need_varint()?;
+                            v = String::from_utf8_lossy(&w.bytes(n)?).into_owned();
+                        }
+                        (_, wt) => w.skip_field(wt)?,
+                    }
+                }
+                h.external.push((k, v));
+            }
+            (14, 0) => h.data_location = w.need_varint()? as i32,
+            (_, wt) => w.skip_field(wt)?,
+        }
+    }
+    if w.pos != end {
+        return Err(w.bad(format!("initializer {} overruns its length", h.name)));
+    }
+    Ok(h)
+}
