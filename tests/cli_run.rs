@@ -1,0 +1,295 @@
+//! Tests of `autopar run` (issue 7): PyTorch's references reproduced through a planned run on a
+//! 2x2 mesh, checkpoints that resume bit-for-bit and survive a kill mid-write, and rank failures
+//! that end the whole run promptly with a message naming the rank.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn autopar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .env_remove("AUTOPAR_LOG")
+        .env_remove("AUTOPAR_INJECT_FAULT")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("running the autopar binary")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = autopar(args);
+    assert!(
+        out.status.success(),
+        "autopar {} failed ({}):\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `{"step": i, "loss": x}` lines of a `--json` run.
+fn losses(stdout: &str) -> Vec<(u64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v.get("step")?.as_u64()?, v.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+fn norm(v: &[f32]) -> f64 {
+    v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt()
+}
+
+struct Model {
+    name: &'static str,
+    loss: &'static str,
+    feeds: &'static [(&'static str, &'static str)],
+    accumulate: &'static str,
+}
+
+const MODELS: [Model; 4] = [
+    Model {
+        name: "mlp",
+        loss: "mse:y:target",
+        feeds: &[("x", "models/mlp.x.npy"), ("target", "refgrad/mlp/mlp.target.npy")],
+        accumulate: "f32",
+    },
+    Model {
+        name: "gpt2-tiny",
+        loss: "ce-next:logits:input_ids",
+        feeds: &[("input_ids", "models/gpt2-tiny.input_ids.npy")],
+        accumulate: "f32",
+    },
+    Model {
+        name: "bert-tiny",
+        loss: "mse:last_hidden_state:target",
+        feeds: &[
+            ("input_ids", "models/bert-tiny.input_ids.npy"),
+            ("attention_mask", "models/bert-tiny.attention_mask.npy"),
+            ("target", "refgrad/bert-tiny/bert-tiny.target.npy"),
+        ],
+        accumulate: "f32",
+    },
+    // One ReLU input of resnet18 is within f32 rounding of zero (tests/tests/refgrad.rs): with f64
+    // sums in its convolutions every tensor matches PyTorch to 1e-4.
+    Model {
+        name: "resnet18",
+        loss: "ce:logits:labels",
+        feeds: &[("input", "models/resnet18.input.npy"), ("labels", "refgrad/resnet18/resnet18.labels.npy")],
+        accumulate: "f64",
+    },
+];
+
+fn feed_args(m: &Model) -> Vec<String> {
+    m.feeds.iter().flat_map(|(n, f)| ["--feed".to_string(), format!("{n}={}", s(&data(f)))]).collect()
+}
+
+/// Plans `m` on `mesh` with SGD (lr 0.1, as tests/data/refgrad's one-step references) into `dir`.
+fn plan(m: &Model, mesh: &str, optimizer: &[&str], dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{}-{mesh}.json", m.name));
+    let model = s(&data(&format!("models/{}.onnx", m.name)));
+    let mut args = vec!["plan", &model, "--mesh", mesh, "--memory", "4GiB", "--loss", m.loss, "--time-limit", "1"];
+    args.extend_from_slice(optimizer);
+    let o = s(&out);
+    args.extend_from_slice(&["-o", &o]);
+    ok(&args);
+    out
+}
+
+/// Acceptance 2: PyTorch's loss and parameters after one SGD step, through `autopar run` on 2x2.
+#[test]
+fn run_reproduces_pytorch_on_2x2() {
+    let dir = tempfile::tempdir().unwrap();
+    for m in &MODELS {
+        let p = plan(m, "2x2", &["--optimizer", "sgd", "--lr", "0.1"], dir.path());
+        let save = dir.path().join(format!("{}-saved", m.name));
+        let mut args: Vec<String> = vec!["run".into(), s(&p), "--steps".into(), "1".into(), "--json".into()];
+        args.extend(feed_args(m));
+        args.extend(["--accumulate".into(), m.accumulate.into(), "--save".into(), s(&save)]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ok(&argv);
+        let refs = data(&format!("refgrad/{}", m.name));
+        let want: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(refs.join("loss.json")).unwrap()).unwrap();
+        let want = want["loss"].as_f64().unwrap();
+        let got = losses(&out);
+        assert_eq!(got.len(), 1, "{}: {out}", m.name);
+        let e = (got[0].1 - want).abs() / want.abs();
+        assert!(e <= 1e-4, "{}: loss {} vs PyTorch {want} ({e:.2e})", m.name, got[0].1);
+        let params = runtime::npy::read_npz(&save.join("params.npz")).unwrap();
+        let want_params = runtime::npy::read_npz(&refs.join("params_after_sgd.npz")).unwrap();
+        assert!(!want_params.is_empty());
+        let mut worst: f64 = 0.0;
+        for (name, w) in &want_params {
+            let g = params.get(name).unwrap_or_else(|| panic!("{}: no parameter {name} saved", m.name));
+            assert_eq!(g.shape(), w.shape(), "{}: {name}", m.name);
+            let (a, b) = (g.to_f32_vec(), w.to_f32_vec());
+            let d: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
+            let e = norm(&d) / norm(&b).max(1e-12);
+            assert!(e <= 1e-4, "{}: parameter {name} after one SGD step differs from PyTorch by {e:.2e}", m.name);
+            worst = worst.max(e);
+        }
+        println!(
+            "{} on 2x2: loss {:.8} (PyTorch {want:.8}), {} parameters after one SGD step, worst relative error {worst:.1e}",
+            m.name,
+            got[0].1,
+            want_params.len()
+        );
+    }
+}
+
+fn gpt2_run_args(plan: &Path, steps: u64, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec!["run".into(), s(plan), "--steps".into(), steps.to_string(), "--json".into()];
+    a.extend(feed_args(&MODELS[1]));
+    a.extend(extra.iter().map(|x| x.to_string()));
+    a
+}
+
+fn run_ok(args: &[String]) -> String {
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&argv)
+}
+
+/// Acceptance 4: a run stopped after step k and resumed reproduces the uninterrupted run's losses
+/// bit-for-bit (AdamW, so optimizer state and its step counter go through the checkpoint too).
+#[test]
+fn resume_reproduces_the_uninterrupted_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&MODELS[1], "2x2", &["--optimizer", "adamw", "--lr", "1e-3"], dir.path());
+    let full = losses(&run_ok(&gpt2_run_args(&p, 5, &[])));
+    assert_eq!(full.len(), 5);
+    let ck = s(&dir.path().join("ckpt"));
+    let first = losses(&run_ok(&gpt2_run_args(&p, 2, &["--checkpoint", &ck])));
+    let rest = losses(&run_ok(&gpt2_run_args(&p, 5, &["--checkpoint", &ck, "--resume"])));
+    assert_eq!(first, full[..2].to_vec());
+    assert_eq!(rest.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 4, 5]);
+    for (a, b) in rest.iter().zip(&full[2..]) {
+        assert_eq!(a.1.to_bits(), b.1.to_bits(), "step {}: resumed loss {} vs uninterrupted {}", a.0, a.1, b.1);
+    }
+}
+
+/// Acceptance 4: a run killed while writing a checkpoint leaves the previous one intact and
+/// loadable; resuming from it continues exactly as the uninterrupted run.
+#[test]
+fn a_kill_mid_write_leaves_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&MODELS[1], "2x2", &["--optimizer", "adamw", "--lr", "1e-3"], dir.path());
+    let full = losses(&run_ok(&gpt2_run_args(&p, 4, &[])));
+    let ckdir = dir.path().join("ckpt");
+    let ck = s(&ckdir);
+    let args = gpt2_run_args(
+        &p,
+        4,
+        &["--checkpoint", &ck, "--checkpoint-every", "1", "--inject-fault", "rank=1,step=2,kind=exit-in-checkpoint"],
+    );
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = autopar(&argv);
+    assert_eq!(out.status.code(), Some(137), "{}", String::from_utf8_lossy(&out.stderr));
+    let latest = std::fs::read_to_string(ckdir.join("LATEST")).unwrap();
+    assert!(latest.starts_with("ckpt-00000001-"), "LATEST = {latest}");
+    let names: Vec<String> =
+        std::fs::read_dir(&ckdir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().any(|n| n.starts_with(".tmp-ckpt-00000002-")), "no unfinished step-2 directory: {names:?}");
+    let rest = losses(&run_ok(&gpt2_run_args(&p, 4, &["--checkpoint", &ck, "--resume"])));
+    assert_eq!(rest.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 3, 4]);
+    for (a, b) in rest.iter().zip(&full[1..]) {
+        assert_eq!(a.1.to_bits(), b.1.to_bits(), "step {}: resumed loss {} vs uninterrupted {}", a.0, a.1, b.1);
+    }
+    // The resumed run cleaned up the unfinished directory and now points at step 4.
+    let names: Vec<String> =
+        std::fs::read_dir(&ckdir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.starts_with(".tmp-")), "{names:?}");
+    assert!(std::fs::read_to_string(ckdir.join("LATEST")).unwrap().starts_with("ckpt-00000004-"));
+    // A corrupted rank file is refused with a clear error.
+    let latest = std::fs::read_to_string(ckdir.join("LATEST")).unwrap();
+    let f = ckdir.join(latest.trim()).join("rank-00002.npz");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let k = bytes.len() / 2;
+    bytes[k] ^= 0xff;
+    std::fs::write(&f, bytes).unwrap();
+    let args = gpt2_run_args(&p, 6, &["--checkpoint", &ck, "--resume"]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = autopar(&argv);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("corrupt") && err.contains("rank-00002.npz"), "{err}");
+}
+
+/// Acceptance 5: an injected rank failure ends the whole run with a non-zero exit within 10 s,
+/// naming the rank and the cause (error, panic, and a rank that stops responding).
+#[test]
+fn a_failing_rank_stops_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&MODELS[1], "2x2", &["--optimizer", "adamw"], dir.path());
+    for (fault, phrases) in [
+        ("rank=2,step=2", vec!["rank 2", "injected fault at step 2"]),
+        ("rank=3,step=1,kind=panic", vec!["rank 3 panicked", "injected panic"]),
+        ("rank=1,step=2,kind=hang", vec!["timed out"]),
+    ] {
+        let args = gpt2_run_args(&p, 4, &["--inject-fault", fault, "--timeout", "3"]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let t0 = Instant::now();
+        let out = autopar(&argv);
+        let took = t0.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{fault}: the run succeeded");
+        assert!(out.status.code().is_some(), "{fault}: killed by a signal");
+        assert!(took < Duration::from_secs(10), "{fault}: took {took:?}");
+        let line =
+            err.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{fault}: no error line: {err}"));
+        for ph in phrases {
+            assert!(line.contains(ph), "{fault}: `{ph}` not in: {line}");
+        }
+        println!("{fault}: exit {:?} after {:.2} s: {line}", out.status.code(), took.as_secs_f64());
+    }
+    // The environment variable works too.
+    let args = gpt2_run_args(&p, 3, &[]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(&argv)
+        .env("AUTOPAR_INJECT_FAULT", "rank=0,step=1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rank 0: injected fault at step 1"));
+}
+
+/// Bad input is one clear line: a corrupt plan, a missing feed, a feed of the wrong shape, an
+/// unknown back end, resuming without a checkpoint.
+#[test]
+fn run_rejects_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&MODELS[1], "1x2", &["--optimizer", "sgd"], dir.path());
+    let ids = s(&data("models/gpt2-tiny.input_ids.npy"));
+    let x = s(&data("models/mlp.x.npy"));
+    let feed = format!("input_ids={ids}");
+    let wrong = format!("input_ids={x}");
+    let bad_plan = dir.path().join("bad.json");
+    std::fs::write(&bad_plan, "{\"version\": 2}").unwrap();
+    let none = s(&dir.path().join("none"));
+    for (args, phrase) in [
+        (vec!["run", &s(&bad_plan), "--feed", &feed], "invalid plan"),
+        (vec!["run", &s(&p)], "missing feed for input input_ids"),
+        (vec!["run", &s(&p), "--feed", &wrong], "feed input_ids is f32[32,256]"),
+        (vec!["run", &s(&p), "--feed", &feed, "--backend", "mpi"], "MPI"),
+        (vec!["run", &s(&p), "--feed", &feed, "--checkpoint", &none, "--resume"], "no checkpoint"),
+        (vec!["run", &s(&p), "--feed", &feed, "--init", "model", "--model", &x], "mlp.x.npy"),
+    ] {
+        let out = autopar(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(lines[0].starts_with("error: ") && lines[0].contains(phrase), "{args:?}: `{phrase}` not in {err}");
+    }
+}
