@@ -25,9 +25,14 @@ pub fn summary(p: &Plan) -> String {
         p.solver.chosen.name()
     );
     let share = |x: f64| if e.step_seconds > 0.0 { 100.0 * x / e.step_seconds } else { 0.0 };
+    let recompute = if e.recompute_seconds > 0.0 {
+        format!(" + recompute {} ({:.0}%)", ms(e.recompute_seconds), share(e.recompute_seconds))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         o,
-        "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%)",
+        "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%){recompute}",
         ms(e.step_seconds),
         ms(e.compute_seconds),
         share(e.compute_seconds),
@@ -42,6 +47,19 @@ pub fn summary(p: &Plan) -> String {
         100.0 * e.peak_bytes_per_rank as f64 / p.options.budget_bytes.max(1) as f64,
         fmt_bytes(e.resident_bytes_per_rank)
     );
+    let ck = &e.checkpoint;
+    if !ck.recomputed.is_empty() {
+        let _ = writeln!(
+            o,
+            "recompute {} of {} forward stages during backward: peak {} -> {} (+{} per step; chosen in {})",
+            ck.recomputed.len(),
+            ck.stages,
+            fmt_bytes(ck.peak_before),
+            fmt_bytes(ck.peak_after),
+            ms(ck.extra_seconds),
+            ms(ck.seconds)
+        );
+    }
     if e.collectives.is_empty() {
         let _ = writeln!(o, "comms     none");
     }

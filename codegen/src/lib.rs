@@ -12,6 +12,7 @@
 //! the same problem.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 mod error;
 pub mod explain;
 pub mod memory;

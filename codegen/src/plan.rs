@@ -12,6 +12,7 @@ use ir::{Graph, NodeIndex, Op, Value};
 use serde::{Deserialize, Serialize};
 use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec};
 
+use crate::checkpoint::CheckpointReport;
 use crate::problem::{Baseline, Built, FORBIDDEN, build};
 use crate::{Error, Result, fmt_bytes};
 
@@ -32,6 +33,9 @@ pub struct PlanOptions {
     /// With `Auto`, also solve the manual baselines and keep the best plan (each is a feasible
     /// plan of the unrestricted problem), so the result is never worse than them.
     pub compare_baselines: bool,
+    /// Recompute activations during backward when the program's peak exceeds the budget
+    /// ([`crate::checkpoint`]).
+    pub checkpoint: bool,
     /// Tie the strategies of repeated layers (the same op in every transformer block) with
     /// equality edges. Off by default: on generated GPTs of 12-96 layers it gave slightly worse
     /// plans in no less time (BENCHMARKS.md); shared decision variables need solver support.
@@ -46,6 +50,7 @@ impl Default for PlanOptions {
             time_limit: Duration::from_secs(5),
             threads: 1,
             compare_baselines: true,
+            checkpoint: true,
             tie_layers: false,
         }
     }
@@ -133,6 +138,10 @@ pub enum Instr {
         local: Local,
         /// Estimated seconds (compute + the op's own collectives).
         seconds: f64,
+        /// A re-execution during backward of a forward op whose output was not kept
+        /// (activation checkpointing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        recompute: bool,
     },
     /// A layout conversion step of a value.
     Collective {
@@ -195,6 +204,12 @@ pub struct Estimate {
     pub compute_seconds: f64,
     /// Communication seconds.
     pub comm_seconds: f64,
+    /// Seconds of recomputing activations during backward (ops and their conversions).
+    #[serde(default)]
+    pub recompute_seconds: f64,
+    /// What activation checkpointing did.
+    #[serde(default)]
+    pub checkpoint: CheckpointReport,
     /// Peak bytes per rank: the liveness walk of the program ([`crate::memory::simulate`]),
     /// which is what the runtime holds (conversion copies included).
     pub peak_bytes_per_rank: u64,
@@ -232,8 +247,12 @@ pub struct SolverInfo {
     pub strategies: usize,
     /// Which restriction gave the chosen plan (with `auto`, possibly a baseline).
     pub chosen: Baseline,
-    /// Step seconds of each plan solved (auto and the baselines compared), by name.
+    /// Step seconds of each plan solved (auto and the baselines compared), by name; `None`
+    /// for one that does not fit the budget.
     pub compared: BTreeMap<String, Option<f64>>,
+    /// Solver rounds: more than one when stage two sent the solver back with a tighter budget.
+    #[serde(default)]
+    pub rounds: usize,
 }
 
 /// A distributed training plan (see the module docs).
@@ -358,55 +377,104 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
     } else {
         vec![]
     };
-    let share = opts.time_limit / (1 + others.len() as u32);
-    let first = match solve_one(&main, opts, share) {
-        Ok(s) => s,
-        Err(Error::Solver(solver::Error::Infeasible { min_peak, .. })) => {
-            return Err(infeasible(&main, &g, opts.budget, min_peak));
-        }
-        Err(e) => return Err(e),
-    };
-    let cost_of = |sol: &[usize]| -> Result<u128> { Ok(main.problem.evaluate(sol)?.cost) };
-    let mut best = (cost_of(&first.solution)?, first.solution.clone(), opts.baseline);
-    let mut compared = BTreeMap::new();
-    compared.insert(opts.baseline.name().to_string(), Some(best.0 as f64 * 1e-12));
-    for b in others {
-        let built = main.restrict(&g, mesh, b)?;
-        let r = solve_one(&built, opts, share).ok().and_then(|s| map_solution(&built, &main, &s.solution));
-        let c = match &r {
-            Some(sol) => {
-                let ev = main.problem.evaluate(sol)?;
-                ev.feasible().then_some(ev.cost)
+    let restrictions: Vec<Baseline> = std::iter::once(opts.baseline).chain(others).collect();
+    let share = opts.time_limit / restrictions.len() as u32;
+    let budget = opts.budget;
+    // The solver's model misses what the program adds (conversion copies) and what
+    // recomputation removes, so every solution is lowered and its program's peak checked against
+    // the budget. Stage two: when none fits, the solver goes back with its budget tightened by
+    // the smallest excess seen, down to the smallest peak it can reach at all (min-memory
+    // strategies everywhere), below which only recomputation helps.
+    let floor = main.problem.min_peak_usage().0.min(u64::MAX as u128) as u64;
+    let mut solver_budget = budget.max(floor);
+    let mut smallest: Option<(u64, Plan)> = None;
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let mut candidates: Vec<(Baseline, Plan)> = vec![];
+        let mut compared: BTreeMap<String, Option<f64>> = BTreeMap::new();
+        let mut first: Option<Solved> = None;
+        for &b in &restrictions {
+            let mut built = main.restrict(&g, mesh, b)?;
+            built.problem.usage_limit = Some(solver_budget);
+            let solved = match solve_one(&built, opts, share) {
+                Ok(s) => s,
+                // Under memory pressure the solver may find nothing in its time, or only plans
+                // that break a parameter/update tie (the restriction's smallest peak ignores the
+                // ties): no candidate from this restriction, this round.
+                Err(Error::Solver(solver::Error::Infeasible { .. }) | Error::Internal(_)) => {
+                    compared.insert(b.name().to_string(), None);
+                    continue;
+                }
+                // A baseline that cannot be solved is only not compared.
+                Err(_) if b != opts.baseline => {
+                    compared.insert(b.name().to_string(), None);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(sol) = map_solution(&built, &main, &solved.solution) else { continue };
+            let ev = main.problem.evaluate(&sol)?;
+            if ev.cost >= FORBIDDEN as u128 {
+                compared.insert(b.name().to_string(), None);
+                continue;
             }
-            None => None,
-        };
-        compared.insert(b.name().to_string(), c.map(|c| c as f64 * 1e-12));
-        if let (Some(c), Some(sol)) = (c, r)
-            && c < best.0
-        {
-            best = (c, sol, b);
+            let info = SolverInfo {
+                status: solved.status.clone(),
+                objective_seconds: ev.cost as f64 * 1e-12,
+                lower_bound_seconds: solved.bound as f64 * 1e-12,
+                seconds: 0.0,
+                nodes: main.problem.nodes.len(),
+                edges: main.problem.edges.len(),
+                tied: main.tied,
+                strategies: main.problem.total_strategies(),
+                chosen: b,
+                compared: BTreeMap::new(),
+                rounds: 0,
+            };
+            let p = lower(&g, mesh, profile, opts, &main, &sol, ev.peak_usage.min(u64::MAX as u128) as u64, info)?;
+            let peak = p.estimate.peak_bytes_per_rank;
+            if peak <= budget {
+                compared.insert(b.name().to_string(), Some(p.estimate.step_seconds));
+                candidates.push((b, p));
+            } else {
+                compared.insert(b.name().to_string(), None);
+                if smallest.as_ref().is_none_or(|(s, _)| peak < *s) {
+                    smallest = Some((peak, p));
+                }
+            }
+            if b == opts.baseline {
+                first = Some(solved);
+            }
         }
+        if let Some((b, mut p)) =
+            candidates.into_iter().min_by(|x, y| x.1.estimate.step_seconds.total_cmp(&y.1.estimate.step_seconds))
+        {
+            let first_bound = first.as_ref().map_or(0, |f| f.bound);
+            let objective = (p.solver.objective_seconds * 1e12).round() as u128;
+            p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 {
+                "Optimal".into()
+            } else if b == opts.baseline {
+                first.map_or_else(|| p.solver.status.clone(), |f| f.status)
+            } else {
+                "TimeLimit".into()
+            };
+            p.solver.lower_bound_seconds = first_bound as f64 * 1e-12;
+            p.solver.seconds = t0.elapsed().as_secs_f64();
+            p.solver.compared = compared;
+            p.solver.rounds = rounds;
+            return Ok(p);
+        }
+        // Nothing fits: tighten the solver's budget by the smallest excess (stage two).
+        let excess = smallest.as_ref().map_or(0, |(s, _)| s.saturating_sub(budget)).max(1);
+        let next = solver_budget.saturating_sub(excess).max(floor);
+        if next >= solver_budget || rounds >= 4 {
+            break;
+        }
+        solver_budget = next;
     }
-    let ev = main.problem.evaluate(&best.1)?;
-    let solver_info = SolverInfo {
-        status: if best.0 <= first.bound {
-            "Optimal".into()
-        } else if best.2 == opts.baseline {
-            first.status.clone()
-        } else {
-            "TimeLimit".into()
-        },
-        objective_seconds: best.0 as f64 * 1e-12,
-        lower_bound_seconds: first.bound as f64 * 1e-12,
-        seconds: t0.elapsed().as_secs_f64(),
-        nodes: main.problem.nodes.len(),
-        edges: main.problem.edges.len(),
-        tied: main.tied,
-        strategies: main.problem.total_strategies(),
-        chosen: best.2,
-        compared,
-    };
-    lower(&g, mesh, profile, opts, &main, &best.1, ev.peak_usage as u64, solver_info)
+    let min_peak = smallest.map_or(floor, |(s, _)| s);
+    Err(infeasible(&main, &g, budget, min_peak as u128))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -422,13 +490,6 @@ fn lower(
 ) -> Result<Plan> {
     let pos: HashMap<NodeIndex, usize> = b.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let chosen = |n: NodeIndex| &b.strategies[pos[&n]][sol[pos[&n]]];
-    // Last step at which each value is read.
-    let mut last_use: HashMap<String, usize> = HashMap::new();
-    for (i, &n) in b.nodes.iter().enumerate() {
-        for v in g.node_inputs(n) {
-            last_use.insert(value_id(v), i);
-        }
-    }
     // Kept to the end of the step: outputs, updated values, constants, and parameters nobody
     // updates (frozen).
     // An updated parameter or state gives its storage up after its last read: its new value
@@ -455,11 +516,10 @@ fn lower(
     let mut colls: BTreeMap<String, CollectiveSummary> = BTreeMap::new();
     let (mut compute, mut comm) = (0.0, 0.0);
     let mut temp = 0usize;
-    for (i, &n) in b.nodes.iter().enumerate() {
+    for &n in &b.nodes {
         let node = g.node(n);
         let s = chosen(n);
         let mut inputs = vec![];
-        let mut temps = vec![];
         let mut conv_seconds = 0.0;
         for (k, v) in g.node_inputs(n).into_iter().enumerate() {
             let from = &chosen(v.node).outputs[v.slot];
@@ -491,12 +551,8 @@ fn lower(
                         bytes: step.bytes,
                         seconds: step.cost,
                     });
-                    if cur.contains('@') {
-                        program.push(Instr::Free { values: vec![cur.clone()] });
-                    }
                     cur = out;
                 }
-                temps.push(cur.clone());
             }
             inputs.push(cur);
         }
@@ -533,18 +589,18 @@ fn lower(
             local_shapes: s.outputs.iter().zip(&node.outputs).map(|(sp, m)| sp.local_shape(&m.shape, mesh)).collect(),
             local: s.local.clone(),
             seconds: s.seconds(),
+            recompute: false,
         });
-        let mut free: Vec<String> = temps;
-        for v in g.node_inputs(n) {
-            let id = value_id(v);
-            if last_use.get(&id) == Some(&i) && !keep.contains(&id) && !free.contains(&id) {
-                free.push(id);
-            }
-        }
-        if !free.is_empty() {
-            program.push(Instr::Free { values: free });
-        }
     }
+    // Frees after last reads, and recomputation of activations when the plan exceeds its budget.
+    let (program, checkpoint) = if opts.checkpoint {
+        crate::checkpoint::fit(g, mesh, program, &keep, opts.budget)?
+    } else {
+        let p = crate::checkpoint::insert_frees(program, &keep);
+        let peak = crate::memory::simulate(g, mesh, &p)?.peak;
+        (p, CheckpointReport { peak_before: peak, peak_after: peak, ..Default::default() })
+    };
+    let recompute_seconds = checkpoint.extra_seconds;
     let mut params = vec![];
     let mut resident = 0u64;
     for &n in &b.nodes {
@@ -586,9 +642,11 @@ fn lower(
         params,
         program,
         estimate: Estimate {
-            step_seconds: compute + comm,
+            step_seconds: compute + comm + recompute_seconds,
             compute_seconds: compute,
             comm_seconds: comm,
+            recompute_seconds,
+            checkpoint,
             peak_bytes_per_rank: memory.peak,
             solver_peak_bytes_per_rank: peak,
             resident_bytes_per_rank: resident,

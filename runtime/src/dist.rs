@@ -370,12 +370,19 @@ impl Program {
                             code.push(Exec::Storage { slot: slot0, name: p.clone() });
                         }
                         Op::Input { name: i } => {
-                            inputs.push(InputInfo {
-                                name: i.clone(),
-                                meta: n.outputs[0].clone(),
-                                spec: output_specs[0].clone(),
-                            });
-                            code.push(Exec::Input { slot: slot0, index: inputs.len() - 1 });
+                            // A recomputation may read the input's block again.
+                            let index = match inputs.iter().position(|x: &InputInfo| &x.name == i) {
+                                Some(k) => k,
+                                None => {
+                                    inputs.push(InputInfo {
+                                        name: i.clone(),
+                                        meta: n.outputs[0].clone(),
+                                        spec: output_specs[0].clone(),
+                                    });
+                                    inputs.len() - 1
+                                }
+                            };
+                            code.push(Exec::Input { slot: slot0, index });
                         }
                         Op::Constant(t) => {
                             constants.push((t.clone(), output_specs[0].clone()));

@@ -52,6 +52,10 @@ pub struct PlanArgs {
     /// (equality edges between consecutive blocks).
     #[arg(long)]
     pub tie_layers: bool,
+    /// Never recompute activations: a plan whose program exceeds the budget is not accepted
+    /// (by default, activations are recomputed during backward when that makes the plan fit).
+    #[arg(long)]
+    pub no_checkpoint: bool,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -119,6 +123,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         time_limit: Duration::from_secs_f64(a.time_limit),
         threads: a.threads.max(1),
         compare_baselines: true,
+        checkpoint: !a.no_checkpoint,
         tie_layers: a.tie_layers,
     };
     let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;

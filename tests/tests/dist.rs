@@ -58,7 +58,7 @@ struct Case {
     accumulation: Accumulation,
 }
 
-const CASES: [Case; 4] = [
+static CASES: [Case; 4] = [
     Case {
         model: "mlp",
         loss: "mse:y:target",
@@ -114,7 +114,19 @@ struct Row {
     measured: u64,
 }
 
-fn check_model(c: &Case) -> Result<Vec<Row>> {
+/// The single-device run a plan is compared with.
+struct Reference {
+    case: &'static Case,
+    g: ir::Graph,
+    tg: ir::autodiff::TrainingGraph,
+    feeds: BTreeMap<String, Tensor>,
+    index: tracer::InitializerIndex,
+    losses: Vec<f32>,
+    params: BTreeMap<String, Tensor>,
+    param_tol: f64,
+}
+
+fn reference(c: &'static Case) -> Result<Reference> {
     let path = data().join(format!("models/{}.onnx", c.model));
     let mut g = tracer::import_file(&path, &tracer::ImportOptions::default())?;
     ir::passes::canonicalize(&mut g)?;
@@ -125,15 +137,13 @@ fn check_model(c: &Case) -> Result<Vec<Row>> {
     let loss: LossSpec = c.loss.parse().map_err(anyhow::Error::msg)?;
     let optimizer = Optimizer::Sgd { lr: c.lr, momentum: 0.9, weight_decay: 0.0 };
     let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(optimizer), frozen: vec![] })?;
-
-    // The single-device reference.
     let ctx = CpuContext::new(1)?.with_accumulation(c.accumulation);
     let mut trainer = Trainer::new(&tg, &g.param_data)?;
-    let mut want_losses = vec![];
+    let mut losses = vec![];
     for _ in 0..STEPS {
-        want_losses.push(trainer.step(&ctx, &feeds)?.loss);
+        losses.push(trainer.step(&ctx, &feeds)?.loss);
     }
-    let want_params = trainer.params();
+    let params = trainer.params();
     // The noise floor: the same single-device run with the other accumulation precision.
     let other = match c.accumulation {
         Accumulation::F32 => Accumulation::F64,
@@ -146,16 +156,91 @@ fn check_model(c: &Case) -> Result<Vec<Row>> {
     }
     let mut floor: f64 = 0.0;
     for (name, p) in t2.params() {
-        floor = floor.max(rel_err(&p, &want_params[&name])?);
+        floor = floor.max(rel_err(&p, &params[&name])?);
     }
     let param_tol = TOL.max(floor);
     println!(
         "{}: noise floor (single-device f64 vs f32 sums, {STEPS} steps) {floor:.2e}; parameter tolerance {param_tol:.1e}",
         c.model
     );
-
     let index = tracer::InitializerIndex::open(&path)?;
+    Ok(Reference { case: c, g, tg, feeds, index, losses, params, param_tol })
+}
+
+/// Plans the reference's training graph, runs the plan on threads and compares (see the module
+/// docs); `None` when no plan fits.
+fn check_plan(r: &Reference, mesh: &DeviceMesh, opts: &PlanOptions, what: &str) -> Result<Option<Row>> {
     let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let plan = match codegen::plan(&r.tg.graph, mesh, &cpu, opts) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("{what}: no plan ({e})");
+            return Ok(None);
+        }
+    };
+    // Through JSON, as `autopar run` reads it.
+    let plan = codegen::Plan::from_json(&plan.to_json()).with_context(|| what.to_string())?;
+    let program = Program::new(&plan).with_context(|| what.to_string())?;
+    let states = (0..program.ranks())
+        .map(|k| program.init_rank(k, &r.index, &r.feeds))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| what.to_string())?;
+    let ropts = RunOptions {
+        until_step: STEPS,
+        accumulation: r.case.accumulation,
+        timeout: Duration::from_secs(120),
+        ..RunOptions::default()
+    };
+    let mut losses = vec![];
+    let mut peaks = vec![];
+    let states = runtime::launch::run_threads(&program, states, &ropts, &mut |x| {
+        losses.push(x.loss);
+        peaks.push(x.peak_bytes.clone());
+    })
+    .with_context(|| what.to_string())?;
+    ensure!(losses.len() == STEPS as usize, "{what}: {} steps reported", losses.len());
+    let mut loss_err: f64 = 0.0;
+    for (i, (got, want)) in losses.iter().zip(&r.losses).enumerate() {
+        let e = ((got - want) as f64).abs() / (*want as f64).abs().max(1e-12);
+        ensure!(e <= TOL, "{what}: step {} loss {got} vs single-device {want} ({e:.2e})", i + 1);
+        loss_err = loss_err.max(e);
+    }
+    let params = program.assemble_params(&states).with_context(|| what.to_string())?;
+    let mut param_err: f64 = 0.0;
+    for (name, want) in &r.params {
+        let got = params.get(name).with_context(|| format!("{what}: no parameter {name}"))?;
+        let e = rel_err(got, want).with_context(|| format!("{what}: {name}"))?;
+        ensure!(
+            e <= r.param_tol,
+            "{what}: parameter {name} differs from single-device by {e:.2e} (tolerance {:.1e})",
+            r.param_tol
+        );
+        param_err = param_err.max(e);
+    }
+    let measured = peaks.iter().flatten().copied().max().unwrap_or(0);
+    let estimate = plan.estimate.peak_bytes_per_rank;
+    let dev = (measured as f64 - estimate as f64).abs() / estimate.max(1) as f64;
+    ensure!(dev <= MEM_TOL, "{what}: measured peak {measured} B vs estimate {estimate} B ({:.1}%)", dev * 100.0);
+    let recomputed = plan.estimate.checkpoint.recomputed.len();
+    Ok(Some(Row {
+        model: r.case.model,
+        mesh: mesh.shape().iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x"),
+        plan: format!(
+            "{} ({}){}",
+            opts.baseline.name(),
+            plan.solver.chosen.name(),
+            if recomputed > 0 { format!(", {recomputed} stages recomputed") } else { String::new() }
+        ),
+        loss_err,
+        param_err,
+        estimate,
+        measured,
+    }))
+}
+
+fn check_model(c: &'static Case) -> Result<Vec<Row>> {
+    let r = reference(c)?;
+    let _ = &r.g;
     let mut rows = vec![];
     for shape in MESHES {
         let mesh = DeviceMesh::uniform(&shape)?;
@@ -169,77 +254,9 @@ fn check_model(c: &Case) -> Result<Vec<Row>> {
                 ..PlanOptions::default()
             };
             let what = format!("{} on {}x{} with {}", c.model, shape[0], shape[1], b.name());
-            let t_plan = std::time::Instant::now();
-            let plan = match codegen::plan(&tg.graph, &mesh, &cpu, &opts) {
-                Ok(p) => p,
-                Err(e) => {
-                    println!("{what}: no plan ({e})");
-                    continue;
-                }
-            };
-            // Through JSON, as `autopar run` reads it.
-            let plan = codegen::Plan::from_json(&plan.to_json()).with_context(|| what.clone())?;
-            let program = Program::new(&plan).with_context(|| what.clone())?;
-            let t_init = std::time::Instant::now();
-            let states = (0..program.ranks())
-                .map(|r| program.init_rank(r, &index, &feeds))
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| what.clone())?;
-            let ropts = RunOptions {
-                until_step: STEPS,
-                accumulation: c.accumulation,
-                timeout: Duration::from_secs(120),
-                ..RunOptions::default()
-            };
-            let t_run = std::time::Instant::now();
-            let mut losses = vec![];
-            let mut peaks = vec![];
-            let states = runtime::launch::run_threads(&program, states, &ropts, &mut |r| {
-                losses.push(r.loss);
-                peaks.push(r.peak_bytes.clone());
-            })
-            .with_context(|| what.clone())?;
-            println!(
-                "{what}: plan {:.2}s init {:.2}s run {:.2}s",
-                (t_init - t_plan).as_secs_f64(),
-                (t_run - t_init).as_secs_f64(),
-                t_run.elapsed().as_secs_f64()
-            );
-            let mut loss_err: f64 = 0.0;
-            for (i, (got, want)) in losses.iter().zip(&want_losses).enumerate() {
-                let e = ((got - want) as f64).abs() / (*want as f64).abs().max(1e-12);
-                ensure!(e <= TOL, "{what}: step {} loss {got} vs single-device {want} ({e:.2e})", i + 1);
-                loss_err = loss_err.max(e);
+            if let Some(row) = check_plan(&r, &mesh, &opts, &what)? {
+                rows.push(row);
             }
-            ensure!(losses.len() == STEPS as usize, "{what}: {} steps reported", losses.len());
-            let params = program.assemble_params(&states).with_context(|| what.clone())?;
-            let mut param_err: f64 = 0.0;
-            for (name, want) in &want_params {
-                let got = params.get(name).with_context(|| format!("{what}: no parameter {name}"))?;
-                let e = rel_err(got, want).with_context(|| format!("{what}: {name}"))?;
-                ensure!(
-                    e <= param_tol,
-                    "{what}: parameter {name} differs from single-device by {e:.2e} (tolerance {param_tol:.1e})"
-                );
-                param_err = param_err.max(e);
-            }
-            let measured = peaks.iter().flatten().copied().max().unwrap_or(0);
-            let estimate = plan.estimate.peak_bytes_per_rank;
-            let dev = (measured as f64 - estimate as f64).abs() / estimate.max(1) as f64;
-            ensure!(
-                dev <= MEM_TOL,
-                "{what}: measured peak {measured} B vs estimate {estimate} B ({:.1}%)",
-                dev * 100.0
-            );
-            rows.push(Row {
-                model: c.model,
-                mesh: format!("{}x{}", shape[0], shape[1]),
-                plan: format!("{} ({})", b.name(), plan.solver.chosen.name()),
-                loss_err,
-                param_err,
-                estimate,
-                measured,
-            });
         }
     }
     Ok(rows)
@@ -284,6 +301,45 @@ fn bert_tiny_equals_single_device() -> Result<()> {
 #[test]
 fn resnet18_equals_single_device() -> Result<()> {
     let rows = check_model(&CASES[3])?;
+    report(&rows);
+    Ok(())
+}
+
+/// Plans whose budget forces activation recomputation train the same model: gpt2-tiny and
+/// bert-tiny on 2x2, with a budget at 90% of the plan's peak without recomputation and one just
+/// above the smallest peak the planner reports.
+#[test]
+fn checkpointed_plans_equal_single_device() -> Result<()> {
+    let mesh = DeviceMesh::uniform(&[2, 2])?;
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mut rows = vec![];
+    for c in [&CASES[1], &CASES[2]] {
+        let r = reference(c)?;
+        let base = PlanOptions {
+            budget: 16 << 30,
+            time_limit: Duration::from_secs(1),
+            compare_baselines: false,
+            ..PlanOptions::default()
+        };
+        let full = codegen::plan(&r.tg.graph, &mesh, &cpu, &base)?.estimate.peak_bytes_per_rank;
+        let min = match codegen::plan(&r.tg.graph, &mesh, &cpu, &PlanOptions { budget: 1, ..base.clone() }) {
+            Err(codegen::Error::Infeasible { min_peak_bytes, .. }) => min_peak_bytes,
+            other => anyhow::bail!("{}: expected the infeasible-budget error, got {:?}", c.model, other.err()),
+        };
+        let mut recomputing = 0;
+        for budget in [full / 10 * 9, min + min / 100 + 1] {
+            let opts = PlanOptions { budget, ..base.clone() };
+            let what =
+                format!("{} on 2x2 with {budget} B (peak without recomputation {full} B, smallest {min} B)", c.model);
+            let row = check_plan(&r, &mesh, &opts, &what)?.with_context(|| format!("{what}: no plan"))?;
+            ensure!(row.estimate <= budget, "{what}: the plan's peak {} exceeds the budget", row.estimate);
+            recomputing += usize::from(row.plan.contains("recomputed"));
+            rows.push(row);
+        }
+        // The planner may find strategies that fit without recomputing; at the smallest budget
+        // it reports, it must recompute.
+        ensure!(recomputing > 0, "{}: no plan recomputed anything", c.model);
+    }
     report(&rows);
     Ok(())
 }

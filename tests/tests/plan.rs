@@ -46,7 +46,7 @@ fn opts(budget: u64, baseline: Baseline) -> PlanOptions {
         time_limit: Duration::from_secs(2),
         threads: 1,
         compare_baselines: true,
-        tie_layers: false,
+        ..PlanOptions::default()
     }
 }
 

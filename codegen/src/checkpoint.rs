@@ -1,0 +1,439 @@
+//! Activation checkpointing after sharding: which forward activations a plan recomputes during
+//! backward instead of keeping, so that the program fits its memory budget.
+//!
+//! It works on the lowered program (strategies and conversions fixed), before frees are placed:
+//!
+//! 1. **The linearised chain.** The forward part of the graph (the ancestors of the loss) is cut
+//!    into *stages* at its articulation values: points of the forward order where exactly one
+//!    value computed from parameters is still to be read by later forward ops (a transformer
+//!    block's residual stream, a ResNet block's output, an MLP layer's activation). Values that
+//!    depend on no parameter (inputs, masks derived from them) are available everywhere and never
+//!    recomputed.
+//! 2. **Costs.** A stage's *saving* is the bytes per rank of its activations read by backward
+//!    (its boundary value excluded: boundaries stay); its *cost* is the seconds of re-running
+//!    the forward instructions those activations need (ops and their input conversions).
+//! 3. **Choice.** A 0/1 knapsack by dynamic programming over the chain's stages (memory in 1,024
+//!    buckets) picks the cheapest set of stages whose savings cover the excess; the transformed
+//!    program's peak is then measured by the exact liveness walk ([`crate::memory::simulate`])
+//!    and, while it is still above the budget, the shortfall is added to the requirement and the
+//!    choice repeated (the additive model ignores that a recomputed stage is briefly whole again).
+//! 4. **Rewrite.** A recomputed stage's instructions are re-emitted (marked `recompute`) right
+//!    before the first backward instruction that reads one of its activations; [`insert_frees`]
+//!    then frees every definition of a value after its last read, so the forward copies die
+//!    after their last forward read and the recomputed ones after their last backward read.
+//!
+//! Invariant: the rewritten program computes exactly what the original computes (the same ops
+//! on the same blocks); only when values are held changes.
+
+use std::collections::{HashMap, HashSet};
+
+use ir::{Graph, NodeIndex, Op};
+use sharding::DeviceMesh;
+
+use crate::memory::{simulate, value_node};
+use crate::plan::Instr;
+use crate::{Error, Result};
+
+/// What checkpointing did.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointReport {
+    /// Stages of the forward chain.
+    pub stages: usize,
+    /// Stages recomputed during backward (named by their last node).
+    pub recomputed: Vec<String>,
+    /// Seconds the recomputation adds to a step.
+    pub extra_seconds: f64,
+    /// Peak bytes per rank without recomputation.
+    pub peak_before: u64,
+    /// Peak bytes per rank with it.
+    pub peak_after: u64,
+    /// Wall seconds this stage of planning took.
+    pub seconds: f64,
+}
+
+/// Places `free` instructions: every definition of a value is freed right after its last read
+/// before the value is defined again (or right after it is written, when nothing reads it),
+/// except values in `keep`, which live to the end. Existing frees are dropped first.
+pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<String>) -> Vec<Instr> {
+    let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
+    // For each instruction, the values whose current definition it reads for the last time.
+    let mut last_read: HashMap<&str, usize> = HashMap::new();
+    let mut frees_after: Vec<Vec<String>> = vec![vec![]; program.len()];
+    let mut defined_at: HashMap<&str, usize> = HashMap::new();
+    let close = |v: &str, at: Option<usize>, def: usize, frees_after: &mut Vec<Vec<String>>| {
+        if !keep.contains(v) {
+            frees_after[at.unwrap_or(def)].push(v.to_string());
+        }
+    };
+    for (k, ins) in program.iter().enumerate() {
+        let (reads, writes): (Vec<&str>, Vec<&str>) = match ins {
+            Instr::Op { inputs, outputs, .. } => {
+                (inputs.iter().map(String::as_str).collect(), outputs.iter().map(String::as_str).collect())
+            }
+            Instr::Collective { input, output, .. } => (vec![input.as_str()], vec![output.as_str()]),
+            Instr::Free { .. } => (vec![], vec![]),
+        };
+        for r in reads {
+            last_read.insert(r, k);
+        }
+        for w in writes {
+            if let Some(def) = defined_at.insert(w, k) {
+                // Redefined: the previous definition ends at its last read before now.
+                let at = last_read.remove(w).filter(|&r| r >= def);
+                close(w, at, def, &mut frees_after);
+            }
+        }
+    }
+    for (v, def) in defined_at {
+        let at = last_read.get(v).copied().filter(|&r| r >= def);
+        close(v, at, def, &mut frees_after);
+    }
+    let mut out = Vec::with_capacity(program.len() * 2);
+    for (ins, mut f) in program.into_iter().zip(frees_after) {
+        out.push(ins);
+        if !f.is_empty() {
+            f.sort();
+            f.dedup();
+            out.push(Instr::Free { values: f });
+        }
+    }
+    out
+}
+
+/// An instruction unit: an op and the conversions of its inputs emitted right before it.
+struct Unit {
+    /// Index range in the program (collectives first, the op last).
+    range: std::ops::Range<usize>,
+    node: usize,
+}
+
+struct Stage {
+    /// Units of the stage's nodes, in program order.
+    units: Vec<usize>,
+    /// The boundary value that ends it (kept).
+    boundary: Option<String>,
+    /// Name of its last node.
+    name: String,
+}
+
+/// The chain of a program (see the module docs).
+struct Chain {
+    units: Vec<Unit>,
+    stages: Vec<Stage>,
+    /// Per stage: values it may drop (read by backward), their bytes, and the units needed to
+    /// recompute them.
+    drops: Vec<(Vec<String>, u64, Vec<usize>)>,
+    /// Per stage: seconds to recompute.
+    cost: Vec<f64>,
+    /// Per stage: index of the first backward instruction reading a dropped value.
+    first_use: Vec<usize>,
+}
+
+fn id(node: usize, slot: usize) -> String {
+    if slot == 0 { format!("%{node}") } else { format!("%{node}.{slot}") }
+}
+
+fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
+    let node = |i: usize| g.g.node_weight(NodeIndex::new(i));
+    let Some(loss) = g.outputs.iter().find(|(n, _)| n == "loss").or(g.outputs.first()).map(|(_, v)| v.node) else {
+        return Ok(Chain { units: vec![], stages: vec![], drops: vec![], cost: vec![], first_use: vec![] });
+    };
+    // Forward = ancestors of the loss (itself included).
+    let mut forward: HashSet<usize> = HashSet::new();
+    let mut stack = vec![loss];
+    while let Some(n) = stack.pop() {
+        if forward.insert(n.index()) {
+            stack.extend(g.node_inputs(n).into_iter().map(|v| v.node));
+        }
+    }
+    // Static values: no parameter or state among their ancestors.
+    let order = g.topo_order().map_err(|_| Error::Graph("cycle".into()))?;
+    let mut param_dep: HashSet<usize> = HashSet::new();
+    for &n in &order {
+        let nd = g.node(n);
+        if matches!(nd.op, Op::Param { .. } | Op::State { .. })
+            || g.node_inputs(n).iter().any(|v| param_dep.contains(&v.node.index()))
+        {
+            param_dep.insert(n.index());
+        }
+    }
+    // Units.
+    let mut units = vec![];
+    let mut start = 0;
+    for (k, ins) in program.iter().enumerate() {
+        match ins {
+            Instr::Op { node, .. } => {
+                units.push(Unit { range: start..k + 1, node: *node });
+                start = k + 1;
+            }
+            Instr::Free { .. } => return Err(Error::Internal("checkpointing expects a program without frees".into())),
+            Instr::Collective { .. } => {}
+        }
+    }
+    let is_src =
+        |n: usize| node(n).is_some_and(|x| matches!(x.op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)));
+    // Forward readers left of every forward, parameter-dependent value.
+    let mut fwd_reads: HashMap<String, usize> = HashMap::new();
+    for u in &units {
+        if !forward.contains(&u.node) {
+            continue;
+        }
+        for v in g.node_inputs(NodeIndex::new(u.node)) {
+            if param_dep.contains(&v.node.index()) && !is_src(v.node.index()) {
+                *fwd_reads.entry(id(v.node.index(), v.slot)).or_default() += 1;
+            }
+        }
+    }
+    // Stages: cut where exactly one such value is open.
+    let mut stages: Vec<Stage> = vec![];
+    let mut open: HashMap<String, usize> = HashMap::new();
+    let mut cur: Vec<usize> = vec![];
+    for (ui, u) in units.iter().enumerate() {
+        if !forward.contains(&u.node) || is_src(u.node) || !param_dep.contains(&u.node) {
+            continue;
+        }
+        cur.push(ui);
+        for v in g.node_inputs(NodeIndex::new(u.node)) {
+            let k = id(v.node.index(), v.slot);
+            if let Some(c) = open.get_mut(&k) {
+                *c -= 1;
+                if *c == 0 {
+                    open.remove(&k);
+                }
+            }
+        }
+        let nd = g.node(NodeIndex::new(u.node));
+        for s in 0..nd.outputs.len() {
+            let k = id(u.node, s);
+            if let Some(&c) = fwd_reads.get(&k) {
+                open.insert(k, c);
+            }
+        }
+        if open.len() == 1 {
+            let b = open.keys().next().cloned();
+            stages.push(Stage { units: std::mem::take(&mut cur), boundary: b, name: nd.name.clone() });
+        }
+    }
+    if !cur.is_empty() {
+        let name = g.node(NodeIndex::new(units[*cur.last().unwrap_or(&0)].node)).name.clone();
+        stages.push(Stage { units: cur, boundary: None, name });
+    }
+    // Backward reads: the first instruction outside the forward reading each value.
+    let mut first_bwd: HashMap<String, usize> = HashMap::new();
+    for u in &units {
+        if forward.contains(&u.node) {
+            continue;
+        }
+        for k in u.range.clone() {
+            let reads: Vec<&String> = match &program[k] {
+                Instr::Op { inputs, .. } => inputs.iter().collect(),
+                Instr::Collective { input, .. } => vec![input],
+                Instr::Free { .. } => vec![],
+            };
+            for r in reads {
+                first_bwd.entry(r.clone()).or_insert(k);
+            }
+        }
+    }
+    let bytes_of = |v: &str| -> u64 {
+        program
+            .iter()
+            .find_map(|i| match i {
+                Instr::Op { outputs, local_shapes, node, .. } => outputs.iter().position(|o| o == v).map(|s| {
+                    let dt = node_dtype(g, *node, s);
+                    (local_shapes[s].iter().product::<usize>() * dt) as u64
+                }),
+                _ => None,
+            })
+            .unwrap_or(0)
+    };
+    let unit_of: HashMap<usize, usize> = units.iter().enumerate().map(|(i, u)| (u.node, i)).collect();
+    let mut drops = vec![];
+    let mut cost = vec![];
+    let mut first_use = vec![];
+    for st in &stages {
+        let members: HashSet<usize> = st.units.iter().map(|&u| units[u].node).collect();
+        let mut dropped = vec![];
+        let mut bytes = 0;
+        let mut first = usize::MAX;
+        for &u in &st.units {
+            let n = units[u].node;
+            for s in 0..g.node(NodeIndex::new(n)).outputs.len() {
+                let v = id(n, s);
+                if Some(&v) == st.boundary.as_ref() {
+                    continue;
+                }
+                if let Some(&k) = first_bwd.get(&v) {
+                    bytes += bytes_of(&v);
+                    first = first.min(k);
+                    dropped.push(v);
+                }
+            }
+        }
+        // Units needed to recompute the dropped values: their ancestors inside the stage.
+        let mut need: HashSet<usize> = HashSet::new();
+        let mut stack: Vec<usize> = dropped.iter().filter_map(|v| value_node(v).map(|x| x.0)).collect();
+        while let Some(n) = stack.pop() {
+            if !members.contains(&n) || !need.insert(n) {
+                continue;
+            }
+            stack.extend(g.node_inputs(NodeIndex::new(n)).iter().map(|v| v.node.index()));
+        }
+        let mut need_units: Vec<usize> = need.iter().filter_map(|n| unit_of.get(n).copied()).collect();
+        need_units.sort();
+        let secs: f64 = need_units
+            .iter()
+            .flat_map(|&u| units[u].range.clone())
+            .map(|k| match &program[k] {
+                Instr::Op { seconds, .. } | Instr::Collective { seconds, .. } => *seconds,
+                Instr::Free { .. } => 0.0,
+            })
+            .sum();
+        drops.push((dropped, bytes, need_units));
+        cost.push(secs);
+        first_use.push(first);
+    }
+    Ok(Chain { units, stages, drops, cost, first_use })
+}
+
+fn node_dtype(g: &Graph, node: usize, slot: usize) -> usize {
+    g.g.node_weight(NodeIndex::new(node)).and_then(|n| n.outputs.get(slot)).map_or(4, |m| m.dtype.size())
+}
+
+/// The program with stages `chosen` recomputed (see the module docs; no frees yet).
+fn rewrite(program: &[Instr], chain: &Chain, chosen: &[usize]) -> Vec<Instr> {
+    let mut inserts: Vec<(usize, Vec<Instr>)> = vec![];
+    for &s in chosen {
+        let (dropped, _, need) = &chain.drops[s];
+        if dropped.is_empty() || chain.first_use[s] == usize::MAX {
+            continue;
+        }
+        let mut seq = vec![];
+        for &u in need {
+            for k in chain.units[u].range.clone() {
+                let mut ins = program[k].clone();
+                if let Instr::Op { recompute, .. } = &mut ins {
+                    *recompute = true;
+                }
+                seq.push(ins);
+            }
+        }
+        inserts.push((chain.first_use[s], seq));
+    }
+    inserts.sort_by_key(|x| x.0);
+    let mut out = Vec::with_capacity(program.len());
+    let mut it = inserts.into_iter().peekable();
+    for (k, ins) in program.iter().enumerate() {
+        while let Some((at, _)) = it.peek() {
+            if *at == k {
+                out.extend(it.next().map(|x| x.1).unwrap_or_default());
+            } else {
+                break;
+            }
+        }
+        out.push(ins.clone());
+    }
+    out
+}
+
+/// The cheapest set of stages (by `cost`) whose savings reach `need` bytes: a 0/1 knapsack by
+/// dynamic programming over stages, with memory in `BUCKETS` buckets. `None` when even all of
+/// them save less.
+fn knapsack(save: &[u64], cost: &[f64], need: u64) -> Option<Vec<usize>> {
+    const BUCKETS: usize = 1024;
+    let total: u64 = save.iter().sum();
+    if total < need {
+        return None;
+    }
+    if need == 0 {
+        return Some(vec![]);
+    }
+    let unit = need.div_ceil(BUCKETS as u64).max(1);
+    let target = need.div_ceil(unit) as usize;
+    // best[m] = (cost, choice) reaching at least m buckets of savings (capped at target).
+    let mut best: Vec<Option<(f64, Vec<usize>)>> = vec![None; target + 1];
+    best[0] = Some((0.0, vec![]));
+    for i in 0..save.len() {
+        let w = (save[i] / unit) as usize;
+        if save[i] == 0 {
+            continue;
+        }
+        for m in (0..=target).rev() {
+            let Some((c, ch)) = best[m].clone() else { continue };
+            let to = (m + w).min(target);
+            let cand = c + cost[i];
+            if best[to].as_ref().is_none_or(|(bc, _)| cand < *bc) {
+                let mut ch = ch;
+                ch.push(i);
+                best[to] = Some((cand, ch));
+            }
+        }
+    }
+    best[target].clone().map(|x| x.1).or_else(|| Some((0..save.len()).filter(|&i| save[i] > 0).collect()))
+}
+
+/// Recomputes the cheapest stages that bring `program`'s peak to `budget` bytes per rank (see
+/// the module docs). Returns the program with frees placed, and the report; when no choice of
+/// stages fits, the program recomputing every stage (the smallest peak this plan can reach) and
+/// a report whose `peak_after` exceeds the budget.
+pub fn fit(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    program: Vec<Instr>,
+    keep: &HashSet<String>,
+    budget: u64,
+) -> Result<(Vec<Instr>, CheckpointReport)> {
+    let t0 = std::time::Instant::now();
+    let plain = insert_frees(program.clone(), keep);
+    let before = simulate(g, mesh, &plain)?.peak;
+    let mut report = CheckpointReport { peak_before: before, peak_after: before, ..Default::default() };
+    if before <= budget {
+        report.seconds = t0.elapsed().as_secs_f64();
+        return Ok((plain, report));
+    }
+    let chain = analyse(g, &program)?;
+    report.stages = chain.stages.len();
+    let save: Vec<u64> = chain.drops.iter().map(|d| d.1).collect();
+    let mut need = before - budget;
+    let mut best: Option<(Vec<Instr>, Vec<usize>, u64)> = None;
+    for _ in 0..8 {
+        let chosen = match knapsack(&save, &chain.cost, need) {
+            Some(c) => c,
+            None => (0..save.len()).collect(),
+        };
+        let prog = insert_frees(rewrite(&program, &chain, &chosen), keep);
+        let peak = simulate(g, mesh, &prog)?.peak;
+        let all = chosen.len() == save.len();
+        if best.as_ref().is_none_or(|b| peak < b.2 || (peak <= budget && b.2 > budget)) {
+            best = Some((prog, chosen.clone(), peak));
+        }
+        if peak <= budget || all {
+            break;
+        }
+        need += peak - budget;
+    }
+    let Some((prog, chosen, peak)) = best else { return Ok((plain, report)) };
+    if peak >= before {
+        report.seconds = t0.elapsed().as_secs_f64();
+        return Ok((plain, report));
+    }
+    report.recomputed = chosen.iter().map(|&s| chain.stages[s].name.clone()).collect();
+    report.extra_seconds = chosen.iter().map(|&s| chain.cost[s]).sum();
+    report.peak_after = peak;
+    report.seconds = t0.elapsed().as_secs_f64();
+    Ok((prog, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knapsack_picks_the_cheapest_cover() {
+        // Savings 5, 4, 3 at costs 10, 3, 3: 7 bytes are cheapest as 4 + 3 (cost 6).
+        assert_eq!(knapsack(&[5, 4, 3], &[10.0, 3.0, 3.0], 7), Some(vec![1, 2]));
+        assert_eq!(knapsack(&[5, 4, 3], &[1.0, 3.0, 3.0], 5), Some(vec![0]));
+        assert_eq!(knapsack(&[5, 4], &[1.0, 1.0], 20), None);
+        assert_eq!(knapsack(&[5, 4], &[1.0, 1.0], 0), Some(vec![]));
+    }
+}
