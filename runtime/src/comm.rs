@@ -52,7 +52,7 @@ pub enum CommError {
 }
 
 /// Collectives over groups of ranks.
-pub trait Communicator: Send {
+pub trait Communicator {
     /// This rank.
     fn rank(&self) -> usize;
     /// Number of ranks.

@@ -29,9 +29,12 @@ pub enum FaultKind {
     Hang,
     /// The process exits while the rank writes the step's checkpoint (after its file is written).
     ExitInCheckpoint,
+    /// The rank's process dies at the start of the step (`abort()`: SIGABRT, no cleanup), as a
+    /// killed process would.
+    AbortProcess,
 }
 
-/// An injected fault: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint]`.
+/// An injected fault: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
     /// The failing rank.
@@ -45,7 +48,8 @@ pub struct Fault {
 impl std::str::FromStr for Fault {
     type Err = String;
     fn from_str(s: &str) -> Result<Fault, String> {
-        let usage = || format!("fault `{s}`: expected rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint]");
+        let usage =
+            || format!("fault `{s}`: expected rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]");
         let (mut rank, mut step, mut kind) = (None, None, FaultKind::Error);
         for part in s.split(',') {
             let (k, v) = part.split_once('=').ok_or_else(usage)?;
@@ -58,6 +62,7 @@ impl std::str::FromStr for Fault {
                         "panic" => FaultKind::Panic,
                         "hang" => FaultKind::Hang,
                         "exit-in-checkpoint" => FaultKind::ExitInCheckpoint,
+                        "abort-process" => FaultKind::AbortProcess,
                         _ => return Err(usage()),
                     }
                 }
@@ -143,6 +148,10 @@ pub fn rank_loop(
         match fault.map(|f| f.kind) {
             Some(FaultKind::Error) => return Err(DistError::Injected { rank: st.rank, step }),
             Some(FaultKind::Panic) => panic!("injected panic at step {step}"),
+            Some(FaultKind::AbortProcess) => {
+                eprintln!("rank {}: injected fault: the process dies at step {step}", st.rank);
+                std::process::abort()
+            }
             Some(FaultKind::Hang) => loop {
                 std::thread::sleep(Duration::from_millis(50));
                 comm.check()?;
@@ -266,4 +275,28 @@ pub fn run_threads(
         Some(e) => Err(e),
         None => Ok(states),
     }
+}
+
+/// The global parameters assembled from every rank's blocks through `comm` (every rank calls it;
+/// every rank gets the result). Replicas must agree exactly.
+pub fn gather_params(
+    program: &Program,
+    st: &RankState,
+    comm: &mut dyn Communicator,
+) -> Result<std::collections::BTreeMap<String, Tensor>, DistError> {
+    let everyone: Vec<usize> = (0..program.ranks()).collect();
+    let mut out = std::collections::BTreeMap::new();
+    for r in program.resident.iter().filter(|r| !r.is_state) {
+        let mine = st
+            .storage
+            .get(&r.name)
+            .cloned()
+            .ok_or_else(|| DistError::Data { rank: st.rank, message: format!("no block of {}", r.name) })?;
+        let blocks: Vec<Tensor> =
+            comm.exchange(&everyone, std::sync::Arc::new(mine))?.iter().map(|t| (**t).clone()).collect();
+        let t = sharding::sim::assemble(&blocks, &r.spec, &r.meta.shape, program.mesh(), 0.0)
+            .map_err(|e| DistError::Plan(format!("assembling {}: {e}", r.name)))?;
+        out.insert(r.name.clone(), t);
+    }
+    Ok(out)
 }

@@ -9,8 +9,11 @@
 //! parameters, and the new values of [`ir::Graph::updates`] come back in [`RunReport::updates`];
 //! [`train::Trainer`] keeps them between steps.
 //!
-//! [`comm`] has the [`comm::Communicator`] trait for multi-rank execution and its `threads` back
-//! end (ranks as threads, deterministic reductions, abort and timeout instead of hangs).
+//! Distributed execution: [`dist`] compiles a plan into a per-rank [`dist::Program`] and runs
+//! its steps; [`comm`] has the [`comm::Communicator`] trait and its `threads` back end (ranks as
+//! threads, deterministic reductions, abort and timeout instead of hangs), `mpi_comm` the `mpi`
+//! one (feature `mpi`); [`launch`] runs steps on every rank with checkpoints ([`checkpoint`]) and
+//! fault handling.
 //!
 //! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
 //! error (weight-free models can be planned, not run, until they are initialised).
@@ -20,6 +23,8 @@ pub mod checkpoint;
 pub mod comm;
 pub mod dist;
 pub mod launch;
+#[cfg(feature = "mpi")]
+pub mod mpi_comm;
 pub mod npy;
 pub mod train;
 

@@ -1,5 +1,6 @@
 //! `autopar run`: executes a plan's training steps on N ranks.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -73,7 +74,7 @@ pub struct RunArgs {
     /// One JSON object per line: `{"step":i,"loss":x,"ms":t,...}` per step, then a summary.
     #[arg(long)]
     pub json: bool,
-    /// Inject a fault, for testing failure handling: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint]`
+    /// Inject a fault, for testing failure handling: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]`
     /// (also read from the AUTOPAR_INJECT_FAULT environment variable).
     #[arg(long, value_name = "SPEC", hide = true)]
     pub inject_fault: Option<String>,
@@ -92,17 +93,15 @@ fn model_path(a: &RunArgs, plan: &Plan) -> Option<PathBuf> {
     beside.exists().then_some(beside)
 }
 
-/// Runs `autopar run`.
-pub fn run(a: &RunArgs) -> Result<()> {
-    match a.backend {
-        Backend::Threads => {}
-        Backend::Mpi => {
-            bail!("--backend mpi: this autopar was built without MPI support (rebuild with --features mpi)")
-        }
-        Backend::Nccl => {
-            bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
-        }
-    }
+/// What every back end needs: the plan, its program, the feeds and the run options.
+struct Prepared {
+    plan: Plan,
+    program: Program,
+    feeds: BTreeMap<String, ir::Tensor>,
+    opts: RunOptions,
+}
+
+fn prepare(a: &RunArgs) -> Result<Prepared> {
     if a.steps == 0 {
         bail!("--steps must be at least 1");
     }
@@ -117,7 +116,6 @@ pub fn run(a: &RunArgs) -> Result<()> {
         Some(s) => Some(s.parse().map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let n = program.ranks();
     let opts = RunOptions {
         until_step: a.steps,
         threads_per_rank: a.threads_per_rank.max(1),
@@ -134,49 +132,61 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(dir) = &a.checkpoint {
         std::fs::create_dir_all(dir).with_context(|| format!("--checkpoint {}", dir.display()))?;
     }
+    Ok(Prepared { plan, program, feeds, opts })
+}
 
-    let (states, source_note) = init_states(a, &plan, &program, &feeds)?;
-    let start = states[0].steps_done;
-    if start >= a.steps {
-        bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
+/// Prints the run for people (progress bar on a terminal, a line per step otherwise) or as JSON
+/// lines, and the summary at the end.
+struct Reporter<'a> {
+    a: &'a RunArgs,
+    plan: &'a Plan,
+    ranks: usize,
+    batch: f64,
+    bar: Option<indicatif::ProgressBar>,
+    reports: Vec<StepReport>,
+    print_err: Option<std::io::Error>,
+}
+
+impl<'a> Reporter<'a> {
+    fn new(a: &'a RunArgs, p: &'a Prepared, start: u64, how: &str, source_note: &str) -> Result<Reporter<'a>> {
+        let (plan, n) = (&p.plan, p.program.ranks());
+        let est = &plan.estimate;
+        if !a.json {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "running {} on mesh {} ({n} ranks {how}, {} kernel thread(s) each), steps {}..{}; {source_note}",
+                plan.model.name,
+                plan.mesh.shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("x"),
+                p.opts.threads_per_rank,
+                start + 1,
+                a.steps
+            )?;
+            writeln!(
+                out,
+                "plan: {} (chosen {}), estimated step {:.3} ms on {}, peak {} per rank",
+                plan.options.strategy.name(),
+                plan.solver.chosen.name(),
+                est.step_seconds * 1e3,
+                plan.device,
+                fmt_bytes(est.peak_bytes_per_rank)
+            )?;
+        }
+        let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+            let b = indicatif::ProgressBar::new(a.steps - start);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        Ok(Reporter { a, plan, ranks: n, batch: p.program.batch() as f64, bar, reports: vec![], print_err: None })
     }
-    let mut out = std::io::stdout().lock();
-    let est = &plan.estimate;
-    if !a.json {
-        writeln!(
-            out,
-            "running {} on mesh {} ({n} ranks as threads, {} kernel thread(s) each), steps {}..{}; {source_note}",
-            plan.model.name,
-            plan.mesh.shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("x"),
-            opts.threads_per_rank,
-            start + 1,
-            a.steps
-        )?;
-        writeln!(
-            out,
-            "plan: {} (chosen {}), estimated step {:.3} ms on {}, peak {} per rank",
-            plan.options.strategy.name(),
-            plan.solver.chosen.name(),
-            est.step_seconds * 1e3,
-            plan.device,
-            fmt_bytes(est.peak_bytes_per_rank)
-        )?;
-    }
-    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(a.steps - start);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
-    let batch = program.batch() as f64;
-    let mut reports: Vec<StepReport> = vec![];
-    let mut print_err: Option<std::io::Error> = None;
-    let mut on_step = |r: &StepReport| {
-        let sps = batch / r.seconds.max(1e-12);
+
+    fn step(&mut self, r: &StepReport) {
+        let sps = self.batch / r.seconds.max(1e-12);
         let comm = r.comm_seconds.iter().copied().fold(0.0, f64::max);
-        let line = if a.json {
+        let line = if self.a.json {
             serde_json::json!({
                 "step": r.step, "loss": r.loss, "ms": r.seconds * 1e3, "samples_per_s": sps,
                 "comm_ms": comm * 1e3, "peak_bytes": r.peak_bytes.iter().max(),
@@ -197,69 +207,189 @@ pub fn run(a: &RunArgs) -> Result<()> {
         if !r.loss.is_finite() {
             eprintln!("warning: step {}: loss is {} (diverged; try a smaller --lr when planning)", r.step, r.loss);
         }
-        match &bar {
+        match &self.bar {
             Some(b) => {
                 b.set_message(format!("loss {:.6}  {:.1} ms/step  {:.1} samples/s", r.loss, r.seconds * 1e3, sps));
                 b.inc(1);
                 b.println(line);
             }
             None => {
+                let mut out = std::io::stdout().lock();
                 if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
-                    print_err.get_or_insert(e);
+                    self.print_err.get_or_insert(e);
                 }
             }
         }
-        reports.push(r.clone());
-    };
-    let result = runtime::launch::run_threads(&program, states, &opts, &mut on_step);
-    if let Some(b) = &bar {
+        self.reports.push(r.clone());
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+        if let Some(e) = self.print_err.take() {
+            return Err(e.into());
+        }
+        let (n, est, reports) = (self.ranks, &self.plan.estimate, &self.reports);
+        let mut out = std::io::stdout().lock();
+        let peaks: Vec<u64> = (0..n).map(|r| reports.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0)).collect();
+        let max_peak = peaks.iter().copied().max().unwrap_or(0);
+        let dev = 100.0 * (max_peak as f64 - est.peak_bytes_per_rank as f64) / (est.peak_bytes_per_rank.max(1) as f64);
+        let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
+        secs.sort_by(f64::total_cmp);
+        let median = secs.get(secs.len() / 2).copied().unwrap_or(0.0);
+        let comm: f64 = reports.iter().map(|r| r.comm_seconds.iter().sum::<f64>() / n as f64).sum::<f64>()
+            / reports.len().max(1) as f64;
+        if self.a.json {
+            let line = serde_json::json!({
+                "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
+                "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
+                "estimated_step_ms": est.step_seconds * 1e3,
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(
+                out,
+                "median step {:.1} ms ({:.1} samples/s); collectives {:.1} ms per step per rank ({:.0}%)",
+                median * 1e3,
+                self.batch / median.max(1e-12),
+                comm * 1e3,
+                100.0 * comm / median.max(1e-12)
+            )?;
+            let all_same = peaks.iter().all(|&p| p == max_peak);
+            writeln!(
+                out,
+                "memory: measured peak {} per rank{} (plan estimate {}, {dev:+.1}%)",
+                fmt_bytes(max_peak),
+                if all_same { String::new() } else { format!(" at most; per rank {:?}", peaks) },
+                fmt_bytes(est.peak_bytes_per_rank)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
+    let Some(dir) = &a.save else { return Ok(()) };
+    std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
+    let file = dir.join("params.npz");
+    runtime::npy::write_npz(&file, params).with_context(|| format!("--save {}", file.display()))?;
+    if !a.json {
+        println!("saved the parameters ({} tensors) to {}", params.len(), file.display());
+    }
+    Ok(())
+}
+
+/// Runs `autopar run`.
+pub fn run(a: &RunArgs) -> Result<()> {
+    match a.backend {
+        Backend::Threads => run_threads(a),
+        Backend::Mpi => run_mpi(a),
+        Backend::Nccl => {
+            bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
+        }
+    }
+}
+
+fn run_threads(a: &RunArgs) -> Result<()> {
+    let p = prepare(a)?;
+    let all: Vec<usize> = (0..p.program.ranks()).collect();
+    let (states, source_note) = init_states(a, &p.plan, &p.program, &p.feeds, &all)?;
+    let start = states[0].steps_done;
+    if start >= a.steps {
+        bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
+    }
+    let mut rep = Reporter::new(a, &p, start, "as threads", &source_note)?;
+    let result = runtime::launch::run_threads(&p.program, states, &p.opts, &mut |r| rep.step(r));
+    if let Some(b) = &rep.bar {
         b.finish_and_clear();
     }
     let states = result.context("the run stopped")?;
-    if let Some(e) = print_err {
-        return Err(e.into());
+    rep.finish()?;
+    save_params(a, &p.program.assemble_params(&states)?)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &RunArgs) -> Result<()> {
+    bail!("--backend mpi: this autopar was built without MPI support (rebuild with --features mpi)")
+}
+
+/// One process per rank under mpirun: this process runs its own rank; rank 0 reports.
+#[cfg(feature = "mpi")]
+fn run_mpi(a: &RunArgs) -> Result<()> {
+    use runtime::comm::Communicator;
+    let world = runtime::mpi_comm::MpiWorld::init()?;
+    let mut comm = world.comm();
+    let (rank, size) = (comm.rank(), comm.size());
+    // Every failure from here on stops the whole job, with the cause printed by the rank that saw it.
+    let fail = |comm: &runtime::mpi_comm::MpiComm, e: anyhow::Error| -> ! {
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: rank {rank}: {msg}");
+        comm.abort(&msg);
+        std::process::exit(1)
+    };
+    let mut p = match prepare(a) {
+        Ok(p) => p,
+        Err(e) => fail(&comm, e),
+    };
+    if p.program.ranks() != size {
+        let e = anyhow::anyhow!(
+            "the plan is for {} ranks but mpirun started {size}; run with mpirun -np {}",
+            p.program.ranks(),
+            p.program.ranks()
+        );
+        fail(&comm, e);
     }
-    let mut out = std::io::stdout().lock();
-    let peaks: Vec<u64> = (0..n).map(|r| reports.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0)).collect();
-    let max_peak = peaks.iter().copied().max().unwrap_or(0);
-    let dev = 100.0 * (max_peak as f64 - est.peak_bytes_per_rank as f64) / (est.peak_bytes_per_rank.max(1) as f64);
-    let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
-    secs.sort_by(f64::total_cmp);
-    let median = secs.get(secs.len() / 2).copied().unwrap_or(0.0);
-    let comm: f64 = reports.iter().map(|r| r.comm_seconds.iter().sum::<f64>() / n as f64).sum::<f64>()
-        / reports.len().max(1) as f64;
-    if a.json {
-        let line = serde_json::json!({
-            "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
-            "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
-            "estimated_step_ms": est.step_seconds * 1e3,
-        });
-        writeln!(out, "{line}")?;
+    // The run id (names temporary checkpoint directories) is rank 0's.
+    let id = ir::Tensor::i64(vec![1], vec![std::process::id() as i64]);
+    let everyone: Vec<usize> = (0..size).collect();
+    match comm.exchange(&everyone, std::sync::Arc::new(id)) {
+        Ok(ids) => p.opts.run_id = format!("mpi-{}", ids[0].to_i64_vec()[0]),
+        Err(e) => fail(&comm, e.into()),
+    }
+    let (mut states, source_note) = match init_states(a, &p.plan, &p.program, &p.feeds, &[rank]) {
+        Ok(x) => x,
+        Err(e) => fail(&comm, e),
+    };
+    let mut st = states.remove(0);
+    let start = st.steps_done;
+    if start >= a.steps {
+        fail(&comm, anyhow::anyhow!("the checkpoint is at step {start}; ask for more with --steps"));
+    }
+    let mut rep = if rank == 0 {
+        match Reporter::new(a, &p, start, "as MPI processes", &source_note) {
+            Ok(r) => Some(r),
+            Err(e) => fail(&comm, e),
+        }
     } else {
-        writeln!(
-            out,
-            "median step {:.1} ms ({:.1} samples/s); collectives {:.1} ms per step per rank ({:.0}%)",
-            median * 1e3,
-            batch / median.max(1e-12),
-            comm * 1e3,
-            100.0 * comm / median.max(1e-12)
-        )?;
-        let all_same = peaks.iter().all(|&p| p == max_peak);
-        writeln!(
-            out,
-            "memory: measured peak {} per rank{} (plan estimate {}, {dev:+.1}%)",
-            fmt_bytes(max_peak),
-            if all_same { String::new() } else { format!(" at most; per rank {:?}", peaks) },
-            fmt_bytes(est.peak_bytes_per_rank)
-        )?;
+        None
+    };
+    let ctx = match kernels::cpu::CpuContext::new(p.opts.threads_per_rank) {
+        Ok(c) => c.with_accumulation(p.opts.accumulation),
+        Err(e) => fail(&comm, e.into()),
+    };
+    let r = runtime::launch::rank_loop(&p.program, &mut st, &ctx, &mut comm, &p.opts, &mut |r| {
+        if let Some(rep) = rep.as_mut() {
+            rep.step(&r);
+        }
+    });
+    if let Err(e) = r {
+        fail(&comm, anyhow::Error::new(e).context("the run stopped"));
     }
-    if let Some(dir) = &a.save {
-        let params = program.assemble_params(&states)?;
-        std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
-        let file = dir.join("params.npz");
-        runtime::npy::write_npz(&file, &params).with_context(|| format!("--save {}", file.display()))?;
-        if !a.json {
-            writeln!(out, "saved the parameters ({} tensors) to {}", params.len(), file.display())?;
+    if let Some(rep) = rep.as_mut()
+        && let Err(e) = rep.finish()
+    {
+        fail(&comm, e);
+    }
+    if a.save.is_some() {
+        match runtime::launch::gather_params(&p.program, &st, &mut comm) {
+            Ok(params) if rank == 0 => {
+                if let Err(e) = save_params(a, &params) {
+                    fail(&comm, e);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => fail(&comm, e.into()),
         }
     }
     Ok(())
@@ -271,13 +401,13 @@ fn init_states(
     a: &RunArgs,
     plan: &Plan,
     program: &Program,
-    feeds: &std::collections::BTreeMap<String, ir::Tensor>,
+    feeds: &BTreeMap<String, ir::Tensor>,
+    ranks: &[usize],
 ) -> Result<(Vec<RankState>, String)> {
-    let n = program.ranks();
-    let mut states: Vec<RankState> = Vec::with_capacity(n);
+    let mut states: Vec<RankState> = Vec::with_capacity(ranks.len());
     let note = if a.resume {
         let dir = a.checkpoint.as_ref().context("--resume needs --checkpoint DIR")?;
-        for r in 0..n {
+        for &r in ranks {
             let mut st = program.empty_rank(r, feeds)?;
             runtime::checkpoint::load(dir, program, &mut st)
                 .with_context(|| format!("--resume from {}", dir.display()))?;
@@ -318,7 +448,7 @@ fn init_states(
         }
         sources.push(&seeded);
         let source = FirstOf(sources);
-        for r in 0..n {
+        for &r in ranks {
             states.push(program.init_rank(r, &source, feeds)?);
         }
         match &index {

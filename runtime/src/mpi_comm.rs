@@ -1,0 +1,164 @@
+//! The `mpi` back end: one process per rank under `mpirun`, through the `mpi` crate (Open MPI).
+//!
+//! [`MpiWorld::init`] initialises MPI once per process; [`MpiWorld::comm`] gives this rank's
+//! [`Communicator`]. A collective over a group of ranks runs on a sub-communicator of that group,
+//! created by `MPI_Comm_split` the first time the group is used: every rank of an SPMD program
+//! reaches its first collective over a given set of mesh axes at the same instruction, so the
+//! split (a collective over the world) is called by all ranks together. Sub-communicators rank
+//! their members in group order, so blocks come back in the order [`Communicator::exchange`]
+//! promises and reductions stay deterministic.
+//!
+//! Blocks travel as bytes (a small header with the dtype and shape, then the little-endian
+//! elements) through `MPI_Allgather` of the lengths and `MPI_Allgatherv` of the bytes.
+//!
+//! Faults: [`Communicator::abort`] prints nothing itself and calls `MPI_Abort`, which makes
+//! `mpirun` stop every process of the job; the caller prints the cause first.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ir::{DType, Data, Tensor};
+use mpi::collective::CommunicatorCollectives as _;
+use mpi::datatype::PartitionMut;
+use mpi::topology::Communicator as _;
+use mpi::topology::{Color, SimpleCommunicator};
+
+use crate::comm::{CommError, Communicator};
+
+/// MPI, initialised for this process (finalised when dropped).
+pub struct MpiWorld {
+    universe: mpi::environment::Universe,
+}
+
+impl MpiWorld {
+    /// Initialises MPI. Fails if it was initialised before in this process.
+    pub fn init() -> Result<MpiWorld, CommError> {
+        let universe = mpi::initialize()
+            .ok_or_else(|| CommError::Bad { rank: 0, why: "MPI was already initialised in this process".into() })?;
+        Ok(MpiWorld { universe })
+    }
+
+    /// This process's communicator.
+    pub fn comm(&self) -> MpiComm {
+        let world = self.universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        MpiComm { world, rank, size, subs: HashMap::new() }
+    }
+}
+
+/// One rank's communicator over MPI (see the module docs).
+pub struct MpiComm {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    subs: HashMap<Vec<usize>, SimpleCommunicator>,
+}
+
+fn encode(t: &Tensor) -> Vec<u8> {
+    let mut out = Vec::with_capacity(t.bytes() + 16 + 8 * t.shape().len());
+    out.push(match t.dtype() {
+        DType::F32 => 0u8,
+        DType::I64 => 1,
+        DType::Bool => 2,
+    });
+    out.extend((t.shape().len() as u32).to_le_bytes());
+    for &d in t.shape() {
+        out.extend((d as u64).to_le_bytes());
+    }
+    match t.data() {
+        Data::F32(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
+        Data::I64(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
+        Data::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+    }
+    out
+}
+
+fn decode(b: &[u8]) -> Result<Tensor, String> {
+    let take = |at: usize, n: usize| b.get(at..at + n).ok_or_else(|| "truncated block".to_string());
+    let dtype = *b.first().ok_or("empty block")?;
+    let nd = u32::from_le_bytes(take(1, 4)?.try_into().map_err(|_| "bad header")?) as usize;
+    let mut shape = Vec::with_capacity(nd);
+    for i in 0..nd {
+        shape.push(u64::from_le_bytes(take(5 + 8 * i, 8)?.try_into().map_err(|_| "bad header")?) as usize);
+    }
+    let body = &b[(5 + 8 * nd).min(b.len())..];
+    let data = match dtype {
+        0 => Data::F32(body.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        1 => Data::I64(body.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()),
+        2 => Data::Bool(body.iter().map(|&x| x != 0).collect()),
+        d => return Err(format!("unknown dtype tag {d}")),
+    };
+    Tensor::new(shape, data).map_err(|e| e.to_string())
+}
+
+impl MpiComm {
+    /// The communicator of `group` (created on first use; see the module docs).
+    fn group_comm(&mut self, group: &[usize]) -> &SimpleCommunicator {
+        if group.len() == self.size && group.iter().enumerate().all(|(i, &r)| i == r) {
+            return &self.world;
+        }
+        if !self.subs.contains_key(group) {
+            let color = *group.iter().min().unwrap_or(&0) as i32;
+            let key = group.iter().position(|&r| r == self.rank).unwrap_or(0) as i32;
+            // Every rank is in some group of this shape, so every rank gets a communicator.
+            if let Some(c) = self.world.split_by_color_with_key(Color::with_value(color), key) {
+                self.subs.insert(group.to_vec(), c);
+            }
+        }
+        self.subs.get(group).unwrap_or(&self.world)
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn exchange(&mut self, group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError> {
+        let rank = self.rank;
+        if !group.contains(&rank) {
+            return Err(CommError::Bad { rank, why: format!("not a member of group {group:?}") });
+        }
+        let n = group.len();
+        let comm = self.group_comm(group);
+        if comm.size() as usize != n {
+            return Err(CommError::Bad {
+                rank,
+                why: format!("the communicator of group {group:?} has {} ranks", comm.size()),
+            });
+        }
+        let bytes = encode(&block);
+        let len = bytes.len() as i32;
+        let mut lens = vec![0i32; n];
+        comm.all_gather_into(&len, &mut lens[..]);
+        let displs: Vec<i32> = lens
+            .iter()
+            .scan(0i32, |acc, &x| {
+                let d = *acc;
+                *acc += x;
+                Some(d)
+            })
+            .collect();
+        let total: usize = lens.iter().map(|&x| x as usize).sum();
+        let mut buf = vec![0u8; total];
+        {
+            let mut part = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
+            comm.all_gather_varcount_into(&bytes[..], &mut part);
+        }
+        lens.iter()
+            .zip(&displs)
+            .map(|(&l, &d)| {
+                decode(&buf[d as usize..(d + l) as usize]).map(Arc::new).map_err(|why| CommError::Bad { rank, why })
+            })
+            .collect()
+    }
+
+    fn abort(&self, _cause: &str) {
+        self.world.abort(1)
+    }
+}
