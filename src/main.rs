@@ -58,6 +58,11 @@ enum Command {
         after_help = "Examples:\n  autopar run plan.json --feed input_ids=ids.npy --steps 20\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 100 --checkpoint ckpt/ --checkpoint-every 10\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 200 --checkpoint ckpt/ --resume\n  (parameters are read block by block from the plan's ONNX file; --json streams {\"step\",\"loss\",...})"
     )]
     Run(cmd::run::RunArgs),
+    /// Measure the mesh's links (all-reduce / all-gather sweeps) and the device; write a profile for --device.
+    #[command(
+        after_help = "Examples:\n  autopar profile --mesh 2x2 -o cpu-2x2.json\n  mpirun -np 8 autopar profile --backend mpi --mesh 2x4 -o cluster.json\n  autopar plan model.onnx --mesh 2x2 --memory 8GiB --device cpu-2x2.json\n  (the fitted alpha/beta per axis are printed with how well they reproduce every measured time)"
+    )]
+    Profile(cmd::profile::ProfileArgs),
     /// Summarise a plan; --dot and --html render it.
     #[command(after_help = "Example:\n  autopar explain plan.json --html plan.html --dot plan.dot")]
     Explain(cmd::plan::ExplainArgs),
@@ -102,6 +107,7 @@ fn main() -> ExitCode {
         Command::Autoparallelize(a) => cmd::plan::run(a),
         Command::Explain(a) => cmd::plan::explain(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Profile(a) => cmd::profile::run(a),
         Command::Gen(a) => cmd::generate::run(a),
     };
     match res {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ir::Tensor;
-use sharding::{Collective, DeviceMesh, ReduceKind, sim};
+use sharding::{Collective, DeviceMesh, ReduceKind};
 
 /// Why a collective failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -57,8 +57,12 @@ pub trait Communicator {
     fn rank(&self) -> usize;
     /// Number of ranks.
     fn size(&self) -> usize;
-    /// Every member gets the group's blocks, in group order (this rank's included).
+    /// Every member gets the group's blocks, in group order (this rank's included): an
+    /// all-gather.
     fn exchange(&mut self, group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError>;
+    /// Every member sends `pieces[j]` to the `j`-th member of the group and gets, in group
+    /// order, the piece each member sent it: an all-to-all.
+    fn exchange_pieces(&mut self, group: &[usize], pieces: Vec<Tensor>) -> Result<Vec<Tensor>, CommError>;
     /// Stops every rank: their pending and future collectives fail with this rank and cause.
     fn abort(&self, cause: &str);
     /// Fails when some rank has aborted (cheap; called between instructions so a failure stops
@@ -68,7 +72,10 @@ pub trait Communicator {
     }
 
     /// Runs one collective of a plan on this rank's block. Reductions add the members' blocks
-    /// in group order, exactly as [`sharding::sim::apply`] does.
+    /// in group order, exactly as [`sharding::sim::apply`] does, and move data as a ring would:
+    /// a reduce-scatter sends each member only the piece it reduces, an all-reduce is a
+    /// reduce-scatter of contiguous chunks followed by an all-gather of the reduced chunks (so
+    /// its cost follows the ring formula the planner prices it with).
     fn run(&mut self, c: &Collective, mesh: &DeviceMesh, block: &Tensor) -> Result<Tensor, CommError> {
         let rank = self.rank();
         let bad = |why: String| CommError::Bad { rank, why };
@@ -78,40 +85,127 @@ pub trait Communicator {
         if n == 1 {
             return Ok(block.clone());
         }
-        let local = |r: sharding::Result<Tensor>| r.map_err(|e| bad(e.to_string()));
         match c {
             Collective::Slice { dim, .. } => Ok(piece(block, *dim, n, i)),
             Collective::MakePartial { .. } => Ok(if i == 0 { block.clone() } else { Tensor::zeros(&block.meta()) }),
-            _ => {
+            Collective::AllGather { dim, .. } => {
                 let all = self.exchange(&group, Arc::new(block.clone()))?;
-                match c {
-                    Collective::AllGather { dim, .. } => {
-                        local(sim::concat(&all.iter().map(|t| (**t).clone()).collect::<Vec<_>>(), *dim))
-                    }
-                    Collective::AllReduce { op, .. } => reduce(all.iter().map(|t| &**t), *op).map_err(bad),
-                    Collective::ReduceScatter { dim, .. } => {
-                        let pieces: Vec<Tensor> = all.iter().map(|t| piece(t, *dim, n, i)).collect();
-                        reduce(pieces.iter(), ReduceKind::Sum).map_err(bad)
-                    }
-                    Collective::AllToAll { split_dim, concat_dim, .. } => {
-                        let pieces: Vec<Tensor> = all.iter().map(|t| piece(t, *split_dim, n, i)).collect();
-                        local(sim::concat(&pieces, *concat_dim))
-                    }
-                    Collective::Broadcast { .. } => Ok((*all[0]).clone()),
-                    Collective::Slice { .. } | Collective::MakePartial { .. } => Err(bad("unreachable".into())),
-                }
+                concat(&all, *dim).map_err(bad)
+            }
+            Collective::ReduceScatter { dim, .. } => {
+                let mine = self.exchange_pieces(&group, (0..n).map(|j| piece(block, *dim, n, j)).collect())?;
+                reduce(mine.iter(), ReduceKind::Sum).map_err(bad)
+            }
+            Collective::AllReduce { op, .. } => {
+                let mine = self.exchange_pieces(&group, flat_chunks(block, n))?;
+                let reduced = reduce(mine.iter(), *op).map_err(bad)?;
+                let all = self.exchange(&group, Arc::new(reduced))?;
+                concat_flat(&all, block.shape()).map_err(bad)
+            }
+            Collective::AllToAll { split_dim, concat_dim, .. } => {
+                let got = self.exchange_pieces(&group, (0..n).map(|j| piece(block, *split_dim, n, j)).collect())?;
+                let got: Vec<Box<Tensor>> = got.into_iter().map(Box::new).collect();
+                concat(&got, *concat_dim).map_err(bad)
+            }
+            Collective::Broadcast { .. } => {
+                let all = self.exchange(&group, Arc::new(block.clone()))?;
+                Ok((*all[0]).clone())
             }
         }
     }
 }
 
-/// Piece `i` of `n` equal pieces of `t` along `dim`.
+/// `t`'s elements in `n` contiguous 1-D chunks (the first `len % n` one element longer).
+fn flat_chunks(t: &Tensor, n: usize) -> Vec<Tensor> {
+    use ir::Data;
+    let len = t.numel();
+    let bounds: Vec<usize> = (0..=n).map(|k| k * len / n).collect();
+    (0..n)
+        .map(|k| {
+            let (a, b) = (bounds[k], bounds[k + 1]);
+            let data = match t.data() {
+                Data::F32(v) => Data::F32(v[a..b].to_vec()),
+                Data::I64(v) => Data::I64(v[a..b].to_vec()),
+                Data::Bool(v) => Data::Bool(v[a..b].to_vec()),
+            };
+            Tensor::new(vec![b - a], data).unwrap_or_else(|_| Tensor::f32(vec![0], vec![]))
+        })
+        .collect()
+}
+
+/// The chunks of [`flat_chunks`] put back together with `shape`.
+fn concat_flat(parts: &[Arc<Tensor>], shape: &[usize]) -> Result<Tensor, String> {
+    use ir::Data;
+    let first = parts.first().ok_or("no chunks")?;
+    let mut data = match first.data() {
+        Data::F32(_) => Data::F32(vec![]),
+        Data::I64(_) => Data::I64(vec![]),
+        Data::Bool(_) => Data::Bool(vec![]),
+    };
+    for p in parts {
+        match (&mut data, p.data()) {
+            (Data::F32(a), Data::F32(x)) => a.extend_from_slice(x),
+            (Data::I64(a), Data::I64(x)) => a.extend_from_slice(x),
+            (Data::Bool(a), Data::Bool(x)) => a.extend_from_slice(x),
+            _ => return Err("chunks of different dtypes".into()),
+        }
+    }
+    Tensor::new(shape.to_vec(), data).map_err(|e| e.to_string())
+}
+
+/// Piece `i` of `n` equal pieces of `t` along `dim` (contiguous runs copied whole).
 fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Tensor {
-    let mut size = t.shape().to_vec();
-    size[dim] /= n;
-    let mut off = vec![0; size.len()];
-    off[dim] = i * size[dim];
-    sim::block(t, &off, &size)
+    use ir::Data;
+    let shape = t.shape();
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    let len = shape[dim] / n * inner;
+    let stride = shape[dim] * inner;
+    fn take<T: Copy>(v: &[T], outer: usize, stride: usize, at: usize, len: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(outer * len);
+        for o in 0..outer {
+            out.extend_from_slice(&v[o * stride + at..o * stride + at + len]);
+        }
+        out
+    }
+    let data = match t.data() {
+        Data::F32(v) => Data::F32(take(v, outer, stride, i * len, len)),
+        Data::I64(v) => Data::I64(take(v, outer, stride, i * len, len)),
+        Data::Bool(v) => Data::Bool(take(v, outer, stride, i * len, len)),
+    };
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] /= n;
+    Tensor::new(out_shape, data).unwrap_or_else(|_| Tensor::f32(vec![0], vec![]))
+}
+
+/// Concatenation along `dim` (contiguous runs copied whole).
+fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usize) -> Result<Tensor, String> {
+    use ir::Data;
+    let first = parts.first().ok_or("concatenating nothing")?;
+    let shape = first.shape();
+    if parts.iter().any(|p| p.shape().len() != shape.len() || p.dtype() != first.dtype()) {
+        return Err("concatenating blocks of different ranks or dtypes".into());
+    }
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] = parts.iter().map(|p| p.shape()[dim]).sum();
+    fn join<T: Copy>(vs: &[&[T]], runs: &[usize], outer: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(runs.iter().sum::<usize>() * outer);
+        for o in 0..outer {
+            for (v, &r) in vs.iter().zip(runs) {
+                out.extend_from_slice(&v[o * r..(o + 1) * r]);
+            }
+        }
+        out
+    }
+    let runs: Vec<usize> = parts.iter().map(|p| p.shape()[dim] * inner).collect();
+    let data = match first.data() {
+        Data::F32(_) => Data::F32(join(&parts.iter().filter_map(|p| p.as_f32()).collect::<Vec<_>>(), &runs, outer)),
+        Data::I64(_) => Data::I64(join(&parts.iter().filter_map(|p| p.as_i64()).collect::<Vec<_>>(), &runs, outer)),
+        Data::Bool(_) => Data::Bool(join(&parts.iter().filter_map(|p| p.as_bool()).collect::<Vec<_>>(), &runs, outer)),
+    };
+    Tensor::new(out_shape, data).map_err(|e| e.to_string())
 }
 
 /// Elementwise reduction of same-shaped blocks, in the order given.
@@ -137,7 +231,8 @@ fn reduce<'a>(mut blocks: impl Iterator<Item = &'a Tensor>, op: ReduceKind) -> R
 
 #[derive(Default)]
 struct Slot {
-    blocks: Vec<Option<Arc<Tensor>>>,
+    /// What each member put: one block (`exchange`) or one piece per member (`exchange_pieces`).
+    blocks: Vec<Option<Vec<Arc<Tensor>>>>,
     /// Members that have put their block.
     filled: usize,
     /// Members that have taken the result.
@@ -190,6 +285,35 @@ impl Communicator for ThreadComm {
     }
 
     fn exchange(&mut self, group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError> {
+        let all = self.meet(group, vec![block])?;
+        Ok(all.into_iter().map(|mut v| v.swap_remove(0)).collect())
+    }
+
+    fn exchange_pieces(&mut self, group: &[usize], pieces: Vec<Tensor>) -> Result<Vec<Tensor>, CommError> {
+        let me = group.iter().position(|&r| r == self.rank).unwrap_or(0);
+        if pieces.len() != group.len() {
+            return Err(CommError::Bad {
+                rank: self.rank,
+                why: format!("{} pieces for {} members", pieces.len(), group.len()),
+            });
+        }
+        let all = self.meet(group, pieces.into_iter().map(Arc::new).collect())?;
+        Ok(all.into_iter().map(|v| (*v[me]).clone()).collect())
+    }
+
+    fn abort(&self, cause: &str) {
+        self.abort_world(cause)
+    }
+
+    fn check(&self) -> Result<(), CommError> {
+        self.check_world()
+    }
+}
+
+impl ThreadComm {
+    /// The rendezvous: puts `payload` in this group's next slot, waits for every member's, and
+    /// returns them in group order.
+    fn meet(&mut self, group: &[usize], payload: Vec<Arc<Tensor>>) -> Result<Vec<Vec<Arc<Tensor>>>, CommError> {
         let me = group
             .iter()
             .position(|&r| r == self.rank)
@@ -209,7 +333,7 @@ impl Communicator for ThreadComm {
             read: 0,
             cv: Arc::new(Condvar::new()),
         });
-        if slot.blocks[me].replace(block).is_none() {
+        if slot.blocks[me].replace(payload).is_none() {
             slot.filled += 1;
         }
         let cv = slot.cv.clone();
@@ -223,7 +347,7 @@ impl Communicator for ThreadComm {
             let slot =
                 st.slots.get_mut(&key).ok_or_else(|| CommError::Bad { rank: self.rank, why: "lost slot".into() })?;
             if slot.filled == group.len() {
-                let all: Vec<Arc<Tensor>> = slot.blocks.iter().flatten().cloned().collect();
+                let all: Vec<Vec<Arc<Tensor>>> = slot.blocks.iter().flatten().cloned().collect();
                 slot.read += 1;
                 if slot.read == group.len() {
                     st.slots.remove(&key);
@@ -242,7 +366,7 @@ impl Communicator for ThreadComm {
         }
     }
 
-    fn abort(&self, cause: &str) {
+    fn abort_world(&self, cause: &str) {
         if let Ok(mut st) = self.shared.state.lock()
             && st.aborted.is_none()
         {
@@ -256,7 +380,7 @@ impl Communicator for ThreadComm {
         }
     }
 
-    fn check(&self) -> Result<(), CommError> {
+    fn check_world(&self) -> Result<(), CommError> {
         if !self.shared.aborted.load(Ordering::Relaxed) {
             return Ok(());
         }

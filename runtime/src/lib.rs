@@ -26,6 +26,7 @@ pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
 pub mod npy;
+pub mod profile;
 pub mod train;
 
 use std::collections::{BTreeMap, HashMap};

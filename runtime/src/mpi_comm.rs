@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use ir::{DType, Data, Tensor};
 use mpi::collective::CommunicatorCollectives as _;
-use mpi::datatype::PartitionMut;
+use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::Communicator as _;
 use mpi::topology::{Color, SimpleCommunicator};
 
@@ -155,6 +155,41 @@ impl Communicator for MpiComm {
             .map(|(&l, &d)| {
                 decode(&buf[d as usize..(d + l) as usize]).map(Arc::new).map_err(|why| CommError::Bad { rank, why })
             })
+            .collect()
+    }
+
+    fn exchange_pieces(&mut self, group: &[usize], pieces: Vec<Tensor>) -> Result<Vec<Tensor>, CommError> {
+        let rank = self.rank;
+        let n = group.len();
+        if pieces.len() != n || !group.contains(&rank) {
+            return Err(CommError::Bad { rank, why: format!("{} pieces for group {group:?}", pieces.len()) });
+        }
+        let comm = self.group_comm(group);
+        let encoded: Vec<Vec<u8>> = pieces.iter().map(encode).collect();
+        let send_counts: Vec<i32> = encoded.iter().map(|e| e.len() as i32).collect();
+        let mut recv_counts = vec![0i32; n];
+        comm.all_to_all_into(&send_counts[..], &mut recv_counts[..]);
+        let offsets = |c: &[i32]| -> Vec<i32> {
+            c.iter()
+                .scan(0i32, |acc, &x| {
+                    let d = *acc;
+                    *acc += x;
+                    Some(d)
+                })
+                .collect()
+        };
+        let (send_displs, recv_displs) = (offsets(&send_counts), offsets(&recv_counts));
+        let send: Vec<u8> = encoded.concat();
+        let mut recv = vec![0u8; recv_counts.iter().map(|&x| x as usize).sum()];
+        {
+            let sp = Partition::new(&send[..], &send_counts[..], &send_displs[..]);
+            let mut rp = PartitionMut::new(&mut recv[..], &recv_counts[..], &recv_displs[..]);
+            comm.all_to_all_varcount_into(&sp, &mut rp);
+        }
+        recv_counts
+            .iter()
+            .zip(&recv_displs)
+            .map(|(&l, &d)| decode(&recv[d as usize..(d + l) as usize]).map_err(|why| CommError::Bad { rank, why }))
             .collect()
     }
 

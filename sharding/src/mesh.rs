@@ -51,6 +51,19 @@ pub struct DeviceProfile {
     pub inter_node: Link,
     /// Where the figures come from.
     pub source: String,
+    /// Links measured per axis of one mesh (`autopar profile --mesh`): a mesh of exactly this
+    /// shape takes them instead of `intra_node` / `inter_node`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_axes: Option<MeshAxes>,
+}
+
+/// Links measured on the axes of a mesh of one shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MeshAxes {
+    /// The mesh shape they were measured on.
+    pub shape: Vec<usize>,
+    /// One link per axis, outermost first.
+    pub links: Vec<Link>,
 }
 
 const GIB: u64 = 1 << 30;
@@ -78,6 +91,7 @@ impl DeviceProfile {
                 intra_node: Link::new(5e-6, 10.0 * GB),
                 inter_node: Link::new(20e-6, 12.5 * GB),
                 source: "measured on the development host (see BENCHMARKS.md); inter-node: 100 Gb/s Ethernet".into(),
+                mesh_axes: None,
             }),
             // NVIDIA A100 Tensor Core GPU datasheet (2021), SXM 80GB: FP32 19.5 TFLOPS, TF32 156
             // TFLOPS and BF16 312 TFLOPS dense, HBM2e 2,039 GB/s, 80 GB, NVLink 600 GB/s
@@ -94,6 +108,7 @@ impl DeviceProfile {
                 intra_node: Link::new(10e-6, 300.0 * GB),
                 inter_node: Link::new(20e-6, 25.0 * GB),
                 source: "NVIDIA A100 datasheet (SXM 80GB); DGX A100 networking".into(),
+                mesh_axes: None,
             }),
             // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: FP32 67 TFLOPS, TF32 494.7 TFLOPS and
             // BF16 989.4 TFLOPS dense (the datasheet's 989/1,979 figures are with sparsity),
@@ -110,6 +125,7 @@ impl DeviceProfile {
                 intra_node: Link::new(10e-6, 450.0 * GB),
                 inter_node: Link::new(20e-6, 50.0 * GB),
                 source: "NVIDIA H100 datasheet (SXM); DGX H100 networking".into(),
+                mesh_axes: None,
             }),
             // NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: same compute as H100 SXM (FP32 67,
             // TF32 494.7 and BF16 989.4 TFLOPS dense), HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s.
@@ -124,6 +140,7 @@ impl DeviceProfile {
                 intra_node: Link::new(10e-6, 450.0 * GB),
                 inter_node: Link::new(20e-6, 50.0 * GB),
                 source: "NVIDIA H200 datasheet (SXM); DGX H200 networking".into(),
+                mesh_axes: None,
             }),
             _ => None,
         }
@@ -158,6 +175,16 @@ impl DeviceProfile {
         }
         if self.devices_per_node == 0 {
             return Err("devices_per_node must be >= 1".into());
+        }
+        if let Some(m) = &self.mesh_axes {
+            if m.links.len() != m.shape.len() {
+                return Err("mesh_axes needs one link per axis of its shape".into());
+            }
+            for (i, l) in m.links.iter().enumerate() {
+                if !(l.alpha.is_finite() && l.alpha >= 0.0 && l.beta.is_finite() && l.beta > 0.0) {
+                    return Err(format!("mesh_axes axis {i}: alpha must be >= 0 and beta > 0"));
+                }
+            }
         }
         Ok(())
     }
@@ -227,6 +254,12 @@ impl DeviceMesh {
     /// A mesh whose links come from a device profile: an axis is within one machine when the
     /// product of its size and the sizes of all inner axes fits in `devices_per_node`.
     pub fn with_profile(shape: Vec<usize>, names: Vec<String>, profile: &DeviceProfile) -> Result<DeviceMesh> {
+        if let Some(m) = &profile.mesh_axes
+            && m.shape == shape
+            && m.links.len() == shape.len()
+        {
+            return DeviceMesh::new(shape, names, m.links.clone());
+        }
         let links = (0..shape.len())
             .map(|a| {
                 let inner: usize = shape[a..].iter().product();

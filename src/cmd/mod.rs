@@ -4,6 +4,7 @@ pub mod generate;
 pub mod infer;
 pub mod inspect;
 pub mod plan;
+pub mod profile;
 pub mod reshard;
 pub mod run;
 pub mod solve;

@@ -1,0 +1,245 @@
+//! `autopar profile`: measures the links of a mesh and one device on the chosen back end and
+//! writes a device profile that `autoparallelize --device FILE` uses.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use runtime::comm::{Communicator, ThreadWorld};
+use runtime::profile::{Sample, fit, sweep};
+use sharding::{DeviceMesh, DeviceProfile, Link, MeshAxes};
+
+use super::run::Backend;
+
+/// Arguments of `autopar profile`.
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    /// Where the ranks run: threads of this process, or MPI processes (under mpirun).
+    #[arg(long, value_enum, default_value = "threads")]
+    pub backend: Backend,
+    /// The mesh to measure, e.g. `2x4` (default: one axis of all ranks: the available cores for
+    /// threads, the world size under mpirun).
+    #[arg(long)]
+    pub mesh: Option<String>,
+    /// Largest block per rank in the sweeps (sizes go up by 4x from 4 KiB).
+    #[arg(long, default_value = "16MiB")]
+    pub max_bytes: String,
+    /// Timed repetitions per size (the median is kept; one warm-up run is not timed).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Print the sweep and the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Where to write the profile.
+    #[arg(short = 'o', long, default_value = "profile.json")]
+    pub out: PathBuf,
+}
+
+fn sizes(max: u64) -> Vec<usize> {
+    let mut v = vec![];
+    let mut s = 4096u64;
+    while s <= max.max(4096) {
+        v.push(s as usize);
+        s *= 4;
+    }
+    v
+}
+
+/// Sweeps every axis of size > 1 on this rank; returns the samples and the fitted link per axis.
+fn measure(
+    comm: &mut dyn Communicator,
+    mesh: &DeviceMesh,
+    sizes: &[usize],
+    reps: usize,
+) -> Result<(Vec<Sample>, Vec<Option<Link>>), runtime::comm::CommError> {
+    let mut samples = vec![];
+    let mut links = vec![];
+    for axis in 0..mesh.ndim() {
+        if mesh.shape()[axis] == 1 {
+            links.push(None);
+            continue;
+        }
+        let s = sweep(comm, mesh, axis, sizes, reps)?;
+        links.push(Some(fit(&s)));
+        samples.extend(s);
+    }
+    Ok((samples, links))
+}
+
+fn memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()).map(|k| k * 1024))
+        })
+        .unwrap_or(16 << 30)
+}
+
+/// Builds the profile and prints the sweep (rank 0 only under MPI).
+fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Option<Link>], backend: &str) -> Result<()> {
+    let ctx = kernels::cpu::CpuContext::new(1)?;
+    let (flops, bandwidth) = runtime::profile::device(&ctx)?;
+    let measured: Vec<Link> = links.iter().flatten().copied().collect();
+    let Some(&inner) = measured.last() else { bail!("--mesh {mesh}: every axis has size 1; nothing to measure") };
+    let outer = measured[0];
+    let per_axis: Vec<Link> = links.iter().map(|l| l.unwrap_or(inner)).collect();
+    let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
+    let profile = DeviceProfile {
+        name: format!("measured-{backend}"),
+        f32_flops: flops,
+        f32_flops_exact: flops,
+        bf16_flops: flops,
+        memory_bandwidth: bandwidth,
+        memory_bytes: memory_bytes(),
+        devices_per_node: mesh.size(),
+        intra_node: inner,
+        inter_node: outer,
+        source: format!(
+            "autopar profile --backend {backend} on {host}, mesh {mesh}: fitted to {} collectives",
+            samples.len()
+        ),
+        mesh_axes: Some(MeshAxes { shape: mesh.shape().to_vec(), links: per_axis.clone() }),
+    };
+    std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let mut worst: f64 = 0.0;
+    let mut out = std::io::stdout().lock();
+    let mut rows = vec![];
+    if !a.json {
+        writeln!(
+            out,
+            "device    f32 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s",
+            flops / 1e9,
+            bandwidth / 1e9
+        )?;
+        for (axis, l) in links.iter().enumerate() {
+            if let Some(l) = l {
+                writeln!(
+                    out,
+                    "axis {axis}    alpha {:.2} us, beta {:.3} ns/byte ({:.2} GB/s)",
+                    l.alpha * 1e6,
+                    l.beta * 1e9,
+                    1e-9 / l.beta
+                )?;
+            }
+        }
+        writeln!(
+            out,
+            "{:<11} {:>4} {:>5} {:>10} {:>12} {:>12} {:>7}",
+            "collective", "axis", "ranks", "bytes", "measured us", "model us", "error"
+        )?;
+    }
+    for s in samples {
+        let Some(l) = links[s.axis] else { continue };
+        let p = s.predicted(&l);
+        let e = (p - s.seconds) / s.seconds;
+        worst = worst.max(e.abs());
+        if a.json {
+            rows.push(serde_json::json!({"kind": s.kind, "axis": s.axis, "ranks": s.ranks, "bytes": s.bytes,
+                "measured_s": s.seconds, "model_s": p, "error": e}));
+        } else {
+            writeln!(
+                out,
+                "{:<11} {:>4} {:>5} {:>10} {:>12.1} {:>12.1} {:>+6.1}%",
+                s.kind,
+                s.axis,
+                s.ranks,
+                s.bytes,
+                s.seconds * 1e6,
+                p * 1e6,
+                e * 100.0
+            )?;
+        }
+    }
+    if a.json {
+        let line = serde_json::json!({"samples": rows, "max_error": worst, "f32_flops": flops,
+            "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string()});
+        writeln!(out, "{line}")?;
+    } else {
+        writeln!(
+            out,
+            "fit       the model reproduces every measured time within {:.1}% ({})",
+            worst * 100.0,
+            if worst <= 0.2 { "within 20%" } else { "NOT within 20%: the links are noisy or not alpha-beta" }
+        )?;
+        writeln!(
+            out,
+            "wrote     {} (use: autopar plan MODEL --device {} --mesh {mesh} ...)",
+            a.out.display(),
+            a.out.display()
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs `autopar profile`.
+pub fn run(a: &ProfileArgs) -> Result<()> {
+    let max = codegen::parse_bytes(&a.max_bytes).with_context(|| format!("--max-bytes {}", a.max_bytes))?;
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let sizes = sizes(max);
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    match a.backend {
+        Backend::Threads => {
+            let text = a
+                .mesh
+                .clone()
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)).to_string());
+            let mesh = DeviceMesh::parse(&text, &cpu)?;
+            let comms = ThreadWorld::new(mesh.size(), Duration::from_secs(300));
+            let results: Vec<Result<(Vec<Sample>, Vec<Option<Link>>), runtime::comm::CommError>> =
+                std::thread::scope(|s| {
+                    let hs: Vec<_> = comms
+                        .into_iter()
+                        .map(|mut c| {
+                            let (mesh, sizes) = (&mesh, &sizes);
+                            s.spawn(move || measure(&mut c, mesh, sizes, a.reps))
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(runtime::comm::CommError::Bad { rank: 0, why: "a rank panicked".into() })
+                            })
+                        })
+                        .collect()
+                });
+            let mut first = None;
+            for r in results {
+                let r = r?;
+                first.get_or_insert(r);
+            }
+            let (samples, links) = first.context("no ranks")?;
+            report(a, &mesh, &samples, &links, "threads")
+        }
+        Backend::Mpi => run_mpi(a, &sizes, &cpu),
+        Backend::Nccl => {
+            bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
+        }
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &ProfileArgs, _: &[usize], _: &DeviceProfile) -> Result<()> {
+    bail!("--backend mpi: this autopar was built without MPI support (rebuild with --features mpi)")
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(a: &ProfileArgs, sizes: &[usize], cpu: &DeviceProfile) -> Result<()> {
+    let world = runtime::mpi_comm::MpiWorld::init()?;
+    let mut comm = world.comm();
+    let text = a.mesh.clone().unwrap_or_else(|| comm.size().to_string());
+    let mesh = DeviceMesh::parse(&text, cpu)?;
+    if mesh.size() != comm.size() {
+        bail!("--mesh {mesh} has {} ranks but mpirun started {}", mesh.size(), comm.size());
+    }
+    let (samples, links) = measure(&mut comm, &mesh, sizes, a.reps)?;
+    if comm.rank() == 0 {
+        report(a, &mesh, &samples, &links, "mpi")?;
+    }
+    Ok(())
+}
