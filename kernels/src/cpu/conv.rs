@@ -30,36 +30,71 @@ pub(crate) fn im2col(
     ow: usize,
     col: &mut [f32],
 ) {
-    let p = oh * ow;
-    let fill_row = |r: usize, row: &mut [f32]| {
-        let (c, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
-        let plane = &x[c * h * w..(c + 1) * h * w];
-        let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
-        let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
-        let (ylo, yhi) = valid_range(offy, a.strides[0], h, oh);
-        let (xlo, xhi) = valid_range(offx, a.strides[1], w, ow);
-        for (oy, out) in row.chunks_mut(ow).enumerate() {
-            if oy < ylo || oy >= yhi {
-                out.fill(0.0);
-                continue;
-            }
-            let iy = (oy * a.strides[0]) as isize + offy;
-            let src = &plane[iy as usize * w..(iy as usize + 1) * w];
-            out[..xlo].fill(0.0);
-            out[xhi..].fill(0.0);
-            if a.strides[1] == 1 {
-                let s = (xlo as isize + offx) as usize;
-                out[xlo..xhi].copy_from_slice(&src[s..s + (xhi - xlo)]);
-            } else {
-                for (ox, o) in out.iter_mut().enumerate().take(xhi).skip(xlo) {
-                    *o = src[((ox * a.strides[1]) as isize + offx) as usize];
-                }
+    let fill_row = |r: usize, row: &mut [f32]| im2col_row(x, h, w, kh, kw, a, oh, ow, r, row);
+    match ctx {
+        Some(ctx) => ctx.for_rows(col, oh * ow, fill_row),
+        None => col.chunks_mut(oh * ow).enumerate().for_each(|(r, row)| fill_row(r, row)),
+    }
+}
+
+/// Fills rows `row0..` of the im2col matrix of `x` into `col` (whole rows of `oh*ow`), on the
+/// calling thread.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn im2col_rows(
+    x: &[f32],
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    a: &ConvAttrs,
+    oh: usize,
+    ow: usize,
+    row0: usize,
+    col: &mut [f32],
+) {
+    for (r, row) in col.chunks_mut(oh * ow).enumerate() {
+        im2col_row(x, h, w, kh, kw, a, oh, ow, row0 + r, row);
+    }
+}
+
+/// Row `r` (input channel, kernel row, kernel column) of the im2col matrix of `x`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn im2col_row(
+    x: &[f32],
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    a: &ConvAttrs,
+    oh: usize,
+    ow: usize,
+    r: usize,
+    row: &mut [f32],
+) {
+    let (c, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
+    let plane = &x[c * h * w..(c + 1) * h * w];
+    let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
+    let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
+    let (ylo, yhi) = valid_range(offy, a.strides[0], h, oh);
+    let (xlo, xhi) = valid_range(offx, a.strides[1], w, ow);
+    for (oy, out) in row.chunks_mut(ow).enumerate() {
+        if oy < ylo || oy >= yhi {
+            out.fill(0.0);
+            continue;
+        }
+        let iy = (oy * a.strides[0]) as isize + offy;
+        let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+        out[..xlo].fill(0.0);
+        out[xhi..].fill(0.0);
+        if a.strides[1] == 1 {
+            let s = (xlo as isize + offx) as usize;
+            out[xlo..xhi].copy_from_slice(&src[s..s + (xhi - xlo)]);
+        } else {
+            for (ox, o) in out.iter_mut().enumerate().take(xhi).skip(xlo) {
+                *o = src[((ox * a.strides[1]) as isize + offx) as usize];
             }
         }
-    };
-    match ctx {
-        Some(ctx) => ctx.for_rows(col, p, fill_row),
-        None => col.chunks_mut(p).enumerate().for_each(|(r, row)| fill_row(r, row)),
     }
 }
 
@@ -69,8 +104,10 @@ pub(crate) fn is_direct(a: &ConvAttrs, kh: usize, kw: usize) -> bool {
 }
 
 /// Runs `run(task, chunk, scratch, inner_ctx, gemm_parallelism)` for each `chunk`-long piece of
-/// `out` (one per (image, group) of a convolution, `macs` multiply-adds each). Many small tasks
-/// run in parallel, each sequential; otherwise tasks run in turn, each using the whole pool.
+/// `out` (one per (image, group) of a convolution, `macs` multiply-adds each). When the tasks
+/// split evenly over the threads (a batch of two on two threads) or are many, they run in
+/// parallel, each sequential: no synchronisation inside a task, and each thread packs its own
+/// operands. Otherwise tasks run in turn, each using the whole pool.
 pub(crate) fn per_group(
     ctx: &CpuContext,
     out: &mut [f32],
@@ -81,7 +118,8 @@ pub(crate) fn per_group(
     + Send,
 ) -> Result<(), Error> {
     let tasks = out.len() / chunk.max(1);
-    if ctx.threads() > 1 && tasks >= 2 * ctx.threads() && macs < (1 << 22) {
+    let t = ctx.threads();
+    if t > 1 && tasks >= t && (tasks % t == 0 || tasks >= 4 * t || macs < (1 << 22)) {
         ctx.install(|| {
             out.par_chunks_mut(chunk)
                 .enumerate()

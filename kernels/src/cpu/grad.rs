@@ -5,9 +5,11 @@
 //! same tie-breaking, same statistics), so that the pair is the derivative of what the forward
 //! kernel computes; the finite-difference tests in `tests/tests/autodiff_fd.rs` check that.
 
-use super::{CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
+use super::linalg::{View, product_f32};
+use super::{Accumulation, CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
 use crate::Error;
 use ir::{ConvAttrs, Data, PoolAttrs, SliceAxis, Tensor, UnaryOp};
+use rayon::prelude::*;
 
 fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
@@ -309,7 +311,42 @@ pub(crate) fn conv_weight_grad(
         return tensor(op, shape, Data::F32(dw));
     }
     let direct = conv::is_direct(a, kh, kw);
-    let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
+    let threads = ctx.threads();
+    if threads > 1 && ctx.accumulation() == Accumulation::F32 && kk >= 2 * 16 {
+        // Each thread owns a block of dW's columns (rows of im2col): it builds only those rows,
+        // image after image, and accumulates its block; no reduction and no shared buffer.
+        let per = kk.div_ceil(threads);
+        let dw_addr = dw.as_mut_ptr() as usize;
+        ctx.install(|| {
+            (0..kk.div_ceil(per)).into_par_iter().for_each(|t| {
+                let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
+                let mut col = if direct { Vec::new() } else { vec![0f32; (hi - lo) * p] };
+                for gi in 0..g {
+                    for ni in 0..n {
+                        let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+                        let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+                        let rows: &[f32] = if direct {
+                            &xin[lo * p..hi * p]
+                        } else {
+                            conv::im2col_rows(xin, h, wd, kh, kw, a, oh, ow, lo, &mut col);
+                            &col
+                        };
+                        // dW[group rows, lo..hi] (+)= dy [mg, p] @ rows^T [p, hi - lo]
+                        let dyv = View { ptr: dyg.as_ptr(), rs: p as isize, cs: 1 };
+                        let rv = View { ptr: rows.as_ptr(), rs: 1, cs: p as isize };
+                        let beta = if ni == 0 { 0.0 } else { 1.0 };
+                        let out = (dw_addr as *mut f32).wrapping_add(gi * mg * kk + lo);
+                        // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
+                        // lo..hi of dW, which only this task writes; the views cover dy's and
+                        // rows' matrices.
+                        unsafe { product_f32(1, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
+                    }
+                }
+            })
+        });
+        return tensor(op, shape, Data::F32(dw));
+    }
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let mut col = Vec::new();
     for gi in 0..g {
         let dwg = &mut dw[gi * mg * kk..(gi + 1) * mg * kk];
