@@ -250,19 +250,84 @@ pub(crate) fn window_argmax(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy
     at
 }
 
+/// Calls `f(output index, window_argmax(..))` for every output of one `h x w` plane, in row-major
+/// order: the same cells [`window_argmax`] picks, with the window clipping hoisted out of the loop
+/// and full 3x3 windows unrolled (max pooling was ~17 ns per output through the generic walk).
+#[inline]
+pub(crate) fn plane_argmax(
+    a: &PoolAttrs,
+    plane: &[f32],
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    xr: &[(usize, usize)],
+    mut f: impl FnMut(usize, Option<usize>),
+) {
+    if a.dilations != [1, 1] {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                f(oy * ow + ox, window_argmax(a, plane, h, w, oy, ox));
+            }
+        }
+        return;
+    }
+    // The first cell is taken, then a later one wins when greater or NaN (window_argmax's rule).
+    #[inline(always)]
+    fn pick(plane: &[f32], best: &mut f32, at: &mut usize, k: usize) {
+        let v = plane[k];
+        if v > *best || v.is_nan() {
+            *best = v;
+            *at = k;
+        }
+    }
+    for oy in 0..oh {
+        let (ya, yb) = clip(oy, a, 0, h);
+        for (ox, &(xa, xb)) in xr.iter().enumerate() {
+            let out = oy * ow + ox;
+            if ya == yb || xa == xb {
+                f(out, None);
+                continue;
+            }
+            let first = ya * w + xa;
+            let (mut best, mut at) = (plane[first], first);
+            if yb - ya == 3 && xb - xa == 3 {
+                pick(plane, &mut best, &mut at, first + 1);
+                pick(plane, &mut best, &mut at, first + 2);
+                for r in [first + w, first + 2 * w] {
+                    pick(plane, &mut best, &mut at, r);
+                    pick(plane, &mut best, &mut at, r + 1);
+                    pick(plane, &mut best, &mut at, r + 2);
+                }
+            } else {
+                for y in ya..yb {
+                    for x in xa..xb {
+                        if y != ya || x != xa {
+                            pick(plane, &mut best, &mut at, y * w + x);
+                        }
+                    }
+                }
+            }
+            f(out, Some(at));
+        }
+    }
+}
+
+/// The clipped column range of every output column's window (dilation 1), for [`plane_argmax`].
+pub(crate) fn column_ranges(a: &PoolAttrs, w: usize, ow: usize) -> Vec<(usize, usize)> {
+    (0..ow).map(|ox| clip(ox, a, 1, w)).collect()
+}
+
 /// Max pooling; padding cells never win.
 pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
     let xv = f32s("maxpool", x)?;
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
     let mut out = vec![0f32; out_shape.iter().product()];
+    let xr = column_ranges(a, w, ow);
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
-        for oy in 0..oh {
-            for ox in 0..ow {
-                row[oy * ow + ox] = window_argmax(a, plane, h, w, oy, ox).map_or(f32::NEG_INFINITY, |k| plane[k]);
-            }
-        }
+        plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| row[o] = k.map_or(f32::NEG_INFINITY, |k| plane[k]));
     });
     tensor("maxpool", out_shape, Data::F32(out))
 }

@@ -378,16 +378,15 @@ pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Te
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
     let mut dx = vec![0f32; xv.len()];
+    let xr = conv::column_ranges(a, w, ow);
     ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
         let d = &dv[r * oh * ow..(r + 1) * oh * ow];
-        for oy in 0..oh {
-            for ox in 0..ow {
-                if let Some(k) = conv::window_argmax(a, plane, h, w, oy, ox) {
-                    plane_dx[k] += d[oy * ow + ox];
-                }
+        conv::plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| {
+            if let Some(k) = k {
+                plane_dx[k] += d[o];
             }
-        }
+        });
     });
     tensor(op, x.shape(), Data::F32(dx))
 }
@@ -480,9 +479,9 @@ pub(crate) fn sgd_update(
     let op = "sgd_update";
     let (p, g) = (f32s(op, inputs[0])?, f32s(op, inputs[1])?);
     let shape = inputs[0].shape();
-    let mut np = vec![0f32; p.len()];
     if momentum != 0.0 {
         let buf = f32s(op, inputs[2])?;
+        let mut np = vec![0f32; p.len()];
         let mut nb = vec![0f32; p.len()];
         for i in 0..p.len() {
             let d = g[i] + weight_decay * p[i];
@@ -491,13 +490,7 @@ pub(crate) fn sgd_update(
         }
         return Ok(vec![tensor(op, shape, Data::F32(np))?, tensor(op, shape, Data::F32(nb))?]);
     }
-    let row = 4096.min(p.len().max(1));
-    ctx.for_rows(&mut np, row, |r, o| {
-        let s = r * row;
-        for ((o, &pp), &gg) in o.iter_mut().zip(&p[s..]).zip(&g[s..]) {
-            *o = pp - lr * (gg + weight_decay * pp);
-        }
-    });
+    let np = ctx.zip_map_f32(p, g, |pp, gg| pp - lr * (gg + weight_decay * pp));
     Ok(vec![tensor(op, shape, Data::F32(np))?])
 }
 
