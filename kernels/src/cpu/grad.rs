@@ -94,7 +94,7 @@ pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usiz
         if inner == 1 {
             // Contiguous axis: the f64 sum as below, then a loop that vectorises.
             let sum: f64 = if log {
-                db.iter().map(|&d| d as f64).sum()
+                super::reduce::lane_sum_f64(db)
             } else {
                 db.iter().zip(yb).map(|(&d, &y)| (d * y) as f64).sum()
             };
