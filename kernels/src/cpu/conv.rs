@@ -119,7 +119,7 @@ pub(crate) fn per_group(
 ) -> Result<(), Error> {
     let tasks = out.len() / chunk.max(1);
     let t = ctx.threads();
-    if t > 1 && tasks >= t && (tasks % t == 0 || tasks >= 4 * t || macs < (1 << 22)) {
+    if t > 1 && tasks >= t && (tasks.is_multiple_of(t) || tasks >= 4 * t || macs < (1 << 22)) {
         ctx.install(|| {
             out.par_chunks_mut(chunk)
                 .enumerate()
@@ -253,6 +253,7 @@ pub(crate) fn window_argmax(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy
 /// Calls `f(output index, window_argmax(..))` for every output of one `h x w` plane, in row-major
 /// order: the same cells [`window_argmax`] picks, with the window clipping hoisted out of the loop
 /// and full 3x3 windows unrolled (max pooling was ~17 ns per output through the generic walk).
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn plane_argmax(
     a: &PoolAttrs,
