@@ -5,9 +5,12 @@
 //! same tie-breaking, same statistics), so that the pair is the derivative of what the forward
 //! kernel computes; the finite-difference tests in `tests/tests/autodiff_fd.rs` check that.
 
-use super::{CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
+use super::elementwise::{exp_fast, with_simd};
+use super::linalg::{View, product_f32};
+use super::{Accumulation, CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
 use crate::Error;
 use ir::{ConvAttrs, Data, PoolAttrs, SliceAxis, Tensor, UnaryOp};
+use rayon::prelude::*;
 
 fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
@@ -18,28 +21,45 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
     let op = ir::unary_grad_name(u);
     let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
     use std::f32::consts::{FRAC_1_SQRT_2, PI};
-    let d: fn(f32) -> f32 = match u {
-        UnaryOp::Relu => |x| if x > 0.0 { 1.0 } else { 0.0 },
-        UnaryOp::Gelu => |x| {
+    let mut out = vec![0f32; xv.len()];
+    let row = 4096.min(xv.len().max(1));
+    // A macro rather than a `fn` pointer: each derivative is inlined into its own loop, which
+    // then vectorises (with AVX2 where the CPU has it).
+    macro_rules! apply {
+        ($d:expr) => {{
+            let d = $d;
+            ctx.for_rows_weighted(&mut out, row, 8, |r, o| {
+                let s = r * row;
+                with_simd(|| {
+                    for ((o, &x), &g) in o.iter_mut().zip(&xv[s..]).zip(&dv[s..]) {
+                        *o = g * d(x);
+                    }
+                })
+            })
+        }};
+    }
+    match u {
+        UnaryOp::Relu => apply!(|x: f32| if x > 0.0 { 1.0 } else { 0.0 }),
+        UnaryOp::Gelu => apply!(|x: f32| {
             let cdf = 0.5 * libm::erfcf(-x * FRAC_1_SQRT_2);
             let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
             cdf + x * pdf
-        },
-        UnaryOp::GeluTanh => |x| {
+        }),
+        UnaryOp::GeluTanh => apply!(|x: f32| {
             const C: f32 = 0.797_884_6;
             let t = super::elementwise::tanh(C * (x + 0.044715 * x * x * x));
             0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
-        },
+        }),
         // These read the forward output y (see `ir::unary_grad_from_output`).
-        UnaryOp::Tanh => |y| 1.0 - y * y,
-        UnaryOp::Erf => |x| 2.0 / PI.sqrt() * (-x * x).exp(),
-        UnaryOp::Sigmoid => |y| y * (1.0 - y),
-        UnaryOp::Exp => |y| y,
-        UnaryOp::Log => |x| 1.0 / x,
-        UnaryOp::Sqrt => |y| 0.5 / y,
-        UnaryOp::Neg => |_| -1.0,
-        UnaryOp::Reciprocal => |y| -y * y,
-        UnaryOp::Abs => |x| {
+        UnaryOp::Tanh => apply!(|y: f32| 1.0 - y * y),
+        UnaryOp::Erf => apply!(|x: f32| 2.0 / PI.sqrt() * (-x * x).exp()),
+        UnaryOp::Sigmoid => apply!(|y: f32| y * (1.0 - y)),
+        UnaryOp::Exp => apply!(|y: f32| y),
+        UnaryOp::Log => apply!(|x: f32| 1.0 / x),
+        UnaryOp::Sqrt => apply!(|y: f32| 0.5 / y),
+        UnaryOp::Neg => apply!(|_: f32| -1.0),
+        UnaryOp::Reciprocal => apply!(|y: f32| -y * y),
+        UnaryOp::Abs => apply!(|x: f32| {
             if x > 0.0 {
                 1.0
             } else if x < 0.0 {
@@ -47,21 +67,13 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
             } else {
                 0.0
             }
-        },
-        UnaryOp::Sin => f32::cos,
-        UnaryOp::Cos => |x| -x.sin(),
+        }),
+        UnaryOp::Sin => apply!(f32::cos),
+        UnaryOp::Cos => apply!(|x: f32| -x.sin()),
         UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => {
             return Err(bad(op, "op has no gradient kernel".into()));
         }
-    };
-    let mut out = vec![0f32; xv.len()];
-    let row = 4096.min(xv.len().max(1));
-    ctx.for_rows_weighted(&mut out, row, 8, |r, o| {
-        let s = r * row;
-        for ((o, &x), &g) in o.iter_mut().zip(&xv[s..]).zip(&dv[s..]) {
-            *o = g * d(x);
-        }
-    });
+    }
     tensor(op, x.shape(), Data::F32(out))
 }
 
@@ -79,6 +91,21 @@ pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usiz
     }
     ctx.for_rows_weighted(&mut out, block, 4, |r, o| {
         let (yb, db) = (&yv[r * block..(r + 1) * block], &dv[r * block..(r + 1) * block]);
+        if inner == 1 {
+            // Contiguous axis: the f64 sum as below, then a loop that vectorises.
+            let sum: f64 = if log {
+                super::reduce::lane_sum_f64(db)
+            } else {
+                db.iter().zip(yb).map(|(&d, &y)| (d * y) as f64).sum()
+            };
+            let sum = sum as f32;
+            with_simd(|| {
+                for ((o, &y), &d) in o.iter_mut().zip(yb).zip(db) {
+                    *o = if log { d - exp_fast(y) * sum } else { y * (d - sum) };
+                }
+            });
+            return;
+        }
         for j in 0..inner {
             let at = |i: usize| i * inner + j;
             let sum: f64 = if log {
@@ -89,7 +116,7 @@ pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usiz
             let sum = sum as f32;
             for i in 0..len {
                 let k = at(i);
-                o[k] = if log { db[k] - yb[k].exp() * sum } else { yb[k] * (db[k] - sum) };
+                o[k] = if log { db[k] - exp_fast(yb[k]) * sum } else { yb[k] * (db[k] - sum) };
             }
         }
     });
@@ -309,7 +336,42 @@ pub(crate) fn conv_weight_grad(
         return tensor(op, shape, Data::F32(dw));
     }
     let direct = conv::is_direct(a, kh, kw);
-    let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
+    let threads = ctx.threads();
+    if threads > 1 && ctx.accumulation() == Accumulation::F32 && kk >= 2 * 16 {
+        // Each thread owns a block of dW's columns (rows of im2col): it builds only those rows,
+        // image after image, and accumulates its block; no reduction and no shared buffer.
+        let per = kk.div_ceil(threads);
+        let dw_addr = dw.as_mut_ptr() as usize;
+        ctx.install(|| {
+            (0..kk.div_ceil(per)).into_par_iter().for_each(|t| {
+                let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
+                let mut col = if direct { Vec::new() } else { vec![0f32; (hi - lo) * p] };
+                for gi in 0..g {
+                    for ni in 0..n {
+                        let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+                        let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+                        let rows: &[f32] = if direct {
+                            &xin[lo * p..hi * p]
+                        } else {
+                            conv::im2col_rows(xin, h, wd, kh, kw, a, oh, ow, lo, &mut col);
+                            &col
+                        };
+                        // dW[group rows, lo..hi] (+)= dy [mg, p] @ rows^T [p, hi - lo]
+                        let dyv = View { ptr: dyg.as_ptr(), rs: p as isize, cs: 1 };
+                        let rv = View { ptr: rows.as_ptr(), rs: 1, cs: p as isize };
+                        let beta = if ni == 0 { 0.0 } else { 1.0 };
+                        let out = (dw_addr as *mut f32).wrapping_add(gi * mg * kk + lo);
+                        // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
+                        // lo..hi of dW, which only this task writes; the views cover dy's and
+                        // rows' matrices.
+                        unsafe { product_f32(1, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
+                    }
+                }
+            })
+        });
+        return tensor(op, shape, Data::F32(dw));
+    }
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let mut col = Vec::new();
     for gi in 0..g {
         let dwg = &mut dw[gi * mg * kk..(gi + 1) * mg * kk];
@@ -341,16 +403,15 @@ pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Te
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
     let mut dx = vec![0f32; xv.len()];
+    let xr = conv::column_ranges(a, w, ow);
     ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
         let d = &dv[r * oh * ow..(r + 1) * oh * ow];
-        for oy in 0..oh {
-            for ox in 0..ow {
-                if let Some(k) = conv::window_argmax(a, plane, h, w, oy, ox) {
-                    plane_dx[k] += d[oy * ow + ox];
-                }
+        conv::plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| {
+            if let Some(k) = k {
+                plane_dx[k] += d[o];
             }
-        }
+        });
     });
     tensor(op, x.shape(), Data::F32(dx))
 }
@@ -443,9 +504,9 @@ pub(crate) fn sgd_update(
     let op = "sgd_update";
     let (p, g) = (f32s(op, inputs[0])?, f32s(op, inputs[1])?);
     let shape = inputs[0].shape();
-    let mut np = vec![0f32; p.len()];
     if momentum != 0.0 {
         let buf = f32s(op, inputs[2])?;
+        let mut np = vec![0f32; p.len()];
         let mut nb = vec![0f32; p.len()];
         for i in 0..p.len() {
             let d = g[i] + weight_decay * p[i];
@@ -454,13 +515,7 @@ pub(crate) fn sgd_update(
         }
         return Ok(vec![tensor(op, shape, Data::F32(np))?, tensor(op, shape, Data::F32(nb))?]);
     }
-    let row = 4096.min(p.len().max(1));
-    ctx.for_rows(&mut np, row, |r, o| {
-        let s = r * row;
-        for ((o, &pp), &gg) in o.iter_mut().zip(&p[s..]).zip(&g[s..]) {
-            *o = pp - lr * (gg + weight_decay * pp);
-        }
-    });
+    let np = ctx.zip_map_f32(p, g, |pp, gg| pp - lr * (gg + weight_decay * pp));
     Ok(vec![tensor(op, shape, Data::F32(np))?])
 }
 

@@ -13,6 +13,124 @@ use rayon::prelude::*;
 /// entry rather than inside each product.
 const SMALL_GEMM_MACS: usize = 1 << 21;
 
+/// Products with at least this many multiply-adds are split over the context's threads.
+const PAR_GEMM_MIN_MACS: usize = 1 << 17;
+
+/// A strided read-only matrix view: element `(i, j)` is at `ptr + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct View {
+    pub ptr: *const f32,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl View {
+    /// The view of rows `i0..` and columns `j0..`.
+    fn at(self, i0: usize, j0: usize) -> View {
+        View { ptr: self.ptr.wrapping_offset(i0 as isize * self.rs + j0 as isize * self.cs), ..self }
+    }
+}
+
+/// `c = alpha * a @ b + beta * c` (f32 accumulation) for an `m x k` view `a`, a `k x n` view `b`
+/// and a row-major `c` with row stride `ldc`, split over `threads` slices of `c` run on the current
+/// rayon pool, each slice sequential. With `beta == 0`, `c` is not read.
+///
+/// The products are split here rather than inside the GEMM library: one contiguous block of `c`
+/// per thread, each on its own packed operands, scaled better on the 2-core target than `gemm`'s
+/// own split for the thin products of training steps (BENCHMARKS.md).
+///
+/// # Safety
+/// The views and `c` must cover their matrices; `c` must alias neither input.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product_f32(
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View,
+    b: View,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) {
+    if threads <= 1 || (m < 16 && n < 32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { product_seq(m, n, k, a, b, c, ldc, alpha, beta) };
+        return;
+    }
+    // Split the dimension whose split duplicates the smaller packed operand: columns of `c` when
+    // `a` (m x k) is the smaller, rows otherwise.
+    let by_cols = n >= m;
+    let (len, align) = if by_cols { (n, 16) } else { (m, 8) };
+    let per = len.div_ceil(threads).div_ceil(align) * align;
+    let parts = len.div_ceil(per);
+    let (a_addr, b_addr, c_addr) = (a.ptr as usize, b.ptr as usize, c as usize);
+    (0..parts).into_par_iter().for_each(|t| {
+        let (lo, hi) = (t * per, ((t + 1) * per).min(len));
+        let a = View { ptr: a_addr as *const f32, ..a };
+        let b = View { ptr: b_addr as *const f32, ..b };
+        let c = c_addr as *mut f32;
+        // SAFETY: each part writes its own disjoint block of `c` (rows or columns lo..hi), and
+        // reads inside the caller's views.
+        unsafe {
+            if by_cols {
+                product_seq(m, hi - lo, k, a, b.at(0, lo), c.add(lo), ldc, alpha, beta)
+            } else {
+                product_seq(hi - lo, n, k, a.at(lo, 0), b, c.add(lo * ldc), ldc, alpha, beta)
+            }
+        }
+    });
+}
+
+/// One thread's `c = alpha * a @ b + beta * c`: `matrixmultiply` where it measured faster on the
+/// target (few rows against a transposed right operand of moderate depth; a transposed left
+/// operand against few columns), `gemm` otherwise.
+///
+/// # Safety
+/// As [`product_f32`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut f32, ldc: usize, alpha: f32, beta: f32) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let trans_a = a.cs != 1;
+    let trans_b = b.cs != 1;
+    // Measured on the target: mm wins for [16..64, k] x [k, n]^T with k around 1024 (the mlp's
+    // layers: 64 against 42 GFLOP/s) but not for the long k of convolution weight gradients
+    // (k = output pixels), and for [m, k]^T x [k, < 64] (resnet18's last-stage input gradients).
+    let use_mm = (trans_b && !trans_a && (16..=64).contains(&m) && (512..=2048).contains(&k))
+        || (trans_a && !trans_b && n < 64 && m >= 256);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if use_mm {
+            matrixmultiply::sgemm(m, k, n, alpha, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, beta, c, ldc as isize, 1);
+        } else {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                c,
+                1,
+                ldc as isize,
+                beta != 0.0,
+                a.ptr,
+                a.cs,
+                a.rs,
+                b.ptr,
+                b.cs,
+                b.rs,
+                beta,
+                alpha,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    }
+}
+
 fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
 }
@@ -111,31 +229,15 @@ pub(crate) fn gemm_with(
         c.iter_mut().zip(c64).for_each(|(o, v)| *o = v as f32);
         return Ok(());
     }
-    // SAFETY: the pointers cover exactly m*k, k*n and m*n elements (checked above) and the
-    // strides stay inside them; `c` is borrowed mutably, so it aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            beta != 0.0,
-            a.as_ptr(),
-            lhs_cs,
-            lhs_rs,
-            b.as_ptr(),
-            rhs_cs,
-            rhs_rs,
-            beta,
-            alpha,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
+    let av = View { ptr: a.as_ptr(), rs: lhs_rs, cs: lhs_cs };
+    let bv = View { ptr: b.as_ptr(), rs: rhs_rs, cs: rhs_cs };
+    let threads = match par {
+        gemm::Parallelism::Rayon(t) if m.saturating_mul(n).saturating_mul(k) >= PAR_GEMM_MIN_MACS => t,
+        _ => 1,
+    };
+    // SAFETY: the views cover exactly m*k, k*n and m*n elements (checked above) with these
+    // strides; `c` is borrowed mutably, so it aliases neither input.
+    unsafe { product_f32(threads, m, n, k, av, bv, c.as_mut_ptr(), n, alpha, beta) };
     Ok(())
 }
 

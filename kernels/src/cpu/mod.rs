@@ -98,6 +98,21 @@ impl CpuContext {
         self.threads > 1 && work >= PAR_MIN_ELEMS
     }
 
+    /// `f(a[i], b[i])` for every `i` (`a` and `b` have one length), written straight into a new
+    /// vector (no zero-fill first), split over the pool when long.
+    pub(crate) fn zip_map_f32(&self, a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
+        debug_assert_eq!(a.len(), b.len());
+        if self.parallel_for(a.len()) {
+            let mut out = Vec::new();
+            self.pool.install(|| {
+                a.par_iter().zip(b).with_min_len(PAR_MIN_ELEMS / 4).map(|(&x, &y)| f(x, y)).collect_into_vec(&mut out)
+            });
+            out
+        } else {
+            a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+        }
+    }
+
     /// Calls `f(row_index, row)` for every `row_len`-long row of `out`, in parallel when `out` is
     /// large. `out.len()` must be a multiple of `row_len`; rows are grouped so that each task
     /// carries at least [`PAR_MIN_ELEMS`]/4 elements.

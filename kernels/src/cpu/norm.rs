@@ -1,6 +1,7 @@
 //! Normalisations: BatchNorm (inference), LayerNorm, LRN, Softmax and LogSoftmax.
 
-use super::{CpuContext, elementwise::broadcast_f32, f32s, tensor};
+use super::elementwise::{broadcast_f32, exp_fast, with_simd};
+use super::{CpuContext, f32s, tensor};
 use crate::Error;
 use ir::{Data, Tensor};
 
@@ -107,22 +108,23 @@ pub(crate) fn softmax(ctx: &CpuContext, x: &Tensor, axis: usize, log: bool) -> R
     ctx.for_rows_weighted(&mut out, block, 4, |r, o| {
         let v = &xv[r * block..(r + 1) * block];
         if inner == 1 {
-            let max = v.iter().fold(f32::NEG_INFINITY, |m, &a| m.max(a));
-            let max = if max.is_finite() { max } else { 0.0 };
-            let mut sum = 0f32;
-            for (y, &a) in o.iter_mut().zip(v) {
-                *y = (a - max).exp();
-                sum += *y;
-            }
-            if log {
-                let ls = sum.ln();
+            with_simd(|| {
+                let max = v.iter().fold(f32::NEG_INFINITY, |m, &a| m.max(a));
+                let max = if max.is_finite() { max } else { 0.0 };
                 for (y, &a) in o.iter_mut().zip(v) {
-                    *y = a - max - ls;
+                    *y = exp_fast(a - max);
                 }
-            } else {
-                let inv = 1.0 / sum;
-                o.iter_mut().for_each(|y| *y *= inv);
-            }
+                let sum = lane_sum(o);
+                if log {
+                    let ls = sum.ln();
+                    for (y, &a) in o.iter_mut().zip(v) {
+                        *y = a - max - ls;
+                    }
+                } else {
+                    let inv = 1.0 / sum;
+                    o.iter_mut().for_each(|y| *y *= inv);
+                }
+            })
         } else {
             // Strided axis: work on whole rows of `inner` elements at a time.
             let mut max = vec![f32::NEG_INFINITY; inner];
@@ -139,7 +141,7 @@ pub(crate) fn softmax(ctx: &CpuContext, x: &Tensor, axis: usize, log: bool) -> R
             let mut sum = vec![0f32; inner];
             for (orow, row) in o.chunks_mut(inner).zip(v.chunks(inner)) {
                 for (((y, &a), &m), s) in orow.iter_mut().zip(row).zip(&max).zip(sum.iter_mut()) {
-                    *y = (a - m).exp();
+                    *y = exp_fast(a - m);
                     *s += *y;
                 }
             }
@@ -161,4 +163,22 @@ pub(crate) fn softmax(ctx: &CpuContext, x: &Tensor, axis: usize, log: bool) -> R
         }
     });
     tensor(op, s, Data::F32(out))
+}
+
+/// Sum of `v` in 8 interleaved partial sums (so the loop vectorises), added pairwise at the end.
+#[inline(always)]
+pub(crate) fn lane_sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = v.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    let mut tail = 0f32;
+    for &x in rest {
+        tail += x;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }

@@ -4,7 +4,7 @@
 //! adjacent), so every reduction is `[outer, red, inner] -> [outer, inner]`. f32 sums accumulate
 //! in f64.
 
-use super::{CpuContext, shape::transpose, tensor};
+use super::{CpuContext, elementwise::with_simd, shape::transpose, tensor};
 use crate::Error;
 use ir::{Data, ReduceOp, Tensor};
 
@@ -142,8 +142,7 @@ pub(crate) fn reduce(
         ctx.for_rows_weighted(&mut out, 1, a * b, |j, o| {
             let mut acc = 0f64;
             for ai in 0..a {
-                let row = &v[(ai * k + j) * b..(ai * k + j + 1) * b];
-                acc += row.iter().map(|&x| x as f64).sum::<f64>();
+                acc += lane_sum_f64(&v[(ai * k + j) * b..(ai * k + j + 1) * b]);
             }
             o[0] = if op == ReduceOp::Mean { (acc / count) as f32 } else { acc as f32 };
         });
@@ -187,4 +186,21 @@ pub(crate) fn reduce(
         }
     };
     tensor(name, &out_shape, data)
+}
+
+/// Sum of `v` in f64, in 8 interleaved partial sums so that the loop vectorises (a single running
+/// f64 sum waits on each add's latency).
+pub(crate) fn lane_sum_f64(v: &[f32]) -> f64 {
+    with_simd(|| {
+        let mut acc = [0f64; 8];
+        let chunks = v.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                *a += x as f64;
+            }
+        }
+        let tail: f64 = rest.iter().map(|&x| x as f64).sum();
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    })
 }
