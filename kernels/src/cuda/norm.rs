@@ -12,10 +12,11 @@ use crate::Error;
 
 pub(crate) const SRC: &str = r#"
 #define RB 256
+// Block-wide sum and max (blockDim.x a power of two, at most RB); every thread gets the result.
 __device__ double block_sum(double v, double* sh) {
     sh[threadIdx.x] = v;
     __syncthreads();
-    for (unsigned s = RB / 2; s > 0; s >>= 1) {
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
         if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
         __syncthreads();
     }
@@ -27,7 +28,7 @@ __device__ double block_sum(double v, double* sh) {
 __device__ double block_max(double v, double* sh) {
     sh[threadIdx.x] = v;
     __syncthreads();
-    for (unsigned s = RB / 2; s > 0; s >>= 1) {
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
         if (threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
         __syncthreads();
     }

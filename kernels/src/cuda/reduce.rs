@@ -31,11 +31,12 @@ __device__ __forceinline__ double map_of(int code, double x) {
 __device__ __forceinline__ double finish_of(int code, double acc, i64 red) {
     switch (code) { case 1: return acc / (double)red; case 6: return sqrt(acc); case 8: return log(acc); default: return acc; }
 }
-// Combines one value per thread of the block; every thread gets the result.
+// Combines one value per thread of the block (blockDim.x a power of two, at most RB); every
+// thread gets the result.
 __device__ double block_reduce(double v, double* sh, int kind) {
     sh[threadIdx.x] = v;
     __syncthreads();
-    for (unsigned s = RB / 2; s > 0; s >>= 1) {
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
         if (threadIdx.x < s) sh[threadIdx.x] = combine(kind, sh[threadIdx.x], sh[threadIdx.x + s]);
         __syncthreads();
     }
