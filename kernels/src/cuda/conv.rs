@@ -59,7 +59,7 @@ extern "C" __global__ void bias_fill(float* out, const float* bias, i64 n, i64 m
 
 // First maximal in-image cell of window (oy, ox), NaN winning; -1 when the window is all padding.
 __device__ i64 window_argmax(const float* plane, const Geom& g, i64 oy, i64 ox) {
-    float best = -INFINITY;
+    float best = -F_INF;
     i64 at = -1;
     i64 y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
     for (i64 i = 0; i < g.kh; ++i) {
@@ -69,7 +69,7 @@ __device__ i64 window_argmax(const float* plane, const Geom& g, i64 oy, i64 ox) 
             i64 x = x0 + j * g.dw;
             if (x < 0 || x >= g.w) continue;
             float v = plane[y * g.w + x];
-            if (v > best || isnan(v) || at < 0) { best = v; at = y * g.w + x; }
+            if (v > best || is_nan(v) || at < 0) { best = v; at = y * g.w + x; }
         }
     }
     return at;
@@ -95,7 +95,7 @@ extern "C" __global__ void maxpool(float* out, const float* x, Geom g) {
         i64 ox = i % g.ow, oy = (i / g.ow) % g.oh, r = i / (g.ow * g.oh);
         const float* plane = x + r * g.h * g.w;
         i64 at = window_argmax(plane, g, oy, ox);
-        out[i] = at < 0 ? -INFINITY : plane[at];
+        out[i] = at < 0 ? -F_INF : plane[at];
     }
 }
 

@@ -69,10 +69,19 @@ __device__ __forceinline__ void offsets(const Strided& s, int k, i64 i, i64* off
 __device__ __forceinline__ i64 wrap_add(i64 a, i64 b) { return (i64)((u64)a + (u64)b); }
 __device__ __forceinline__ i64 wrap_sub(i64 a, i64 b) { return (i64)((u64)a - (u64)b); }
 __device__ __forceinline__ i64 wrap_mul(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
-__device__ __forceinline__ float nan_max(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
-__device__ __forceinline__ float nan_min(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
-__device__ __forceinline__ double nan_max_d(double a, double b) { return (isnan(a) || isnan(b)) ? __longlong_as_double(0x7ff8000000000000LL) : fmax(a, b); }
-__device__ __forceinline__ double nan_min_d(double a, double b) { return (isnan(a) || isnan(b)) ? __longlong_as_double(0x7ff8000000000000LL) : fmin(a, b); }
+// NVRTC has neither INFINITY nor (reliably) isnan/isinf/isfinite without headers: our own.
+#define F_INF __int_as_float(0x7f800000)
+#define D_INF __longlong_as_double(0x7ff0000000000000LL)
+__device__ __forceinline__ bool is_nan(float x) { return x != x; }
+__device__ __forceinline__ bool is_nan(double x) { return x != x; }
+__device__ __forceinline__ bool is_inf(float x) { return fabsf(x) == F_INF; }
+__device__ __forceinline__ bool is_inf(double x) { return fabs(x) == D_INF; }
+__device__ __forceinline__ bool is_finite(float x) { return fabsf(x) < F_INF; }
+__device__ __forceinline__ bool is_finite(double x) { return fabs(x) < D_INF; }
+__device__ __forceinline__ float nan_max(float a, float b) { return (is_nan(a) || is_nan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+__device__ __forceinline__ float nan_min(float a, float b) { return (is_nan(a) || is_nan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
+__device__ __forceinline__ double nan_max_d(double a, double b) { return (is_nan(a) || is_nan(b)) ? __longlong_as_double(0x7ff8000000000000LL) : fmax(a, b); }
+__device__ __forceinline__ double nan_min_d(double a, double b) { return (is_nan(a) || is_nan(b)) ? __longlong_as_double(0x7ff8000000000000LL) : fmin(a, b); }
 "#;
 
 /// Most dims a strided kernel walks after merging contiguous dims ([`Strided::new`]).

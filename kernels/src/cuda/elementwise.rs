@@ -24,7 +24,7 @@ extern "C" __global__ void unary_f32(float* out, const float* x, i64 n, int code
         float v = x[i];
         float r;
         switch (code) {
-            case 0: r = (v > 0.f || isnan(v)) ? v : 0.f; break;
+            case 0: r = (v > 0.f || is_nan(v)) ? v : 0.f; break;
             case 1: r = gelu_f(v); break;
             case 2: r = gelu_tanh_f(v); break;
             case 3: r = tanhf(v); break;
@@ -176,7 +176,7 @@ WHERE(where_i64, i64)
 WHERE(where_u8, u8)
 
 __device__ __forceinline__ i64 f32_to_i64(float x) {
-    if (isnan(x)) return 0;
+    if (is_nan(x)) return 0;
     if (x >= 9.2233720368547758e18f) return (i64)0x7fffffffffffffffLL;
     if (x <= -9.2233720368547758e18f) return (i64)0x8000000000000000ULL;
     return (i64)x;

@@ -42,10 +42,10 @@ extern "C" __global__ void softmax_rows(float* out, const float* x, i64 len, int
     __shared__ double sh[RB];
     const float* v = x + (i64)blockIdx.x * len;
     float* o = out + (i64)blockIdx.x * len;
-    double mx = -INFINITY;
+    double mx = -D_INF;
     for (i64 k = threadIdx.x; k < len; k += blockDim.x) mx = fmax(mx, (double)v[k]);
     mx = block_max(mx, sh);
-    float m = isfinite(mx) ? (float)mx : 0.f;
+    float m = is_finite(mx) ? (float)mx : 0.f;
     double s = 0.0;
     for (i64 k = threadIdx.x; k < len; k += blockDim.x) s += (double)expf(v[k] - m);
     s = block_sum(s, sh);
@@ -62,9 +62,9 @@ extern "C" __global__ void softmax_rows(float* out, const float* x, i64 len, int
 extern "C" __global__ void softmax_cols(float* out, const float* x, i64 outer, i64 len, i64 inner, int lg) {
     FOR_EACH(i, outer * inner) {
         i64 base = (i / inner) * len * inner + i % inner;
-        float m = -INFINITY;
+        float m = -F_INF;
         for (i64 k = 0; k < len; ++k) m = fmaxf(m, x[base + k * inner]);
-        if (!isfinite(m)) m = 0.f;
+        if (!is_finite(m)) m = 0.f;
         float s = 0.f;
         for (i64 k = 0; k < len; ++k) s += expf(x[base + k * inner] - m);
         if (lg) {

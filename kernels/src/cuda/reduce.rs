@@ -23,7 +23,7 @@ __device__ __forceinline__ double combine(int kind, double a, double b) {
     switch (kind) { case 1: return nan_max_d(a, b); case 2: return nan_min_d(a, b); case 3: return a * b; default: return a + b; }
 }
 __device__ __forceinline__ double init_of(int code) {
-    switch (code) { case 2: return -INFINITY; case 3: return INFINITY; case 4: return 1.0; default: return 0.0; }
+    switch (code) { case 2: return -D_INF; case 3: return D_INF; case 4: return 1.0; default: return 0.0; }
 }
 __device__ __forceinline__ double map_of(int code, double x) {
     switch (code) { case 5: case 6: return x * x; case 7: return fabs(x); default: return x; }
@@ -52,10 +52,10 @@ extern "C" __global__ void reduce_rows_f32(float* out, const float* x, i64 red, 
     int kind = comb_kind(code);
     double m = 0.0;
     if (code == 9) {
-        double mx = -INFINITY;
+        double mx = -D_INF;
         for (i64 k = threadIdx.x; k < red; k += blockDim.x) mx = nan_max_d(mx, (double)v[k]);
         mx = block_reduce(mx, sh, 1);
-        m = isinf(mx) ? 0.0 : mx;
+        m = is_inf(mx) ? 0.0 : mx;
     }
     double acc = init_of(code);
     for (i64 k = threadIdx.x; k < red; k += blockDim.x) {
@@ -74,9 +74,9 @@ extern "C" __global__ void reduce_cols_f32(float* out, const float* x, i64 outer
         const float* v = x + o * red * inner + q;
         double m = 0.0;
         if (code == 9) {
-            double mx = -INFINITY;
+            double mx = -D_INF;
             for (i64 k = 0; k < red; ++k) mx = nan_max_d(mx, (double)v[k * inner]);
-            m = isinf(mx) ? 0.0 : mx;
+            m = is_inf(mx) ? 0.0 : mx;
         }
         double acc = init_of(code);
         for (i64 k = 0; k < red; ++k) {
