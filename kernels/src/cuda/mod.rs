@@ -1,17 +1,17 @@
 //! CUDA backend: the ops of [`crate::cpu`] on an NVIDIA GPU, plus NCCL collectives.
 //!
 //! What it is for: the runtime executes a plan's local ops on one GPU per rank with
-//! [`eval`], and its collectives with [`nccl::NcclComm`] (one process per GPU). The CPU backend
+//! [`eval`], and its collectives with `nccl::NcclComm` (one process per GPU). The CPU backend
 //! stays the reference: every op here has the same contract as [`crate::cpu::eval`] and is
 //! tested against it.
 //!
 //! Built without the `cuda` cargo feature this module is a stub (candle's `dummy_cuda_backend`
 //! pattern): the same types and functions exist, and every entry point returns
-//! [`Error::NotCompiledWith`]`("cuda")`, so the workspace builds and tests everywhere.
+//! [`Error::NotCompiledWith`](crate::Error::NotCompiledWith)`("cuda")`, so the workspace builds and tests everywhere.
 //!
 //! With the feature, the CUDA libraries are loaded at run time (cudarc's `dynamic-loading`):
 //! the crate builds with no CUDA toolkit or driver installed, and on a machine without them
-//! [`CudaContext::new`] returns [`Error::NoCudaDevice`] with the reason instead of panicking.
+//! [`CudaContext::new`] returns [`Error::NoCudaDevice`](crate::Error::NoCudaDevice) with the reason instead of panicking.
 //!
 //! Invariants kept by the feature build:
 //! - No global state: a [`CudaContext`] owns its device handle, its one stream, its cuBLAS
@@ -22,7 +22,7 @@
 //! - A [`CudaTensor`] is immutable once made: ops write only into buffers they allocate, so
 //!   tensors may share a device buffer (`Reshape`, `Identity` and `clone` copy nothing).
 //! - [`eval`] runs [`ir::Op::infer`] first and returns exactly the inferred metas; bad input
-//!   is [`Error::BadInput`], never a panic. Data-dependent checks the CPU makes (gather indices
+//!   is [`Error::BadInput`](crate::Error::BadInput), never a panic. Data-dependent checks the CPU makes (gather indices
 //!   in range, integer division by zero, the AdamW step number) read the needed values back
 //!   to the host, which synchronises the stream.
 //! - Bool tensors are one byte per element on the device (0 or 1).
@@ -32,7 +32,7 @@
 //!   bitwise (summation order and fused multiply-adds differ).
 //!
 //! Device libraries looked up at run time: `libcuda.so` (the driver), `libnvrtc.so`,
-//! `libcublas.so`, and for [`nccl`] `libnccl.so`. cudarc searches `libnccl.so` and
+//! `libcublas.so`, and for `nccl` `libnccl.so`. cudarc searches `libnccl.so` and
 //! `libnccl.so.{12,11,10,9,1}` but not NCCL's usual `libnccl.so.2`: on GPU machines install
 //! `libnccl-dev` (which provides `libnccl.so`) or add a symlink
 //! `ln -s libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so`.

@@ -26,7 +26,7 @@
 //! that made it. cudarc loads `libnccl.so` (or `.so.{12,11,10,9,1}`), not `libnccl.so.2`; see
 //! the [backend docs](super) for the symlink.
 
-use super::device::{CudaContext, DeviceBuf};
+use super::device::{CudaContext, DeviceBuf, cuda_err};
 use super::tensor::{Buf, CudaTensor};
 use crate::Error;
 use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
@@ -181,6 +181,8 @@ impl NcclComm {
         if world == 0 || rank >= world || i32::try_from(world).is_err() {
             return Err(Error::BadInput { op: "nccl", message: format!("rank {rank} of a world of {world}") });
         }
+        // NCCL picks its device from the thread's current CUDA context.
+        ctx.stream().context().bind_to_thread().map_err(|e| cuda_err("nccl_init", e))?;
         let comm =
             Comm::from_rank(ctx.stream().clone(), rank, world, id.to_nccl()).map_err(|e| nccl_err("nccl_init", e))?;
         Ok(NcclComm { comm, rank, world })
