@@ -10,11 +10,12 @@
 //! Without a GPU the suite also runs on a CPU emulation of the device
 //! ([`every_device_test_on_a_cpu_emulated_device`]): a stand-in for libcuda, libnvrtc and
 //! libcublas, built with the host C++ compiler, that runs the NVRTC sources as C++ (blocks one
-//! after another, one thread each) and does SGEMM with cuBLAS's column-major conventions. It
-//! exercises everything but the hardware: cudarc's calls, the host code, kernel arguments and
-//! index arithmetic, and the row-major to column-major GEMM mapping. It cannot find races
-//! between threads of a block, launch-limit or NVRTC dialect problems, or real cuBLAS and NCCL
-//! behaviour.
+//! after another, each with four real threads meeting at `__syncthreads`) and does SGEMM with
+//! cuBLAS's column-major conventions. It exercises everything but the hardware: cudarc's calls,
+//! the host code, kernel arguments, index arithmetic and block reductions, and the row-major to
+//! column-major GEMM mapping. It cannot show behaviour that needs 256-thread blocks or warps,
+//! launch limits, NVRTC dialect problems, device rounding (fused multiply-adds, `expf`), or real
+//! cuBLAS and NCCL.
 #![cfg(feature = "cuda")]
 
 use ir::{BinaryOp, ConvAttrs, DType, Op, PoolAttrs, ReduceOp, SliceAxis, Tensor, UnaryOp};
@@ -645,8 +646,8 @@ const EMULATED: &str = "AUTOPAR_CUDA_EMULATED";
 /// A CPU stand-in for libcuda, libnvrtc and libcublas (one library, copied under the three
 /// names cudarc loads). Device pointers are host pointers; "PTX" is the path of a shared library
 /// compiled from the CUDA source by the host C++ compiler, with one `__emu_NAME` launcher per
-/// kernel that runs the grid's blocks in turn with one thread each (the kernels use grid-stride
-/// loops and size their block reductions by `blockDim`, so any block size is valid).
+/// kernel that runs the grid's blocks in turn, each on four threads (the kernels use grid-stride
+/// loops and size their block reductions by `blockDim`, so any power-of-two block is valid).
 const FAKE_CUDA: &str = r###"// A CPU stand-in for libcuda, libnvrtc and libcublas, enough for kernels::cuda's tests.
 #include <cstdio>
 #include <cstdlib>
@@ -662,7 +663,7 @@ const FAKE_CUDA: &str = r###"// A CPU stand-in for libcuda, libnvrtc and libcubl
 
 typedef unsigned long long CUdeviceptr;
 typedef void* Handle;
-typedef void (*Launcher)(void**, unsigned);
+typedef void (*Launcher)(void**, unsigned, unsigned);
 
 static thread_local Handle current_ctx = nullptr;
 static int primary_ctx_token = 0;
@@ -670,16 +671,23 @@ static int primary_ctx_token = 0;
 static const char* SHIM_MACROS = R"SHIM(
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static thread_local
+#define __shared__ static
 )SHIM";
 
 static const char* SHIM_RUNTIME = R"SHIM(
+#include <barrier>
 #include <cmath>
 #include <cstring>
-using std::isnan; using std::isinf; using std::isfinite;
+#include <mutex>
+#include <thread>
+#include <vector>
 struct Dim3Shim { unsigned int x, y, z; };
 static thread_local Dim3Shim blockIdx, blockDim, threadIdx, gridDim;
-inline void __syncthreads() {}
+static thread_local std::barrier<>* emu_barrier;
+static std::mutex emu_launch;
+// Threads per emulated block: real threads meeting at __syncthreads, fewer than a GPU's.
+static const unsigned EMU_THREADS = 4;
+inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 )SHIM";
@@ -720,11 +728,12 @@ int cuModuleGetFunction(Handle* f, Handle m, const char* name) {
     return 0;
 }
 int cuModuleUnload(Handle) { return 0; }
-// Blocks run one after another with one thread each: kernels must not assume blockDim.
-int cuLaunchKernel(Handle f, unsigned gx, unsigned gy, unsigned gz, unsigned, unsigned, unsigned, unsigned,
+// Blocks run one after another, each with a few real threads (kernels must not assume
+// blockDim); launches of one module are serialised (its __shared__ arrays are plain statics).
+int cuLaunchKernel(Handle f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned,
                    Handle, void** params, void**) {
-    if (gy != 1 || gz != 1) return 1;
-    ((Launcher)f)(params, gx);
+    if (gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0 || bx == 0 || bx > 1024) return 1;
+    ((Launcher)f)(params, gx, bx);
     return 0;
 }
 
@@ -781,15 +790,25 @@ int nvrtcCompileProgram(Program* p, int, const char* const*) {
             call += "*(" + type + "*)p[" + std::to_string(i) + "]";
             ++i;
         }
-        wrappers += "extern \"C\" void __emu_" + name + "(void** p, unsigned grid) {\n"
-                    "    gridDim = {grid, 1, 1}; blockDim = {1, 1, 1}; threadIdx = {0, 0, 0};\n"
-                    "    for (unsigned b = 0; b < grid; ++b) { blockIdx = {b, 0, 0}; " + name + "(" + call + "); }\n}\n";
+        wrappers += "extern \"C\" void __emu_" + name + "(void** p, unsigned grid, unsigned block) {\n"
+                    "    std::lock_guard<std::mutex> lock(emu_launch);\n"
+                    "    unsigned nt = block < EMU_THREADS ? block : EMU_THREADS;\n"
+                    "    for (unsigned b = 0; b < grid; ++b) {\n"
+                    "        std::barrier<> bar(nt);\n"
+                    "        std::vector<std::thread> ts;\n"
+                    "        for (unsigned t = 0; t < nt; ++t) ts.emplace_back([&, t] {\n"
+                    "            emu_barrier = &bar; gridDim = {grid, 1, 1}; blockDim = {nt, 1, 1};\n"
+                    "            blockIdx = {b, 0, 0}; threadIdx = {t, 0, 0};\n"
+                    "            " + name + "(" + call + ");\n"
+                    "        });\n"
+                    "        for (auto& th : ts) th.join();\n"
+                    "    }\n}\n";
     }
     {
         std::ofstream f(base + "-" + tag + ".cpp");
         f << SHIM_RUNTIME << SHIM_MACROS << "#define __global__\n" << p->src << "\n" << wrappers;
     }
-    std::string out = run("c++ -std=c++17 -O1 -shared -fPIC -o " + base + "-" + tag + ".so " + base + "-" + tag + ".cpp", &st);
+    std::string out = run("c++ -std=c++20 -O1 -shared -fPIC -pthread -o " + base + "-" + tag + ".so " + base + "-" + tag + ".cpp", &st);
     std::remove((base + "-" + tag + ".cpp").c_str());
     std::remove((base + "-" + tag + ".pre.cpp").c_str());
     if (st != 0) { p->log = out; return 6; }
