@@ -282,11 +282,11 @@ fn missing_library() -> Option<String> {
             (drv::sys::is_culib_present(), "libcuda.so not found (is the NVIDIA driver installed?)"),
             (
                 cudarc::nvrtc::sys::is_culib_present(),
-                "libnvrtc.so not found (install the CUDA runtime compiler, e.g. the cuda-nvrtc package)",
+                "libnvrtc.so not found (install NVRTC, e.g. the cuda-nvrtc package, with its directory on LD_LIBRARY_PATH)",
             ),
             (
                 cudarc::cublas::sys::is_culib_present(),
-                "libcublas.so not found (install cuBLAS, e.g. the libcublas package)",
+                "libcublas.so not found (install cuBLAS, e.g. the libcublas package, with its directory on LD_LIBRARY_PATH)",
             ),
         ]
     };

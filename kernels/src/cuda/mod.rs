@@ -31,8 +31,14 @@
 //!   the CPU does. Results agree with the CPU to about 1e-5 absolute / 1e-4 relative, not
 //!   bitwise (summation order and fused multiply-adds differ).
 //!
-//! Device libraries looked up at run time: `libcuda.so` (the driver), `libnvrtc.so`,
-//! `libcublas.so`, and for `nccl` `libnccl.so`. cudarc searches `libnccl.so` and
+//! Testing: `tests/cuda.rs` compares every op family with the CPU on a GPU when there is one,
+//! and otherwise runs the same suite on a CPU emulation of libcuda/libnvrtc/libcublas built with
+//! the host C++ compiler (see that file for what the emulation can and cannot show).
+//!
+//! Device libraries looked up at run time (by the dynamic loader, so their directory, e.g.
+//! `/usr/local/cuda/lib64`, must be on `LD_LIBRARY_PATH` or in `ld.so.conf`): `libcuda.so`
+//! (the driver), `libnvrtc.so`, `libcublas.so` (or their `.so.12` / `.so.11` names), and for
+//! `nccl` `libnccl.so`. cudarc searches `libnccl.so` and
 //! `libnccl.so.{12,11,10,9,1}` but not NCCL's usual `libnccl.so.2`: on GPU machines install
 //! `libnccl-dev` (which provides `libnccl.so`) or add a symlink
 //! `ln -s libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so`.
