@@ -404,6 +404,45 @@ fn matrix_products() {
     check(&ctx, empty_k, &[&rnd(&[3, 0], 1), &rnd(&[0, 2], 2), &rnd(&[3, 2], 3)]);
 }
 
+#[test]
+fn larger_shapes_take_multi_block_paths_and_free_their_scratch() {
+    let Some(ctx) = device() else { return };
+    let before = ctx.bytes_in_use();
+    ctx.reset_peak();
+    let x = rnd(&[4, 64, 256], 1);
+    check(&ctx, Op::LayerNorm { axis: 2, epsilon: 1e-5 }, &[&x, &rnd(&[256], 2), &rnd(&[256], 3)]);
+    check(&ctx, Op::Softmax { axis: 2 }, &[&x]);
+    check(&ctx, Op::Softmax { axis: 1 }, &[&x]);
+    check(&ctx, Op::Unary(UnaryOp::Gelu), &[&x]);
+    check(&ctx, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1], keepdims: false }, &[&x]);
+    check(&ctx, Op::Reduce { op: ReduceOp::Mean, axes: vec![0, 2], keepdims: true }, &[&x]);
+    check(&ctx, Op::Transpose { perm: vec![2, 0, 1] }, &[&x]);
+    check_tol(&ctx, &Op::MatMul, &[&x, &rnd(&[256, 96], 4)], GEMM);
+    check_tol(&ctx, &Op::MatMul, &[&rnd(&[4, 2, 64, 32], 5), &rnd(&[4, 2, 32, 64], 6)], GEMM);
+    let ids = ints(&[4, 64], 7, 0, 500);
+    check(&ctx, Op::Gather { axis: 0 }, &[&rnd(&[500, 48], 8), &ids]);
+    check(&ctx, Op::GatherGrad { axis: 0, shape: vec![500, 48] }, &[&ids, &rnd(&[4, 64, 48], 9)]);
+    let img = rnd(&[4, 8, 20, 20], 10);
+    let a = conv_attrs([1, 1], [1, 1, 1, 1], [1, 1], 1);
+    check_tol(&ctx, &Op::Conv(a.clone()), &[&img, &rnd(&[16, 8, 3, 3], 11), &rnd(&[16], 12)], GEMM);
+    check_tol(
+        &ctx,
+        &Op::ConvWeightGrad { attrs: a.clone(), shape: vec![16, 8, 3, 3] },
+        &[&img, &rnd(&[4, 16, 20, 20], 13)],
+        GEMM,
+    );
+    check_tol(
+        &ctx,
+        &Op::ConvInputGrad { attrs: a, shape: vec![4, 8, 20, 20] },
+        &[&rnd(&[4, 16, 20, 20], 14), &rnd(&[16, 8, 3, 3], 15)],
+        GEMM,
+    );
+    check(&ctx, Op::MaxPoolGrad(pool_attrs([3, 3], [2, 2], [1, 1, 1, 1])), &[&img, &rnd(&[4, 8, 10, 10], 16)]);
+    // Every input, output and scratch buffer of those ops is gone.
+    assert_eq!(ctx.bytes_in_use(), before);
+    assert!(ctx.peak_bytes() >= before + x.bytes());
+}
+
 fn conv_attrs(strides: [usize; 2], pads: [usize; 4], dilations: [usize; 2], group: usize) -> ConvAttrs {
     ConvAttrs { strides, pads, dilations, group }
 }
