@@ -7,8 +7,10 @@
 //!   convolutions go through the `gemm` crate (the fastest of the GEMM crates measured in
 //!   `benches/gemm.rs`); all parallel work runs on the thread pool of an explicit
 //!   [`cpu::CpuContext`], never on a global pool.
-//! - [`cuda`]: a stub unless the crate is built with the `cuda` feature; without it every entry
-//!   point returns [`Error::NotCompiledWith`].
+//! - [`cuda`]: the same ops on an NVIDIA GPU (cuBLAS for matrix products, NVRTC-compiled kernels
+//!   for the rest, NCCL collectives) when the crate is built with the `cuda` feature; without it
+//!   a stub whose every entry point returns [`Error::NotCompiledWith`]. Built with the feature on
+//!   a machine without a GPU, it reports [`Error::NoCudaDevice`] instead of failing to build.
 //!
 //! Bad input never panics: wrong arity, dtypes or shapes, out-of-range gather indices and integer
 //! division by zero are all [`Error::BadInput`].
@@ -50,6 +52,23 @@ pub enum Error {
     /// The backend needs a cargo feature this build lacks (e.g. `"cuda"`).
     #[error("autopar was built without {0} support (rebuild with `--features {0}`)")]
     NotCompiledWith(&'static str),
+    /// No usable CUDA device: the driver library (or NVRTC, cuBLAS, NCCL) cannot be loaded, or
+    /// the requested device does not exist. The machine's setup, not a kernel bug.
+    #[error("no CUDA device: {0}")]
+    NoCudaDevice(String),
+    /// A CUDA driver, cuBLAS, NVRTC or NCCL call failed on a device that was opened: out of
+    /// device memory, a kernel that did not compile or launch, a communicator error.
+    #[error("{op}: CUDA error: {message}")]
+    Cuda {
+        /// Op (or backend operation) that made the call.
+        op: &'static str,
+        /// The library's error.
+        message: String,
+    },
+    /// Ranks could not meet to build a communicator: the NCCL unique id could not be written,
+    /// or did not appear in time. The launch setup (paths, ranks that never started).
+    #[error("rendezvous failed: {0}")]
+    Rendezvous(String),
     /// The worker thread pool could not be created.
     #[error("cannot start a pool of {threads} threads: {message}")]
     ThreadPool {

@@ -1,0 +1,948 @@
+//! The CUDA backend against the CPU reference: for each op family, random inputs go through
+//! `cuda::eval` and `cpu::eval` and the outputs must agree (f32 within `1e-5 + 1e-4 * |cpu|`,
+//! looser where stated; i64 and bool exactly), and bad input must fail the same way.
+//!
+//! Every test that needs a GPU starts with [`device`], which prints `skipped: no CUDA device`
+//! and returns when there is none, so the suite passes (by skipping) on machines without a GPU.
+//! The tests that need no device (the clean error without a driver, the NCCL id files) run
+//! everywhere the `cuda` feature is on.
+//!
+//! Without a GPU the suite also runs on a CPU emulation of the device
+//! ([`every_device_test_on_a_cpu_emulated_device`]): a stand-in for libcuda, libnvrtc and
+//! libcublas, built with the host C++ compiler, that runs the NVRTC sources as C++ (blocks one
+//! after another, each with four real threads meeting at `__syncthreads`) and does SGEMM with
+//! cuBLAS's column-major conventions. It exercises everything but the hardware: cudarc's calls,
+//! the host code, kernel arguments, index arithmetic and block reductions, and the row-major to
+//! column-major GEMM mapping. It cannot show behaviour that needs 256-thread blocks or warps,
+//! launch limits, NVRTC dialect problems, device rounding (fused multiply-adds, `expf`), or real
+//! cuBLAS and NCCL.
+#![cfg(feature = "cuda")]
+
+use ir::{BinaryOp, ConvAttrs, DType, Op, PoolAttrs, ReduceOp, SliceAxis, Tensor, UnaryOp};
+use kernels::Error;
+use kernels::cpu::{self, CpuContext};
+use kernels::cuda::{self, CudaContext, CudaTensor, nccl};
+use std::time::Duration;
+
+/// Device 0, or `None` after printing `skipped: no CUDA device` (the reason goes to stderr).
+/// Any other failure to open a present device fails the test.
+fn device() -> Option<CudaContext> {
+    match CudaContext::new(0) {
+        Ok(ctx) => Some(ctx),
+        Err(Error::NoCudaDevice(why)) => {
+            println!("skipped: no CUDA device");
+            eprintln!("  ({why})");
+            None
+        }
+        Err(e) => panic!("a CUDA device is present but cannot be opened: {e}"),
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn rnd(shape: &[usize], seed: u64) -> Tensor {
+    let n = shape.iter().product::<usize>();
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let v = (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::f32(shape.to_vec(), v)
+}
+
+/// Positive values in [0.1, 2.1).
+fn pos(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::f32(shape.to_vec(), rnd(shape, seed).as_f32().unwrap().iter().map(|x| x + 1.1).collect())
+}
+
+fn ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
+    let v =
+        rnd(shape, seed).as_f32().unwrap().iter().map(|x| lo + ((x + 1.0) / 2.0 * (hi - lo) as f32) as i64).collect();
+    Tensor::i64(shape.to_vec(), v)
+}
+
+fn bools(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::bool(shape.to_vec(), rnd(shape, seed).as_f32().unwrap().iter().map(|&x| x > 0.0).collect())
+}
+
+/// Absolute and relative tolerance for f32 outputs.
+#[derive(Clone, Copy)]
+struct Tol(f32, f32);
+
+const TIGHT: Tol = Tol(1e-5, 1e-4);
+/// Products and convolutions: different summation order over up to a few hundred terms.
+const GEMM: Tol = Tol(1e-4, 1e-4);
+
+#[track_caller]
+fn agree(got: &Tensor, want: &Tensor, tol: Tol, what: &str) {
+    assert_eq!(got.meta(), want.meta(), "{what}: metas");
+    match (got.as_f32(), want.as_f32()) {
+        (Some(g), Some(w)) => {
+            for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
+                let ok = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol.0 + tol.1 * b.abs();
+                assert!(ok, "{what}: element {i}: cuda {a}, cpu {b}");
+            }
+        }
+        _ => assert_eq!(got, want, "{what}"),
+    }
+}
+
+/// Runs `op` on both backends and compares every output.
+#[track_caller]
+fn check_tol(ctx: &CudaContext, op: &Op, ins: &[&Tensor], tol: Tol) {
+    let cpu_ctx = CpuContext::new(1).unwrap();
+    let want = cpu::eval(&cpu_ctx, op, ins).unwrap_or_else(|e| panic!("cpu {}: {e}", op.name()));
+    let dev: Vec<CudaTensor> = ins.iter().map(|t| CudaTensor::upload(ctx, t).unwrap()).collect();
+    let refs: Vec<&CudaTensor> = dev.iter().collect();
+    let got = cuda::eval(ctx, op, &refs).unwrap_or_else(|e| panic!("cuda {}: {e}", op.name()));
+    assert_eq!(got.len(), want.len(), "{}: output count", op.name());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.meta(), &w.meta(), "{}: output {i} meta", op.name());
+        agree(&g.download(ctx).unwrap(), w, tol, &format!("{} output {i} ({op:?})", op.name()));
+    }
+}
+
+#[track_caller]
+fn check(ctx: &CudaContext, op: Op, ins: &[&Tensor]) {
+    check_tol(ctx, &op, ins, TIGHT);
+}
+
+/// Both backends reject the input with `BadInput`.
+#[track_caller]
+fn both_reject(ctx: &CudaContext, op: Op, ins: &[&Tensor]) {
+    let cpu_ctx = CpuContext::new(1).unwrap();
+    let e = cpu::eval(&cpu_ctx, &op, ins).unwrap_err();
+    assert!(matches!(e, Error::BadInput { .. }), "cpu: {e}");
+    let dev: Vec<CudaTensor> = ins.iter().map(|t| CudaTensor::upload(ctx, t).unwrap()).collect();
+    let refs: Vec<&CudaTensor> = dev.iter().collect();
+    let e = cuda::eval(ctx, &op, &refs).unwrap_err();
+    assert!(matches!(e, Error::BadInput { .. }), "cuda: {e}");
+}
+
+// ---------- no device needed ----------
+
+#[test]
+fn context_without_a_driver_is_a_clean_error() {
+    match CudaContext::new(0) {
+        Ok(ctx) => {
+            println!("a CUDA device is present ({}): nothing to check", ctx.device_name());
+            assert!(cuda::is_available());
+        }
+        Err(Error::NoCudaDevice(why)) => {
+            assert!(!why.is_empty());
+            let msg = Error::NoCudaDevice(why).to_string();
+            assert!(msg.starts_with("no CUDA device: "), "{msg}");
+            assert!(!cuda::is_available());
+        }
+        Err(e) => panic!("expected NoCudaDevice, got {e}"),
+    }
+    // A device that cannot exist is never a panic either.
+    assert!(matches!(CudaContext::new(1 << 20), Err(Error::NoCudaDevice(_))));
+}
+
+#[test]
+fn nccl_id_files_round_trip_and_time_out() {
+    let dir = std::env::temp_dir().join(format!("autopar-nccl-id-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes: Vec<u8> = (0..nccl::ID_BYTES as u32).map(|i| (i * 7 % 251) as u8).collect();
+    let id = nccl::NcclId::from_bytes(&bytes).unwrap();
+    let path = nccl::group_id_path(&dir, &[0, 2, 4]);
+    assert!(path.ends_with("nccl-id-0-2-4"));
+    // A reader that starts first waits for the writer.
+    let reader = {
+        let path = path.clone();
+        std::thread::spawn(move || nccl::read_id_file(&path, Duration::from_secs(10)))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    nccl::write_id_file(&path, &id).unwrap();
+    assert_eq!(reader.join().unwrap().unwrap(), id);
+    assert_eq!(nccl::read_id_file(&path, Duration::ZERO).unwrap().as_bytes(), &bytes[..]);
+    let missing = nccl::read_id_file(&dir.join("absent"), Duration::from_millis(30)).unwrap_err();
+    assert!(matches!(missing, Error::Rendezvous(_)), "{missing}");
+    std::fs::write(dir.join("short"), [1u8, 2, 3]).unwrap();
+    assert!(matches!(nccl::read_id_file(&dir.join("short"), Duration::ZERO), Err(Error::Rendezvous(_))));
+    assert!(matches!(nccl::NcclId::from_bytes(&[0; 3]), Err(Error::Rendezvous(_))));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+// ---------- device tests ----------
+
+#[test]
+fn tensors_round_trip_and_memory_is_counted() {
+    let Some(ctx) = device() else { return };
+    let before = ctx.bytes_in_use();
+    ctx.reset_peak();
+    let t = rnd(&[3, 5], 1);
+    let d = CudaTensor::upload(&ctx, &t).unwrap();
+    assert_eq!(d.bytes(), 60);
+    assert!(ctx.bytes_in_use() >= before + 60);
+    assert_eq!(d.download(&ctx).unwrap(), t);
+    for t in [ints(&[4], 2, -9, 9), bools(&[2, 3], 3), Tensor::f32(vec![0, 4], vec![]), Tensor::scalar_f32(2.5)] {
+        assert_eq!(CudaTensor::upload(&ctx, &t).unwrap().download(&ctx).unwrap(), t);
+    }
+    let shared = d.clone();
+    drop(d);
+    assert!(ctx.bytes_in_use() >= before + 60, "a clone keeps the buffer");
+    drop(shared);
+    assert_eq!(ctx.bytes_in_use(), before);
+    assert!(ctx.peak_bytes() >= before + 60);
+    ctx.reset_peak();
+    assert_eq!(ctx.peak_bytes(), ctx.bytes_in_use());
+}
+
+#[test]
+fn sources_are_not_kernels() {
+    let Some(ctx) = device() else { return };
+    let e = cuda::eval(&ctx, &Op::Input { name: "x".into() }, &[]).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    check(&ctx, Op::Constant(rnd(&[2, 2], 4)), &[]);
+    check(&ctx, Op::Identity, &[&ints(&[3], 5, 0, 9)]);
+    both_reject(&ctx, Op::Binary(BinaryOp::Add), &[&rnd(&[2], 1), &rnd(&[3], 2)]);
+}
+
+#[test]
+fn unary_ops() {
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[7, 33], 10);
+    let mut special = x.as_f32().unwrap().to_vec();
+    special[..6].copy_from_slice(&[0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.5]);
+    let special = Tensor::f32(vec![7, 33], special);
+    for u in ir::UNARY_OPS {
+        if u == UnaryOp::Not {
+            continue;
+        }
+        let input = if matches!(u, UnaryOp::Log | UnaryOp::Sqrt) { pos(&[7, 33], 11) } else { x.clone() };
+        check(&ctx, Op::Unary(u), &[&input]);
+        if !matches!(u, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Gelu | UnaryOp::GeluTanh) {
+            check(&ctx, Op::Unary(u), &[&special]);
+        }
+    }
+    let i = Tensor::i64(vec![5], vec![-3, 0, 7, i64::MIN, i64::MAX]);
+    for u in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Sign] {
+        check(&ctx, Op::Unary(u), &[&i]);
+    }
+    check(&ctx, Op::Unary(UnaryOp::Not), &[&bools(&[9], 12)]);
+    check(&ctx, Op::Unary(UnaryOp::Relu), &[&Tensor::f32(vec![0], vec![])]);
+}
+
+#[test]
+fn binary_ops_broadcast() {
+    let Some(ctx) = device() else { return };
+    let shapes: [(&[usize], &[usize]); 6] = [
+        (&[2, 3, 4], &[4]),
+        (&[2, 1, 4], &[3, 1]),
+        (&[5], &[]),
+        (&[], &[3, 2]),
+        (&[4, 1, 3, 1], &[1, 5, 1, 2]),
+        (&[6, 7], &[6, 7]),
+    ];
+    for (k, (sa, sb)) in shapes.iter().enumerate() {
+        let (a, b) = (rnd(sa, 20 + k as u64), rnd(sb, 40 + k as u64));
+        for op in ir::BINARY_OPS {
+            if op.is_logical() {
+                continue;
+            }
+            let (a, b) = if op == BinaryOp::Pow { (pos(sa, 1), rnd(sb, 2)) } else { (a.clone(), b.clone()) };
+            check(&ctx, Op::Binary(op), &[&a, &b]);
+        }
+        let (ia, ib) = (ints(sa, 60 + k as u64, -20, 20), ints(sb, 70 + k as u64, 1, 6));
+        for op in ir::BINARY_OPS {
+            if !op.is_logical() {
+                check(&ctx, Op::Binary(op), &[&ia, &ib]);
+            }
+        }
+        let (ba, bb) = (bools(sa, 80 + k as u64), bools(sb, 90 + k as u64));
+        for op in [BinaryOp::Equal, BinaryOp::And, BinaryOp::Or, BinaryOp::Xor] {
+            check(&ctx, Op::Binary(op), &[&ba, &bb]);
+        }
+    }
+    // Integer corner cases: wrapping, MIN / -1, negative powers, division by zero.
+    let a = Tensor::i64(vec![4], vec![i64::MIN, 7, -7, 2]);
+    let b = Tensor::i64(vec![4], vec![-1, -2, 2, -3]);
+    for op in [BinaryOp::Div, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Pow] {
+        check(&ctx, Op::Binary(op), &[&a, &b]);
+    }
+    both_reject(&ctx, Op::Binary(BinaryOp::Div), &[&a, &Tensor::i64(vec![2, 1], vec![1, 0])]);
+    let nan = Tensor::f32(vec![3], vec![f32::NAN, 1.0, -0.0]);
+    for op in [BinaryOp::Max, BinaryOp::Min, BinaryOp::Equal, BinaryOp::Less] {
+        check(&ctx, Op::Binary(op), &[&nan, &Tensor::f32(vec![3], vec![0.0, f32::NAN, 0.0])]);
+    }
+}
+
+#[test]
+fn where_and_cast() {
+    let Some(ctx) = device() else { return };
+    let c = bools(&[3, 1, 4], 1);
+    check(&ctx, Op::Where, &[&c, &rnd(&[2, 4], 2), &rnd(&[3, 2, 1], 3)]);
+    check(&ctx, Op::Where, &[&c, &ints(&[4], 4, -5, 5), &ints(&[], 5, 0, 3)]);
+    check(&ctx, Op::Where, &[&c, &bools(&[4], 6), &bools(&[3, 1, 1], 7)]);
+    let f = Tensor::f32(vec![7], vec![1.7, -1.7, 0.0, f32::NAN, 1e30, -1e30, 0.4]);
+    let i = Tensor::i64(vec![4], vec![-3, 0, 1 << 40, 5]);
+    let b = bools(&[5], 8);
+    for to in [DType::F32, DType::I64, DType::Bool] {
+        for t in [&f, &i, &b] {
+            check(&ctx, Op::Cast { to }, &[t]);
+        }
+    }
+}
+
+#[test]
+fn reductions() {
+    let Some(ctx) = device() else { return };
+    // Shapes that take each path: long rows, transposed few-output columns, plain columns.
+    let cases: [(&[usize], &[usize]); 9] = [
+        (&[4, 300], &[1]),
+        (&[3, 200, 5], &[1]),
+        (&[64, 3, 70], &[1]),
+        (&[2, 3, 4], &[0, 2]),
+        (&[2, 3, 4, 5], &[0, 1, 3]),
+        (&[6, 5], &[]),
+        (&[6, 5], &[0, 1]),
+        (&[7], &[0]),
+        (&[3, 0, 2], &[1]),
+    ];
+    for (k, (shape, axes)) in cases.iter().enumerate() {
+        let x = rnd(shape, 100 + k as u64);
+        let p = pos(shape, 200 + k as u64);
+        for r in ir::REDUCE_OPS {
+            let input = if matches!(r, ReduceOp::LogSum) { &p } else { &x };
+            for keepdims in [false, true] {
+                check(&ctx, Op::Reduce { op: r, axes: axes.to_vec(), keepdims }, &[input]);
+            }
+        }
+        let i = ints(shape, 300 + k as u64, -4, 5);
+        for r in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            check(&ctx, Op::Reduce { op: r, axes: axes.to_vec(), keepdims: false }, &[&i]);
+        }
+        let b = bools(shape, 400 + k as u64);
+        for r in [ReduceOp::Max, ReduceOp::Min] {
+            check(&ctx, Op::Reduce { op: r, axes: axes.to_vec(), keepdims: true }, &[&b]);
+        }
+    }
+    let nan = Tensor::f32(vec![2, 100], (0..200).map(|i| if i == 150 { f32::NAN } else { i as f32 }).collect());
+    for r in [ReduceOp::Max, ReduceOp::Min, ReduceOp::Sum, ReduceOp::LogSumExp] {
+        check(&ctx, Op::Reduce { op: r, axes: vec![1], keepdims: false }, &[&nan]);
+    }
+    let ninf = Tensor::f32(vec![1, 80], vec![f32::NEG_INFINITY; 80]);
+    check(&ctx, Op::Reduce { op: ReduceOp::LogSumExp, axes: vec![1], keepdims: false }, &[&ninf]);
+    check(&ctx, Op::GlobalAveragePool, &[&rnd(&[2, 3, 9, 11], 5)]);
+    check(&ctx, Op::GlobalMaxPool, &[&rnd(&[2, 3, 9, 11], 6)]);
+}
+
+#[test]
+fn softmax_family() {
+    let Some(ctx) = device() else { return };
+    for (shape, axis) in [(&[3, 100][..], 1), (&[2, 5, 7], 1), (&[4, 6], 1), (&[6, 4], 0), (&[2, 3, 130], 2)] {
+        let x = rnd(shape, 7);
+        check(&ctx, Op::Softmax { axis }, &[&x]);
+        check(&ctx, Op::LogSoftmax { axis }, &[&x]);
+        let dy = rnd(shape, 8);
+        for log in [false, true] {
+            let cpu_ctx = CpuContext::new(1).unwrap();
+            let fwd = if log { Op::LogSoftmax { axis } } else { Op::Softmax { axis } };
+            let y = cpu::eval(&cpu_ctx, &fwd, &[&x]).unwrap().remove(0);
+            check(&ctx, Op::SoftmaxGrad { axis, log }, &[&y, &dy]);
+        }
+    }
+    let mask =
+        Tensor::f32(vec![2, 70], (0..140).map(|i| if i < 70 { f32::NEG_INFINITY } else { i as f32 / 50.0 }).collect());
+    check(&ctx, Op::Softmax { axis: 1 }, &[&mask]);
+}
+
+#[test]
+fn normalisations() {
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[4, 3, 80], 1);
+    for (axis, scale) in [(2, rnd(&[80], 2)), (1, rnd(&[3, 80], 3)), (2, rnd(&[1], 4))] {
+        let eps = 1e-5;
+        check(&ctx, Op::LayerNorm { axis, epsilon: eps }, &[&x, &scale]);
+        check(&ctx, Op::LayerNorm { axis, epsilon: eps }, &[&x, &scale, &rnd(&x.shape()[axis..], 5)]);
+        check(&ctx, Op::LayerNormGrad { axis, epsilon: eps }, &[&x, &scale, &rnd(&[4, 3, 80], 6)]);
+    }
+    let small = rnd(&[5, 6], 7);
+    check(&ctx, Op::LayerNorm { axis: 1, epsilon: 1e-3 }, &[&small, &rnd(&[6], 8)]);
+    check(&ctx, Op::LayerNormGrad { axis: 1, epsilon: 1e-3 }, &[&small, &rnd(&[6], 8), &rnd(&[5, 6], 9)]);
+    let img = rnd(&[2, 5, 4, 3], 10);
+    let c = |s| rnd(&[5], s);
+    check(&ctx, Op::BatchNorm { epsilon: 1e-5 }, &[&img, &c(11), &c(12), &c(13), &pos(&[5], 14)]);
+    for size in [1, 2, 3, 5] {
+        let (alpha, beta, bias) = (1e-2, 0.75, 1.5);
+        check(&ctx, Op::Lrn { size, alpha, beta, bias }, &[&img]);
+        check(&ctx, Op::LrnGrad { size, alpha, beta, bias }, &[&img, &rnd(&[2, 5, 4, 3], 15)]);
+    }
+}
+
+#[test]
+fn matrix_products() {
+    let Some(ctx) = device() else { return };
+    let mm = |a: &[usize], b: &[usize], s| {
+        check_tol(&ctx, &Op::MatMul, &[&rnd(a, s), &rnd(b, s + 1)], GEMM);
+    };
+    mm(&[5, 7], &[7, 3], 1);
+    mm(&[2, 4, 5, 7], &[7, 3], 3);
+    mm(&[2, 5, 7], &[2, 7, 3], 5);
+    mm(&[5, 7], &[4, 7, 3], 7);
+    mm(&[2, 1, 5, 7], &[3, 7, 6], 9);
+    mm(&[7], &[7, 3], 11);
+    mm(&[2, 5, 7], &[7], 13);
+    mm(&[7], &[7], 15);
+    mm(&[3, 0], &[0, 4], 17);
+    mm(&[64, 130], &[130, 70], 19);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = if ta { rnd(&[6, 4], 20) } else { rnd(&[4, 6], 20) };
+        let b = if tb { rnd(&[5, 6], 21) } else { rnd(&[6, 5], 21) };
+        let gemm = Op::Gemm { alpha: 0.5, beta: 2.0, trans_a: ta, trans_b: tb };
+        check_tol(&ctx, &gemm, &[&a, &b], GEMM);
+        for c in [rnd(&[5], 22), rnd(&[4, 1], 23), rnd(&[], 24), rnd(&[4, 5], 25)] {
+            check_tol(&ctx, &gemm, &[&a, &b, &c], GEMM);
+        }
+        let no_c = Op::Gemm { alpha: 1.0, beta: 0.0, trans_a: ta, trans_b: tb };
+        check_tol(&ctx, &no_c, &[&a, &b, &Tensor::f32(vec![5], vec![f32::NAN; 5])], GEMM);
+    }
+    let empty_k = Op::Gemm { alpha: 1.0, beta: 3.0, trans_a: false, trans_b: false };
+    check(&ctx, empty_k, &[&rnd(&[3, 0], 1), &rnd(&[0, 2], 2), &rnd(&[3, 2], 3)]);
+}
+
+#[test]
+fn larger_shapes_take_multi_block_paths_and_free_their_scratch() {
+    let Some(ctx) = device() else { return };
+    let before = ctx.bytes_in_use();
+    ctx.reset_peak();
+    let x = rnd(&[4, 64, 256], 1);
+    check(&ctx, Op::LayerNorm { axis: 2, epsilon: 1e-5 }, &[&x, &rnd(&[256], 2), &rnd(&[256], 3)]);
+    check(&ctx, Op::Softmax { axis: 2 }, &[&x]);
+    check(&ctx, Op::Softmax { axis: 1 }, &[&x]);
+    check(&ctx, Op::Unary(UnaryOp::Gelu), &[&x]);
+    check(&ctx, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1], keepdims: false }, &[&x]);
+    check(&ctx, Op::Reduce { op: ReduceOp::Mean, axes: vec![0, 2], keepdims: true }, &[&x]);
+    check(&ctx, Op::Transpose { perm: vec![2, 0, 1] }, &[&x]);
+    check_tol(&ctx, &Op::MatMul, &[&x, &rnd(&[256, 96], 4)], GEMM);
+    check_tol(&ctx, &Op::MatMul, &[&rnd(&[4, 2, 64, 32], 5), &rnd(&[4, 2, 32, 64], 6)], GEMM);
+    let ids = ints(&[4, 64], 7, 0, 500);
+    check(&ctx, Op::Gather { axis: 0 }, &[&rnd(&[500, 48], 8), &ids]);
+    check(&ctx, Op::GatherGrad { axis: 0, shape: vec![500, 48] }, &[&ids, &rnd(&[4, 64, 48], 9)]);
+    let img = rnd(&[4, 8, 20, 20], 10);
+    let a = conv_attrs([1, 1], [1, 1, 1, 1], [1, 1], 1);
+    check_tol(&ctx, &Op::Conv(a.clone()), &[&img, &rnd(&[16, 8, 3, 3], 11), &rnd(&[16], 12)], GEMM);
+    check_tol(
+        &ctx,
+        &Op::ConvWeightGrad { attrs: a.clone(), shape: vec![16, 8, 3, 3] },
+        &[&img, &rnd(&[4, 16, 20, 20], 13)],
+        GEMM,
+    );
+    check_tol(
+        &ctx,
+        &Op::ConvInputGrad { attrs: a, shape: vec![4, 8, 20, 20] },
+        &[&rnd(&[4, 16, 20, 20], 14), &rnd(&[16, 8, 3, 3], 15)],
+        GEMM,
+    );
+    check(&ctx, Op::MaxPoolGrad(pool_attrs([3, 3], [2, 2], [1, 1, 1, 1])), &[&img, &rnd(&[4, 8, 10, 10], 16)]);
+    // Every input, output and scratch buffer of those ops is gone.
+    assert_eq!(ctx.bytes_in_use(), before);
+    assert!(ctx.peak_bytes() >= before + x.bytes());
+}
+
+fn conv_attrs(strides: [usize; 2], pads: [usize; 4], dilations: [usize; 2], group: usize) -> ConvAttrs {
+    ConvAttrs { strides, pads, dilations, group }
+}
+
+#[test]
+fn convolutions_and_their_gradients() {
+    let Some(ctx) = device() else { return };
+    let cases = [
+        // (x shape, w shape, attrs)
+        ([2, 3, 9, 8], [4, 3, 3, 3], conv_attrs([1, 1], [1, 1, 1, 1], [1, 1], 1)),
+        ([1, 4, 10, 7], [6, 2, 3, 2], conv_attrs([2, 1], [0, 1, 2, 0], [1, 2], 2)),
+        ([2, 6, 5, 5], [6, 1, 3, 3], conv_attrs([1, 2], [2, 2, 1, 1], [2, 1], 6)),
+        ([3, 4, 6, 6], [5, 4, 1, 1], conv_attrs([1, 1], [0; 4], [1, 1], 1)),
+        ([1, 4, 6, 6], [4, 2, 1, 1], conv_attrs([1, 1], [0; 4], [1, 1], 2)),
+        ([2, 2, 7, 7], [3, 2, 2, 2], conv_attrs([3, 3], [0; 4], [1, 1], 1)),
+    ];
+    let cpu_ctx = CpuContext::new(1).unwrap();
+    for (k, (xs, ws, a)) in cases.iter().enumerate() {
+        let s = 50 * k as u64;
+        let (x, w, b) = (rnd(xs, s), rnd(ws, s + 1), rnd(&[ws[0]], s + 2));
+        check_tol(&ctx, &Op::Conv(a.clone()), &[&x, &w], GEMM);
+        check_tol(&ctx, &Op::Conv(a.clone()), &[&x, &w, &b], GEMM);
+        let y = cpu::eval(&cpu_ctx, &Op::Conv(a.clone()), &[&x, &w]).unwrap().remove(0);
+        let dy = rnd(y.shape(), s + 3);
+        check_tol(&ctx, &Op::ConvInputGrad { attrs: a.clone(), shape: xs.to_vec() }, &[&dy, &w], GEMM);
+        check_tol(&ctx, &Op::ConvWeightGrad { attrs: a.clone(), shape: ws.to_vec() }, &[&x, &dy], GEMM);
+    }
+    both_reject(
+        &ctx,
+        Op::Conv(conv_attrs([1, 1], [0; 4], [1, 1], 1)),
+        &[&rnd(&[1, 2, 3, 3], 1), &rnd(&[1, 2, 0, 1], 2)],
+    );
+}
+
+fn pool_attrs(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4]) -> PoolAttrs {
+    PoolAttrs { kernel, strides, pads, dilations: [1, 1], ceil_mode: false, count_include_pad: false }
+}
+
+#[test]
+fn pooling_and_its_gradients() {
+    let Some(ctx) = device() else { return };
+    let base = pool_attrs([3, 3], [2, 2], [1, 1, 1, 1]);
+    let attrs = [
+        base.clone(),
+        PoolAttrs { ceil_mode: true, ..base.clone() },
+        PoolAttrs { count_include_pad: true, ..base.clone() },
+        PoolAttrs { ceil_mode: true, count_include_pad: true, ..pool_attrs([2, 3], [2, 2], [0, 1, 1, 0]) },
+        PoolAttrs { dilations: [2, 1], ..pool_attrs([2, 2], [1, 1], [1, 0, 0, 1]) },
+        pool_attrs([2, 2], [2, 2], [0; 4]),
+    ];
+    let cpu_ctx = CpuContext::new(1).unwrap();
+    let mut x = rnd(&[2, 3, 9, 10], 3).as_f32().unwrap().to_vec();
+    x[17] = x[18]; // a tie inside a window
+    let x = Tensor::f32(vec![2, 3, 9, 10], x);
+    for a in attrs {
+        let avg = PoolAttrs { dilations: [1, 1], ..a.clone() };
+        check(&ctx, Op::MaxPool(a.clone()), &[&x]);
+        check(&ctx, Op::AveragePool(avg.clone()), &[&x]);
+        let y = cpu::eval(&cpu_ctx, &Op::MaxPool(a.clone()), &[&x]).unwrap().remove(0);
+        let dy = rnd(y.shape(), 4);
+        check(&ctx, Op::MaxPoolGrad(a.clone()), &[&x, &dy]);
+        let y = cpu::eval(&cpu_ctx, &Op::AveragePool(avg.clone()), &[&x]).unwrap().remove(0);
+        let dy = rnd(y.shape(), 5);
+        check(&ctx, Op::AveragePoolGrad { attrs: avg, shape: x.shape().to_vec() }, &[&dy]);
+    }
+    both_reject(&ctx, Op::MaxPool(pool_attrs([0, 2], [1, 1], [0; 4])), &[&x]);
+}
+
+#[test]
+fn data_movement() {
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[2, 3, 4, 5], 1);
+    let i = ints(&[2, 3, 4], 2, -50, 50);
+    let b = bools(&[3, 4], 3);
+    check(&ctx, Op::Transpose { perm: vec![3, 1, 0, 2] }, &[&x]);
+    check(&ctx, Op::Transpose { perm: vec![2, 0, 1] }, &[&i]);
+    check(&ctx, Op::Transpose { perm: vec![1, 0] }, &[&b]);
+    check(&ctx, Op::Reshape { shape: vec![6, 20] }, &[&x]);
+    check(&ctx, Op::Expand { shape: vec![2, 3, 4] }, &[&rnd(&[3, 1], 4)]);
+    check(&ctx, Op::Expand { shape: vec![5, 3, 4] }, &[&b]);
+    check(&ctx, Op::Concat { axis: 1 }, &[&rnd(&[2, 1, 3], 5), &rnd(&[2, 4, 3], 6), &rnd(&[2, 0, 3], 7)]);
+    check(&ctx, Op::Concat { axis: 0 }, &[&i, &i]);
+    check(&ctx, Op::Split { axis: 2, sizes: vec![1, 3, 0] }, &[&x]);
+    check(&ctx, Op::Split { axis: 0, sizes: vec![2, 1] }, &[&b]);
+    let sl = Op::Slice {
+        axes: vec![SliceAxis { axis: 1, start: 2, len: 2, step: -1 }, SliceAxis { axis: 3, start: 0, len: 3, step: 2 }],
+    };
+    check(&ctx, sl.clone(), &[&x]);
+    check(&ctx, Op::Slice { axes: vec![SliceAxis { axis: 0, start: 1, len: 2, step: 1 }] }, &[&b]);
+    let sg = Op::SliceGrad {
+        axes: vec![SliceAxis { axis: 1, start: 2, len: 2, step: -1 }, SliceAxis { axis: 3, start: 0, len: 3, step: 2 }],
+        shape: vec![2, 3, 4, 5],
+    };
+    check(&ctx, sg, &[&rnd(&[2, 2, 4, 3], 8)]);
+    for (pads, value) in [(vec![1, 0, 2, 1, 0, 3, 0, 2], 0.5), (vec![0; 8], 0.0)] {
+        check(&ctx, Op::Pad { pads: pads.clone(), value }, &[&x]);
+    }
+    check(&ctx, Op::Pad { pads: vec![1, 0, 0, 2, 1, 0], value: -3.7 }, &[&i]);
+    check(&ctx, Op::Pad { pads: vec![1, 1, 0, 2], value: 1.0 }, &[&b]);
+}
+
+#[test]
+fn gather_and_its_gradient() {
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[4, 6, 3], 1);
+    let idx = Tensor::i64(vec![2, 3], vec![0, -1, 5, 5, 2, -6]);
+    for axis in [0usize, 1] {
+        let idx = if axis == 0 { Tensor::i64(vec![5], vec![3, 0, -1, 3, 1]) } else { idx.clone() };
+        check(&ctx, Op::Gather { axis }, &[&x, &idx]);
+        let y = cpu::eval(&CpuContext::new(1).unwrap(), &Op::Gather { axis }, &[&x, &idx]).unwrap().remove(0);
+        check(&ctx, Op::GatherGrad { axis, shape: vec![4, 6, 3] }, &[&idx, &rnd(y.shape(), 2)]);
+    }
+    check(&ctx, Op::Gather { axis: 0 }, &[&ints(&[5, 2], 3, -9, 9), &Tensor::i64(vec![], vec![4])]);
+    check(&ctx, Op::Gather { axis: 1 }, &[&bools(&[2, 3], 4), &Tensor::i64(vec![0], vec![])]);
+    // An embedding-shaped gradient with many repeated ids.
+    let ids = ints(&[8, 16], 5, 0, 10);
+    check(&ctx, Op::GatherGrad { axis: 0, shape: vec![10, 32] }, &[&ids, &rnd(&[8, 16, 32], 6)]);
+    both_reject(&ctx, Op::Gather { axis: 1 }, &[&x, &Tensor::i64(vec![1], vec![6])]);
+    both_reject(
+        &ctx,
+        Op::GatherGrad { axis: 0, shape: vec![4, 3] },
+        &[&Tensor::i64(vec![1], vec![-5]), &rnd(&[1, 3], 7)],
+    );
+}
+
+#[test]
+fn gradients_and_optimizer_updates() {
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[5, 13], 1);
+    let dy = rnd(&[5, 13], 2);
+    let cpu_ctx = CpuContext::new(1).unwrap();
+    for u in ir::UNARY_OPS {
+        if !ir::unary_differentiable(u) {
+            continue;
+        }
+        let input = if ir::unary_grad_from_output(u) || matches!(u, UnaryOp::Log) {
+            let p = pos(&[5, 13], 3);
+            if ir::unary_grad_from_output(u) { cpu::eval(&cpu_ctx, &Op::Unary(u), &[&p]).unwrap().remove(0) } else { p }
+        } else {
+            x.clone()
+        };
+        check(&ctx, Op::UnaryGrad(u), &[&input, &dy]);
+    }
+    let (p, g, m, v) = (rnd(&[7, 9], 4), rnd(&[7, 9], 5), rnd(&[7, 9], 6), pos(&[7, 9], 7));
+    check(&ctx, Op::SgdUpdate { lr: 0.1, momentum: 0.0, weight_decay: 0.01 }, &[&p, &g]);
+    check(&ctx, Op::SgdUpdate { lr: 0.1, momentum: 0.9, weight_decay: 0.0 }, &[&p, &g, &m]);
+    let adamw = Op::AdamWUpdate { lr: 1e-3, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 };
+    for t in [1, 5, 1000] {
+        check(&ctx, adamw.clone(), &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![t])]);
+    }
+    both_reject(&ctx, adamw, &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![0])]);
+}
+
+/// True in the child process that runs this suite on the emulated device.
+fn emulated() -> bool {
+    std::env::var_os(EMULATED).is_some()
+}
+
+#[test]
+fn nccl_single_rank_collectives() {
+    let Some(ctx) = device() else { return };
+    if emulated() {
+        println!("skipped: no NCCL on the emulated device");
+        return;
+    }
+    let id = match nccl::NcclId::new() {
+        Ok(id) => id,
+        Err(Error::NoCudaDevice(why)) => {
+            println!("skipped: no NCCL ({why})");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let comm = nccl::NcclComm::new(&ctx, 0, 1, &id).unwrap();
+    assert_eq!((comm.rank(), comm.world()), (0, 1));
+    let t = rnd(&[4, 3], 1);
+    let d = CudaTensor::upload(&ctx, &t).unwrap();
+    for r in [nccl::Reduction::Sum, nccl::Reduction::Max] {
+        assert_eq!(comm.all_reduce(&ctx, &d, r).unwrap().download(&ctx).unwrap(), t);
+    }
+    assert_eq!(comm.all_gather(&ctx, &d).unwrap().download(&ctx).unwrap(), t);
+    assert_eq!(comm.reduce_scatter(&ctx, &d, nccl::Reduction::Sum).unwrap().download(&ctx).unwrap(), t);
+    assert_eq!(comm.broadcast(&ctx, Some(&d), d.meta(), 0).unwrap().download(&ctx).unwrap(), t);
+    let i = ints(&[5], 2, -9, 9);
+    let di = CudaTensor::upload(&ctx, &i).unwrap();
+    assert_eq!(comm.all_reduce(&ctx, &di, nccl::Reduction::Sum).unwrap().download(&ctx).unwrap(), i);
+    let b = CudaTensor::upload(&ctx, &bools(&[3], 3)).unwrap();
+    assert!(matches!(comm.all_reduce(&ctx, &b, nccl::Reduction::Sum), Err(Error::BadInput { .. })));
+}
+
+#[test]
+fn nccl_two_ranks_on_two_devices() {
+    let Some(ctx) = device() else { return };
+    if emulated() {
+        println!("skipped: no NCCL on the emulated device");
+        return;
+    }
+    drop(ctx);
+    if CudaContext::new(1).is_err() {
+        println!("skipped: fewer than 2 CUDA devices");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("autopar-nccl-2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ranks: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let ctx = CudaContext::new(rank).unwrap();
+                let comm = nccl::NcclComm::for_group(&ctx, rank, &[0, 1], &dir, Duration::from_secs(60)).unwrap();
+                let mine = Tensor::f32(vec![2, 2], vec![rank as f32 + 1.0; 4]);
+                let d = CudaTensor::upload(&ctx, &mine).unwrap();
+                let sum = comm.all_reduce(&ctx, &d, nccl::Reduction::Sum).unwrap().download(&ctx).unwrap();
+                let max = comm.all_reduce(&ctx, &d, nccl::Reduction::Max).unwrap().download(&ctx).unwrap();
+                let all = comm.all_gather(&ctx, &d).unwrap().download(&ctx).unwrap();
+                let part = comm.reduce_scatter(&ctx, &d, nccl::Reduction::Sum).unwrap().download(&ctx).unwrap();
+                let root = comm.broadcast(&ctx, Some(&d), d.meta(), 1).unwrap().download(&ctx).unwrap();
+                let other = comm.send_recv(&ctx, &d, 1 - rank, d.meta(), 1 - rank).unwrap().download(&ctx).unwrap();
+                (sum, max, all, part, root, other)
+            })
+        })
+        .collect();
+    for (rank, h) in ranks.into_iter().enumerate() {
+        let (sum, max, all, part, root, other) = h.join().unwrap();
+        assert_eq!(sum, Tensor::f32(vec![2, 2], vec![3.0; 4]));
+        assert_eq!(max, Tensor::f32(vec![2, 2], vec![2.0; 4]));
+        assert_eq!(all, Tensor::f32(vec![4, 2], vec![1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]));
+        assert_eq!(part, Tensor::f32(vec![1, 2], vec![3.0; 2]));
+        assert_eq!(root, Tensor::f32(vec![2, 2], vec![2.0; 4]));
+        assert_eq!(other, Tensor::f32(vec![2, 2], vec![(2 - rank) as f32; 4]));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+// ---------- the whole suite on a CPU-emulated device ----------
+
+/// Set in the child process that runs the suite against the emulated libraries.
+const EMULATED: &str = "AUTOPAR_CUDA_EMULATED";
+
+/// A CPU stand-in for libcuda, libnvrtc and libcublas (one library, copied under the three
+/// names cudarc loads). Device pointers are host pointers; "PTX" is the path of a shared library
+/// compiled from the CUDA source by the host C++ compiler, with one `__emu_NAME` launcher per
+/// kernel that runs the grid's blocks in turn, each on four threads (the kernels use grid-stride
+/// loops and size their block reductions by `blockDim`, so any power-of-two block is valid).
+const FAKE_CUDA: &str = r###"// A CPU stand-in for libcuda, libnvrtc and libcublas, enough for kernels::cuda's tests.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <regex>
+#include <fstream>
+#include <sstream>
+#include <functional>
+#include <dlfcn.h>
+#include <unistd.h>
+
+typedef unsigned long long CUdeviceptr;
+typedef void* Handle;
+typedef void (*Launcher)(void**, unsigned, unsigned);
+
+static thread_local Handle current_ctx = nullptr;
+static int primary_ctx_token = 0;
+
+static const char* SHIM_MACROS = R"SHIM(
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+)SHIM";
+
+static const char* SHIM_RUNTIME = R"SHIM(
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+struct Dim3Shim { unsigned int x, y, z; };
+static thread_local Dim3Shim blockIdx, blockDim, threadIdx, gridDim;
+static thread_local std::barrier<>* emu_barrier;
+static std::mutex emu_launch;
+// Threads per emulated block: real threads meeting at __syncthreads, fewer than a GPU's.
+static const unsigned EMU_THREADS = 4;
+inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+)SHIM";
+
+extern "C" {
+// ---------------- driver ----------------
+int cuInit(unsigned) { return 0; }
+int cuDeviceGetCount(int* n) { *n = 1; return 0; }
+int cuDeviceGet(int* d, int ordinal) { if (ordinal != 0) return 101; *d = 0; return 0; }
+int cuDeviceGetName(char* name, int len, int) { std::snprintf(name, len, "autopar CPU-emulated device"); return 0; }
+int cuDeviceGetAttribute(int* v, int, int) { *v = 0; return 0; }
+int cuDevicePrimaryCtxRetain(Handle* c, int) { *c = &primary_ctx_token; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int) { return 0; }
+int cuCtxGetCurrent(Handle* c) { *c = current_ctx; return 0; }
+int cuCtxSetCurrent(Handle c) { current_ctx = c; return 0; }
+int cuCtxSynchronize() { return 0; }
+int cuGetErrorString(int, const char** s) { *s = "emulated CUDA error"; return 0; }
+int cuGetErrorName(int, const char** s) { *s = "CUDA_ERROR_EMULATED"; return 0; }
+int cuStreamCreate(Handle* s, unsigned) { *s = new int(0); return 0; }
+int cuStreamDestroy_v2(Handle s) { delete (int*)s; return 0; }
+int cuStreamSynchronize(Handle) { return 0; }
+int cuMemAlloc_v2(CUdeviceptr* p, size_t n) { void* m = std::malloc(n ? n : 1); if (!m) return 2; *p = (CUdeviceptr)m; return 0; }
+int cuMemFree_v2(CUdeviceptr p) { std::free((void*)p); return 0; }
+int cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, Handle) { std::memset((void*)p, v, n); return 0; }
+int cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, Handle) { std::memcpy((void*)d, s, n); return 0; }
+int cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, Handle) { std::memcpy(d, (void*)s, n); return 0; }
+int cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, Handle) { std::memmove((void*)d, (void*)s, n); return 0; }
+int cuModuleLoadData(Handle* m, const void* image) {
+    void* h = dlopen((const char*)image, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { std::fprintf(stderr, "emulator: %s\n", dlerror()); return 200; }
+    *m = h;
+    return 0;
+}
+int cuModuleGetFunction(Handle* f, Handle m, const char* name) {
+    void* sym = dlsym(m, (std::string("__emu_") + name).c_str());
+    if (!sym) return 500;
+    *f = sym;
+    return 0;
+}
+int cuModuleUnload(Handle) { return 0; }
+// Blocks run one after another, each with a few real threads (kernels must not assume
+// blockDim); launches of one module are serialised (its __shared__ arrays are plain statics).
+int cuLaunchKernel(Handle f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned,
+                   Handle, void** params, void**) {
+    if (gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0 || bx == 0 || bx > 1024) return 1;
+    ((Launcher)f)(params, gx, bx);
+    return 0;
+}
+
+// ---------------- nvrtc ----------------
+struct Program { std::string src, ptx, log; };
+int nvrtcCreateProgram(Program** p, const char* src, const char*, int, const char* const*, const char* const*) {
+    *p = new Program{src, "", ""};
+    return 0;
+}
+int nvrtcDestroyProgram(Program** p) { delete *p; *p = nullptr; return 0; }
+
+static std::string run(const std::string& cmd, int* status) {
+    std::string out;
+    FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+    if (!f) { *status = -1; return "popen failed"; }
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    *status = pclose(f);
+    return out;
+}
+
+// Compiles the CUDA source with the host C++ compiler into a shared library whose `__emu_NAME`
+// functions run kernel NAME over a grid; the "PTX" is the library's path.
+int nvrtcCompileProgram(Program* p, int, const char* const*) {
+    const char* dir_env = std::getenv("AUTOPAR_FAKE_CUDA_DIR");
+    std::string dir = dir_env ? dir_env : "/tmp";
+    std::string key = std::to_string(std::hash<std::string>{}(p->src));
+    std::string base = dir + "/kernels-" + key;
+    std::string so = base + ".so";
+    if (access(so.c_str(), R_OK) == 0) { p->ptx = so; return 0; }
+    std::string tag = std::to_string(getpid()) + "-" + std::to_string((unsigned long)(size_t)p);
+    // Find the kernels and their parameter types in the preprocessed source.
+    {
+        std::ofstream f(base + "-" + tag + ".pre.cpp");
+        f << SHIM_MACROS << "#define __global__ KERNEL_MARK\n" << p->src;
+    }
+    int st = 0;
+    std::string pre = run("c++ -E -P -x c++ " + base + "-" + tag + ".pre.cpp", &st);
+    if (st != 0) { std::remove((base + "-" + tag + ".pre.cpp").c_str()); p->log = pre; return 6; }
+    std::regex kernel(R"(extern\s+"C"\s+KERNEL_MARK\s+void\s+(\w+)\s*\(([^)]*)\))");
+    std::string wrappers;
+    for (auto it = std::sregex_iterator(pre.begin(), pre.end(), kernel); it != std::sregex_iterator(); ++it) {
+        std::string name = (*it)[1], params = (*it)[2];
+        std::string call;
+        std::stringstream ps(params);
+        std::string one;
+        int i = 0;
+        while (std::getline(ps, one, ',')) {
+            size_t end = one.find_last_not_of(" \t\n");
+            size_t start = one.find_last_of(" \t\n*&", end);
+            std::string type = one.substr(0, start + 1);
+            if (i) call += ", ";
+            call += "*(" + type + "*)p[" + std::to_string(i) + "]";
+            ++i;
+        }
+        wrappers += "extern \"C\" void __emu_" + name + "(void** p, unsigned grid, unsigned block) {\n"
+                    "    std::lock_guard<std::mutex> lock(emu_launch);\n"
+                    "    unsigned nt = block < EMU_THREADS ? block : EMU_THREADS;\n"
+                    "    for (unsigned b = 0; b < grid; ++b) {\n"
+                    "        std::barrier<> bar(nt);\n"
+                    "        std::vector<std::thread> ts;\n"
+                    "        for (unsigned t = 0; t < nt; ++t) ts.emplace_back([&, t] {\n"
+                    "            emu_barrier = &bar; gridDim = {grid, 1, 1}; blockDim = {nt, 1, 1};\n"
+                    "            blockIdx = {b, 0, 0}; threadIdx = {t, 0, 0};\n"
+                    "            " + name + "(" + call + ");\n"
+                    "        });\n"
+                    "        for (auto& th : ts) th.join();\n"
+                    "    }\n}\n";
+    }
+    {
+        std::ofstream f(base + "-" + tag + ".cpp");
+        f << SHIM_RUNTIME << SHIM_MACROS << "#define __global__\n" << p->src << "\n" << wrappers;
+    }
+    std::string out = run("c++ -std=c++20 -O1 -shared -fPIC -pthread -o " + base + "-" + tag + ".so " + base + "-" + tag + ".cpp", &st);
+    std::remove((base + "-" + tag + ".cpp").c_str());
+    std::remove((base + "-" + tag + ".pre.cpp").c_str());
+    if (st != 0) { p->log = out; return 6; }
+    std::rename((base + "-" + tag + ".so").c_str(), so.c_str());
+    p->ptx = so;
+    return 0;
+}
+int nvrtcGetPTXSize(Program* p, size_t* n) { *n = p->ptx.size() + 1; return 0; }
+int nvrtcGetPTX(Program* p, char* out) { std::memcpy(out, p->ptx.c_str(), p->ptx.size() + 1); return 0; }
+int nvrtcGetProgramLogSize(Program* p, size_t* n) { *n = p->log.size() + 1; return 0; }
+int nvrtcGetProgramLog(Program* p, char* out) { std::memcpy(out, p->log.c_str(), p->log.size() + 1); return 0; }
+
+// ---------------- cublas (column-major, as the real one) ----------------
+int cublasCreate_v2(Handle* h) { *h = new int(0); return 0; }
+int cublasDestroy_v2(Handle h) { delete (int*)h; return 0; }
+int cublasSetStream_v2(Handle, Handle) { return 0; }
+int cublasSetMathMode(Handle, int) { return 0; }
+static void sgemm1(int ta, int tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+                   float beta, float* C, int ldc) {
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+            double acc = 0.0;
+            for (int l = 0; l < k; ++l) {
+                float a = ta ? A[l + (long)i * lda] : A[i + (long)l * lda];
+                float b = tb ? B[j + (long)l * ldb] : B[l + (long)j * ldb];
+                acc += (double)a * b;
+            }
+            float* c = &C[i + (long)j * ldc];
+            *c = (float)(alpha * acc) + (beta == 0.f ? 0.f : beta * *c);
+        }
+}
+static int check_ld(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc) {
+    int ra = ta ? k : m, rb = tb ? n : k;
+    if (m < 0 || n < 0 || k < 0 || lda < (ra > 1 ? ra : 1) || ldb < (rb > 1 ? rb : 1) || ldc < (m > 1 ? m : 1)) return 7;
+    return 0;
+}
+int cublasSgemm_v2(Handle, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
+                   const float* B, int ldb, const float* beta, float* C, int ldc) {
+    if (int e = check_ld(ta, tb, m, n, k, lda, ldb, ldc)) return e;
+    sgemm1(ta, tb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
+    return 0;
+}
+int cublasSgemmStridedBatched(Handle, int ta, int tb, int m, int n, int k, const float* alpha, const float* A,
+                              int lda, long long sa, const float* B, int ldb, long long sb, const float* beta,
+                              float* C, int ldc, long long sc, int batch) {
+    if (int e = check_ld(ta, tb, m, n, k, lda, ldb, ldc)) return e;
+    for (int i = 0; i < batch; ++i) sgemm1(ta, tb, m, n, k, *alpha, A + i * sa, lda, B + i * sb, ldb, *beta, C + i * sc, ldc);
+    return 0;
+}
+}
+"###;
+
+#[test]
+fn every_device_test_on_a_cpu_emulated_device() {
+    if emulated() {
+        return;
+    }
+    if std::process::Command::new("c++").arg("--version").output().is_err() {
+        println!("skipped: no host C++ compiler to build the CUDA emulator");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("autopar-cuda-emu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("fake.cpp"), FAKE_CUDA).unwrap();
+    let built = std::process::Command::new("c++")
+        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-o"])
+        .arg(dir.join("libcuda.so"))
+        .arg(dir.join("fake.cpp"))
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "building the emulator:\n{}", String::from_utf8_lossy(&built.stderr));
+    for name in ["libnvrtc.so", "libcublas.so"] {
+        std::fs::copy(dir.join("libcuda.so"), dir.join(name)).unwrap();
+    }
+    let mut path = std::ffi::OsString::from(&dir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let run = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--test-threads=2", "--nocapture", "--skip", "every_device_test_on_a_cpu_emulated_device"])
+        .env("LD_LIBRARY_PATH", path)
+        .env(EMULATED, "1")
+        .env("AUTOPAR_FAKE_CUDA_DIR", &dir)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the suite failed on the emulated device:\n{out}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(out.contains("CPU-emulated device"), "the emulated device was not used:\n{out}");
+    assert!(!out.contains("skipped: no CUDA device"), "device tests skipped on the emulated device:\n{out}");
+    println!("{}", out.lines().filter(|l| l.starts_with("test result")).collect::<Vec<_>>().join("\n"));
+}
