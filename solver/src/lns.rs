@@ -100,16 +100,18 @@ pub(crate) fn solve_region(
             }
         }
     }
-    // Memory rows over the segments where the set of live region nodes is constant.
+    // Memory rows over the segments where the set of live region pieces is constant.
     let mut bounds: Vec<usize> = Vec::new();
-    let mut mem_nodes = Vec::new();
+    // Pieces of region nodes whose usage depends on the strategy: (position in region, piece).
+    let mut mem_pieces = Vec::new();
     for (p, &i) in region.iter().enumerate() {
-        let (a, b) = m.range[i];
-        let us = m.usages(i);
-        if a < b && us.iter().any(|&u| u != us[0]) {
-            bounds.push(a);
-            bounds.push(b);
-            mem_nodes.push(p);
+        for pc in m.pieces(i) {
+            let us = m.piece_usages(i, pc);
+            if us.iter().any(|&u| u != us[0]) {
+                bounds.push(pc.l);
+                bounds.push(pc.r);
+                mem_pieces.push((p, *pc));
+            }
         }
     }
     bounds.sort_unstable();
@@ -119,13 +121,12 @@ pub(crate) fn solve_region(
         let mut fixed_here = st.usage_max(p, q);
         let mut terms = Vec::new();
         let mut worst = 0i64;
-        for &pi in &mem_nodes {
-            let i = region[pi];
-            let (a, b) = m.range[i];
-            if !(a <= p && p < b) {
+        for &(pi, pc) in &mem_pieces {
+            if !(pc.l <= p && p < pc.r) {
                 continue;
             }
-            let us = m.usages(i);
+            let i = region[pi];
+            let us = m.piece_usages(i, &pc);
             let lo = us.iter().copied().min().unwrap_or(0);
             let hi = us.iter().copied().max().unwrap_or(0);
             fixed_here -= us[st.x[i]] - lo;

@@ -383,16 +383,7 @@ fn restricted_ilp(p: &Problem, m: &Model, x: &[usize], time_limit: Duration, rou
     };
     let sub = Problem {
         name: p.name.clone(),
-        nodes: p
-            .nodes
-            .iter()
-            .zip(&keep)
-            .map(|(n, k)| crate::problem::Node {
-                interval: n.interval,
-                costs: k.iter().map(|&s| n.costs[s]).collect(),
-                usages: k.iter().map(|&s| n.usages[s]).collect(),
-            })
-            .collect(),
+        nodes: p.nodes.iter().zip(&keep).map(|(n, k)| n.restricted(k)).collect(),
         edges: p
             .edges
             .iter()
