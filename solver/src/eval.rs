@@ -59,6 +59,22 @@ impl Problem {
     }
 }
 
+impl Problem {
+    /// The largest peak usage any solution can reach (every interval at its largest usage; an
+    /// upper bound, exact when one strategy is largest in all of a node's intervals). When it is
+    /// within the limit, memory cannot bind.
+    pub fn max_peak_usage(&self) -> u128 {
+        let lives =
+            self.nodes.iter().flat_map(|n| n.lives().map(|(iv, us)| (iv, us.iter().copied().max().unwrap_or(0))));
+        usage_profile(lives, None).0
+    }
+
+    /// Whether some solution could exceed the usage limit.
+    pub fn memory_may_bind(&self) -> bool {
+        self.usage_limit.is_some_and(|l| self.max_peak_usage() > l as u128)
+    }
+}
+
 /// Sweeps the `(interval, usage)` pairs: returns (peak, first time of peak, first time above
 /// `limit`).
 fn usage_profile(lives: impl Iterator<Item = ((u64, u64), u64)>, limit: Option<u64>) -> (u128, u64, Option<u64>) {

@@ -208,31 +208,42 @@ pub struct Size {
 impl Problem {
     /// Nodes, edges, strategies and ILP variables (before reductions).
     pub fn size(&self) -> Size {
-        let mut finite: HashMap<(usize, usize), Vec<bool>> = HashMap::new();
-        for e in &self.edges {
-            let (a, b) = e.nodes;
-            if a == b {
-                continue;
-            }
-            let kb = self.nodes[b].strategies();
-            let (lo, hi) = (a.min(b), a.max(b));
-            let khi = self.nodes[hi].strategies();
-            let m = finite.entry((lo, hi)).or_insert_with(|| vec![true; self.nodes[lo].strategies() * khi]);
-            for (j, &c) in e.costs.iter().enumerate() {
-                if c >= crate::reduce::INFINITE {
-                    let (sa, sb) = (j / kb, j % kb);
-                    let at = if a == lo { sa * khi + sb } else { sb * khi + sa };
-                    m[at] = false;
+        let k = |i: usize| self.nodes[i].strategies();
+        // Edges grouped by node pair; a pair's entry is finite when every parallel edge's is.
+        let mut order: Vec<usize> =
+            (0..self.edges.len()).filter(|&e| self.edges[e].nodes.0 != self.edges[e].nodes.1).collect();
+        let pair = |e: usize| {
+            let (a, b) = self.edges[e].nodes;
+            (a.min(b), a.max(b))
+        };
+        order.sort_by_key(|&e| pair(e));
+        let (mut edges, mut finite) = (0, 0);
+        let mut at = 0;
+        while at < order.len() {
+            let (lo, hi) = pair(order[at]);
+            let end = at + order[at..].iter().take_while(|&&e| pair(e) == (lo, hi)).count();
+            edges += 1;
+            if end == at + 1 {
+                finite += self.edges[order[at]].costs.iter().filter(|&&c| c < crate::reduce::INFINITE).count();
+            } else {
+                let khi = k(hi);
+                let mut ok = vec![true; k(lo) * khi];
+                for &e in &order[at..end] {
+                    let (a, b) = self.edges[e].nodes;
+                    let kb = k(b);
+                    for (j, &c) in self.edges[e].costs.iter().enumerate() {
+                        if c >= crate::reduce::INFINITE {
+                            let (sa, sb) = (j / kb, j % kb);
+                            ok[if a == lo { sa * khi + sb } else { sb * khi + sa }] = false;
+                        }
+                    }
                 }
+                finite += ok.iter().filter(|&&f| f).count();
             }
+            at = end;
         }
         let strategies = self.total_strategies();
-        Size {
-            nodes: self.nodes.len(),
-            edges: finite.len(),
-            strategies,
-            variables: strategies + finite.values().map(|m| m.iter().filter(|&&f| f).count()).sum::<usize>(),
-        }
+        Size { nodes: self.nodes.len(), edges, strategies, variables: strategies + finite }
     }
 }
 

@@ -159,7 +159,19 @@ impl MipBackend for Cbc {
                 }
             }
         }
-        match model.solve() {
+        let t_build = waiting.elapsed();
+        let solved = model.solve();
+        if std::env::var_os("SOLVER_DEBUG").is_some() {
+            eprintln!(
+                "cbc: {} vars {} rows, built in {:?}, solved in {:?} (limit {:?})",
+                mip.vars.len(),
+                mip.constraints.len(),
+                t_build,
+                waiting.elapsed() - t_build,
+                time_limit
+            );
+        }
+        match solved {
             Ok(sol) => {
                 let status = match sol.status() {
                     good_lp::SolutionStatus::Optimal => MipStatus::Optimal,

@@ -7,7 +7,8 @@
 //! disjoint, sorted [`Piece`]s of those steps, each with a usage per strategy: one piece for an
 //! IOPDDL node (its interval), several for a node with several live intervals (where intervals
 //! overlap, their usages add up). Checking usage at these steps is exactly checking it at every
-//! time step.
+//! time step. When the limit cannot bind at all ([`Problem::memory_may_bind`]), there are no
+//! steps and no pieces.
 
 use std::collections::HashMap;
 
@@ -120,7 +121,12 @@ impl Model {
         for node in &p.nodes {
             cost.extend(node.costs.iter().map(|&c| c as f64));
         }
-        let (steps, pieces, piece_start, pusage) = compress_time(p, cap);
+        // When the limit cannot bind, memory is left out altogether.
+        let (steps, pieces, piece_start, pusage) = if p.memory_may_bind() {
+            compress_time(p, cap)
+        } else {
+            (Vec::new(), Vec::new(), vec![0; n + 1], Vec::new())
+        };
         let mut usage: Vec<i64> = Vec::with_capacity(acc);
         for (i, node) in p.nodes.iter().enumerate() {
             let ps = &pieces[piece_start[i]..piece_start[i + 1]];

@@ -96,6 +96,17 @@ impl<'m> State<'m> {
         })
     }
 
+    /// Whether node `i` can take strategy `s` without going over the limit at any of its steps
+    /// outside the piece that holds step `t`.
+    fn fits_elsewhere(&self, i: usize, s: usize, t: usize) -> bool {
+        let m = self.m;
+        let cur = self.x[i];
+        m.pieces(i).iter().filter(|p| !(p.l <= t && t < p.r)).all(|p| {
+            let du = m.pusage[p.u + s] - m.pusage[p.u + cur];
+            du <= 0 || self.seg.max(p.l, p.r) + du <= m.limit
+        })
+    }
+
     /// One sweep of best-improvement node moves on `cost + pen * usage` (`pen` per strategy, see
     /// [`penalties`]), with the memory limit enforced when `feasible_only`. Returns the number of
     /// moves.
@@ -219,7 +230,9 @@ impl<'m> State<'m> {
                 Self::local_into(m, &self.x, i, &mut buf);
                 let o = m.off[i];
                 for s in 0..m.k[i] {
-                    if us[s] >= us[cur] {
+                    // Less memory here, and not over the limit at the node's other steps (a
+                    // node with several pieces could otherwise move the excess back and forth).
+                    if us[s] >= us[cur] || !self.fits_elsewhere(i, s, t) {
                         continue;
                     }
                     let gain = (us[cur] - us[s]).min(excess) as f64;
@@ -801,6 +814,9 @@ pub(crate) struct SearchConfig<'a> {
     pub seed: u64,
     /// Stop early when this cost is reached (a proven lower bound).
     pub target: f64,
+    /// Also stop when the best cost is within this relative gap of the best lower bound
+    /// (`target` or a Lagrangian bound of any thread): `cost - bound <= gap * cost`.
+    pub gap: f64,
     /// Re-optimise regions with this MIP back end (large-neighbourhood search).
     pub lns: Option<&'a dyn MipBackend>,
     /// Best solution shared between threads.
@@ -822,6 +838,11 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         }
     };
     let shared_best = || cfg.shared.lock().ok().and_then(|g| g.clone());
+    // The best cost is close enough to the best bound known.
+    let done = |cost: f64| {
+        let bound = cfg.bound.lock().map_or(cfg.target, |b| b.max(cfg.target));
+        cost <= bound + 1e-9 * bound.abs().max(1.0) || (cfg.gap > 0.0 && cost - bound <= cfg.gap * cost.abs())
+    };
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let n = m.n;
     let start = Instant::now();
@@ -978,7 +999,12 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             improved_at = iter;
             last_best = now_best;
         }
-        // Stop when out of time or when the best has not improved for a while.
+        // Stop when out of time, when the best is within the gap of the bound, or when the best
+        // has not improved for a while.
+        if best.as_ref().is_some_and(|b| done(b.1)) {
+            publish(&best);
+            return best;
+        }
         let over = prof.iter().any(|&u| u > m.limit);
         if was_over.is_some_and(|w| w != over) {
             delta = (delta * 0.6).max(0.01);
@@ -1056,7 +1082,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     }
     while Instant::now() < cfg.deadline && !order.is_empty() {
         rounds += 1;
-        if st.cost <= cfg.target + 1e-9 * cfg.target.abs().max(1.0) {
+        if done(st.cost) {
             break;
         }
         let before = st.cost;
@@ -1104,6 +1130,10 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                 in_region[v] = false;
             }
             lns_solves += 1;
+            // A region that holds every free node, solved to optimality, solves the problem.
+            if region.len() >= order.len() && out.as_ref().is_ok_and(|o| o.optimal) && st.feasible() {
+                break;
+            }
             let took = t0.elapsed();
             if took > lns_limit.mul_f64(1.5) {
                 overrun = (overrun * took.as_secs_f64() / lns_limit.as_secs_f64().max(1e-3)).min(16.0);
