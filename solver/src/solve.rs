@@ -154,7 +154,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             if std::env::var_os("SOLVER_DEBUG").is_some() {
                 eprintln!("ilp from a search start, budget {budget:?}");
             }
-            let cbc = Cbc { no_preprocess: true };
+            // With a gap to stop at (planning), the start is usually near-optimal: a quick CBC.
+            let cbc = Cbc { no_preprocess: true, quick: (opts.gap > 0.0).then_some(opts.gap) };
             let out = crate::lns::solve_region(&m, &mut st, &region, &in_region, &cbc, budget)?;
             if out.bound.is_finite() {
                 bound = bound.max(out.bound);
@@ -311,7 +312,7 @@ fn run_search(
     let threads = opts.threads.max(1);
     let shared = std::sync::Mutex::new(None);
     let lagrangian = std::sync::Mutex::new(f64::NEG_INFINITY);
-    let cbc = Cbc { no_preprocess: true };
+    let cbc = Cbc { no_preprocess: true, quick: None };
     let results: Vec<Option<(Vec<usize>, f64)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -451,7 +452,7 @@ fn restricted_ilp(p: &Problem, m: &Model, x: &[usize], time_limit: Duration, rou
             st.cost
         );
     }
-    let cbc = Cbc { no_preprocess: true };
+    let cbc = Cbc { no_preprocess: true, quick: None };
     crate::lns::solve_region(&ms, &mut st, &region, &in_region, &cbc, time_limit).ok()?;
     Some((0..m.n).map(|i| keep[i][st.x[i]]).collect())
 }
