@@ -12,7 +12,7 @@ use ir::{Graph, NodeIndex, Op, Value};
 use serde::{Deserialize, Serialize};
 use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec};
 
-use crate::problem::{Baseline, Built, FORBIDDEN, build};
+use crate::problem::{Baseline, Built, FORBIDDEN, Grouping, build};
 use crate::{Error, Result, fmt_bytes};
 
 /// The plan format's version.
@@ -32,10 +32,13 @@ pub struct PlanOptions {
     /// With `Auto`, also solve the manual baselines and keep the best plan (each is a feasible
     /// plan of the unrestricted problem), so the result is never worse than them.
     pub compare_baselines: bool,
-    /// Tie the strategies of repeated layers (the same op in every transformer block) with
-    /// equality edges. Off by default: on generated GPTs of 12-96 layers it gave slightly worse
-    /// plans in no less time (BENCHMARKS.md); shared decision variables need solver support.
+    /// Repeated layers (the same ops in every transformer block) share one decision per op in
+    /// the solver's problem (see [`crate::problem`]): the solver sees one layer whatever the
+    /// depth. On by default (BENCHMARKS.md: same or better plans, much faster).
     pub tie_layers: bool,
+    /// Merge follow ops (elementwise, reshape, ...) into their producers' decisions where that
+    /// provably keeps the optimum (see [`crate::problem`]).
+    pub merge_followers: bool,
 }
 
 impl Default for PlanOptions {
@@ -46,7 +49,8 @@ impl Default for PlanOptions {
             time_limit: Duration::from_secs(5),
             threads: 1,
             compare_baselines: true,
-            tie_layers: false,
+            tie_layers: true,
+            merge_followers: true,
         }
     }
 }
@@ -225,6 +229,14 @@ pub struct SolverInfo {
     pub chosen: Baseline,
     /// Step seconds of each plan solved (auto and the baselines compared), by name.
     pub compared: BTreeMap<String, Option<f64>>,
+    /// Size of the chosen restriction's problem at each stage: `built` (one node per op),
+    /// `merged` (after exact ties and follow-op merging), `tied` (after sharing repeated
+    /// layers' decisions). The status and bound are over the plans the last one allows.
+    #[serde(default)]
+    pub sizes: BTreeMap<String, solver::Size>,
+    /// Wall seconds of each planning stage (`build`, `solve auto`, `solve dp`, ..., `lower`).
+    #[serde(default)]
+    pub timings: BTreeMap<String, f64>,
 }
 
 /// A distributed training plan (see the module docs).
@@ -276,15 +288,57 @@ struct Solved {
     solution: Vec<usize>,
     status: String,
     bound: u128,
+    /// Problem sizes by stage (see [`SolverInfo::sizes`]).
+    sizes: BTreeMap<String, solver::Size>,
+    /// Nodes sharing a repeated layer's decision.
+    tied: usize,
 }
 
-fn solve_one(b: &Built, opts: &PlanOptions, limit: Duration) -> Result<Solved> {
-    let so = solver::SolveOptions { time_limit: limit, threads: opts.threads.max(1), ..Default::default() };
-    let r = solver::solve(&b.problem, &so)?;
-    if r.cost >= FORBIDDEN as u128 {
+/// Solves stop once within this relative gap of their lower bound (0.001%).
+const GAP: f64 = 1e-5;
+
+/// Solves `b` folded by the groups `opts` asks for, and expands the solution to every node.
+/// With `report`, also measures the problem's size at every stage.
+fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: bool) -> Result<Solved> {
+    let start = Instant::now();
+    // Infeasibility is decided on the problem as built (its minimum peak is exact).
+    if let Some(cap) = b.problem.usage_limit {
+        let (min_peak, time) = b.problem.min_peak_usage();
+        if min_peak > cap as u128 {
+            return Err(solver::Error::Infeasible { min_peak, time, limit: cap }.into());
+        }
+    }
+    let how = Grouping { merge_followers: opts.merge_followers, tie_layers: opts.tie_layers };
+    let folding = b.fold(g, how)?;
+    let mut sizes = BTreeMap::new();
+    if report {
+        sizes.insert("built".to_string(), b.problem.size());
+        if how.tie_layers {
+            let merged = b.fold(g, Grouping { tie_layers: false, ..how })?;
+            sizes.insert("merged".into(), merged.folded.problem.size());
+            sizes.insert("tied".into(), folding.folded.problem.size());
+        } else {
+            sizes.insert("merged".into(), folding.folded.problem.size());
+        }
+    }
+    let so = solver::SolveOptions { time_limit: limit, threads: opts.threads.max(1), gap: GAP, ..Default::default() };
+    let folded = &folding.folded;
+    let grouped = folded.problem.nodes.len() < b.problem.nodes.len();
+    let (solution, r) = match solver::solve(&folded.problem, &so) {
+        Ok(r) => (folded.expand(&r.solution)?, r),
+        // Sharing decisions can rule out every plan that fits (the folded problem's minimum
+        // peak is only a bound): solve the problem as built in the time left.
+        Err(solver::Error::Infeasible { .. } | solver::Error::Internal(_)) if grouped => {
+            let left = limit.saturating_sub(start.elapsed()).max(limit / 4);
+            let r = solver::solve(&b.problem, &solver::SolveOptions { time_limit: left, ..so })?;
+            (r.solution.clone(), r)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if b.problem.evaluate(&solution)?.cost >= FORBIDDEN as u128 {
         return Err(Error::Internal("the solver's plan breaks a parameter/update tie".into()));
     }
-    Ok(Solved { solution: r.solution, status: format!("{:?}", r.status), bound: r.lower_bound })
+    Ok(Solved { solution, status: format!("{:?}", r.status), bound: r.lower_bound, sizes, tied: folding.tied })
 }
 
 /// Maps a solution of a restricted problem onto the unrestricted one (strategies are subsets).
@@ -342,28 +396,38 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     let t0 = Instant::now();
+    let mut timings = BTreeMap::new();
+    let mut lap = {
+        let mut last = Instant::now();
+        move |timings: &mut BTreeMap<String, f64>, stage: &str| {
+            timings.insert(stage.to_string(), last.elapsed().as_secs_f64());
+            last = Instant::now();
+        }
+    };
     let g = canonical(graph)?;
-    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget), opts.tie_layers)?;
+    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    lap(&mut timings, "build");
+    let (min_peak, _) = main.problem.min_peak_usage();
+    if min_peak > opts.budget as u128 {
+        return Err(infeasible(&main, &g, opts.budget, min_peak));
+    }
     let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
         vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]
     } else {
         vec![]
     };
-    let share = opts.time_limit / (1 + others.len() as u32);
-    let first = match solve_one(&main, opts, share) {
-        Ok(s) => s,
-        Err(Error::Solver(solver::Error::Infeasible { min_peak, .. })) => {
-            return Err(infeasible(&main, &g, opts.budget, min_peak));
-        }
-        Err(e) => return Err(e),
-    };
-    let cost_of = |sol: &[usize]| -> Result<u128> { Ok(main.problem.evaluate(sol)?.cost) };
-    let mut best = (cost_of(&first.solution)?, first.solution.clone(), opts.baseline);
+    // The time limit is shared: each solve gets its part of what is left (the auto solve two
+    // parts), so time a solve does not need goes to the next ones.
+    let deadline = Instant::now() + opts.time_limit;
+    let share = |parts: u32, of: u32| deadline.saturating_duration_since(Instant::now()) * parts / of.max(1);
+    // The baselines first (they are small and quick), then auto with what is left.
     let mut compared = BTreeMap::new();
-    compared.insert(opts.baseline.name().to_string(), Some(best.0 as f64 * 1e-12));
-    for b in others {
+    let mut results: Vec<(u128, Vec<usize>, Baseline)> = vec![];
+    for (i, &b) in others.iter().enumerate() {
         let built = main.restrict(&g, mesh, b)?;
-        let r = solve_one(&built, opts, share).ok().and_then(|s| map_solution(&built, &main, &s.solution));
+        let r = solve_one(&built, &g, opts, share(1, (others.len() - i) as u32 + 2), false)
+            .ok()
+            .and_then(|s| map_solution(&built, &main, &s.solution));
         let c = match &r {
             Some(sol) => {
                 let ev = main.problem.evaluate(sol)?;
@@ -372,9 +436,26 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             None => None,
         };
         compared.insert(b.name().to_string(), c.map(|c| c as f64 * 1e-12));
-        if let (Some(c), Some(sol)) = (c, r)
-            && c < best.0
-        {
+        if let (Some(c), Some(sol)) = (c, r) {
+            results.push((c, sol, b));
+        }
+        lap(&mut timings, &format!("solve {}", b.name()));
+    }
+    // Auto gets what is left, and at least a quarter of the limit when the baselines overran.
+    let first = match solve_one(&main, &g, opts, share(1, 1).max(opts.time_limit / 4), true) {
+        Ok(s) => s,
+        Err(Error::Solver(solver::Error::Infeasible { min_peak, .. })) => {
+            return Err(infeasible(&main, &g, opts.budget, min_peak));
+        }
+        Err(e) => return Err(e),
+    };
+    lap(&mut timings, &format!("solve {}", opts.baseline.name()));
+    let own = main.problem.evaluate(&first.solution)?.cost;
+    compared.insert(opts.baseline.name().to_string(), Some(own as f64 * 1e-12));
+    // The cheapest plan; the solver's own on ties.
+    let mut best = (own, first.solution.clone(), opts.baseline);
+    for (c, sol, b) in results {
+        if c < best.0 {
             best = (c, sol, b);
         }
     }
@@ -392,12 +473,17 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         seconds: t0.elapsed().as_secs_f64(),
         nodes: main.problem.nodes.len(),
         edges: main.problem.edges.len(),
-        tied: main.tied,
+        tied: first.tied,
         strategies: main.problem.total_strategies(),
         chosen: best.2,
         compared,
+        sizes: first.sizes,
+        timings: timings.clone(),
     };
-    lower(&g, mesh, profile, opts, &main, &best.1, ev.peak_usage as u64, solver_info)
+    let mut plan = lower(&g, mesh, profile, opts, &main, &best.1, ev.peak_usage as u64, solver_info)?;
+    lap(&mut timings, "lower");
+    plan.solver.timings = timings;
+    Ok(plan)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -412,7 +498,8 @@ fn lower(
     solver_info: SolverInfo,
 ) -> Result<Plan> {
     let pos: HashMap<NodeIndex, usize> = b.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let chosen = |n: NodeIndex| &b.strategies[pos[&n]][sol[pos[&n]]];
+    let picked = b.chosen(sol);
+    let chosen = |n: NodeIndex| picked[pos[&n]];
     // Last step at which each value is read.
     let mut last_use: HashMap<String, usize> = HashMap::new();
     for (i, &n) in b.nodes.iter().enumerate() {

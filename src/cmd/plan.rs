@@ -48,10 +48,17 @@ pub struct PlanArgs {
     /// Solver threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Tie repeated layers: the same op of every transformer block gets the same strategy
-    /// (equality edges between consecutive blocks).
-    #[arg(long)]
+    /// Tie repeated layers: the same op of every transformer block shares one decision in the
+    /// solver (the default).
+    #[arg(long, overrides_with = "no_tie_layers")]
     pub tie_layers: bool,
+    /// Solve every layer's ops separately (for comparison).
+    #[arg(long)]
+    pub no_tie_layers: bool,
+    /// Do not merge follow ops (elementwise, reshape, ...) into their producers' decisions
+    /// (for comparison).
+    #[arg(long)]
+    pub no_merge: bool,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -119,7 +126,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         time_limit: Duration::from_secs_f64(a.time_limit),
         threads: a.threads.max(1),
         compare_baselines: true,
-        tie_layers: a.tie_layers,
+        tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
+        merge_followers: !a.no_merge,
     };
     let plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
