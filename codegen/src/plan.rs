@@ -12,7 +12,7 @@ use ir::{Graph, NodeIndex, Op, Value};
 use serde::{Deserialize, Serialize};
 use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec};
 
-use crate::problem::{Baseline, Built, FORBIDDEN, Grouping, build};
+use crate::problem::{Baseline, Built, FORBIDDEN, Grouping, Merge, build};
 use crate::{Error, Result, fmt_bytes};
 
 /// The plan format's version.
@@ -36,9 +36,9 @@ pub struct PlanOptions {
     /// the solver's problem (see [`crate::problem`]): the solver sees one layer whatever the
     /// depth. On by default (BENCHMARKS.md: same or better plans, much faster).
     pub tie_layers: bool,
-    /// Merge follow ops (elementwise, reshape, ...) into their producers' decisions where that
-    /// provably keeps the optimum (see [`crate::problem`]).
-    pub merge_followers: bool,
+    /// Which follow ops (elementwise, reshape, ...) join their producers' decisions; by default
+    /// those where that provably keeps the optimum (see [`crate::problem`]).
+    pub merge: Merge,
 }
 
 impl Default for PlanOptions {
@@ -50,7 +50,7 @@ impl Default for PlanOptions {
             threads: 1,
             compare_baselines: true,
             tie_layers: true,
-            merge_followers: true,
+            merge: Merge::Proven,
         }
     }
 }
@@ -308,7 +308,7 @@ fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: 
             return Err(solver::Error::Infeasible { min_peak, time, limit: cap }.into());
         }
     }
-    let how = Grouping { merge_followers: opts.merge_followers, tie_layers: opts.tie_layers };
+    let how = Grouping { merge: opts.merge, tie_layers: opts.tie_layers };
     let folding = b.fold(g, how)?;
     let mut sizes = BTreeMap::new();
     if report {

@@ -21,14 +21,15 @@
 //! - *exact ties*: a node whose strategy is a function of a neighbour's (every row of their edge
 //!   has exactly one allowed entry, as between a parameter, its update and its optimizer state)
 //!   joins the neighbour's group; this loses nothing;
-//! - *follow ops* (with `merge_followers`): an elementwise op, reshape, transpose, cast, slice,
-//!   split, reduction or softmax whose inputs are one producer's value plus much smaller ones
-//!   (a bias, a constant) joins that producer's group when, for each of the producer's
-//!   strategies, one of its responses provably does at least as well as any other whatever its
-//!   other neighbours choose (`proven_response`); this loses nothing either. (Taking the
-//!   cheapest response unconditionally, as Alpa does, merges far more but measured 0.35% worse
-//!   plans on GPT-2 small and 6% on a 96-layer GPT: the follower can no longer convert to a
-//!   layout its own consumers prefer. BENCHMARKS.md has the figures);
+//! - *follow ops* ([`Merge`]): an elementwise op, reshape, transpose, cast, slice, split,
+//!   reduction or softmax whose inputs are one producer's value plus much smaller ones (a bias,
+//!   a constant) joins that producer's group. With [`Merge::Proven`] (the default) only when,
+//!   for each of the producer's strategies, one of its responses provably does at least as well
+//!   as any other whatever its other neighbours choose (`proven_response`), so this loses
+//!   nothing either. [`Merge::Cheapest`] takes the cheapest response unconditionally, as Alpa
+//!   does: it merges far more but the follower can no longer convert to a layout its own
+//!   consumers prefer (BENCHMARKS.md measures plans 0.35% worse on GPT-2 small and 6% worse on
+//!   a 96-layer GPT);
 //! - *repeated layers* (with `tie_layers`): the groups of the same ops in every transformer
 //!   block ([`layer_pattern`]), with identical strategy lists, become one group: the decision is
 //!   shared by every layer.
@@ -113,11 +114,35 @@ pub struct Folding {
     pub tied: usize,
 }
 
+/// Which follow ops join their producer's decision (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Merge {
+    /// None (exact ties only).
+    Off,
+    /// Those for which a response is proven at least as good as any other (keeps the optimum).
+    #[default]
+    Proven,
+    /// All of them, each with its cheapest response (Alpa's follow; can lose several percent).
+    Cheapest,
+}
+
+impl std::str::FromStr for Merge {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Merge, String> {
+        match s {
+            "off" => Ok(Merge::Off),
+            "proven" => Ok(Merge::Proven),
+            "cheapest" => Ok(Merge::Cheapest),
+            _ => Err(format!("unknown merge mode `{s}` (off, proven, cheapest)")),
+        }
+    }
+}
+
 /// How [`Built::groups`] groups the problem's nodes (exact ties always).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Grouping {
-    /// Merge follow ops into their producers.
-    pub merge_followers: bool,
+    /// Which follow ops join their producers.
+    pub merge: Merge,
     /// Share the decisions of repeated layers.
     pub tie_layers: bool,
 }
@@ -292,10 +317,8 @@ impl Built {
                 }
             }
         }
-        // Follow ops: each of the producer's strategies fixes the follower's, when one response
-        // provably does at least as well as any other whatever the follower's other neighbours
-        // choose (see `proven_response`).
-        if how.merge_followers {
+        // Follow ops: each of the producer's strategies fixes the follower's (see `Merge`).
+        if how.merge != Merge::Off {
             let pos: HashMap<NodeIndex, usize> = self.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
             let mut incident: Vec<Vec<usize>> = vec![Vec::new(); n];
             for (i, e) in self.problem.edges.iter().enumerate() {
@@ -312,7 +335,11 @@ impl Built {
                     .map(|&i| &self.problem.edges[i])
                     .filter(|o| o.nodes.0 != o.nodes.1)
                     .collect();
-                let f = proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds);
+                let f = if how.merge == Merge::Cheapest {
+                    Some(cheapest_response(&self.problem, &k, &self.problem.edges[main], u, v))
+                } else {
+                    proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds)
+                };
                 if let Some(f) = f {
                     forest.attach(v, u, f);
                 }
@@ -373,6 +400,19 @@ impl Built {
         groups.extend(trees.into_iter().enumerate().filter(|(t, m)| !in_tie[*t] && m.len() > 1).map(|(_, m)| m));
         Groups { groups, tied }
     }
+}
+
+/// For each strategy `su` of `u`, the cheapest strategy of its follower `v`: own cost plus the
+/// conversion from `u`'s output (then less memory, then the lower index).
+fn cheapest_response(p: &solver::Problem, k: &[usize], main: &solver::Edge, u: usize, v: usize) -> Vec<usize> {
+    let node = &p.nodes[v];
+    let entry =
+        |su: usize, t: usize| if main.nodes.0 == u { main.costs[su * k[v] + t] } else { main.costs[t * k[u] + su] };
+    (0..k[u])
+        .map(|su| {
+            (0..k[v]).min_by_key(|&t| (node.costs[t].saturating_add(entry(su, t)), node.usages[t], t)).unwrap_or(0)
+        })
+        .collect()
 }
 
 /// For each strategy `su` of `u`, a strategy `a` of its follower `v` that does at least as well

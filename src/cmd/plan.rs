@@ -55,10 +55,11 @@ pub struct PlanArgs {
     /// Solve every layer's ops separately (for comparison).
     #[arg(long)]
     pub no_tie_layers: bool,
-    /// Do not merge follow ops (elementwise, reshape, ...) into their producers' decisions
-    /// (for comparison).
-    #[arg(long)]
-    pub no_merge: bool,
+    /// Which follow ops (elementwise, reshape, ...) join their producers' decisions: `proven`
+    /// (where that provably keeps the optimum), `off`, or `cheapest` (all, each with its cheapest
+    /// response, as Alpa does; smaller problems, worse plans). For comparison.
+    #[arg(long, default_value = "proven", value_name = "MODE")]
+    pub merge: String,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -127,7 +128,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         threads: a.threads.max(1),
         compare_baselines: true,
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
-        merge_followers: !a.no_merge,
+        merge: a.merge.parse().map_err(anyhow::Error::msg)?,
     };
     let plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;

@@ -266,22 +266,23 @@ fn tied_layers_choose_the_same_strategies() -> Result<()> {
     Ok(())
 }
 
-/// Folding (exact ties, proven follow ops, tied layers) is exact for the plans it allows: every
+/// Folding (exact ties, follow ops, tied layers) is exact for the plans it allows: every
 /// solution of the folded problem expands to a solution of the built problem with the same cost
 /// and peak, tied ops of both gpt2-tiny blocks take the same strategy, and each stage shrinks
 /// the problem.
 #[test]
 fn folded_solutions_expand_with_the_same_cost() -> Result<()> {
-    use codegen::problem::{Grouping, build, layer_pattern};
+    use codegen::problem::{Grouping, Merge, build, layer_pattern};
     let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
     let mesh = DeviceMesh::parse("2x2", &cpu)?;
     let g = codegen::plan::canonical(&training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?)?;
     // A budget that binds for some plans, so memory stays in the problem.
     let b = build(&g, &mesh, &cpu, Baseline::Auto, Some(6 << 20))?;
     ensure!(b.problem.memory_may_bind(), "the budget should be able to bind");
-    let exact = b.fold(&g, Grouping { merge_followers: false, tie_layers: false })?;
-    let merged = b.fold(&g, Grouping { merge_followers: true, tie_layers: false })?;
-    let tied = b.fold(&g, Grouping { merge_followers: true, tie_layers: true })?;
+    let exact = b.fold(&g, Grouping { merge: Merge::Off, tie_layers: false })?;
+    let merged = b.fold(&g, Grouping { merge: Merge::Proven, tie_layers: false })?;
+    let cheapest = b.fold(&g, Grouping { merge: Merge::Cheapest, tie_layers: false })?;
+    let tied = b.fold(&g, Grouping { merge: Merge::Proven, tie_layers: true })?;
     let n = |f: &codegen::problem::Folding| f.folded.problem.nodes.len();
     println!(
         "nodes: built {}, exact ties {}, merged {}, tied {}",
@@ -293,7 +294,7 @@ fn folded_solutions_expand_with_the_same_cost() -> Result<()> {
     ensure!(n(&exact) < b.problem.nodes.len() && n(&merged) <= n(&exact) && n(&tied) < n(&merged));
     ensure!(tied.tied > 50, "only {} nodes tied", tied.tied);
     let mut seed = 0x2545_f491_4f6c_dd1du64;
-    for f in [&exact, &merged, &tied] {
+    for f in [&exact, &merged, &cheapest, &tied] {
         let p = &f.folded.problem;
         for _ in 0..30 {
             let x: Vec<usize> = p
