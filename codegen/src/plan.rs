@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec};
 
 use crate::checkpoint::CheckpointReport;
-use crate::problem::{Baseline, Built, FORBIDDEN, build};
+use crate::problem::{Baseline, Built, FORBIDDEN, Grouping, Merge, build};
 use crate::{Error, Result, fmt_bytes};
 
 /// The plan format's version.
@@ -36,10 +36,13 @@ pub struct PlanOptions {
     /// Recompute activations during backward when the program's peak exceeds the budget
     /// ([`crate::checkpoint`]).
     pub checkpoint: bool,
-    /// Tie the strategies of repeated layers (the same op in every transformer block) with
-    /// equality edges. Off by default: on generated GPTs of 12-96 layers it gave slightly worse
-    /// plans in no less time (BENCHMARKS.md); shared decision variables need solver support.
+    /// Repeated layers (the same ops in every transformer block) share one decision per op in
+    /// the solver's problem (see [`crate::problem`]): the solver sees one layer whatever the
+    /// depth. On by default (BENCHMARKS.md: same or better plans, much faster).
     pub tie_layers: bool,
+    /// Which follow ops (elementwise, reshape, ...) join their producers' decisions; by default
+    /// those where that provably keeps the optimum (see [`crate::problem`]).
+    pub merge: Merge,
 }
 
 impl Default for PlanOptions {
@@ -51,7 +54,8 @@ impl Default for PlanOptions {
             threads: 1,
             compare_baselines: true,
             checkpoint: true,
-            tie_layers: false,
+            tie_layers: true,
+            merge: Merge::Proven,
         }
     }
 }
@@ -253,6 +257,14 @@ pub struct SolverInfo {
     /// Solver rounds: more than one when stage two sent the solver back with a tighter budget.
     #[serde(default)]
     pub rounds: usize,
+    /// Size of the chosen restriction's problem at each stage: `built` (one node per op),
+    /// `merged` (after exact ties and follow-op merging), `tied` (after sharing repeated
+    /// layers' decisions). The status and bound are over the plans the last one allows.
+    #[serde(default)]
+    pub sizes: BTreeMap<String, solver::Size>,
+    /// Wall seconds of each planning stage (`build`, `solve auto`, `solve dp`, ..., `lower`).
+    #[serde(default)]
+    pub timings: BTreeMap<String, f64>,
 }
 
 /// A distributed training plan (see the module docs).
@@ -304,15 +316,57 @@ struct Solved {
     solution: Vec<usize>,
     status: String,
     bound: u128,
+    /// Problem sizes by stage (see [`SolverInfo::sizes`]).
+    sizes: BTreeMap<String, solver::Size>,
+    /// Nodes sharing a repeated layer's decision.
+    tied: usize,
 }
 
-fn solve_one(b: &Built, opts: &PlanOptions, limit: Duration) -> Result<Solved> {
-    let so = solver::SolveOptions { time_limit: limit, threads: opts.threads.max(1), ..Default::default() };
-    let r = solver::solve(&b.problem, &so)?;
-    if r.cost >= FORBIDDEN as u128 {
+/// Solves stop once within this relative gap of their lower bound (0.001%).
+const GAP: f64 = 1e-5;
+
+/// Solves `b` folded by the groups `opts` asks for, and expands the solution to every node.
+/// With `report`, also measures the problem's size at every stage.
+fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: bool) -> Result<Solved> {
+    let start = Instant::now();
+    // Infeasibility is decided on the problem as built (its minimum peak is exact).
+    if let Some(cap) = b.problem.usage_limit {
+        let (min_peak, time) = b.problem.min_peak_usage();
+        if min_peak > cap as u128 {
+            return Err(solver::Error::Infeasible { min_peak, time, limit: cap }.into());
+        }
+    }
+    let how = Grouping { merge: opts.merge, tie_layers: opts.tie_layers };
+    let folding = b.fold(g, how)?;
+    let mut sizes = BTreeMap::new();
+    if report {
+        sizes.insert("built".to_string(), b.problem.size());
+        if how.tie_layers {
+            let merged = b.fold(g, Grouping { tie_layers: false, ..how })?;
+            sizes.insert("merged".into(), merged.folded.problem.size());
+            sizes.insert("tied".into(), folding.folded.problem.size());
+        } else {
+            sizes.insert("merged".into(), folding.folded.problem.size());
+        }
+    }
+    let so = solver::SolveOptions { time_limit: limit, threads: opts.threads.max(1), gap: GAP, ..Default::default() };
+    let folded = &folding.folded;
+    let grouped = folded.problem.nodes.len() < b.problem.nodes.len();
+    let (solution, r) = match solver::solve(&folded.problem, &so) {
+        Ok(r) => (folded.expand(&r.solution)?, r),
+        // Sharing decisions can rule out every plan that fits (the folded problem's minimum
+        // peak is only a bound): solve the problem as built in the time left.
+        Err(solver::Error::Infeasible { .. } | solver::Error::Internal(_)) if grouped => {
+            let left = limit.saturating_sub(start.elapsed()).max(limit / 4);
+            let r = solver::solve(&b.problem, &solver::SolveOptions { time_limit: left, ..so })?;
+            (r.solution.clone(), r)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if b.problem.evaluate(&solution)?.cost >= FORBIDDEN as u128 {
         return Err(Error::Internal("the solver's plan breaks a parameter/update tie".into()));
     }
-    Ok(Solved { solution: r.solution, status: format!("{:?}", r.status), bound: r.lower_bound })
+    Ok(Solved { solution, status: format!("{:?}", r.status), bound: r.lower_bound, sizes, tied: folding.tied })
 }
 
 /// Maps a solution of a restricted problem onto the unrestricted one (strategies are subsets).
@@ -370,15 +424,24 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     let t0 = Instant::now();
+    let mut timings = BTreeMap::new();
+    let mut lap = {
+        let mut last = Instant::now();
+        move |timings: &mut BTreeMap<String, f64>, stage: &str| {
+            *timings.entry(stage.to_string()).or_insert(0.0) += last.elapsed().as_secs_f64();
+            last = Instant::now();
+        }
+    };
     let g = canonical(graph)?;
-    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget), opts.tie_layers)?;
+    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    lap(&mut timings, "build");
     let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
         vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]
     } else {
         vec![]
     };
-    let restrictions: Vec<Baseline> = std::iter::once(opts.baseline).chain(others).collect();
-    let share = opts.time_limit / restrictions.len() as u32;
+    // The baselines first (they are small and quick), then auto with what is left.
+    let restrictions: Vec<Baseline> = others.iter().copied().chain(std::iter::once(opts.baseline)).collect();
     let budget = opts.budget;
     // The solver's model misses what the program adds (conversion copies) and what
     // recomputation removes, so every solution is lowered and its program's peak checked against
@@ -391,13 +454,22 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
     let mut rounds = 0;
     loop {
         rounds += 1;
+        // The time limit is shared within a round: each solve gets its part of what is left
+        // (auto two parts, and at least a quarter of the limit), so time a solve does not need
+        // goes to the next ones.
+        let deadline = Instant::now() + opts.time_limit;
         let mut candidates: Vec<(Baseline, Plan)> = vec![];
         let mut compared: BTreeMap<String, Option<f64>> = BTreeMap::new();
         let mut first: Option<Solved> = None;
-        for &b in &restrictions {
+        for (i, &b) in restrictions.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let own = b == opts.baseline;
+            let limit = if own { left.max(opts.time_limit / 4) } else { left / (restrictions.len() - i + 1) as u32 };
             let mut built = main.restrict(&g, mesh, b)?;
             built.problem.usage_limit = Some(solver_budget);
-            let solved = match solve_one(&built, opts, share) {
+            let solved = solve_one(&built, &g, opts, limit, own);
+            lap(&mut timings, &format!("solve {}", b.name()));
+            let solved = match solved {
                 Ok(s) => s,
                 // Under memory pressure the solver may find nothing in its time, or only plans
                 // that break a parameter/update tie (the restriction's smallest peak ignores the
@@ -407,7 +479,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
                     continue;
                 }
                 // A baseline that cannot be solved is only not compared.
-                Err(_) if b != opts.baseline => {
+                Err(_) if !own => {
                     compared.insert(b.name().to_string(), None);
                     continue;
                 }
@@ -426,13 +498,16 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
                 seconds: 0.0,
                 nodes: main.problem.nodes.len(),
                 edges: main.problem.edges.len(),
-                tied: main.tied,
+                tied: solved.tied,
                 strategies: main.problem.total_strategies(),
                 chosen: b,
                 compared: BTreeMap::new(),
                 rounds: 0,
+                sizes: BTreeMap::new(),
+                timings: BTreeMap::new(),
             };
             let p = lower(&g, mesh, profile, opts, &main, &sol, ev.peak_usage.min(u64::MAX as u128) as u64, info)?;
+            lap(&mut timings, "lower");
             let peak = p.estimate.peak_bytes_per_rank;
             if peak <= budget {
                 compared.insert(b.name().to_string(), Some(p.estimate.step_seconds));
@@ -443,7 +518,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
                     smallest = Some((peak, p));
                 }
             }
-            if b == opts.baseline {
+            if own {
                 first = Some(solved);
             }
         }
@@ -455,7 +530,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 {
                 "Optimal".into()
             } else if b == opts.baseline {
-                first.map_or_else(|| p.solver.status.clone(), |f| f.status)
+                first.as_ref().map_or_else(|| p.solver.status.clone(), |f| f.status.clone())
             } else {
                 "TimeLimit".into()
             };
@@ -463,6 +538,10 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             p.solver.seconds = t0.elapsed().as_secs_f64();
             p.solver.compared = compared;
             p.solver.rounds = rounds;
+            if let Some(f) = first {
+                p.solver.sizes = f.sizes;
+            }
+            p.solver.timings = timings;
             return Ok(p);
         }
         // Nothing fits: tighten the solver's budget by the smallest excess (stage two).
@@ -489,7 +568,8 @@ fn lower(
     solver_info: SolverInfo,
 ) -> Result<Plan> {
     let pos: HashMap<NodeIndex, usize> = b.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let chosen = |n: NodeIndex| &b.strategies[pos[&n]][sol[pos[&n]]];
+    let picked = b.chosen(sol);
+    let chosen = |n: NodeIndex| picked[pos[&n]];
     // Kept to the end of the step: outputs, updated values, constants, and parameters nobody
     // updates (frozen).
     // An updated parameter or state gives its storage up after its last read: its new value

@@ -14,6 +14,25 @@
 //!   with different specs are forbidden (cost 10^18).
 //!
 //! Costs are integers in picoseconds; usages are bytes.
+//!
+//! Before solving, [`Built::groups`] folds the problem ([`solver::fold`]) so that the solver sees
+//! one decision per group of nodes, each node keeping its own live interval:
+//!
+//! - *exact ties*: a node whose strategy is a function of a neighbour's (every row of their edge
+//!   has exactly one allowed entry, as between a parameter, its update and its optimizer state)
+//!   joins the neighbour's group; this loses nothing;
+//! - *follow ops* ([`Merge`]): an elementwise op, reshape, transpose, cast, slice, split,
+//!   reduction or softmax whose inputs are one producer's value plus much smaller ones (a bias,
+//!   a constant) joins that producer's group. With [`Merge::Proven`] (the default) only when,
+//!   for each of the producer's strategies, one of its responses provably does at least as well
+//!   as any other whatever its other neighbours choose (`proven_response`), so this loses
+//!   nothing either. [`Merge::Cheapest`] takes the cheapest response unconditionally, as Alpa
+//!   does: it merges far more but the follower can no longer convert to a layout its own
+//!   consumers prefer (BENCHMARKS.md measures plans 0.35% worse on GPT-2 small and 6% worse on
+//!   a 96-layer GPT);
+//! - *repeated layers* (with `tie_layers`): the groups of the same ops in every transformer
+//!   block ([`layer_pattern`]), with identical strategy lists, become one group: the decision is
+//!   shared by every layer.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -78,13 +97,63 @@ pub struct Built {
     pub problem: solver::Problem,
     /// Graph node of each solver node (topological order).
     pub nodes: Vec<NodeIndex>,
-    /// Strategies of each solver node (same order as the problem's).
-    pub strategies: Vec<Vec<Strategy>>,
+    /// Strategies of each solver node (same order as the problem's), shared with the problems
+    /// restricted from this one and between nodes with the same op and shapes.
+    pub strategies: Vec<Vec<Arc<Strategy>>>,
     /// The layout converter (its cache holds every conversion priced).
     pub converter: Arc<LayoutConverter>,
     /// Strategies generated before any restriction.
     pub total_strategies: usize,
-    /// Nodes tied to the same node of the previous repeated layer.
+}
+
+/// A built problem folded by its groups ([`Built::fold`]).
+pub struct Folding {
+    /// The folded problem and the map back.
+    pub folded: solver::Folded,
+    /// Nodes sharing a repeated layer's decision ([`Groups::tied`]).
+    pub tied: usize,
+}
+
+/// Which follow ops join their producer's decision (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Merge {
+    /// None (exact ties only).
+    Off,
+    /// Those for which a response is proven at least as good as any other (keeps the optimum).
+    #[default]
+    Proven,
+    /// All of them, each with its cheapest response (Alpa's follow; can lose several percent).
+    Cheapest,
+}
+
+impl std::str::FromStr for Merge {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Merge, String> {
+        match s {
+            "off" => Ok(Merge::Off),
+            "proven" => Ok(Merge::Proven),
+            "cheapest" => Ok(Merge::Cheapest),
+            _ => Err(format!("unknown merge mode `{s}` (off, proven, cheapest)")),
+        }
+    }
+}
+
+/// How [`Built::groups`] groups the problem's nodes (exact ties always).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grouping {
+    /// Which follow ops join their producers.
+    pub merge: Merge,
+    /// Share the decisions of repeated layers.
+    pub tie_layers: bool,
+}
+
+/// Groups of solver nodes that share one decision ([`solver::Member`] maps), see the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct Groups {
+    /// The groups with more than one member.
+    pub groups: Vec<Vec<solver::Member>>,
+    /// Nodes whose decision is shared with the same node of another repeated layer (members of
+    /// tied groups beyond the first layer's).
     pub tied: usize,
 }
 
@@ -156,9 +225,8 @@ pub fn build(
     profile: &DeviceProfile,
     baseline: Baseline,
     budget: Option<u64>,
-    tie_layers: bool,
 ) -> Result<Built> {
-    let full = build_all(g, mesh, profile, budget, tie_layers)?;
+    let full = build_all(g, mesh, profile, budget)?;
     if baseline == Baseline::Auto { Ok(full) } else { full.restrict(g, mesh, baseline) }
 }
 
@@ -179,17 +247,7 @@ impl Built {
             }
             keep.push(k);
         }
-        let nodes = self
-            .problem
-            .nodes
-            .iter()
-            .zip(&keep)
-            .map(|(nd, k)| solver::Node {
-                interval: nd.interval,
-                costs: k.iter().map(|&j| nd.costs[j]).collect(),
-                usages: k.iter().map(|&j| nd.usages[j]).collect(),
-            })
-            .collect();
+        let nodes = self.problem.nodes.iter().zip(&keep).map(|(nd, k)| nd.restricted(k)).collect();
         let edges = self
             .problem
             .edges
@@ -211,27 +269,339 @@ impl Built {
             strategies,
             converter: self.converter.clone(),
             total_strategies: self.total_strategies,
-            tied: self.tied,
         })
+    }
+
+    /// The chosen strategy of every solver node (so of every graph node, in [`Built::nodes`]
+    /// order) for a solution of [`Built::problem`].
+    pub fn chosen(&self, solution: &[usize]) -> Vec<&Strategy> {
+        self.strategies.iter().zip(solution).map(|(st, &s)| &*st[s]).collect()
+    }
+
+    /// The problem folded by [`Built::groups`]: one node per group ([`solver::Folded::expand`]
+    /// maps its solutions back to one strategy index per node of [`Built::problem`]).
+    pub fn fold(&self, g: &Graph, how: Grouping) -> Result<Folding> {
+        let groups = self.groups(g, how);
+        Ok(Folding { folded: solver::fold(&self.problem, &groups.groups)?, tied: groups.tied })
+    }
+
+    /// The groups of nodes that share one decision (see the module docs): exact ties always,
+    /// follow ops and repeated layers as `how` says. Each group's strategies are those of its
+    /// first member (its root); every other member has a map from them to its own.
+    pub fn groups(&self, g: &Graph, how: Grouping) -> Groups {
+        let n = self.nodes.len();
+        let k: Vec<usize> = self.strategies.iter().map(Vec::len).collect();
+        let edge: HashMap<(usize, usize), usize> =
+            self.problem.edges.iter().enumerate().map(|(i, e)| (e.nodes, i)).collect();
+        // Cost of the edge between a at sa and b at sb.
+        let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> u64 {
+            let (u, v) = e.nodes;
+            if u == a { e.costs[sa * k[v] + sb] } else { e.costs[sb * k[u] + sa] }
+        };
+        let mut forest = Forest::new(n);
+        // Exact ties: b's strategy is a function of a's (one allowed entry per row).
+        for e in &self.problem.edges {
+            let (u, v) = e.nodes;
+            for (a, b) in [(u, v), (v, u)] {
+                let f: Option<Vec<usize>> = (0..k[a])
+                    .map(|sa| {
+                        let mut allowed = (0..k[b]).filter(|&sb| entry(e, a, sa, sb) < FORBIDDEN);
+                        let first = allowed.next()?;
+                        allowed.next().is_none().then_some(first)
+                    })
+                    .collect();
+                if let Some(f) = f
+                    && forest.attach(b, a, f)
+                {
+                    break;
+                }
+            }
+        }
+        // Follow ops: each of the producer's strategies fixes the follower's (see `Merge`).
+        if how.merge != Merge::Off {
+            let pos: HashMap<NodeIndex, usize> = self.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+            let mut incident: Vec<Vec<usize>> = vec![Vec::new(); n];
+            for (i, e) in self.problem.edges.iter().enumerate() {
+                incident[e.nodes.0].push(i);
+                incident[e.nodes.1].push(i);
+            }
+            let memory_binds = self.problem.memory_may_bind();
+            for (v, &nv) in self.nodes.iter().enumerate() {
+                let Some(u) = follows(g, nv).map(|nu| pos[&nu]) else { continue };
+                let Some(&main) = edge.get(&(u.min(v), u.max(v))) else { continue };
+                let others: Vec<&solver::Edge> = incident[v]
+                    .iter()
+                    .filter(|&&i| i != main)
+                    .map(|&i| &self.problem.edges[i])
+                    .filter(|o| o.nodes.0 != o.nodes.1)
+                    .collect();
+                let f = if how.merge == Merge::Cheapest {
+                    Some(cheapest_response(&self.problem, &k, &self.problem.edges[main], u, v))
+                } else {
+                    proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds)
+                };
+                if let Some(f) = f {
+                    forest.attach(v, u, f);
+                }
+            }
+        }
+        let trees = forest.trees(&k);
+        if !how.tie_layers {
+            return Groups { groups: trees.into_iter().filter(|t| t.len() > 1).collect(), tied: 0 };
+        }
+        // Repeated layers: trees whose members have the same layer patterns, ops, shapes,
+        // strategy lists and maps share one decision.
+        let same = |a: &[Arc<Strategy>], b: &[Arc<Strategy>]| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    Arc::ptr_eq(x, y) || (x.inputs == y.inputs && x.outputs == y.outputs && x.local == y.local)
+                })
+        };
+        let mut classes: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+        for (t, members) in trees.iter().enumerate() {
+            let mut key = String::new();
+            let mut layered = false;
+            for m in members {
+                let node = g.node(self.nodes[m.node]);
+                let pattern = layer_pattern(&node.name);
+                layered |= pattern != node.name;
+                let metas: Vec<String> = node.outputs.iter().map(|m| m.to_string()).collect();
+                key += &format!("{pattern}|{}|{}\n", node.op.name(), metas.join(","));
+            }
+            if layered {
+                classes.entry(key).or_default().push(t);
+            }
+        }
+        let mut in_tie = vec![false; trees.len()];
+        let mut groups = Vec::new();
+        let mut tied = 0;
+        for class in classes.into_values() {
+            let mut left = class;
+            while let Some((&rep, rest)) = left.split_first() {
+                let (mine, others): (Vec<usize>, Vec<usize>) = rest.iter().partition(|&&t| {
+                    trees[t]
+                        .iter()
+                        .zip(&trees[rep])
+                        .all(|(a, b)| a.map == b.map && same(&self.strategies[a.node], &self.strategies[b.node]))
+                });
+                if !mine.is_empty() {
+                    in_tie[rep] = true;
+                    let mut group = trees[rep].clone();
+                    for &t in &mine {
+                        in_tie[t] = true;
+                        tied += trees[t].len();
+                        group.extend(trees[t].iter().cloned());
+                    }
+                    groups.push(group);
+                }
+                left = others;
+            }
+        }
+        groups.extend(trees.into_iter().enumerate().filter(|(t, m)| !in_tie[*t] && m.len() > 1).map(|(_, m)| m));
+        Groups { groups, tied }
+    }
+}
+
+/// For each strategy `su` of `u`, the cheapest strategy of its follower `v`: own cost plus the
+/// conversion from `u`'s output (then less memory, then the lower index).
+fn cheapest_response(p: &solver::Problem, k: &[usize], main: &solver::Edge, u: usize, v: usize) -> Vec<usize> {
+    let node = &p.nodes[v];
+    let entry =
+        |su: usize, t: usize| if main.nodes.0 == u { main.costs[su * k[v] + t] } else { main.costs[t * k[u] + su] };
+    (0..k[u])
+        .map(|su| {
+            (0..k[v]).min_by_key(|&t| (node.costs[t].saturating_add(entry(su, t)), node.usages[t], t)).unwrap_or(0)
+        })
+        .collect()
+}
+
+/// For each strategy `su` of `u`, a strategy `a` of its follower `v` that does at least as well
+/// as every other strategy `b` whatever `v`'s other neighbours choose:
+///
+/// `local(b) - local(a) >= sum over the other edges of max over the neighbour's strategies of
+/// (entry(a) - entry(b))`, where `local(t)` is `v`'s cost plus the edge entry with `u` at `su`,
+/// and (when memory may bind) `a` uses no more memory than `b`. Replacing `b` by `a` in any
+/// solution then costs no more and uses no more memory, so restricting `v` to `a` keeps the
+/// optimum (an exchange argument, applied follower by follower in topological order). `None`
+/// when some `su` has no such response.
+fn proven_response(
+    p: &solver::Problem,
+    k: &[usize],
+    main: &solver::Edge,
+    u: usize,
+    v: usize,
+    others: &[&solver::Edge],
+    memory_binds: bool,
+) -> Option<Vec<usize>> {
+    let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> i128 {
+        let (x, y) = e.nodes;
+        (if x == a { e.costs[sa * k[y] + sb] } else { e.costs[sb * k[x] + sa] }) as i128
+    };
+    let kv = k[v];
+    let node = &p.nodes[v];
+    // worst(a, b), computed on demand: the most `a` can cost more than `b` on the other edges.
+    let mut memo: HashMap<(usize, usize), i128> = HashMap::new();
+    let mut worst = |a: usize, b: usize| -> i128 {
+        *memo.entry((a, b)).or_insert_with(|| {
+            others
+                .iter()
+                .map(|o| {
+                    let w = if o.nodes.0 == v { o.nodes.1 } else { o.nodes.0 };
+                    (0..k[w]).map(|sw| entry(o, v, a, sw) - entry(o, v, b, sw)).max().unwrap_or(0)
+                })
+                .sum()
+        })
+    };
+    (0..k[u])
+        .map(|su| {
+            let local: Vec<i128> = (0..kv).map(|t| node.costs[t] as i128 + entry(main, u, su, t)).collect();
+            let mut order: Vec<usize> = (0..kv).collect();
+            order.sort_by_key(|&t| (local[t], node.usages[t], t));
+            order.into_iter().find(|&a| {
+                (0..kv).all(|b| {
+                    b == a
+                        || ((!memory_binds || node.usages[a] <= node.usages[b]) && local[b] - local[a] >= worst(a, b))
+                })
+            })
+        })
+        .collect()
+}
+
+/// Op kinds whose layout follows their main input: elementwise ops, casts, reshapes,
+/// transposes, slices, splits, pads, reductions and softmax.
+fn follow_kind(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Identity
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Split { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+    )
+}
+
+/// The producer a follow op follows: the one producing its largest input, when every input from
+/// another producer is at most an eighth of that one's bytes.
+fn follows(g: &Graph, n: NodeIndex) -> Option<NodeIndex> {
+    if !follow_kind(&g.node(n).op) {
+        return None;
+    }
+    let bytes = |v: Value| {
+        let m = g.meta(v);
+        m.shape.iter().product::<usize>().max(1) * m.dtype.size()
+    };
+    let inputs = g.node_inputs(n);
+    let main = *inputs.iter().max_by_key(|&&v| bytes(v))?;
+    let big = bytes(main);
+    inputs.iter().all(|&v| v.node == main.node || bytes(v) * 8 <= big).then_some(main.node)
+}
+
+/// Nodes attached to parents whose strategy determines theirs (`map[s_parent]`), kept acyclic.
+struct Forest {
+    parent: Vec<Option<(usize, Vec<usize>)>>,
+    root: Vec<usize>,
+}
+
+impl Forest {
+    fn new(n: usize) -> Forest {
+        Forest { parent: vec![None; n], root: (0..n).collect() }
+    }
+
+    fn find(&mut self, mut x: usize) -> usize {
+        while self.root[x] != x {
+            self.root[x] = self.root[self.root[x]];
+            x = self.root[x];
+        }
+        x
+    }
+
+    /// Attaches `child` (with its subtree) under `parent` when it has no parent yet and is not
+    /// in `parent`'s tree.
+    fn attach(&mut self, child: usize, parent: usize, map: Vec<usize>) -> bool {
+        if self.parent[child].is_some() {
+            return false;
+        }
+        let (rc, rp) = (self.find(child), self.find(parent));
+        if rc == rp {
+            return false;
+        }
+        // `child` has no parent, so it is the root of its tree.
+        self.root[rc] = rp;
+        self.parent[child] = Some((parent, map));
+        true
+    }
+
+    /// The trees, as members with maps from the root's strategies (`k[root]` of them), roots
+    /// first and members in node order after them; trees in order of their roots.
+    fn trees(self, k: &[usize]) -> Vec<Vec<solver::Member>> {
+        let n = self.parent.len();
+        let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (c, p) in self.parent.iter().enumerate() {
+            if let Some((p, _)) = p {
+                children[*p].push(c);
+            }
+        }
+        let mut out = Vec::new();
+        for r in (0..n).filter(|&r| self.parent[r].is_none()) {
+            let mut members = vec![solver::Member { node: r, map: (0..k[r]).collect() }];
+            let mut head = 0;
+            while head < members.len() {
+                let v = members[head].node;
+                for &c in &children[v] {
+                    let Some((_, f)) = &self.parent[c] else { continue };
+                    let map = members[head].map.iter().map(|&s| f[s]).collect();
+                    members.push(solver::Member { node: c, map });
+                }
+                head += 1;
+            }
+            members[1..].sort_by_key(|m| m.node);
+            out.push(members);
+        }
+        out
     }
 }
 
 /// Builds the unrestricted problem.
-fn build_all(
-    g: &Graph,
-    mesh: &DeviceMesh,
-    profile: &DeviceProfile,
-    budget: Option<u64>,
-    tie_layers: bool,
-) -> Result<Built> {
+fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Option<u64>) -> Result<Built> {
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
     let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let steps = order.len() as u64;
     let converter = Arc::new(LayoutConverter::new(mesh.clone(), Search::Auto));
-    let mut strategies: Vec<Vec<Strategy>> = Vec::with_capacity(order.len());
+    let mut strategies: Vec<Vec<Arc<Strategy>>> = Vec::with_capacity(order.len());
     let mut total = 0;
+    // A node's strategies depend only on its op, the metas of its inputs and outputs and which
+    // inputs are parameters: every repeated layer asks for the same ones again.
+    let mut memo: HashMap<String, usize> = HashMap::new();
     for &n in &order {
-        let all = sharding::strategies(g, n, mesh, profile)?;
+        let node = g.node(n);
+        let key = (!matches!(node.op, Op::Constant(_))).then(|| {
+            let ins: Vec<String> = g
+                .node_inputs(n)
+                .iter()
+                .map(|v| {
+                    format!("{}{}", g.meta(*v), if matches!(g.node(v.node).op, Op::Param { .. }) { "p" } else { "" })
+                })
+                .collect();
+            let outs: Vec<String> = node.outputs.iter().map(|m| m.to_string()).collect();
+            format!("{:?}|{}|{}", node.op, ins.join(","), outs.join(","))
+        });
+        let all = match key.as_ref().and_then(|k| memo.get(k)) {
+            Some(&i) => strategies[i].clone(),
+            None => {
+                if let Some(k) = key {
+                    memo.insert(k, strategies.len());
+                }
+                sharding::strategies(g, n, mesh, profile)?.into_iter().map(Arc::new).collect()
+            }
+        };
         total += all.len();
         strategies.push(all);
     }
@@ -255,56 +625,97 @@ fn build_all(
         };
         let writes_in_place = updated.contains(&n);
         let st = &strategies[i];
-        nodes.push(solver::Node {
+        nodes.push(solver::Node::new(
             interval,
-            costs: st.iter().map(|s| to_cost(s.seconds())).collect(),
-            usages: st.iter().map(|s| if writes_in_place { 0 } else { s.memory_bytes }).collect(),
-        });
+            st.iter().map(|s| to_cost(s.seconds())).collect(),
+            st.iter().map(|s| if writes_in_place { 0 } else { s.memory_bytes }).collect(),
+        ));
     }
     // Edges: layout conversions, merged per node pair (key: (smaller, larger) index).
     let mut edges: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
-    let mut add = |a: usize, b: usize, cost: &dyn Fn(usize, usize) -> u64, strategies: &[Vec<Strategy>]| {
-        let (sa, sb) = (strategies[a].len(), strategies[b].len());
-        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-        let m = edges.entry((lo, hi)).or_insert_with(|| vec![0; sa * sb]);
-        let hi_n = strategies[hi].len();
-        for i in 0..sa {
-            for j in 0..sb {
-                let c = cost(i, j);
-                let k = if a < b { i * hi_n + j } else { j * hi_n + i };
-                m[k] = m[k].saturating_add(c).min(FORBIDDEN);
+    let add =
+        |edges: &mut HashMap<(usize, usize), Vec<u64>>, a: usize, b: usize, cost: &dyn Fn(usize, usize) -> u64| {
+            let (sa, sb) = (strategies[a].len(), strategies[b].len());
+            let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+            let m = edges.entry((lo, hi)).or_insert_with(|| vec![0; sa * sb]);
+            let hi_n = strategies[hi].len();
+            for i in 0..sa {
+                for j in 0..sb {
+                    let c = cost(i, j);
+                    let k = if a < b { i * hi_n + j } else { j * hi_n + i };
+                    m[k] = m[k].saturating_add(c).min(FORBIDDEN);
+                }
+            }
+        };
+    // Specs and shapes as small integers, so that conversion prices, and whole edge matrices
+    // (the same in every repeated layer), are cached under cheap keys.
+    let mut spec_id: FxMap<&ShardingSpec, u32> = FxMap::default();
+    let mut specs: Vec<&ShardingSpec> = Vec::new();
+    // Spec id of every strategy's output (per slot) and input (per slot), per node.
+    let mut outs_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
+    let mut ins_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
+    for st in &strategies {
+        let (n_out, n_in) = st.first().map_or((0, 0), |s| (s.outputs.len(), s.inputs.len()));
+        let mut outs = vec![Vec::with_capacity(st.len()); n_out];
+        let mut ins = vec![Vec::with_capacity(st.len()); n_in];
+        for s in st {
+            for (k, sp) in s.outputs.iter().enumerate().take(n_out) {
+                outs[k].push(intern(&mut spec_id, &mut specs, sp));
+            }
+            for (k, sp) in s.inputs.iter().enumerate().take(n_in) {
+                ins[k].push(intern(&mut spec_id, &mut specs, sp));
             }
         }
-    };
-    // Conversions priced so far, keyed by reference (the converter's own cache clones its keys).
-    let mut priced: HashMap<(&[usize], usize, &ShardingSpec, &ShardingSpec), u64> = HashMap::new();
+        outs_of.push(outs);
+        ins_of.push(ins);
+    }
+    let mut shape_id: FxMap<&[usize], u32> = FxMap::default();
+    let mut priced: FxMap<(u32, usize, u32, u32), u64> = FxMap::default();
+    // Edge matrices by (shape, element size, the producer's output spec ids, the consumer's input
+    // spec ids).
+    type Signature<'a> = (u32, usize, &'a [u32], &'a [u32]);
+    let mut matrices: FxMap<Signature, Vec<u64>> = FxMap::default();
     for (iv, &v) in order.iter().enumerate() {
         for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
             let iu = pos[&val.node];
             let meta = g.meta(*val);
-            // Price each distinct (output spec, input spec) pair once.
-            let (outs, out_idx) = distinct(strategies[iu].iter().map(|s| &s.outputs[val.slot]));
-            let (ins, in_idx) = distinct(strategies[iv].iter().map(|s| &s.inputs[slot_in]));
-            let mut price = vec![0u64; outs.len() * ins.len()];
-            for (a, from) in outs.iter().enumerate() {
-                for (b, to) in ins.iter().enumerate() {
-                    price[a * ins.len() + b] = if from == to {
-                        0
-                    } else {
-                        let key = (meta.shape.as_slice(), meta.dtype.size(), *from, *to);
-                        match priced.get(&key) {
-                            Some(&c) => c,
-                            None => {
-                                let c = to_cost(converter.convert(&meta.shape, meta.dtype.size(), from, to)?.cost);
-                                priced.insert(key, c);
+            let dsize = meta.dtype.size();
+            let next = shape_id.len() as u32;
+            let shape = *shape_id.entry(meta.shape.as_slice()).or_insert(next);
+            let (from, to) = (outs_of[iu][val.slot].as_slice(), ins_of[iv][slot_in].as_slice());
+            let m = match matrices.entry((shape, dsize, from, to)) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    let mut m = Vec::with_capacity(from.len() * to.len());
+                    for &a in from {
+                        for &b in to {
+                            m.push(if a == b {
+                                0
+                            } else if let Some(&c) = priced.get(&(shape, dsize, a, b)) {
                                 c
-                            }
+                            } else {
+                                let conv =
+                                    converter.convert(&meta.shape, dsize, specs[a as usize], specs[b as usize])?;
+                                let c = to_cost(conv.cost);
+                                priced.insert((shape, dsize, a, b), c);
+                                c
+                            });
                         }
-                    };
+                    }
+                    slot.insert(m)
+                }
+            };
+            // The producer comes first in topological order: the matrix is oriented [s_u][s_v].
+            match edges.entry((iu, iv)) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(m.clone());
+                }
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    for (x, &c) in o.get_mut().iter_mut().zip(m.iter()) {
+                        *x = x.saturating_add(c).min(FORBIDDEN);
+                    }
                 }
             }
-            let cost = |i: usize, j: usize| -> u64 { price[out_idx[i] * ins.len() + in_idx[j]] };
-            add(iu, iv, &cost, &strategies);
         }
     }
     for (p, val) in &g.updates {
@@ -312,37 +723,7 @@ fn build_all(
         let cost = |i: usize, j: usize| -> u64 {
             if strategies[ip][i].outputs[0] == strategies[iu][j].outputs[val.slot] { 0 } else { FORBIDDEN }
         };
-        add(ip, iu, &cost, &strategies);
-    }
-    // Repeated layers: the same op at the same place of consecutive blocks takes the same
-    // strategy (an equality edge: forbidden off the diagonal).
-    let mut tied = 0;
-    if tie_layers {
-        let mut groups: HashMap<(String, &'static str, String), Vec<usize>> = HashMap::new();
-        for (i, &n) in order.iter().enumerate() {
-            let node = g.node(n);
-            let key = layer_pattern(&node.name);
-            if key != node.name {
-                let metas: Vec<String> = node.outputs.iter().map(|m| m.to_string()).collect();
-                groups.entry((key, node.op.name(), metas.join(","))).or_default().push(i);
-            }
-        }
-        let mut group_list: Vec<Vec<usize>> = groups.into_values().filter(|v| v.len() > 1).collect();
-        group_list.sort();
-        for members in group_list {
-            for w in members.windows(2) {
-                let (a, b) = (w[0], w[1]);
-                let same = strategies[a].len() == strategies[b].len()
-                    && strategies[a]
-                        .iter()
-                        .zip(&strategies[b])
-                        .all(|(x, y)| x.inputs == y.inputs && x.outputs == y.outputs && x.local == y.local);
-                if same {
-                    add(a, b, &|i, j| if i == j { 0 } else { FORBIDDEN }, &strategies);
-                    tied += 1;
-                }
-            }
-        }
+        add(&mut edges, ip, iu, &cost);
     }
     let mut edge_list: Vec<((usize, usize), Vec<u64>)> = edges.into_iter().collect();
     edge_list.sort_by_key(|e| e.0);
@@ -353,22 +734,44 @@ fn build_all(
         usage_limit: budget,
     };
     problem.validate()?;
-    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total, tied })
+    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
 }
 
-/// The distinct specs of a list, and each element's index among them.
-fn distinct<'a>(specs: impl Iterator<Item = &'a ShardingSpec>) -> (Vec<&'a ShardingSpec>, Vec<usize>) {
-    let mut uniq: Vec<&ShardingSpec> = vec![];
-    let mut seen: HashMap<&ShardingSpec, usize> = HashMap::new();
-    let idx = specs
-        .map(|s| {
-            *seen.entry(s).or_insert_with(|| {
-                uniq.push(s);
-                uniq.len() - 1
-            })
-        })
-        .collect();
-    (uniq, idx)
+/// FxHash (rustc's): fast for the small integer keys of [`build_all`]'s caches.
+#[derive(Clone, Copy, Default)]
+struct Fx(u64);
+
+impl std::hash::Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fx>>;
+
+/// The id of `spec` among `all` (added when new).
+fn intern<'a>(ids: &mut FxMap<&'a ShardingSpec, u32>, all: &mut Vec<&'a ShardingSpec>, spec: &'a ShardingSpec) -> u32 {
+    if let Some(&x) = ids.get(spec) {
+        return x;
+    }
+    let x = all.len() as u32;
+    ids.insert(spec, x);
+    all.push(spec);
+    x
 }
 
 /// A node name with its layer indices replaced by `#`: every digit run between a `.` and a `.`,

@@ -2,7 +2,8 @@
 //!
 //! Cost is the sum of the chosen node costs plus, for every edge `(u, v)`, the entry
 //! `costs[s_u * |strategies(v)| + s_v]`. Usage at time `t` is the sum of the chosen usages of the
-//! nodes with `start <= t < end`. Sums are exact (`u128`), with no overflow for any input.
+//! nodes with `start <= t < end` (over every live interval of a node that has several). Sums are
+//! exact (`u128`), with no overflow for any input.
 
 use crate::error::Result;
 use crate::problem::Problem;
@@ -41,27 +42,46 @@ impl Problem {
             let kv = self.nodes[v].strategies();
             cost += edge.costs[solution[u] * kv + solution[v]] as u128;
         }
-        let usages: Vec<u64> = self.nodes.iter().zip(solution).map(|(n, &s)| n.usages[s]).collect();
-        let (peak_usage, peak_time, first_violation) = usage_profile(self, &usages, self.usage_limit);
+        let lives = self.nodes.iter().zip(solution).flat_map(|(n, &s)| n.lives().map(move |(iv, us)| (iv, us[s])));
+        let (peak_usage, peak_time, first_violation) = usage_profile(lives, self.usage_limit);
         Ok(Evaluation { cost, peak_usage, peak_time, first_violation })
     }
 
     /// The smallest peak usage any solution can reach (every node at its smallest usage) and a
-    /// time step where it is reached.
+    /// time step where it is reached. For a node with several live intervals each interval
+    /// counts at its own smallest usage: a lower bound, exact when one strategy is smallest in
+    /// all of them.
     pub fn min_peak_usage(&self) -> (u128, u64) {
-        let usages: Vec<u64> = self.nodes.iter().map(|n| n.usages.iter().copied().min().unwrap_or(0)).collect();
-        let (peak, time, _) = usage_profile(self, &usages, None);
+        let lives =
+            self.nodes.iter().flat_map(|n| n.lives().map(|(iv, us)| (iv, us.iter().copied().min().unwrap_or(0))));
+        let (peak, time, _) = usage_profile(lives, None);
         (peak, time)
     }
 }
 
-/// Sweeps the intervals: returns (peak, first time of peak, first time above `limit`).
-fn usage_profile(problem: &Problem, usages: &[u64], limit: Option<u64>) -> (u128, u64, Option<u64>) {
+impl Problem {
+    /// The largest peak usage any solution can reach (every interval at its largest usage; an
+    /// upper bound, exact when one strategy is largest in all of a node's intervals). When it is
+    /// within the limit, memory cannot bind.
+    pub fn max_peak_usage(&self) -> u128 {
+        let lives =
+            self.nodes.iter().flat_map(|n| n.lives().map(|(iv, us)| (iv, us.iter().copied().max().unwrap_or(0))));
+        usage_profile(lives, None).0
+    }
+
+    /// Whether some solution could exceed the usage limit.
+    pub fn memory_may_bind(&self) -> bool {
+        self.usage_limit.is_some_and(|l| self.max_peak_usage() > l as u128)
+    }
+}
+
+/// Sweeps the `(interval, usage)` pairs: returns (peak, first time of peak, first time above
+/// `limit`).
+fn usage_profile(lives: impl Iterator<Item = ((u64, u64), u64)>, limit: Option<u64>) -> (u128, u64, Option<u64>) {
     // Events at interval starts (+usage) and ends (-usage); ends sort before starts at the same
     // time because intervals are half-open.
-    let mut events: Vec<(u64, bool, u64)> = Vec::with_capacity(2 * usages.len());
-    for (node, &u) in problem.nodes.iter().zip(usages) {
-        let (s, e) = node.interval;
+    let mut events: Vec<(u64, bool, u64)> = Vec::new();
+    for ((s, e), u) in lives {
         if s < e && u > 0 {
             events.push((s, true, u));
             events.push((e, false, u));

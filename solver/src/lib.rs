@@ -46,6 +46,7 @@
 mod bound;
 mod error;
 mod eval;
+pub mod fold;
 pub mod ilp;
 mod lns;
 mod model;
@@ -58,5 +59,6 @@ mod trws;
 
 pub use error::{Error, Result};
 pub use eval::Evaluation;
-pub use problem::{Edge, Node, Problem, read_solution, write_solution};
+pub use fold::{Folded, Member, Size, fold};
+pub use problem::{Edge, Live, Node, Problem, read_solution, write_solution};
 pub use solve::{Method, SolveOptions, SolveResult, Status, brute_force, solve};

@@ -2,6 +2,10 @@
 //! at the current solution, and solve the region's ILP (edges to fixed nodes become node costs,
 //! fixed nodes' usage becomes the right-hand side of the memory rows). The current solution is
 //! passed as the starting point, so the region's result is never worse.
+//!
+//! Memory rows are added lazily: the ILP is first solved without them, then with the rows its
+//! solution breaks, until it breaks none (memory seldom binds at the optimum, and the rows are
+//! most of the model's nonzeros). A relaxation's bound is still a bound.
 
 use std::time::Duration;
 
@@ -100,16 +104,20 @@ pub(crate) fn solve_region(
             }
         }
     }
-    // Memory rows over the segments where the set of live region nodes is constant.
+    // Memory rows over the segments where the set of live region pieces is constant (pending:
+    // added when a solution breaks them).
+    let mut pending: Vec<Constraint> = Vec::new();
     let mut bounds: Vec<usize> = Vec::new();
-    let mut mem_nodes = Vec::new();
+    // Pieces of region nodes whose usage depends on the strategy: (position in region, piece).
+    let mut mem_pieces = Vec::new();
     for (p, &i) in region.iter().enumerate() {
-        let (a, b) = m.range[i];
-        let us = m.usages(i);
-        if a < b && us.iter().any(|&u| u != us[0]) {
-            bounds.push(a);
-            bounds.push(b);
-            mem_nodes.push(p);
+        for pc in m.pieces(i) {
+            let us = m.piece_usages(i, pc);
+            if us.iter().any(|&u| u != us[0]) {
+                bounds.push(pc.l);
+                bounds.push(pc.r);
+                mem_pieces.push((p, *pc));
+            }
         }
     }
     bounds.sort_unstable();
@@ -119,13 +127,12 @@ pub(crate) fn solve_region(
         let mut fixed_here = st.usage_max(p, q);
         let mut terms = Vec::new();
         let mut worst = 0i64;
-        for &pi in &mem_nodes {
-            let i = region[pi];
-            let (a, b) = m.range[i];
-            if !(a <= p && p < b) {
+        for &(pi, pc) in &mem_pieces {
+            if !(pc.l <= p && p < pc.r) {
                 continue;
             }
-            let us = m.usages(i);
+            let i = region[pi];
+            let us = m.piece_usages(i, &pc);
             let lo = us.iter().copied().min().unwrap_or(0);
             let hi = us.iter().copied().max().unwrap_or(0);
             fixed_here -= us[st.x[i]] - lo;
@@ -140,44 +147,65 @@ pub(crate) fn solve_region(
         if worst <= rhs || terms.is_empty() {
             continue;
         }
-        mip.constraints.push(Constraint { terms, lo: f64::NEG_INFINITY, hi: rhs as f64 });
+        pending.push(Constraint { terms, lo: f64::NEG_INFINITY, hi: rhs as f64 });
     }
     // The MIP objective leaves out what the fixed nodes cost on their own.
     let init_obj: f64 = mip.objective.iter().map(|&(v, c)| c * init[v]).sum();
     let constant = st.cost - init_obj;
     mip.initial = Some(init);
-    let out = backend.solve(&mip, time_limit)?;
-    let bound = if out.bound.is_finite() { out.bound + constant } else { f64::NEG_INFINITY };
-    let Some(values) = out.values.filter(|_| out.status != MipStatus::Infeasible) else {
-        return Ok(RegionOutcome { optimal: false, bound });
-    };
-    let before = st.cost;
-    let old: Vec<usize> = region.iter().map(|&i| st.x[i]).collect();
-    for (p, &i) in region.iter().enumerate() {
-        let xs = &values[x_start[p]..x_start[p] + m.k[i]];
-        // CBC occasionally returns column values that break the one-hot rows (all zeros): such
-        // a node keeps its strategy.
-        if let Some(s) = (0..m.k[i]).find(|&s| xs[s] > 0.5) {
-            st.set(i, s);
+    let started = std::time::Instant::now();
+    loop {
+        let left = time_limit.saturating_sub(started.elapsed());
+        let out = backend.solve(&mip, left.max(Duration::from_millis(1)))?;
+        let bound = if out.bound.is_finite() { out.bound + constant } else { f64::NEG_INFINITY };
+        let Some(values) = out.values.filter(|_| out.status != MipStatus::Infeasible) else {
+            return Ok(RegionOutcome { optimal: false, bound });
+        };
+        // Memory rows this solution breaks join the model.
+        let broken = |c: &Constraint| {
+            let lhs: f64 = c.terms.iter().map(|&(v, a)| a * values[v]).sum();
+            lhs > c.hi + 1e-6 * c.hi.abs().max(1.0)
+        };
+        let (add, keep): (Vec<Constraint>, Vec<Constraint>) = pending.into_iter().partition(broken);
+        pending = keep;
+        if !add.is_empty() {
+            if std::env::var_os("SOLVER_DEBUG").is_some() {
+                eprintln!("region {} nodes: {} memory rows broken, {} pending", region.len(), add.len(), pending.len());
+            }
+            mip.constraints.extend(add);
+            if started.elapsed() >= time_limit {
+                return Ok(RegionOutcome { optimal: false, bound });
+            }
+            continue;
         }
-    }
-    let tol = 1e-9 * before.abs().max(1.0);
-    if std::env::var_os("SOLVER_DEBUG").is_some() {
-        let obj: f64 = mip.objective.iter().map(|&(v, c)| c * values[v]).sum();
-        eprintln!(
-            "region {} nodes (mip objective at values {obj} + {constant}): {:?} bound {:.0} cost {before:.0} -> {:.0} feasible {}",
-            region.len(),
-            out.status,
-            out.bound,
-            st.cost,
-            st.feasible()
-        );
-    }
-    if st.feasible() && st.cost <= before + tol {
+        let before = st.cost;
+        let old: Vec<usize> = region.iter().map(|&i| st.x[i]).collect();
+        for (p, &i) in region.iter().enumerate() {
+            let xs = &values[x_start[p]..x_start[p] + m.k[i]];
+            // CBC occasionally returns column values that break the one-hot rows (all zeros): such
+            // a node keeps its strategy.
+            if let Some(s) = (0..m.k[i]).find(|&s| xs[s] > 0.5) {
+                st.set(i, s);
+            }
+        }
+        let tol = 1e-9 * before.abs().max(1.0);
+        if std::env::var_os("SOLVER_DEBUG").is_some() {
+            let obj: f64 = mip.objective.iter().map(|&(v, c)| c * values[v]).sum();
+            eprintln!(
+                "region {} nodes (mip objective at values {obj} + {constant}): {:?} bound {:.0} cost {before:.0} -> {:.0} feasible {}",
+                region.len(),
+                out.status,
+                out.bound,
+                st.cost,
+                st.feasible()
+            );
+        }
+        if st.feasible() && st.cost <= before + tol {
+            return Ok(RegionOutcome { optimal: out.status == MipStatus::Optimal, bound });
+        }
+        for (p, &i) in region.iter().enumerate() {
+            st.set(i, old[p]);
+        }
         return Ok(RegionOutcome { optimal: out.status == MipStatus::Optimal, bound });
     }
-    for (p, &i) in region.iter().enumerate() {
-        st.set(i, old[p]);
-    }
-    Ok(RegionOutcome { optimal: out.status == MipStatus::Optimal, bound })
 }

@@ -3,9 +3,12 @@
 //! Invariants: parallel edges are merged (one matrix per unordered node pair) and self-loops are
 //! folded into node costs, so the adjacency is simple; time is compressed to the *maximal* steps,
 //! the starts of segments whose live set is not contained in a neighbouring segment's (a step
-//! where some interval starts and after which some interval ends), and every node covers a
-//! contiguous range `range[i] = [a, b)` of those steps. Checking usage at these steps is exactly
-//! checking it at every time step.
+//! where some interval starts and after which some interval ends). A node's memory is a list of
+//! disjoint, sorted [`Piece`]s of those steps, each with a usage per strategy: one piece for an
+//! IOPDDL node (its interval), several for a node with several live intervals (where intervals
+//! overlap, their usages add up). Checking usage at these steps is exactly checking it at every
+//! time step. When the limit cannot bind at all ([`Problem::memory_may_bind`]), there are no
+//! steps and no pieces.
 
 use std::collections::HashMap;
 
@@ -70,13 +73,28 @@ impl CostSum {
     }
 }
 
+/// Compressed steps `[l, r)` over which a node uses `Model::pusage[u + s]` under strategy `s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub l: usize,
+    pub r: usize,
+    pub u: usize,
+}
+
 pub(crate) struct Model {
     pub n: usize,
     pub k: Vec<usize>,
     pub off: Vec<usize>,
     pub cost: Vec<f64>,
+    /// Per strategy, the largest usage over the node's pieces: a summary for heuristics (exact
+    /// for a node with one piece). Feasibility always goes through the pieces.
     pub usage: Vec<i64>,
-    pub range: Vec<(usize, usize)>,
+    /// Node `i`'s pieces are `pieces[piece_start[i]..piece_start[i + 1]]` (disjoint, sorted;
+    /// none when the node is never live at a maximal step).
+    pub pieces: Vec<Piece>,
+    pub piece_start: Vec<usize>,
+    /// Usages of the pieces, `k[i]` per piece.
+    pub pusage: Vec<i64>,
     /// The original time of each compressed step.
     pub steps: Vec<u64>,
     pub limit: i64,
@@ -100,10 +118,23 @@ impl Model {
         }
         off.push(acc);
         let mut cost: Vec<f64> = Vec::with_capacity(acc);
-        let mut usage: Vec<i64> = Vec::with_capacity(acc);
         for node in &p.nodes {
             cost.extend(node.costs.iter().map(|&c| c as f64));
-            usage.extend(node.usages.iter().map(|&u| u.min(cap) as i64));
+        }
+        // When the limit cannot bind, memory is left out altogether.
+        let (steps, pieces, piece_start, pusage) = if p.memory_may_bind() {
+            compress_time(p, cap)
+        } else {
+            (Vec::new(), Vec::new(), vec![0; n + 1], Vec::new())
+        };
+        let mut usage: Vec<i64> = Vec::with_capacity(acc);
+        for (i, node) in p.nodes.iter().enumerate() {
+            let ps = &pieces[piece_start[i]..piece_start[i + 1]];
+            if ps.is_empty() {
+                usage.extend(node.usages.iter().map(|&u| u.min(cap) as i64));
+            } else {
+                usage.extend((0..k[i]).map(|s| ps.iter().map(|pc| pusage[pc.u + s]).max().unwrap_or(0)));
+            }
         }
         let limit = p.usage_limit.map_or(i64::MAX / 2, |l| l.min(i64::MAX as u64 / 2) as i64);
 
@@ -171,8 +202,26 @@ impl Model {
             fill[i] += 1;
         }
 
-        let (steps, range) = compress_time(p);
-        Model { n, k, off, cost, usage, range, steps, limit, adj_start, adj, mats, edges }
+        Model { n, k, off, cost, usage, pieces, piece_start, pusage, steps, limit, adj_start, adj, mats, edges }
+    }
+
+    /// Node `i`'s pieces.
+    #[inline]
+    pub fn pieces(&self, i: usize) -> &[Piece] {
+        &self.pieces[self.piece_start[i]..self.piece_start[i + 1]]
+    }
+
+    /// Usages of node `i` over piece `p` (one of its pieces), per strategy.
+    #[inline]
+    pub fn piece_usages(&self, i: usize, p: &Piece) -> &[i64] {
+        &self.pusage[p.u..p.u + self.k[i]]
+    }
+
+    /// Usages of node `i` at compressed step `t`, per strategy, if it is live there.
+    pub fn usage_at(&self, i: usize, t: usize) -> Option<&[i64]> {
+        let ps = self.pieces(i);
+        let j = ps.partition_point(|p| p.r <= t);
+        ps.get(j).filter(|p| p.l <= t).map(|p| self.piece_usages(i, p))
     }
 
     #[inline]
@@ -224,11 +273,10 @@ impl Model {
         let t = self.nsteps();
         let mut diff = vec![0i64; t + 1];
         for i in 0..self.n {
-            let (a, b) = self.range[i];
-            if a < b {
-                let u = self.usage[self.off[i] + x[i]];
-                diff[a] += u;
-                diff[b] -= u;
+            for p in self.pieces(i) {
+                let u = self.pusage[p.u + x[i]];
+                diff[p.l] += u;
+                diff[p.r] -= u;
             }
         }
         let mut cur = 0;
@@ -241,15 +289,18 @@ impl Model {
     }
 }
 
-/// Compressed maximal steps and each node's range over them.
-fn compress_time(p: &Problem) -> (Vec<u64>, Vec<(usize, usize)>) {
+/// Compressed maximal steps, and each node's pieces over them (with their usages, clamped to
+/// `cap` per node and step).
+#[allow(clippy::type_complexity)]
+fn compress_time(p: &Problem, cap: u64) -> (Vec<u64>, Vec<Piece>, Vec<usize>, Vec<i64>) {
     let mut starts: Vec<u64> = Vec::new();
     let mut ends: Vec<u64> = Vec::new();
     for node in &p.nodes {
-        let (s, e) = node.interval;
-        if s < e {
-            starts.push(s);
-            ends.push(e);
+        for ((s, e), _) in node.lives() {
+            if s < e {
+                starts.push(s);
+                ends.push(e);
+            }
         }
     }
     starts.sort_unstable();
@@ -265,18 +316,59 @@ fn compress_time(p: &Problem) -> (Vec<u64>, Vec<(usize, usize)>) {
             steps.push(w[0]);
         }
     }
-    let range = p
-        .nodes
-        .iter()
-        .map(|node| {
-            let (s, e) = node.interval;
-            if s >= e {
-                return (0, 0);
+    let range = |(s, e): (u64, u64)| -> (usize, usize) {
+        if s >= e {
+            return (0, 0);
+        }
+        (steps.partition_point(|&t| t < s), steps.partition_point(|&t| t < e))
+    };
+    let mut pieces = Vec::new();
+    let mut piece_start = Vec::with_capacity(p.nodes.len() + 1);
+    let mut pusage: Vec<i64> = Vec::new();
+    for node in &p.nodes {
+        piece_start.push(pieces.len());
+        let k = node.strategies();
+        let lives: Vec<((usize, usize), &[u64])> =
+            node.lives().map(|(iv, us)| (range(iv), us)).filter(|((a, b), _)| a < b).collect();
+        if let [((a, b), us)] = lives[..] {
+            pieces.push(Piece { l: a, r: b, u: pusage.len() });
+            pusage.extend(us.iter().map(|&u| u.min(cap) as i64));
+            continue;
+        }
+        // Several intervals: cut at every boundary, sum the covering intervals' usages, and join
+        // neighbouring pieces with equal usages.
+        let mut cuts: Vec<usize> = lives.iter().flat_map(|((a, b), _)| [*a, *b]).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let first = pieces.len();
+        let mut sum = vec![0u64; k];
+        for w in cuts.windows(2) {
+            let (l, r) = (w[0], w[1]);
+            sum.fill(0);
+            let mut any = false;
+            for ((a, b), us) in &lives {
+                if *a <= l && r <= *b {
+                    any = true;
+                    for (t, &u) in sum.iter_mut().zip(*us) {
+                        *t = t.saturating_add(u);
+                    }
+                }
             }
-            let a = steps.partition_point(|&t| t < s);
-            let b = steps.partition_point(|&t| t < e);
-            (a, b)
-        })
-        .collect();
-    (steps, range)
+            if !any {
+                continue;
+            }
+            if pieces.len() > first
+                && let Some(last) = pieces.last_mut()
+                && last.r == l
+                && pusage[last.u..last.u + k].iter().zip(&sum).all(|(&a, &b)| a == b.min(cap) as i64)
+            {
+                last.r = r;
+                continue;
+            }
+            pieces.push(Piece { l, r, u: pusage.len() });
+            pusage.extend(sum.iter().map(|&u| u.min(cap) as i64));
+        }
+    }
+    piece_start.push(pieces.len());
+    (steps, pieces, piece_start, pusage)
 }

@@ -1,9 +1,14 @@
 //! The cost-graph problem and its IOPDDL JSON form.
 //!
 //! Invariants kept by [`Problem::validate`] (and so by every problem this module reads):
-//! every node has at least one strategy and as many usages as costs; every interval has
-//! `start <= end`; every edge names existing nodes and its cost matrix has
-//! `|strategies(u)| * |strategies(v)|` entries, row-major over `u` then `v`.
+//! every node has at least one strategy and as many usages as costs (in each of its live
+//! intervals); every interval has `start <= end`; every edge names existing nodes and its cost
+//! matrix has `|strategies(u)| * |strategies(v)|` entries, row-major over `u` then `v`.
+//!
+//! Beyond IOPDDL, a node may have further live intervals ([`Node::extra`]): a node that stands
+//! for several tensors sharing one decision (ops merged into their producer, the same op of
+//! every repeated layer; see [`crate::fold`]) keeps each tensor's own interval and usages. In
+//! JSON they are an optional `nodes.extra` list, absent when no node has any.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -13,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// One operator: its live interval and its strategies' costs and memory usages.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Node {
     /// Half-open live interval `[start, end)`: the node is live at time `t` iff `start <= t < end`.
     pub interval: (u64, u64),
@@ -21,12 +26,52 @@ pub struct Node {
     pub costs: Vec<u64>,
     /// Memory usage of each strategy while the node is live.
     pub usages: Vec<u64>,
+    /// Further live intervals, each with its own usage per strategy (empty for IOPDDL nodes).
+    /// The node's usage at time `t` is the sum over all its intervals containing `t`.
+    pub extra: Vec<Live>,
+}
+
+/// A further live interval of a [`Node`]: while it is live, strategy `s` uses `usages[s]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    /// Half-open interval `[start, end)`.
+    pub interval: (u64, u64),
+    /// Usage of each of the node's strategies.
+    pub usages: Vec<u64>,
 }
 
 impl Node {
+    /// A node with one live interval (an IOPDDL node).
+    pub fn new(interval: (u64, u64), costs: Vec<u64>, usages: Vec<u64>) -> Node {
+        Node { interval, costs, usages, extra: Vec::new() }
+    }
+
     /// Number of strategies.
     pub fn strategies(&self) -> usize {
         self.costs.len()
+    }
+
+    /// Every live interval with its usages: the primary one first, then [`Node::extra`].
+    pub fn lives(&self) -> impl Iterator<Item = ((u64, u64), &[u64])> {
+        std::iter::once((self.interval, self.usages.as_slice()))
+            .chain(self.extra.iter().map(|l| (l.interval, l.usages.as_slice())))
+    }
+
+    /// The node with only strategies `keep` (indices, in the new order).
+    pub fn restricted(&self, keep: &[usize]) -> Node {
+        let pick = |v: &[u64]| keep.iter().map(|&s| v[s]).collect::<Vec<u64>>();
+        Node {
+            interval: self.interval,
+            costs: pick(&self.costs),
+            usages: pick(&self.usages),
+            extra: self.extra.iter().map(|l| Live { interval: l.interval, usages: pick(&l.usages) }).collect(),
+        }
+    }
+
+    /// Whether the node's memory does not depend on its strategy (every interval is empty or
+    /// has equal usages).
+    pub fn memory_free(&self) -> bool {
+        self.lives().all(|((s, e), us)| s >= e || us.iter().all(|&u| u == us[0]))
     }
 }
 
@@ -74,6 +119,15 @@ struct NodesJson {
     intervals: Vec<[u64; 2]>,
     costs: Vec<Vec<u64>>,
     usages: Vec<Vec<u64>>,
+    /// Extension: each node's further live intervals (absent in IOPDDL files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    extra: Vec<Vec<LiveJson>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LiveJson {
+    interval: [u64; 2],
+    usages: Vec<u64>,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -126,13 +180,30 @@ impl Problem {
                 p.edges.costs.len()
             )));
         }
+        if !p.nodes.extra.is_empty() && p.nodes.extra.len() != n {
+            return Err(Error::InvalidProblem(format!(
+                "nodes.intervals has {n} entries but nodes.extra has {}",
+                p.nodes.extra.len()
+            )));
+        }
+        let mut extra = p.nodes.extra.into_iter();
         let nodes = p
             .nodes
             .intervals
             .into_iter()
             .zip(p.nodes.costs)
             .zip(p.nodes.usages)
-            .map(|((iv, costs), usages)| Node { interval: (iv[0], iv[1]), costs, usages })
+            .map(|((iv, costs), usages)| Node {
+                interval: (iv[0], iv[1]),
+                costs,
+                usages,
+                extra: extra
+                    .next()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|l| Live { interval: (l.interval[0], l.interval[1]), usages: l.usages })
+                    .collect(),
+            })
             .collect();
         let edges = p
             .edges
@@ -159,11 +230,19 @@ impl Problem {
                     node.usages.len()
                 )));
             }
-            if node.interval.0 > node.interval.1 {
-                return Err(Error::InvalidProblem(format!(
-                    "node {i} has interval [{}, {}) with start after end",
-                    node.interval.0, node.interval.1
-                )));
+            for ((start, end), usages) in node.lives() {
+                if start > end {
+                    return Err(Error::InvalidProblem(format!(
+                        "node {i} has interval [{start}, {end}) with start after end"
+                    )));
+                }
+                if usages.len() != node.costs.len() {
+                    return Err(Error::InvalidProblem(format!(
+                        "node {i} has {} costs but {} usages in interval [{start}, {end})",
+                        node.costs.len(),
+                        usages.len()
+                    )));
+                }
             }
         }
         let n = self.nodes.len();
@@ -196,6 +275,22 @@ impl Problem {
                     intervals: self.nodes.iter().map(|n| [n.interval.0, n.interval.1]).collect(),
                     costs: self.nodes.iter().map(|n| n.costs.clone()).collect(),
                     usages: self.nodes.iter().map(|n| n.usages.clone()).collect(),
+                    extra: if self.nodes.iter().all(|n| n.extra.is_empty()) {
+                        Vec::new()
+                    } else {
+                        self.nodes
+                            .iter()
+                            .map(|n| {
+                                n.extra
+                                    .iter()
+                                    .map(|l| LiveJson {
+                                        interval: [l.interval.0, l.interval.1],
+                                        usages: l.usages.clone(),
+                                    })
+                                    .collect()
+                            })
+                            .collect()
+                    },
                 },
                 edges: EdgesJson {
                     nodes: self.edges.iter().map(|e| [e.nodes.0, e.nodes.1]).collect(),

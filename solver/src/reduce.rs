@@ -12,14 +12,17 @@
 //!    between the two neighbours holds the best response to each pair), until nothing changes;
 //! 6. nodes left with no edges and irrelevant memory take their cheapest strategy.
 //!
+//! When the usage limit cannot bind (every node at its largest usage still fits, or there is no
+//! limit), memory plays no part: every node counts as memory-free in steps 3 and 5.
+//!
 //! Node indices are kept: an eliminated node stays as a single-strategy node with cost 0 and its
 //! (fixed) usage, so intervals and time steps are untouched. For every solution `x` of the
 //! reduced problem, `expand(x)` is a solution of the original with exactly the same cost and
-//! usage profile, and the optimum is preserved.
+//! (when memory can bind) the same usage profile, and the optimum is preserved.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::problem::{Edge, Node, Problem};
+use crate::problem::{Edge, Live, Node, Problem};
 
 /// Node and edge costs at or above this are treated as forbidden.
 pub const INFINITE: u64 = 100_000_000_000_000_000;
@@ -78,6 +81,10 @@ struct Work {
     costs: Vec<Vec<u64>>,
     usages: Vec<Vec<u64>>,
     intervals: Vec<(u64, u64)>,
+    /// Further live intervals of each node (see [`Node::extra`]).
+    extra: Vec<Vec<Live>>,
+    /// The usage limit cannot bind: every node is memory-free.
+    no_memory: bool,
     /// Edge matrices keyed by `(u, v)` with `u < v`, oriented `[s_u][s_v]`.
     edges: BTreeMap<(usize, usize), Vec<u64>>,
     nbrs: Vec<BTreeSet<usize>>,
@@ -114,8 +121,28 @@ impl Work {
     }
 
     fn memory_free(&self, i: usize) -> bool {
+        if self.no_memory {
+            return true;
+        }
         let (s, e) = self.intervals[i];
-        s >= e || self.usages[i].iter().all(|&u| u == self.usages[i][0])
+        (s >= e || self.usages[i].iter().all(|&u| u == self.usages[i][0]))
+            && self.extra[i].iter().all(|l| l.interval.0 >= l.interval.1 || l.usages.iter().all(|&u| u == l.usages[0]))
+    }
+
+    /// Usage of node `i` at strategy `t` compared with `s` over all its live intervals: `Less`
+    /// if no more anywhere and less somewhere, `Equal` if the same everywhere, `Greater` if more
+    /// somewhere.
+    fn usage_cmp(&self, i: usize, t: usize, s: usize) -> std::cmp::Ordering {
+        use std::cmp::Ordering::*;
+        let mut out = Equal;
+        for us in std::iter::once(&self.usages[i]).chain(self.extra[i].iter().map(|l| &l.usages)) {
+            match us[t].cmp(&us[s]) {
+                Greater => return Greater,
+                Less => out = Less,
+                Equal => {}
+            }
+        }
+        out
     }
 
     /// Keeps only strategies `keep` (indices into the current list) of node `i`.
@@ -123,6 +150,9 @@ impl Work {
         let ki = self.k(i);
         self.costs[i] = keep.iter().map(|&s| self.costs[i][s]).collect();
         self.usages[i] = keep.iter().map(|&s| self.usages[i][s]).collect();
+        for l in &mut self.extra[i] {
+            l.usages = keep.iter().map(|&s| l.usages[s]).collect();
+        }
         let nk = keep.len();
         for &j in &self.nbrs[i].clone() {
             let kj = self.k(j);
@@ -147,6 +177,13 @@ impl Work {
                     interval: self.intervals[i],
                     costs: vec![0],
                     usages: vec![self.usages[i].iter().copied().min().unwrap_or(0)],
+                    extra: self.extra[i]
+                        .iter()
+                        .map(|l| Live {
+                            interval: l.interval,
+                            usages: vec![l.usages.iter().copied().min().unwrap_or(0)],
+                        })
+                        .collect(),
                 })
                 .collect(),
             edges: vec![],
@@ -163,6 +200,8 @@ pub fn reduce(p: &Problem) -> Reduction {
         costs: p.nodes.iter().map(|x| x.costs.clone()).collect(),
         usages: p.nodes.iter().map(|x| x.usages.clone()).collect(),
         intervals: p.nodes.iter().map(|x| x.interval).collect(),
+        extra: p.nodes.iter().map(|x| x.extra.clone()).collect(),
+        no_memory: !p.memory_may_bind(),
         edges: BTreeMap::new(),
         nbrs: vec![BTreeSet::new(); n],
     };
@@ -189,14 +228,18 @@ pub fn reduce(p: &Problem) -> Reduction {
             finite_keep[i] = Some(fin);
         }
     }
-    let saved_usages = w.usages.clone();
+    let (saved_usages, saved_extra) = (w.usages.clone(), w.extra.clone());
     for (i, f) in finite_keep.iter().enumerate() {
         if let Some(f) = f {
             w.usages[i] = f.iter().map(|&s| saved_usages[i][s]).collect();
+            for l in &mut w.extra[i] {
+                l.usages = f.iter().map(|&s| l.usages[s]).collect();
+            }
         }
     }
     let drop_infinite = w.min_peak_ok(p.usage_limit);
     w.usages = saved_usages;
+    w.extra = saved_extra;
     if drop_infinite {
         for (i, f) in finite_keep.into_iter().enumerate() {
             if let Some(f) = f {
@@ -228,10 +271,11 @@ pub fn reduce(p: &Problem) -> Reduction {
                     continue;
                 }
                 // Does t dominate s? (Ties: the lower index survives.)
-                if w.costs[i][t] > w.costs[i][s] || (mem && w.usages[i][t] > w.usages[i][s]) {
+                let usage = if mem { w.usage_cmp(i, t, s) } else { std::cmp::Ordering::Equal };
+                if w.costs[i][t] > w.costs[i][s] || usage.is_gt() {
                     continue;
                 }
-                let equal_node = w.costs[i][t] == w.costs[i][s] && (!mem || w.usages[i][t] == w.usages[i][s]);
+                let equal_node = w.costs[i][t] == w.costs[i][s] && usage.is_eq();
                 let mut all_le = true;
                 let mut all_eq = equal_node;
                 'nb: for r in &rows {
@@ -356,7 +400,12 @@ pub fn reduce(p: &Problem) -> Reduction {
     stats.edges_left = w.edges.len();
 
     let nodes = (0..n)
-        .map(|i| Node { interval: w.intervals[i], costs: w.costs[i].clone(), usages: w.usages[i].clone() })
+        .map(|i| Node {
+            interval: w.intervals[i],
+            costs: w.costs[i].clone(),
+            usages: w.usages[i].clone(),
+            extra: w.extra[i].clone(),
+        })
         .collect();
     let edges = w.edges.iter().map(|(&(u, v), m)| Edge { nodes: (u, v), costs: m.clone() }).collect();
     Reduction {
@@ -373,6 +422,9 @@ fn make_ghost(w: &mut Work, i: usize, s: usize) {
     let u = w.usages[i].get(s).copied().unwrap_or(0);
     w.costs[i] = vec![0];
     w.usages[i] = vec![u];
+    for l in &mut w.extra[i] {
+        l.usages = vec![l.usages.get(s).copied().unwrap_or(0)];
+    }
 }
 
 /// The trivial reduction (the problem itself, with self-loops and parallel edges left as they
@@ -403,7 +455,11 @@ mod tests {
             let a = r.problem.evaluate(&x).unwrap();
             let b = p.evaluate(&full).unwrap();
             assert_eq!(a.cost, b.cost, "expand keeps the cost");
-            assert_eq!(a.peak_usage, b.peak_usage, "expand keeps the usage");
+            if p.memory_may_bind() {
+                assert_eq!(a.peak_usage, b.peak_usage, "expand keeps the usage");
+            } else {
+                assert!(b.feasible());
+            }
             let close = |x: f64, y: u128| (x - y as f64).abs() <= 1e-9 * (y as f64).max(1.0);
             assert!(close(mr.total_cost(&x), a.cost));
             assert!(close(m.total_cost(&full), b.cost));

@@ -77,14 +77,39 @@ impl<'m> State<'m> {
             sum.sub(row[old]);
         }
         self.cost = sum.value();
-        let du = m.usage[m.off[i] + s] - m.usage[m.off[i] + old];
-        let (l, r) = m.range[i];
-        self.seg.add(l, r, du);
+        for p in m.pieces(i) {
+            let du = m.pusage[p.u + s] - m.pusage[p.u + old];
+            if du != 0 {
+                self.seg.add(p.l, p.r, du);
+            }
+        }
         self.x[i] = s;
     }
 
-    /// One sweep of best-improvement node moves on `cost + pen[i] * usage`, with the memory limit
-    /// enforced when `feasible_only`. Returns the number of moves.
+    /// Whether node `i` can take strategy `s` without any step going over the limit.
+    fn fits(&self, i: usize, s: usize) -> bool {
+        let m = self.m;
+        let cur = self.x[i];
+        m.pieces(i).iter().all(|p| {
+            let du = m.pusage[p.u + s] - m.pusage[p.u + cur];
+            du <= 0 || self.seg.max(p.l, p.r) + du <= m.limit
+        })
+    }
+
+    /// Whether node `i` can take strategy `s` without going over the limit at any of its steps
+    /// outside the piece that holds step `t`.
+    fn fits_elsewhere(&self, i: usize, s: usize, t: usize) -> bool {
+        let m = self.m;
+        let cur = self.x[i];
+        m.pieces(i).iter().filter(|p| !(p.l <= t && t < p.r)).all(|p| {
+            let du = m.pusage[p.u + s] - m.pusage[p.u + cur];
+            du <= 0 || self.seg.max(p.l, p.r) + du <= m.limit
+        })
+    }
+
+    /// One sweep of best-improvement node moves on `cost + pen * usage` (`pen` per strategy, see
+    /// [`penalties`]), with the memory limit enforced when `feasible_only`. Returns the number of
+    /// moves.
     pub fn sweep(&mut self, order: &[usize], pen: Option<&[f64]>, feasible_only: bool) -> usize {
         let m = self.m;
         let mut moves = 0;
@@ -94,22 +119,31 @@ impl<'m> State<'m> {
                 continue;
             }
             Self::local_into(m, &self.x, i, &mut buf);
-            let us = m.usages(i);
             let cur = self.x[i];
-            let p = pen.map_or(0.0, |p| p[i]);
-            if p != 0.0 {
-                for (b, &u) in buf.iter_mut().zip(us) {
-                    *b += p * u as f64;
+            if let Some(p) = pen {
+                for (b, &q) in buf.iter_mut().zip(&p[m.off[i]..m.off[i + 1]]) {
+                    *b += q;
                 }
             }
-            let (l, r) = m.range[i];
-            let head = if feasible_only && l < r { m.limit - self.seg.max(l, r) + us[cur] } else { i64::MAX };
+            // With one piece, the room left at its busiest step decides every strategy at once.
+            let ps = m.pieces(i);
+            let one = (ps.len() == 1).then(|| {
+                let p = ps[0];
+                (p, m.limit - self.seg.max(p.l, p.r) + m.pusage[p.u + cur])
+            });
             let mut best = cur;
             let mut best_v = buf[cur];
-            for (s, (&v, &u)) in buf.iter().zip(us).enumerate() {
-                if v < best_v - 1e-9 * best_v.abs().max(1.0) && u <= head {
-                    best = s;
-                    best_v = v;
+            for (s, &v) in buf.iter().enumerate() {
+                if v < best_v - 1e-9 * best_v.abs().max(1.0) {
+                    let ok = !feasible_only
+                        || match one {
+                            Some((p, head)) => m.pusage[p.u + s] <= head,
+                            None => self.fits(i, s),
+                        };
+                    if ok {
+                        best = s;
+                        best_v = v;
+                    }
                 }
             }
             if best != cur {
@@ -127,16 +161,15 @@ impl<'m> State<'m> {
     /// and tree moves cannot trade memory between unconnected nodes.
     pub fn pair_move(&mut self, i: usize) -> bool {
         let m = self.m;
-        let (l, r) = m.range[i];
-        if l >= r || m.k[i] < 2 {
+        if m.pieces(i).is_empty() || m.k[i] < 2 {
             return false;
         }
         let before = self.cost;
         let tol = 1e-9 * before.abs().max(1.0);
         let cur = self.x[i];
-        let us = m.usages(i);
         for s in 0..m.k[i] {
-            if s == cur || us[s] <= us[cur] {
+            // Strategies that use more memory somewhere (the others are plain node moves).
+            if s == cur || m.pieces(i).iter().all(|p| m.pusage[p.u + s] <= m.pusage[p.u + cur]) {
                 continue;
             }
             self.set(i, s);
@@ -149,12 +182,11 @@ impl<'m> State<'m> {
             }
             let t = self.seg.argmax();
             for j in 0..m.n {
-                let (lj, rj) = m.range[j];
-                if j == i || m.k[j] < 2 || !(lj <= t && t < rj) {
+                if j == i || m.k[j] < 2 {
                     continue;
                 }
+                let Some(uj) = m.usage_at(j, t) else { continue };
                 let old = self.x[j];
-                let uj = m.usages(j);
                 for s2 in 0..m.k[j] {
                     if uj[s2] >= uj[old] {
                         continue;
@@ -187,23 +219,24 @@ impl<'m> State<'m> {
             let excess = self.seg.global_max() - m.limit;
             let mut best: Option<(f64, usize, usize)> = None;
             for i in 0..m.n {
-                let (l, r) = m.range[i];
-                if !(l <= t && t < r) || m.k[i] < 2 {
+                if m.k[i] < 2 {
                     continue;
                 }
-                let us = m.usages(i);
+                let Some(us) = m.usage_at(i, t) else { continue };
                 let cur = self.x[i];
                 if us.iter().all(|&u| u >= us[cur]) {
                     continue;
                 }
                 Self::local_into(m, &self.x, i, &mut buf);
-                let p = pen.map_or(0.0, |p| p[i]);
+                let o = m.off[i];
                 for s in 0..m.k[i] {
-                    if us[s] >= us[cur] {
+                    // Less memory here, and not over the limit at the node's other steps (a
+                    // node with several pieces could otherwise move the excess back and forth).
+                    if us[s] >= us[cur] || !self.fits_elsewhere(i, s, t) {
                         continue;
                     }
                     let gain = (us[cur] - us[s]).min(excess) as f64;
-                    let dc = (buf[s] - buf[cur]) + p * (us[s] - us[cur]) as f64;
+                    let dc = (buf[s] - buf[cur]) + pen.map_or(0.0, |p| p[o + s] - p[o + cur]);
                     if dc >= 1e17 {
                         continue; // would break a hard edge
                     }
@@ -221,7 +254,7 @@ impl<'m> State<'m> {
         true
     }
 
-    /// Dynamic programming over `tree` on `cost + pen * scale * usage`, where edges to nodes
+    /// Dynamic programming over `tree` on `cost + scale * pen` (`pen` per strategy), where edges to nodes
     /// outside the tree, and non-tree edges inside it, are conditioned on the current strategies
     /// (exact when the tree is induced). Applies the result when `accept` allows it.
     /// Returns true if the accepted objective strictly decreased.
@@ -264,10 +297,9 @@ impl<'m> State<'m> {
                     *t += r;
                 }
             }
-            let p = pen[v] * scale;
-            if p != 0.0 {
-                for (t, &u) in tot.iter_mut().zip(m.usages(v)) {
-                    *t += p * u as f64;
+            if scale != 0.0 {
+                for (t, &q) in tot.iter_mut().zip(&pen[m.off[v]..m.off[v + 1]]) {
+                    *t += scale * q;
                 }
             }
         }
@@ -328,8 +360,7 @@ impl<'m> State<'m> {
             ws.old.push(self.x[v]);
             if self.x[v] != ws.choice[j] {
                 changed = true;
-                let us = m.usages(v);
-                dpen += pen[v] * scale * (us[ws.choice[j]] - us[self.x[v]]) as f64;
+                dpen += scale * (pen[m.off[v] + ws.choice[j]] - pen[m.off[v] + self.x[v]]);
                 self.set(v, ws.choice[j]);
             }
         }
@@ -526,12 +557,11 @@ impl State<'_> {
         let respond = |st: &mut State, buf: &mut Vec<f64>| {
             for &w in &g.nbrs {
                 Self::local_into(m, &st.x, w, buf);
-                let p = pen.map_or(0.0, |p| p[w]);
-                let us = m.usages(w);
+                let q = |s: usize| pen.map_or(0.0, |p| p[m.off[w] + s]);
                 let mut best = st.x[w];
-                let mut bv = buf[best] + p * us[best] as f64;
+                let mut bv = buf[best] + q(best);
                 for s in 0..m.k[w] {
-                    let v = buf[s] + p * us[s] as f64;
+                    let v = buf[s] + q(s);
                     if v < bv {
                         bv = v;
                         best = s;
@@ -540,13 +570,11 @@ impl State<'_> {
                 st.set(w, best);
             }
         };
-        let penalty_nb = |st: &State| -> f64 {
-            pen.map_or(0.0, |p| g.nbrs.iter().map(|&w| p[w] * m.usage[m.off[w] + st.x[w]] as f64).sum())
-        };
+        let penalty_nb =
+            |st: &State| -> f64 { pen.map_or(0.0, |p| g.nbrs.iter().map(|&w| p[m.off[w] + st.x[w]]).sum()) };
         let cur_s = old[0];
-        let penalty = |st: &State| -> f64 {
-            pen.map_or(0.0, |p| g.members.iter().map(|t| p[t.0] * m.usage[m.off[t.0] + st.x[t.0]] as f64).sum())
-        };
+        let penalty =
+            |st: &State| -> f64 { pen.map_or(0.0, |p| g.members.iter().map(|t| p[m.off[t.0] + st.x[t.0]]).sum()) };
         let base = self.cost + penalty(self) + penalty_nb(self);
         let mut best: Option<(f64, usize)> = None;
         let mut choice = vec![0usize; g.members.len()];
@@ -786,6 +814,9 @@ pub(crate) struct SearchConfig<'a> {
     pub seed: u64,
     /// Stop early when this cost is reached (a proven lower bound).
     pub target: f64,
+    /// Also stop when the best cost is within this relative gap of the best lower bound
+    /// (`target` or a Lagrangian bound of any thread): `cost - bound <= gap * cost`.
+    pub gap: f64,
     /// Re-optimise regions with this MIP back end (large-neighbourhood search).
     pub lns: Option<&'a dyn MipBackend>,
     /// Best solution shared between threads.
@@ -807,6 +838,11 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         }
     };
     let shared_best = || cfg.shared.lock().ok().and_then(|g| g.clone());
+    // The best cost is close enough to the best bound known.
+    let done = |cost: f64| {
+        let bound = cfg.bound.lock().map_or(cfg.target, |b| b.max(cfg.target));
+        cost <= bound + 1e-9 * bound.abs().max(1.0) || (cfg.gap > 0.0 && cost - bound <= cfg.gap * cost.abs())
+    };
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let n = m.n;
     let start = Instant::now();
@@ -851,7 +887,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     // Construction: whole-graph spanning-forest DP and node sweeps on Lagrangian prices.
     let nsteps = m.nsteps();
     let mut lambda = vec![0.0f64; nsteps];
-    let mut pen = vec![0.0f64; n];
+    let mut pen = vec![0.0f64; m.cost.len()];
     let seed_price = price_scale(m);
     let mut best_lambda = lambda.clone();
     let mut iter = 0;
@@ -963,7 +999,12 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             improved_at = iter;
             last_best = now_best;
         }
-        // Stop when out of time or when the best has not improved for a while.
+        // Stop when out of time, when the best is within the gap of the bound, or when the best
+        // has not improved for a while.
+        if best.as_ref().is_some_and(|b| done(b.1)) {
+            publish(&best);
+            return best;
+        }
         let over = prof.iter().any(|&u| u > m.limit);
         if was_over.is_some_and(|w| w != over) {
             delta = (delta * 0.6).max(0.01);
@@ -1041,7 +1082,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     }
     while Instant::now() < cfg.deadline && !order.is_empty() {
         rounds += 1;
-        if st.cost <= cfg.target + 1e-9 * cfg.target.abs().max(1.0) {
+        if done(st.cost) {
             break;
         }
         let before = st.cost;
@@ -1089,6 +1130,10 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                 in_region[v] = false;
             }
             lns_solves += 1;
+            // A region that holds every free node, solved to optimality, solves the problem.
+            if region.len() >= order.len() && out.as_ref().is_ok_and(|o| o.optimal) && st.feasible() {
+                break;
+            }
             let took = t0.elapsed();
             if took > lns_limit.mul_f64(1.5) {
                 overrun = (overrun * took.as_secs_f64() / lns_limit.as_secs_f64().max(1e-3)).min(16.0);
@@ -1338,16 +1383,18 @@ fn price_scale(m: &Model) -> f64 {
         }
         let (lo, hi) = cs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
         dc += hi - lo;
-        let us = m.usages(i);
-        let (ulo, uhi) = us.iter().fold((i64::MAX, i64::MIN), |(a, b), &u| (a.min(u), b.max(u)));
-        let (l, r) = m.range[i];
-        du += (uhi - ulo) as f64 * (r - l) as f64;
+        for p in m.pieces(i) {
+            let us = m.piece_usages(i, p);
+            let (ulo, uhi) = us.iter().fold((i64::MAX, i64::MIN), |(a, b), &u| (a.min(u), b.max(u)));
+            du += (uhi - ulo) as f64 * (p.r - p.l) as f64;
+        }
     }
     if du > 0.0 { dc / du } else { 0.0 }
 }
 
-/// `pen[i] = sum of lambda over node i's steps`.
-fn penalties(m: &Model, lambda: &[f64], pen: &mut [f64]) {
+/// The memory price of every strategy: `pen[off[i] + s]` is the sum, over node `i`'s pieces, of
+/// the piece's usage under `s` times the sum of `lambda` over the piece's steps.
+pub(crate) fn penalties(m: &Model, lambda: &[f64], pen: &mut [f64]) {
     let mut prefix = Vec::with_capacity(lambda.len() + 1);
     prefix.push(0.0);
     let mut acc = 0.0;
@@ -1355,8 +1402,16 @@ fn penalties(m: &Model, lambda: &[f64], pen: &mut [f64]) {
         acc += l;
         prefix.push(acc);
     }
+    pen.fill(0.0);
     for i in 0..m.n {
-        let (a, b) = m.range[i];
-        pen[i] = if a < b { prefix[b] - prefix[a] } else { 0.0 };
+        let o = m.off[i];
+        for p in m.pieces(i) {
+            let price = prefix[p.r] - prefix[p.l];
+            if price != 0.0 {
+                for (q, &u) in pen[o..o + m.k[i]].iter_mut().zip(m.piece_usages(i, p)) {
+                    *q += price * u as f64;
+                }
+            }
+        }
     }
 }

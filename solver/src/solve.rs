@@ -40,6 +40,9 @@ pub struct SolveOptions {
     pub ilp_max_vars: usize,
     /// Let one search thread re-optimise regions with the ILP (large-neighbourhood search).
     pub lns: bool,
+    /// Stop once the best cost is within this relative gap of a proven lower bound
+    /// (`cost - bound <= gap * cost`; 0 = only at a proven optimum or the time limit).
+    pub gap: f64,
 }
 
 impl Default for SolveOptions {
@@ -52,6 +55,7 @@ impl Default for SolveOptions {
             reduce: true,
             ilp_max_vars: 300_000,
             lns: true,
+            gap: 0.0,
         }
     }
 }
@@ -63,6 +67,8 @@ pub enum Status {
     Optimal,
     /// The budget was reached: the solution is the best found, with a lower bound and gap.
     TimeLimit,
+    /// Stopped with the cost within [`SolveOptions::gap`] of the lower bound.
+    WithinGap,
 }
 
 /// The result of [`solve`]: always a feasible solution of the original problem.
@@ -93,6 +99,10 @@ impl SolveResult {
     }
 }
 
+/// CBC spends its first tens of milliseconds building the model whatever its time limit: below
+/// this much time left, the ILP is not started.
+const MIN_ILP_TIME: Duration = Duration::from_millis(50);
+
 /// Solves `problem` within `opts.time_limit`.
 ///
 /// Errors: [`Error::Infeasible`] when no solution fits the usage limit (with the minimum peak and
@@ -116,6 +126,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
     }
     let mut candidates: Vec<(Vec<usize>, &'static str)> = Vec::new();
     let mut proven = false;
+    // A candidate is within the requested gap of the bound: nothing more to search.
+    let mut settled = false;
 
     let try_ilp = match opts.method {
         Method::Ilp => true,
@@ -127,7 +139,14 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         // then the whole problem is one "region" of the ILP.
         let left = deadline.saturating_duration_since(Instant::now());
         let quick = Instant::now() + (left / 10).min(Duration::from_secs(3));
-        if let Some((x0, _)) = run_search(&m, opts, quick, &mut bound, None) {
+        let quick = run_search(&m, opts, quick, &mut bound, None);
+        let close = |c: f64| opts.gap > 0.0 && c - bound <= opts.gap * c.abs();
+        let short = deadline.saturating_duration_since(Instant::now()) < MIN_ILP_TIME;
+        if let Some((x0, c0)) = quick.as_ref().filter(|q| close(q.1) || short) {
+            // Within the gap already (no ILP needed), or no time left for one.
+            settled = close(*c0);
+            candidates.push((x0.clone(), "search"));
+        } else if let Some((x0, _)) = quick {
             let budget = deadline.saturating_duration_since(Instant::now()).mul_f64(0.85);
             let mut st = search::State::new(&m, x0);
             let region: Vec<usize> = (0..m.n).filter(|&i| m.k[i] >= 2).collect();
@@ -135,7 +154,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             if std::env::var_os("SOLVER_DEBUG").is_some() {
                 eprintln!("ilp from a search start, budget {budget:?}");
             }
-            let cbc = Cbc { no_preprocess: true };
+            // With a gap to stop at (planning), the start is usually near-optimal: a quick CBC.
+            let cbc = Cbc { no_preprocess: true, quick: (opts.gap > 0.0).then_some(opts.gap) };
             let out = crate::lns::solve_region(&m, &mut st, &region, &in_region, &cbc, budget)?;
             if out.bound.is_finite() {
                 bound = bound.max(out.bound);
@@ -176,7 +196,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             }
         }
     }
-    let need_search = !proven && (opts.method != Method::Ilp || candidates.is_empty());
+    let need_search = !proven && !settled && (opts.method != Method::Ilp || candidates.is_empty());
     if need_search {
         let small_graph = (0..m.n).filter(|&i| m.k[i] >= 2).count() <= 5000;
         let restricted = opts.method == Method::Auto && opts.lns && small_graph && !try_ilp;
@@ -225,6 +245,20 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             candidates.push((x, "search"));
         }
     }
+    if candidates.is_empty() && !proven {
+        // No search found a solution that fits (greedy repair can fail when nodes have several
+        // live intervals): the exact ILP decides, with at least a second.
+        let f = ilp::formulate(&m);
+        let budget = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+        let out = Cbc::default().solve(&f.mip, budget)?;
+        if let Some(values) = out.values.filter(|_| out.status != MipStatus::Infeasible) {
+            let x = ilp::extract(&m, &f, &values);
+            if red.problem.evaluate(&x).is_ok_and(|e| e.feasible()) {
+                proven = out.status == MipStatus::Optimal;
+                candidates.push((x, "ilp"));
+            }
+        }
+    }
     // Exact evaluation on the original problem; keep the cheapest feasible.
     let mut best: Option<(Vec<usize>, Evaluation, &'static str)> = None;
     for (x, method) in candidates {
@@ -244,7 +278,14 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         return Err(Error::Internal("no feasible solution found although the minimum peak fits the limit".into()));
     };
     let lower_bound = if proven { evaluation.cost } else { (bound.max(0.0).floor() as u128).min(evaluation.cost) };
-    let status = if proven || lower_bound == evaluation.cost { Status::Optimal } else { Status::TimeLimit };
+    let within = |cost: u128| opts.gap > 0.0 && (cost - lower_bound) as f64 <= opts.gap * cost as f64;
+    let status = if proven || lower_bound == evaluation.cost {
+        Status::Optimal
+    } else if within(evaluation.cost) {
+        Status::WithinGap
+    } else {
+        Status::TimeLimit
+    };
     Ok(SolveResult {
         cost: evaluation.cost,
         solution,
@@ -271,7 +312,7 @@ fn run_search(
     let threads = opts.threads.max(1);
     let shared = std::sync::Mutex::new(None);
     let lagrangian = std::sync::Mutex::new(f64::NEG_INFINITY);
-    let cbc = Cbc { no_preprocess: true };
+    let cbc = Cbc { no_preprocess: true, quick: None };
     let results: Vec<Option<(Vec<usize>, f64)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -283,6 +324,7 @@ fn run_search(
                     deadline,
                     seed: opts.seed.wrapping_add(t as u64),
                     target,
+                    gap: opts.gap,
                     // CBC runs one solve at a time per process: one LNS thread.
                     lns: (t == 0 && opts.lns).then_some(cbc as &dyn MipBackend),
                     shared,
@@ -383,16 +425,7 @@ fn restricted_ilp(p: &Problem, m: &Model, x: &[usize], time_limit: Duration, rou
     };
     let sub = Problem {
         name: p.name.clone(),
-        nodes: p
-            .nodes
-            .iter()
-            .zip(&keep)
-            .map(|(n, k)| crate::problem::Node {
-                interval: n.interval,
-                costs: k.iter().map(|&s| n.costs[s]).collect(),
-                usages: k.iter().map(|&s| n.usages[s]).collect(),
-            })
-            .collect(),
+        nodes: p.nodes.iter().zip(&keep).map(|(n, k)| n.restricted(k)).collect(),
         edges: p
             .edges
             .iter()
@@ -419,7 +452,7 @@ fn restricted_ilp(p: &Problem, m: &Model, x: &[usize], time_limit: Duration, rou
             st.cost
         );
     }
-    let cbc = Cbc { no_preprocess: true };
+    let cbc = Cbc { no_preprocess: true, quick: None };
     crate::lns::solve_region(&ms, &mut st, &region, &in_region, &cbc, time_limit).ok()?;
     Some((0..m.n).map(|i| keep[i][st.x[i]]).collect())
 }

@@ -82,7 +82,8 @@ impl Trws {
         }
     }
 
-    /// Runs `iters` forward-backward sweeps with unary terms `cost + pen[i] * usage`; returns
+    /// Runs `iters` forward-backward sweeps with unary terms `cost + pen` (`pen` per strategy,
+    /// the memory prices of [`crate::search::penalties`]); returns
     /// the best decoded labelling by true cost (memory is not checked) and its cost.
     pub fn run(&mut self, m: &Model, pen: &[f64], iters: usize, deadline: std::time::Instant) -> (Vec<usize>, f64) {
         let n = m.n;
@@ -106,7 +107,7 @@ impl Trws {
         best.unwrap_or((x, f64::INFINITY))
     }
 
-    /// A lower bound on `min_x sum_i (cost_i + pen[i] * usage_i)(x_i) + sum_edges E(x_u, x_v)`
+    /// A lower bound on `min_x sum_i (cost_i + pen_i)(x_i) + sum_edges E(x_u, x_v)`
     /// from the current messages: they reparametrise the energy (added to the nodes, subtracted
     /// from the edges); each node's reparametrised term is shared equally among its edges, and
     /// the sum of every edge's minimum (with its shares) bounds every labelling. Any
@@ -124,8 +125,8 @@ impl Trws {
         let mut big = 0.0f64;
         for i in 0..m.n {
             let hi = m.costs(i).iter().copied().filter(|&c| c < HARD).fold(0.0f64, |a, c| a.max(c.abs()));
-            let us = m.usages(i).iter().fold(0i64, |a, &u| a.max(u.abs()));
-            big += hi + pen[i].abs() * us as f64;
+            let pmax = pen[m.off[i]..m.off[i + 1]].iter().fold(0.0f64, |a, &q| a.max(q.abs()));
+            big += hi + pmax;
         }
         for e in &m.edges {
             let mat = &m.mats[e.mat..e.mat + m.k[e.u] * m.k[e.v]];
@@ -145,7 +146,7 @@ impl Trws {
                 if !live[oi + s] {
                     continue;
                 }
-                let mut v = m.cost[oi + s] + pen[i] * m.usage[oi + s] as f64;
+                let mut v = m.cost[oi + s] + pen[oi + s];
                 for p in 0..m.adj(i).len() {
                     v += msg(self.msg_off[base + p], s);
                 }
@@ -193,9 +194,8 @@ impl Trws {
         let later = |pos: &[usize], j: usize| if backward { pos[j] < pos[i] } else { pos[j] > pos[i] };
         // Belief: unary plus all incoming messages.
         self.theta.clear();
-        let p_i = pen[i];
-        for (&c, &u) in m.costs(i).iter().zip(m.usages(i)) {
-            self.theta.push(c.min(CAP) + p_i * u as f64);
+        for (&c, &q) in m.costs(i).iter().zip(&pen[m.off[i]..m.off[i + 1]]) {
+            self.theta.push(c.min(CAP) + q);
         }
         // Decoding: unary + edges to decoded (earlier) nodes + messages from later nodes.
         self.a.clear();
@@ -341,6 +341,15 @@ mod tests {
                         interval: (start, start + rng.random_range(0..5)),
                         costs: (0..k).map(|_| rng.random_range(0..50)).collect(),
                         usages: (0..k).map(|_| rng.random_range(0..10)).collect(),
+                        extra: if rng.random_bool(0.3) {
+                            let s = rng.random_range(0..6);
+                            vec![crate::problem::Live {
+                                interval: (s, s + rng.random_range(0..5)),
+                                usages: (0..k).map(|_| rng.random_range(0..10)).collect(),
+                            }]
+                        } else {
+                            vec![]
+                        },
                     }
                 })
                 .collect();
@@ -368,11 +377,8 @@ mod tests {
             let lambda: Vec<f64> = (0..m.nsteps())
                 .map(|_| if free || rng.random_bool(0.5) { 0.0 } else { rng.random_range(0.0..5.0) })
                 .collect();
-            let mut pen = vec![0.0; m.n];
-            for i in 0..m.n {
-                let (a, b) = m.range[i];
-                pen[i] = lambda[a..b].iter().sum();
-            }
+            let mut pen = vec![0.0; m.cost.len()];
+            crate::search::penalties(&m, &lambda, &mut pen);
             for iters in [0, 1, 5, 30] {
                 t.run(&m, &pen, iters, std::time::Instant::now() + std::time::Duration::from_secs(5));
                 let lb = t.lower_bound(&m, &pen) - if free { 0.0 } else { m.limit as f64 * lambda.iter().sum::<f64>() };

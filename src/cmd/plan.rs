@@ -48,14 +48,22 @@ pub struct PlanArgs {
     /// Solver threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Tie repeated layers: the same op of every transformer block gets the same strategy
-    /// (equality edges between consecutive blocks).
-    #[arg(long)]
+    /// Tie repeated layers: the same op of every transformer block shares one decision in the
+    /// solver (the default).
+    #[arg(long, overrides_with = "no_tie_layers")]
     pub tie_layers: bool,
     /// Never recompute activations: a plan whose program exceeds the budget is not accepted
     /// (by default, activations are recomputed during backward when that makes the plan fit).
     #[arg(long)]
     pub no_checkpoint: bool,
+    /// Solve every layer's ops separately (for comparison).
+    #[arg(long)]
+    pub no_tie_layers: bool,
+    /// Which follow ops (elementwise, reshape, ...) join their producers' decisions: `proven`
+    /// (where that provably keeps the optimum), `off`, or `cheapest` (all, each with its cheapest
+    /// response, as Alpa does; smaller problems, worse plans). For comparison.
+    #[arg(long, default_value = "proven", value_name = "MODE")]
+    pub merge: String,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -124,7 +132,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         threads: a.threads.max(1),
         compare_baselines: true,
         checkpoint: !a.no_checkpoint,
-        tie_layers: a.tie_layers,
+        tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
+        merge: a.merge.parse().map_err(anyhow::Error::msg)?,
     };
     let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     plan.model.source = Some(a.model.display().to_string());

@@ -265,3 +265,69 @@ fn tied_layers_choose_the_same_strategies() -> Result<()> {
     ensure!(pairs > 20, "only {pairs} layer pairs compared");
     Ok(())
 }
+
+/// Folding (exact ties, follow ops, tied layers) is exact for the plans it allows: every
+/// solution of the folded problem expands to a solution of the built problem with the same cost
+/// and peak, tied ops of both gpt2-tiny blocks take the same strategy, and each stage shrinks
+/// the problem.
+#[test]
+fn folded_solutions_expand_with_the_same_cost() -> Result<()> {
+    use codegen::problem::{Grouping, Merge, build, layer_pattern};
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::parse("2x2", &cpu)?;
+    let g = codegen::plan::canonical(&training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?)?;
+    // A budget that binds for some plans, so memory stays in the problem.
+    let b = build(&g, &mesh, &cpu, Baseline::Auto, Some(6 << 20))?;
+    ensure!(b.problem.memory_may_bind(), "the budget should be able to bind");
+    let exact = b.fold(&g, Grouping { merge: Merge::Off, tie_layers: false })?;
+    let merged = b.fold(&g, Grouping { merge: Merge::Proven, tie_layers: false })?;
+    let cheapest = b.fold(&g, Grouping { merge: Merge::Cheapest, tie_layers: false })?;
+    let tied = b.fold(&g, Grouping { merge: Merge::Proven, tie_layers: true })?;
+    let n = |f: &codegen::problem::Folding| f.folded.problem.nodes.len();
+    println!(
+        "nodes: built {}, exact ties {}, merged {}, tied {}",
+        b.problem.nodes.len(),
+        n(&exact),
+        n(&merged),
+        n(&tied)
+    );
+    ensure!(n(&exact) < b.problem.nodes.len() && n(&merged) <= n(&exact) && n(&tied) < n(&merged));
+    ensure!(tied.tied > 50, "only {} nodes tied", tied.tied);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for f in [&exact, &merged, &cheapest, &tied] {
+        let p = &f.folded.problem;
+        for _ in 0..30 {
+            let x: Vec<usize> = p
+                .nodes
+                .iter()
+                .map(|nd| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed % nd.strategies() as u64) as usize
+                })
+                .collect();
+            let full = f.folded.expand(&x)?;
+            let (a, e) = (p.evaluate(&x)?, b.problem.evaluate(&full)?);
+            ensure!(a.cost == e.cost, "folded cost {} but expanded {}", a.cost, e.cost);
+            ensure!(a.peak_usage == e.peak_usage, "folded peak {} but expanded {}", a.peak_usage, e.peak_usage);
+            // Tied: the same op of both blocks, when in one group, has the same strategy.
+            if std::ptr::eq(f, &tied) {
+                let chosen = b.chosen(&full);
+                for members in f.folded.groups() {
+                    for m in members {
+                        let name = &g.node(b.nodes[m.node]).name;
+                        let twin = members.iter().find(|o| {
+                            let other = &g.node(b.nodes[o.node]).name;
+                            other != name && layer_pattern(other) == layer_pattern(name)
+                        });
+                        if let Some(o) = twin {
+                            ensure!(chosen[m.node].outputs == chosen[o.node].outputs, "{name}: tied but different");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
