@@ -399,7 +399,7 @@ impl ThreadComm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sharding::ShardingSpec;
+    use sharding::{ShardingSpec, sim};
 
     fn iota(shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();

@@ -46,13 +46,16 @@ fn sizes(max: u64) -> Vec<usize> {
     v
 }
 
+/// What one rank measured: the samples and the fitted link per axis.
+type Measured = (Vec<Sample>, Vec<Option<Link>>);
+
 /// Sweeps every axis of size > 1 on this rank; returns the samples and the fitted link per axis.
 fn measure(
     comm: &mut dyn Communicator,
     mesh: &DeviceMesh,
     sizes: &[usize],
     reps: usize,
-) -> Result<(Vec<Sample>, Vec<Option<Link>>), runtime::comm::CommError> {
+) -> Result<Measured, runtime::comm::CommError> {
     let mut samples = vec![];
     let mut links = vec![];
     for axis in 0..mesh.ndim() {
@@ -191,7 +194,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)).to_string());
             let mesh = DeviceMesh::parse(&text, &cpu)?;
             let comms = ThreadWorld::new(mesh.size(), Duration::from_secs(300));
-            let results: Vec<Result<(Vec<Sample>, Vec<Option<Link>>), runtime::comm::CommError>> =
+            let results: Vec<Result<Measured, runtime::comm::CommError>> =
                 std::thread::scope(|s| {
                     let hs: Vec<_> = comms
                         .into_iter()
