@@ -63,6 +63,17 @@ pub trait Communicator {
     /// Every member sends `pieces[j]` to the `j`-th member of the group and gets, in group
     /// order, the piece each member sent it: an all-to-all.
     fn exchange_pieces(&mut self, group: &[usize], pieces: Vec<Tensor>) -> Result<Vec<Tensor>, CommError>;
+    /// Every member gets the members' blocks combined by `op` in group order. By default as a
+    /// ring moves data: a reduce-scatter of contiguous chunks, then an all-gather of the reduced
+    /// chunks (so its cost follows the ring formula the planner prices it with).
+    fn all_reduce(&mut self, group: &[usize], block: &Tensor, op: ReduceKind) -> Result<Tensor, CommError> {
+        let rank = self.rank();
+        let bad = |why: String| CommError::Bad { rank, why };
+        let mine = self.exchange_pieces(group, flat_chunks(block, group.len()))?;
+        let reduced = reduce(mine.iter(), op).map_err(bad)?;
+        let all = self.exchange(group, Arc::new(reduced))?;
+        concat_flat(&all, block.shape()).map_err(bad)
+    }
     /// Stops every rank: their pending and future collectives fail with this rank and cause.
     fn abort(&self, cause: &str);
     /// Fails when some rank has aborted (cheap; called between instructions so a failure stops
@@ -72,10 +83,8 @@ pub trait Communicator {
     }
 
     /// Runs one collective of a plan on this rank's block. Reductions add the members' blocks
-    /// in group order, exactly as [`sharding::sim::apply`] does, and move data as a ring would:
-    /// a reduce-scatter sends each member only the piece it reduces, an all-reduce is a
-    /// reduce-scatter of contiguous chunks followed by an all-gather of the reduced chunks (so
-    /// its cost follows the ring formula the planner prices it with).
+    /// in group order, exactly as [`sharding::sim::apply`] does: a reduce-scatter sends each
+    /// member only the piece it reduces; an all-reduce is [`Communicator::all_reduce`].
     fn run(&mut self, c: &Collective, mesh: &DeviceMesh, block: &Tensor) -> Result<Tensor, CommError> {
         let rank = self.rank();
         let bad = |why: String| CommError::Bad { rank, why };
@@ -96,12 +105,7 @@ pub trait Communicator {
                 let mine = self.exchange_pieces(&group, (0..n).map(|j| piece(block, *dim, n, j)).collect())?;
                 reduce(mine.iter(), ReduceKind::Sum).map_err(bad)
             }
-            Collective::AllReduce { op, .. } => {
-                let mine = self.exchange_pieces(&group, flat_chunks(block, n))?;
-                let reduced = reduce(mine.iter(), *op).map_err(bad)?;
-                let all = self.exchange(&group, Arc::new(reduced))?;
-                concat_flat(&all, block.shape()).map_err(bad)
-            }
+            Collective::AllReduce { op, .. } => self.all_reduce(&group, block, *op),
             Collective::AllToAll { split_dim, concat_dim, .. } => {
                 let got = self.exchange_pieces(&group, (0..n).map(|j| piece(block, *split_dim, n, j)).collect())?;
                 let got: Vec<Box<Tensor>> = got.into_iter().map(Box::new).collect();
@@ -299,6 +303,15 @@ impl Communicator for ThreadComm {
         }
         let all = self.meet(group, pieces.into_iter().map(Arc::new).collect())?;
         Ok(all.into_iter().map(|v| (*v[me]).clone()).collect())
+    }
+
+    /// In shared memory every member reads the others' blocks where they are: one rendezvous
+    /// and a local reduction of the whole block (in group order, so every member gets the same
+    /// bits) cost less than the ring's two rendezvous and its copies (BENCHMARKS.md, `autopar
+    /// profile`).
+    fn all_reduce(&mut self, group: &[usize], block: &Tensor, op: ReduceKind) -> Result<Tensor, CommError> {
+        let all = self.exchange(group, Arc::new(block.clone()))?;
+        reduce(all.iter().map(|t| t.as_ref()), op).map_err(|why| CommError::Bad { rank: self.rank, why })
     }
 
     fn abort(&self, cause: &str) {

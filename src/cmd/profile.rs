@@ -194,23 +194,22 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)).to_string());
             let mesh = DeviceMesh::parse(&text, &cpu)?;
             let comms = ThreadWorld::new(mesh.size(), Duration::from_secs(300));
-            let results: Vec<Result<Measured, runtime::comm::CommError>> =
-                std::thread::scope(|s| {
-                    let hs: Vec<_> = comms
-                        .into_iter()
-                        .map(|mut c| {
-                            let (mesh, sizes) = (&mesh, &sizes);
-                            s.spawn(move || measure(&mut c, mesh, sizes, a.reps))
+            let results: Vec<Result<Measured, runtime::comm::CommError>> = std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .map(|mut c| {
+                        let (mesh, sizes) = (&mesh, &sizes);
+                        s.spawn(move || measure(&mut c, mesh, sizes, a.reps))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(runtime::comm::CommError::Bad { rank: 0, why: "a rank panicked".into() })
                         })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(runtime::comm::CommError::Bad { rank: 0, why: "a rank panicked".into() })
-                            })
-                        })
-                        .collect()
-                });
+                    })
+                    .collect()
+            });
             let mut first = None;
             for r in results {
                 let r = r?;
