@@ -323,6 +323,9 @@ impl Communicator for ThreadComm {
     }
 }
 
+/// How long a member waiting at a rendezvous polls before it sleeps on the slot's condvar.
+const SPIN: Duration = Duration::from_micros(200);
+
 impl ThreadComm {
     /// The rendezvous: puts `payload` in this group's next slot, waits for every member's, and
     /// returns them in group order.
@@ -353,6 +356,10 @@ impl ThreadComm {
         if slot.filled == group.len() {
             cv.notify_all();
         }
+        // Spin a little before sleeping: when every member has a core, the others arrive within
+        // microseconds, and a futex wake-up costs tens of them (more in a VM). With more ranks
+        // than cores the yields let the missing members run.
+        let spin_until = Instant::now() + SPIN;
         loop {
             if let Some((rank, cause)) = &st.aborted {
                 return Err(CommError::Aborted { rank: *rank, cause: cause.clone() });
@@ -368,6 +375,15 @@ impl ThreadComm {
                 return Ok(all);
             }
             let now = Instant::now();
+            if now < spin_until {
+                drop(st);
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+                std::thread::yield_now();
+                st = self.shared.state.lock().map_err(|_| poisoned(self.rank))?;
+                continue;
+            }
             if now >= deadline {
                 return Err(CommError::Timeout {
                     rank: self.rank,

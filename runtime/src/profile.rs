@@ -47,7 +47,8 @@ fn barrier(comm: &mut dyn Communicator) -> Result<(), CommError> {
 }
 
 /// Measures all-reduce and all-gather over the groups of mesh axis `axis` for every block size in
-/// `sizes` (bytes per rank), `reps` times each (after one warm-up). Every rank must call it with
+/// `sizes` (bytes per rank), `reps` times each (after one warm-up), largest first (a first small
+/// size would be measured with the allocator still returning memory to the kernel). Every rank must call it with
 /// the same arguments; every rank returns the same samples.
 pub fn sweep(
     comm: &mut dyn Communicator,
@@ -63,7 +64,7 @@ pub fn sweep(
         ("all-reduce", Collective::AllReduce { axes: vec![axis], op: ReduceKind::Sum }),
         ("all-gather", Collective::AllGather { axes: vec![axis], dim: 0 }),
     ] {
-        for &bytes in sizes {
+        for &bytes in sizes.iter().rev() {
             let elems = (bytes / 4).max(n);
             let block = Tensor::f32(vec![elems], vec![1.0; elems]);
             let mut times = vec![];
