@@ -46,7 +46,7 @@
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaContext, CudaTensor, eval, is_available};
+pub use stub::{CudaContext, CudaTensor, device_count, eval, is_available};
 
 /// Launches kernel `$name` of family `$fam` with config `$cfg` and the given arguments, in
 /// order (references to device buffers or to scalars that outlive the launch), mapping a launch
@@ -91,7 +91,7 @@ mod shape;
 mod tensor;
 
 #[cfg(feature = "cuda")]
-pub use device::{CudaContext, is_available};
+pub use device::{CudaContext, device_count, is_available};
 #[cfg(feature = "cuda")]
 pub use ops::eval;
 #[cfg(feature = "cuda")]
