@@ -434,6 +434,7 @@ fn rank_and_world(a: &RunArgs) -> Result<(usize, usize)> {
 /// with one line naming the rank; under mpirun that ends the job (NCCL has no abort).
 #[cfg(feature = "cuda")]
 fn run_nccl(a: &RunArgs) -> Result<()> {
+    use runtime::comm::Communicator;
     use runtime::gpu::{GpuRank, NcclGroups};
     let (rank, world) = rank_and_world(a)?;
     if world == 0 || rank >= world {
@@ -465,8 +466,6 @@ fn run_nccl(a: &RunArgs) -> Result<()> {
             .nccl_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("autopar-nccl-{hash}-{world}{job}")));
-        // The run id (names temporary checkpoint directories) must agree across processes.
-        p.opts.run_id = format!("nccl-{hash}-{world}{job}");
         let (mut states, source_note) = init_states(a, &p.plan, &p.program, &p.feeds, &[rank])?;
         let host = kernels::cpu::CpuContext::new(p.opts.threads_per_rank)?.with_accumulation(p.opts.accumulation);
         let groups = NcclGroups::new(rank, world, dir, p.opts.timeout);
@@ -475,7 +474,11 @@ fn run_nccl(a: &RunArgs) -> Result<()> {
         if start >= a.steps {
             bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
         }
-        let how = format!("on GPUs with NCCL, this one {}", st.context().device_name());
+        // The run id (names temporary checkpoint directories) is rank 0's.
+        let id = std::sync::Arc::new(ir::Tensor::i64(vec![1], vec![std::process::id() as i64]));
+        let everyone: Vec<usize> = (0..world).collect();
+        p.opts.run_id = format!("nccl-{}", st.host_comm().exchange(&everyone, id)?[0].to_i64_vec()[0]);
+        let how = format!("as processes on GPUs with NCCL, rank 0 on {}", st.context().device_name());
         let mut rep = if rank == 0 { Some(Reporter::new(a, &p, start, &how, &source_note)?) } else { None };
         let r = runtime::gpu::rank_loop(&p.program, &mut st, &p.opts, &mut |r| {
             if let Some(rep) = rep.as_mut() {
