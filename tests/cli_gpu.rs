@@ -107,8 +107,15 @@ fn agree(what: &str, threads_out: &str, threads_save: &Path, nccl_out: &str, ncc
     for (g, w) in got.iter().zip(&want) {
         assert!((g - w).abs() <= TOL * w.abs().max(1e-12), "{what}: losses {got:?} vs threads {want:?}");
     }
-    let want = runtime::npy::read_npz(&threads_save.join("params.npz")).unwrap();
-    let got = runtime::npy::read_npz(&nccl_save.join("params.npz")).unwrap();
+    agree_params(what, threads_save, nccl_save);
+    println!("{what}: losses {:?} and parameters agree with the threads run", losses(nccl_out));
+}
+
+/// The parameters saved in `got_save` equal those in `want_save` within [`TOL`] (norm-wise).
+#[track_caller]
+fn agree_params(what: &str, want_save: &Path, got_save: &Path) {
+    let want = runtime::npy::read_npz(&want_save.join("params.npz")).unwrap();
+    let got = runtime::npy::read_npz(&got_save.join("params.npz")).unwrap();
     assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}: saved parameters");
     for (name, w) in &want {
         let g = &got[name];
@@ -117,7 +124,6 @@ fn agree(what: &str, threads_out: &str, threads_save: &Path, nccl_out: &str, ncc
         let e = norm(a.iter().zip(&b).map(|(x, y)| (x - y) as f64)) / norm(b.iter().map(|&y| y as f64)).max(1e-12);
         assert!(e <= TOL, "{what}: parameter {name} differs from the threads run by {e:.2e}");
     }
-    println!("{what}: losses {:?} and parameters agree with the threads run", losses(nccl_out));
 }
 
 /// The emulated libraries built in `dir` (libcuda, libnvrtc, libcublas), or `None` after printing
@@ -174,6 +180,20 @@ fn one_rank_on_a_device_matches_threads() {
         let nccl = ok(out, "nccl run");
         agree(&format!("mlp on mesh 1 with {optimizer}"), &threads, &ts, &nccl, &ns);
     }
+    // Checkpoints hold the downloaded blocks (AdamW's moments included): two steps, then a
+    // resumed third, end where the uninterrupted threads run does (its plan was written above).
+    let p = tmp.path().join("mlp-1-adamw.json");
+    let (ck, resumed_save) = (s(&tmp.path().join("ck")), tmp.path().join("resumed"));
+    let mut first = run_args(&p, &resumed_save, &["--backend", "nccl", "--checkpoint", &ck]);
+    first[3] = "2".into();
+    ok(autopar(&first, &env).output().unwrap(), "nccl run to a checkpoint");
+    let args = run_args(&p, &resumed_save, &["--backend", "nccl", "--checkpoint", &ck, "--resume"]);
+    let resumed = ok(autopar(&args, &env).output().unwrap(), "resumed nccl run");
+    let threads = ok(autopar(&run_args(&p, &tmp.path().join("t"), &[]), &[]).output().unwrap(), "threads run");
+    let (got, want) = (losses(&resumed), losses(&threads));
+    assert_eq!(got.len(), 1, "{resumed}");
+    assert!((got[0] - want[2]).abs() <= TOL * want[2].abs(), "resumed step 3: {got:?} vs threads {want:?}");
+    agree_params("mlp resumed at step 2", &tmp.path().join("t"), &resumed_save);
 }
 
 #[test]

@@ -86,7 +86,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "ORDINAL")]
     pub gpu: Option<usize>,
     /// `--backend nccl`: directory where the ranks share NCCL ids (every rank must see the same
-    /// one; default: a directory in the temp dir named after the plan's hash and the world size).
+    /// one; default: a directory in the temp dir named after the plan's hash, the world size and
+    /// mpirun's job id). Ranks started by hand should get a fresh one per run: an id file left by
+    /// a failed run would be read as this run's.
     #[arg(long, value_name = "DIR")]
     pub nccl_dir: Option<PathBuf>,
     /// Inject a fault, for testing failure handling: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]`

@@ -1,7 +1,8 @@
 //! CUDA backend: the ops of [`crate::cpu`] on an NVIDIA GPU, plus NCCL collectives.
 //!
 //! What it is for: the runtime executes a plan's local ops on one GPU per rank with
-//! [`eval`], and its collectives with `nccl::NcclComm` (one process per GPU). The CPU backend
+//! [`eval`], and its collectives with `nccl::NcclComm` (one process per GPU): see
+//! `runtime::gpu`, the `nccl` back end of `autopar run`. The CPU backend
 //! stays the reference: every op here has the same contract as [`crate::cpu::eval`] and is
 //! tested against it.
 //!
