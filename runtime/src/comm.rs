@@ -41,6 +41,14 @@ pub enum CommError {
         /// The timeout.
         seconds: f64,
     },
+    /// The communication library failed (NCCL or CUDA, in the `nccl` back end).
+    #[error("rank {rank}: {message}")]
+    Backend {
+        /// The rank.
+        rank: usize,
+        /// The library's message.
+        message: String,
+    },
     /// Blocks that do not fit the collective (a bug in the plan or the caller).
     #[error("rank {rank}: bad collective input: {why}")]
     Bad {

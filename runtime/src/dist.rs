@@ -88,7 +88,7 @@ impl DistError {
 
 /// Local computation of one op instruction.
 #[derive(Clone, Debug)]
-enum Kernel {
+pub(crate) enum Kernel {
     /// The op (shape attributes local) on the local blocks.
     Same(Op),
     /// Gather from a table split along `axis` over `axes` (see [`Local::MaskedGather`]).
@@ -101,7 +101,7 @@ enum Kernel {
 
 /// One compiled instruction.
 #[derive(Clone, Debug)]
-enum Exec {
+pub(crate) enum Exec {
     /// A parameter or optimizer state: its storage becomes the slot's value.
     Storage { slot: usize, name: String },
     /// This rank's block of a fed input.
@@ -144,8 +144,8 @@ pub struct InputInfo {
 #[derive(Debug)]
 pub struct Program {
     mesh: DeviceMesh,
-    code: Vec<Exec>,
-    slot_names: Vec<String>,
+    pub(crate) code: Vec<Exec>,
+    pub(crate) slot_names: Vec<String>,
     /// Parameters and optimizer state, in plan order.
     pub resident: Vec<Resident>,
     /// Constants: global value and layout.
@@ -153,11 +153,11 @@ pub struct Program {
     /// Graph inputs.
     pub inputs: Vec<InputInfo>,
     /// Graph outputs: name, slot, layout, global shape.
-    outputs: Vec<(String, usize, ShardingSpec, Vec<usize>)>,
+    pub(crate) outputs: Vec<(String, usize, ShardingSpec, Vec<usize>)>,
     /// Storage name and slot of each updated value.
-    updates: Vec<(String, usize)>,
+    pub(crate) updates: Vec<(String, usize)>,
     /// Parameters read but never updated (frozen): their slot goes back to storage.
-    kept: Vec<(String, usize)>,
+    pub(crate) kept: Vec<(String, usize)>,
     /// The plan's estimate of the peak bytes per rank.
     pub estimated_peak: u64,
     /// The plan's model hash.
@@ -171,8 +171,8 @@ pub struct RankState {
     pub rank: usize,
     /// Local blocks of parameters and optimizer state, by storage name.
     pub storage: BTreeMap<String, Tensor>,
-    constants: Vec<Arc<Tensor>>,
-    feeds: Vec<Arc<Tensor>>,
+    pub(crate) constants: Vec<Arc<Tensor>>,
+    pub(crate) feeds: Vec<Arc<Tensor>>,
     /// Steps run so far (including those of a loaded checkpoint).
     pub steps_done: u64,
 }
@@ -697,7 +697,7 @@ impl Program {
 }
 
 /// Why a local computation failed.
-enum KernelFailure {
+pub(crate) enum KernelFailure {
     Kernel(String),
     Comm(CommError),
 }
@@ -759,7 +759,7 @@ fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> (Tensor
 
 /// Runs one compiled kernel on this rank; returns the outputs and the seconds spent in the
 /// kernel's own collectives.
-fn run_kernel(
+pub(crate) fn run_kernel(
     ctx: &CpuContext,
     k: &Kernel,
     ins: &[&Tensor],

@@ -13,7 +13,8 @@
 //! its steps; [`comm`] has the [`comm::Communicator`] trait and its `threads` back end (ranks as
 //! threads, deterministic reductions, abort and timeout instead of hangs), `mpi_comm` the `mpi`
 //! one (feature `mpi`); [`launch`] runs steps on every rank with checkpoints ([`checkpoint`]) and
-//! fault handling.
+//! fault handling. `gpu` (feature `cuda`) runs the same compiled program on one GPU per rank,
+//! with the CUDA kernels and NCCL collectives (the `nccl` back end).
 //!
 //! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
 //! error (weight-free models can be planned, not run, until they are initialised).
@@ -22,6 +23,8 @@
 pub mod checkpoint;
 pub mod comm;
 pub mod dist;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;

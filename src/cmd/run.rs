@@ -74,6 +74,23 @@ pub struct RunArgs {
     /// One JSON object per line: `{"step":i,"loss":x,"ms":t,...}` per step, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// `--backend nccl`: this process's rank (default: from mpirun's OMPI_COMM_WORLD_RANK or
+    /// PMI_RANK, else 0).
+    #[arg(long, value_name = "R", requires = "world")]
+    pub rank: Option<usize>,
+    /// `--backend nccl`: the number of processes (default: from OMPI_COMM_WORLD_SIZE or
+    /// PMI_SIZE, else 1).
+    #[arg(long, value_name = "N", requires = "rank")]
+    pub world: Option<usize>,
+    /// `--backend nccl`: the CUDA device of this rank (default: rank modulo the device count).
+    #[arg(long, value_name = "ORDINAL")]
+    pub gpu: Option<usize>,
+    /// `--backend nccl`: directory where the ranks share NCCL ids (every rank must see the same
+    /// one; default: a directory in the temp dir named after the plan's hash, the world size and
+    /// mpirun's job id). Ranks started by hand should get a fresh one per run: an id file left by
+    /// a failed run would be read as this run's.
+    #[arg(long, value_name = "DIR")]
+    pub nccl_dir: Option<PathBuf>,
     /// Inject a fault, for testing failure handling: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]`
     /// (also read from the AUTOPAR_INJECT_FAULT environment variable).
     #[arg(long, value_name = "SPEC", hide = true)]
@@ -285,9 +302,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     match a.backend {
         Backend::Threads => run_threads(a),
         Backend::Mpi => run_mpi(a),
-        Backend::Nccl => {
-            bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
-        }
+        Backend::Nccl => run_nccl(a),
     }
 }
 
@@ -393,6 +408,102 @@ fn run_mpi(a: &RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_nccl(_: &RunArgs) -> Result<()> {
+    bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
+}
+
+/// This process's rank and the world size: `--rank/--world`, else mpirun's variables (Open MPI,
+/// then PMI), else rank 0 of 1.
+#[cfg(feature = "cuda")]
+fn rank_and_world(a: &RunArgs) -> Result<(usize, usize)> {
+    if let (Some(r), Some(w)) = (a.rank, a.world) {
+        return Ok((r, w));
+    }
+    for (rank, size) in [("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")] {
+        if let (Ok(r), Ok(w)) = (std::env::var(rank), std::env::var(size)) {
+            let parse = |name: &str, v: &str| v.trim().parse::<usize>().with_context(|| format!("{name}={v}"));
+            return Ok((parse(rank, &r)?, parse(size, &w)?));
+        }
+    }
+    Ok((0, 1))
+}
+
+/// One process per GPU (under mpirun, or started by hand with --rank/--world): this process runs
+/// its rank on its GPU, collectives through NCCL; rank 0 reports. A failure ends this process
+/// with one line naming the rank; under mpirun that ends the job (NCCL has no abort).
+#[cfg(feature = "cuda")]
+fn run_nccl(a: &RunArgs) -> Result<()> {
+    use runtime::comm::Communicator;
+    use runtime::gpu::{GpuRank, NcclGroups};
+    let (rank, world) = rank_and_world(a)?;
+    if world == 0 || rank >= world {
+        bail!("--backend nccl: rank {rank} of a world of {world}");
+    }
+    let r = (|| -> Result<()> {
+        let mut p = prepare(a)?;
+        if p.program.ranks() != world {
+            bail!(
+                "the plan is for {} ranks but this is rank {rank} of {world}; run with mpirun -np {}",
+                p.program.ranks(),
+                p.program.ranks()
+            );
+        }
+        let gpu = match a.gpu {
+            Some(g) => g,
+            None => rank % kernels::cuda::device_count()?.max(1),
+        };
+        let ctx = kernels::cuda::CudaContext::new(gpu)?;
+        let hash: String = p.plan.model.hash.chars().filter(char::is_ascii_alphanumeric).take(16).collect();
+        // One id directory per job: the launcher's job id when there is one, so that the ranks
+        // of a job meet and concurrent jobs of the same plan do not.
+        let job = ["PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok())
+            .map(|j| format!("-{}", j.replace(|c: char| !c.is_ascii_alphanumeric(), "_")))
+            .unwrap_or_default();
+        let dir = a
+            .nccl_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("autopar-nccl-{hash}-{world}{job}")));
+        let (mut states, source_note) = init_states(a, &p.plan, &p.program, &p.feeds, &[rank])?;
+        let host = kernels::cpu::CpuContext::new(p.opts.threads_per_rank)?.with_accumulation(p.opts.accumulation);
+        let groups = NcclGroups::new(rank, world, dir, p.opts.timeout);
+        let mut st = GpuRank::new(ctx, groups, host, states.remove(0))?;
+        let start = st.steps_done;
+        if start >= a.steps {
+            bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
+        }
+        // The run id (names temporary checkpoint directories) is rank 0's.
+        let id = std::sync::Arc::new(ir::Tensor::i64(vec![1], vec![std::process::id() as i64]));
+        let everyone: Vec<usize> = (0..world).collect();
+        p.opts.run_id = format!("nccl-{}", st.host_comm().exchange(&everyone, id)?[0].to_i64_vec()[0]);
+        let how = format!("as processes on GPUs with NCCL, rank 0 on {}", st.context().device_name());
+        let mut rep = if rank == 0 { Some(Reporter::new(a, &p, start, &how, &source_note)?) } else { None };
+        let r = runtime::gpu::rank_loop(&p.program, &mut st, &p.opts, &mut |r| {
+            if let Some(rep) = rep.as_mut() {
+                rep.step(&r);
+            }
+        });
+        if let Some(b) = rep.as_ref().and_then(|r| r.bar.as_ref()) {
+            b.finish_and_clear();
+        }
+        r.context("the run stopped")?;
+        if let Some(rep) = rep.as_mut() {
+            rep.finish()?;
+        }
+        if a.save.is_some() {
+            let host = st.host_state()?;
+            let params = runtime::launch::gather_params(&p.program, &host, &mut st.host_comm())?;
+            if rank == 0 {
+                save_params(a, &params)?;
+            }
+        }
+        Ok(())
+    })();
+    if world > 1 { r.with_context(|| format!("rank {rank}")) } else { r }
 }
 
 /// Every rank's blocks: from the checkpoint (`--resume`), or from the model file and the seed;

@@ -299,6 +299,19 @@ pub fn is_available() -> bool {
     missing_library().is_none() && matches!(guarded("cuInit", drv::CudaContext::device_count), Ok(Ok(n)) if n > 0)
 }
 
+/// Number of CUDA devices the driver reports (for choosing a device per rank).
+///
+/// Errors with [`Error::NoCudaDevice`] when the driver or a library is missing or the driver
+/// fails to initialise; never panics for those.
+pub fn device_count() -> Result<usize, Error> {
+    if let Some(why) = missing_library() {
+        return Err(Error::NoCudaDevice(why));
+    }
+    let count = guarded("cuInit", drv::CudaContext::device_count)?
+        .map_err(|e| Error::NoCudaDevice(format!("the driver did not initialise: {e:?}")))?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
 impl CudaContext {
     /// Opens CUDA device `ordinal` with a new stream and a cuBLAS handle.
     ///

@@ -1,7 +1,8 @@
 //! CUDA backend: the ops of [`crate::cpu`] on an NVIDIA GPU, plus NCCL collectives.
 //!
 //! What it is for: the runtime executes a plan's local ops on one GPU per rank with
-//! [`eval`], and its collectives with `nccl::NcclComm` (one process per GPU). The CPU backend
+//! [`eval`], and its collectives with `nccl::NcclComm` (one process per GPU): see
+//! `runtime::gpu`, the `nccl` back end of `autopar run`. The CPU backend
 //! stays the reference: every op here has the same contract as [`crate::cpu::eval`] and is
 //! tested against it.
 //!
@@ -46,7 +47,7 @@
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaContext, CudaTensor, eval, is_available};
+pub use stub::{CudaContext, CudaTensor, device_count, eval, is_available};
 
 /// Launches kernel `$name` of family `$fam` with config `$cfg` and the given arguments, in
 /// order (references to device buffers or to scalars that outlive the launch), mapping a launch
@@ -91,7 +92,7 @@ mod shape;
 mod tensor;
 
 #[cfg(feature = "cuda")]
-pub use device::{CudaContext, is_available};
+pub use device::{CudaContext, device_count, is_available};
 #[cfg(feature = "cuda")]
 pub use ops::eval;
 #[cfg(feature = "cuda")]

@@ -61,6 +61,11 @@ pub fn eval(ctx: &CudaContext, op: &ir::Op, inputs: &[&CudaTensor]) -> Result<Ve
     unavailable()
 }
 
+/// Number of CUDA devices: always [`Error::NotCompiledWith`] in this build.
+pub fn device_count() -> Result<usize, Error> {
+    unavailable()
+}
+
 /// True when this build can drive CUDA devices: never in this build.
 pub fn is_available() -> bool {
     false

@@ -1,0 +1,503 @@
+//! Executing a distributed plan on GPUs (feature `cuda`): the `nccl` back end.
+//!
+//! One process (or thread) per rank, each on its own GPU. A [`GpuRank`] walks the same
+//! compiled [`Program`] as the CPU executor ([`Program::step`]), in the same order, with
+//! [`CudaTensor`] values: kernels through [`kernels::cuda::eval`], the plan's collectives through
+//! NCCL on the sub-communicator of their group ([`NcclGroups`]), frees by dropping the device
+//! tensors.
+//!
+//! The rank's host state comes from the CPU path unchanged ([`Program::init_rank`] or a
+//! checkpoint through [`Program::empty_rank`]), and is uploaded once by [`GpuRank::new`]:
+//! parameters, optimizer state, constants and feeds stay on the device between steps. Each step
+//! downloads only the graph outputs (the loss); [`GpuRank::host_state`] downloads the
+//! parameters and optimizer state for checkpoints and `--save`.
+//!
+//! Mapping of the plan's collectives (groups of one rank are no-ops, so a one-rank run needs no
+//! NCCL library at all):
+//! - `AllReduce` is an NCCL all-reduce (sum or max); `Broadcast` an NCCL broadcast from member 0;
+//! - `AllGather` / `ReduceScatter` along dim `d`: NCCL works on dim 0, so `d` is transposed to
+//!   the front and back around the call;
+//! - `AllToAll`: an all-gather of the whole blocks, then each member keeps its piece of every
+//!   sender and concatenates them (correct, not bandwidth-optimal: `n` times the data moves);
+//! - `Slice` and `MakePartial` are local (a slice kernel, a zero tensor).
+//!
+//! The three special local computations of [`sharding::Local`] (masked gather and scatter over a
+//! split table, a softmax split over ranks) run on the host through the CPU executor's code, on
+//! downloaded inputs, with their collectives through NCCL ([`NcclHost`]): correct first; they
+//! appear only in vocabulary-parallel plans.
+//!
+//! Invariants:
+//! - Every rank runs the same instructions in the same order, so NCCL calls meet; communicators
+//!   are made lazily, the first time a group is used, which every member does at the same
+//!   instruction.
+//! - A group's NCCL id is shared through a file in one directory ([`NcclGroups::new`]) and the
+//!   file is removed once the communicator exists (every member has read it by then), so a
+//!   later run in the same directory never reads a stale id.
+//! - The measured peak of a step is the device context's peak bytes during the step
+//!   ([`CudaContext::peak_bytes`]): everything the rank held on its GPU, resident state and
+//!   kernel scratch included.
+//! - NCCL has no abort: a rank that fails exits its process, and the launcher (mpirun) ends the
+//!   others; ranks started by hand must be stopped by hand.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ir::{Op, SliceAxis, Tensor};
+use kernels::cpu::CpuContext;
+use kernels::cuda::nccl::{NcclComm, Reduction, group_id_path};
+use kernels::cuda::{self, CudaContext, CudaTensor};
+use sharding::{Collective, DeviceMesh, ReduceKind, sim};
+
+use crate::checkpoint;
+use crate::comm::{CommError, Communicator};
+use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, RankState, StepResult, run_kernel};
+use crate::launch::{FaultKind, RunOptions, StepReport};
+
+/// The NCCL communicators of one rank, one per group of global ranks, made on first use.
+pub struct NcclGroups {
+    rank: usize,
+    world: usize,
+    dir: PathBuf,
+    timeout: Duration,
+    comms: HashMap<Vec<usize>, NcclComm>,
+}
+
+impl NcclGroups {
+    /// Rank `rank` of `world`; groups meet through id files in `dir` (created if missing; it
+    /// must be the same directory, on a shared file system, for every rank), waiting at most
+    /// `timeout` for a group's first rank.
+    pub fn new(rank: usize, world: usize, dir: PathBuf, timeout: Duration) -> NcclGroups {
+        NcclGroups { rank, world, dir, timeout, comms: HashMap::new() }
+    }
+
+    /// The communicator of `group` (global ranks in group order, this rank among them).
+    fn get(&mut self, ctx: &CudaContext, group: &[usize]) -> Result<&NcclComm, CommError> {
+        let rank = self.rank;
+        if !self.comms.contains_key(group) {
+            let fail = |message: String| CommError::Backend { rank, message };
+            std::fs::create_dir_all(&self.dir)
+                .map_err(|e| fail(format!("cannot create the NCCL id directory {}: {e}", self.dir.display())))?;
+            let comm = NcclComm::for_group(ctx, rank, group, &self.dir, self.timeout)
+                .map_err(|e| fail(format!("NCCL communicator of ranks {group:?}: {e}")))?;
+            if comm.rank() == 0 {
+                // Every member has joined, so every member has read the id.
+                std::fs::remove_file(group_id_path(&self.dir, group)).ok();
+            }
+            self.comms.insert(group.to_vec(), comm);
+        }
+        self.comms
+            .get(group)
+            .ok_or_else(|| CommError::Backend { rank, message: format!("no communicator for {group:?}") })
+    }
+}
+
+/// A [`Communicator`] on host tensors through NCCL: tensors are uploaded, gathered or reduced on
+/// the device, and downloaded. For the few host-side exchanges of a GPU run (the loss, the step
+/// report, checkpoint sums, `--save`) and the host-side special kernels; blocks exchanged in one
+/// call must have equal metas on every member (they do in SPMD plans).
+pub struct NcclHost<'a> {
+    ctx: &'a CudaContext,
+    groups: &'a mut NcclGroups,
+}
+
+impl<'a> NcclHost<'a> {
+    /// Host collectives of `groups` on `ctx`'s device.
+    pub fn new(ctx: &'a CudaContext, groups: &'a mut NcclGroups) -> NcclHost<'a> {
+        NcclHost { ctx, groups }
+    }
+
+    /// Maps a CUDA or NCCL failure of this rank (a function, not a method: it is used while a
+    /// communicator borrows the groups).
+    fn fail(&self) -> impl Fn(kernels::Error) -> CommError + use<> {
+        let rank = self.groups.rank;
+        move |e| CommError::Backend { rank, message: e.to_string() }
+    }
+
+    /// Every member's `t` (equal metas), in group order.
+    fn gather(&mut self, group: &[usize], t: &Tensor) -> Result<Vec<Tensor>, CommError> {
+        let n = group.len();
+        if n == 1 {
+            return Ok(vec![t.clone()]);
+        }
+        let (ctx, fail) = (self.ctx, self.fail());
+        let flat = t.clone().reshaped(vec![t.numel()]).map_err(|e| self.bad(e.to_string()))?;
+        let d = CudaTensor::upload(ctx, &flat).map_err(&fail)?;
+        let comm = self.groups.get(ctx, group)?;
+        let all = comm.all_gather(ctx, &d).and_then(|g| g.download(ctx)).map_err(&fail)?;
+        let all = all.reshaped(vec![n, t.numel()]).map_err(|e| self.bad(e.to_string()))?;
+        (0..n)
+            .map(|j| {
+                let row = sim::block(&all, &[j, 0], &[1, t.numel()]);
+                row.reshaped(t.shape().to_vec()).map_err(|e| self.bad(e.to_string()))
+            })
+            .collect()
+    }
+
+    fn bad(&self, why: String) -> CommError {
+        CommError::Bad { rank: self.groups.rank, why }
+    }
+}
+
+impl Communicator for NcclHost<'_> {
+    fn rank(&self) -> usize {
+        self.groups.rank
+    }
+    fn size(&self) -> usize {
+        self.groups.world
+    }
+    fn exchange(&mut self, group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError> {
+        Ok(self.gather(group, &block)?.into_iter().map(Arc::new).collect())
+    }
+    fn exchange_pieces(&mut self, group: &[usize], pieces: Vec<Tensor>) -> Result<Vec<Tensor>, CommError> {
+        // Everyone gathers every piece, then keeps the ones addressed to it.
+        let me = group.iter().position(|&r| r == self.groups.rank).ok_or_else(|| self.bad("not in group".into()))?;
+        let first = pieces.first().ok_or_else(|| self.bad("no pieces".into()))?.meta();
+        if pieces.len() != group.len() || pieces.iter().any(|p| p.meta() != first) {
+            return Err(self.bad("the nccl back end exchanges pieces of equal metas only".into()));
+        }
+        // Round j gathers every member's piece for member j: all members take part in every
+        // round, and member j keeps round j.
+        let mut received = vec![];
+        for (j, t) in pieces.iter().enumerate() {
+            let all = self.gather(group, t)?;
+            if j == me {
+                received = all;
+            }
+        }
+        Ok(received)
+    }
+    fn all_reduce(&mut self, group: &[usize], block: &Tensor, op: ReduceKind) -> Result<Tensor, CommError> {
+        if group.len() == 1 {
+            return Ok(block.clone());
+        }
+        let (ctx, fail) = (self.ctx, self.fail());
+        let d = CudaTensor::upload(ctx, block).map_err(&fail)?;
+        let comm = self.groups.get(ctx, group)?;
+        comm.all_reduce(ctx, &d, reduction(op)).and_then(|y| y.download(ctx)).map_err(&fail)
+    }
+    /// NCCL has no abort: the failing process exits and its launcher stops the others.
+    fn abort(&self, _cause: &str) {}
+}
+
+fn reduction(op: ReduceKind) -> Reduction {
+    match op {
+        ReduceKind::Sum => Reduction::Sum,
+        ReduceKind::Max => Reduction::Max,
+    }
+}
+
+/// One rank's blocks on its GPU and its communicators (see the module docs).
+pub struct GpuRank {
+    /// The rank.
+    pub rank: usize,
+    /// Steps run so far (including those of a loaded checkpoint).
+    pub steps_done: u64,
+    ctx: CudaContext,
+    groups: NcclGroups,
+    /// Host context for the special kernels that run on the host.
+    host: CpuContext,
+    storage: BTreeMap<String, CudaTensor>,
+    constants: Vec<CudaTensor>,
+    feeds: Vec<CudaTensor>,
+}
+
+impl GpuRank {
+    /// Uploads a rank's host state (from [`Program::init_rank`] or a checkpoint) to `ctx`'s
+    /// device; collectives go through `groups`. `host` runs the host-side special kernels.
+    pub fn new(ctx: CudaContext, groups: NcclGroups, host: CpuContext, st: RankState) -> Result<GpuRank, DistError> {
+        let rank = st.rank;
+        let up = |t: &Tensor| CudaTensor::upload(&ctx, t).map_err(|e| DistError::Data { rank, message: e.to_string() });
+        let storage = st.storage.iter().map(|(k, t)| Ok((k.clone(), up(t)?))).collect::<Result<_, DistError>>()?;
+        let constants = st.constants.iter().map(|t| up(t)).collect::<Result<_, _>>()?;
+        let feeds = st.feeds.iter().map(|t| up(t)).collect::<Result<_, _>>()?;
+        Ok(GpuRank { rank, steps_done: st.steps_done, ctx, groups, host, storage, constants, feeds })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &CudaContext {
+        &self.ctx
+    }
+
+    /// A host communicator over this rank's NCCL groups (every rank must call the same
+    /// collectives on it).
+    pub fn host_comm(&mut self) -> NcclHost<'_> {
+        NcclHost::new(&self.ctx, &mut self.groups)
+    }
+
+    /// The parameters and optimizer state downloaded into a host [`RankState`] (no constants or
+    /// feeds), for checkpoints and saving.
+    pub fn host_state(&self) -> Result<RankState, DistError> {
+        let storage = self
+            .storage
+            .iter()
+            .map(|(k, t)| {
+                let h =
+                    t.download(&self.ctx).map_err(|e| DistError::Data { rank: self.rank, message: e.to_string() })?;
+                Ok((k.clone(), h))
+            })
+            .collect::<Result<_, DistError>>()?;
+        Ok(RankState { rank: self.rank, storage, constants: vec![], feeds: vec![], steps_done: self.steps_done })
+    }
+
+    /// Runs one training step of `program` (see the module docs).
+    pub fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
+        let rank = self.rank;
+        let t0 = Instant::now();
+        let mut comm_seconds = 0.0;
+        self.ctx.reset_peak();
+        let mut vals: Vec<Option<CudaTensor>> = vec![None; program.slot_names.len()];
+        // Parameters move out of storage into the step; the storage is rebuilt at the end.
+        let mut storage = std::mem::take(&mut self.storage);
+        let missing = |slot: usize| {
+            DistError::Plan(format!("rank {rank}: reads {} before it is written", program.slot_names[slot]))
+        };
+        let mesh = program.mesh();
+        for ins in &program.code {
+            match ins {
+                Exec::Storage { slot, name } => {
+                    let t = storage
+                        .remove(name)
+                        .ok_or_else(|| DistError::Data { rank, message: format!("no storage for {name}") })?;
+                    vals[*slot] = Some(t);
+                }
+                Exec::Input { slot, index } => vals[*slot] = Some(self.feeds[*index].clone()),
+                Exec::Constant { slot, index } => vals[*slot] = Some(self.constants[*index].clone()),
+                Exec::Op { node, op, kernel, inputs, outputs } => {
+                    let ins: Vec<&CudaTensor> =
+                        inputs.iter().map(|&s| vals[s].as_ref().ok_or_else(|| missing(s))).collect::<Result<_, _>>()?;
+                    let kerr =
+                        |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
+                    let outs = match kernel {
+                        Kernel::Same(op) => cuda::eval(&self.ctx, op, &ins).map_err(|e| kerr(e.to_string()))?,
+                        special => {
+                            let t1 = Instant::now();
+                            let outs = self.on_host(special, &ins, mesh).map_err(|e| match e {
+                                KernelFailure::Kernel(m) => kerr(m),
+                                KernelFailure::Comm(c) => DistError::Comm(c),
+                            })?;
+                            comm_seconds += t1.elapsed().as_secs_f64();
+                            outs
+                        }
+                    };
+                    if outs.len() != outputs.len() {
+                        return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
+                    }
+                    for (t, &s) in outs.into_iter().zip(outputs) {
+                        vals[s] = Some(t);
+                    }
+                }
+                Exec::Collective { input, output, c } => {
+                    let t1 = Instant::now();
+                    let x = vals[*input].as_ref().ok_or_else(|| missing(*input))?;
+                    let y = self.collective(c, mesh, x)?;
+                    // Collectives are queued on the stream: wait, so the time is theirs.
+                    self.ctx.synchronize().map_err(|e| self.comm_err(e))?;
+                    comm_seconds += t1.elapsed().as_secs_f64();
+                    vals[*output] = Some(y);
+                }
+                Exec::Free { slots } => {
+                    for &s in slots {
+                        vals[s].take().ok_or_else(|| missing(s))?;
+                    }
+                }
+            }
+        }
+        // Outputs: every rank gets the global value.
+        let everyone: Vec<usize> = (0..program.ranks()).collect();
+        let mut outputs = BTreeMap::new();
+        for (name, slot, spec, shape) in &program.outputs {
+            let x = vals[*slot].as_ref().ok_or_else(|| missing(*slot))?;
+            let x = x.download(&self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })?;
+            let t1 = Instant::now();
+            let blocks: Vec<Tensor> =
+                self.host_comm().exchange(&everyone, Arc::new(x))?.iter().map(|t| (**t).clone()).collect();
+            comm_seconds += t1.elapsed().as_secs_f64();
+            let t = sim::assemble(&blocks, spec, shape, mesh, f32::INFINITY)
+                .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?;
+            outputs.insert(name.clone(), t);
+        }
+        for (name, slot) in program.updates.iter().chain(&program.kept) {
+            let t = vals[*slot].take().ok_or_else(|| missing(*slot))?;
+            storage.insert(name.clone(), t);
+        }
+        drop(vals);
+        self.storage = storage;
+        self.steps_done += 1;
+        Ok(StepResult {
+            outputs,
+            peak_bytes: self.ctx.peak_bytes() as u64,
+            seconds: t0.elapsed().as_secs_f64(),
+            comm_seconds,
+        })
+    }
+
+    fn comm_err(&self, e: kernels::Error) -> DistError {
+        DistError::Comm(CommError::Backend { rank: self.rank, message: e.to_string() })
+    }
+
+    /// A special kernel on the host: inputs downloaded, the CPU executor's code, outputs
+    /// uploaded.
+    fn on_host(
+        &mut self,
+        k: &Kernel,
+        ins: &[&CudaTensor],
+        mesh: &DeviceMesh,
+    ) -> Result<Vec<CudaTensor>, KernelFailure> {
+        let fail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
+        let host: Vec<Tensor> = ins.iter().map(|t| t.download(&self.ctx)).collect::<Result<_, _>>().map_err(fail)?;
+        let refs: Vec<&Tensor> = host.iter().collect();
+        let rank = self.rank;
+        let mut comm = NcclHost::new(&self.ctx, &mut self.groups);
+        let (outs, _) = run_kernel(&self.host, k, &refs, mesh, &mut comm, rank)?;
+        outs.iter().map(|t| CudaTensor::upload(&self.ctx, t).map_err(fail)).collect()
+    }
+
+    /// One plan collective on the device (see the module docs for the mapping).
+    fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &CudaTensor) -> Result<CudaTensor, DistError> {
+        let rank = self.rank;
+        let group = mesh.group_of(rank, c.axes());
+        let i = mesh.index_in_group(rank, c.axes());
+        let n = group.len();
+        if n == 1 {
+            return Ok(x.clone());
+        }
+        let ctx = &self.ctx;
+        let fail = |e: kernels::Error| DistError::Comm(CommError::Backend { rank, message: e.to_string() });
+        let eval1 = |op: Op, t: &CudaTensor| cuda::eval(ctx, &op, &[t]).map(|mut v| v.swap_remove(0)).map_err(fail);
+        // Piece `j` of `n` along `dim`.
+        let piece = |t: &CudaTensor, dim: usize, j: usize| {
+            let len = t.shape()[dim] / n;
+            eval1(Op::Slice { axes: vec![SliceAxis { axis: dim, start: (j * len) as i64, len, step: 1 }] }, t)
+        };
+        // Dim `d` moved to the front, and back.
+        let front = |t: &CudaTensor, d: usize| {
+            if d == 0 {
+                return Ok(t.clone());
+            }
+            let mut perm: Vec<usize> = vec![d];
+            perm.extend((0..t.shape().len()).filter(|&k| k != d));
+            eval1(Op::Transpose { perm }, t)
+        };
+        let back = |t: &CudaTensor, d: usize| {
+            if d == 0 {
+                return Ok(t.clone());
+            }
+            let perm = (0..t.shape().len())
+                .map(|k| {
+                    if k < d {
+                        k + 1
+                    } else if k == d {
+                        0
+                    } else {
+                        k
+                    }
+                })
+                .collect();
+            eval1(Op::Transpose { perm }, t)
+        };
+        match c {
+            Collective::Slice { dim, .. } => piece(x, *dim, i),
+            Collective::MakePartial { .. } => {
+                if i == 0 {
+                    Ok(x.clone())
+                } else {
+                    CudaTensor::zeros(ctx, x.meta()).map_err(fail)
+                }
+            }
+            Collective::AllReduce { op, .. } => {
+                let comm = self.groups.get(ctx, &group)?;
+                comm.all_reduce(ctx, x, reduction(*op)).map_err(fail)
+            }
+            Collective::Broadcast { .. } => {
+                let comm = self.groups.get(ctx, &group)?;
+                comm.broadcast(ctx, Some(x), x.meta(), 0).map_err(fail)
+            }
+            Collective::AllGather { dim, .. } => {
+                let t = front(x, *dim)?;
+                let comm = self.groups.get(ctx, &group)?;
+                let g = comm.all_gather(ctx, &t).map_err(fail)?;
+                back(&g, *dim)
+            }
+            Collective::ReduceScatter { dim, .. } => {
+                let t = front(x, *dim)?;
+                let comm = self.groups.get(ctx, &group)?;
+                let r = comm.reduce_scatter(ctx, &t, Reduction::Sum).map_err(fail)?;
+                back(&r, *dim)
+            }
+            Collective::AllToAll { split_dim, concat_dim, .. } => {
+                // Gather every member's whole block as [n, ...], keep our piece of each along
+                // the split dim, then merge the member axis into the concat dim (member-major).
+                let mut shape1 = vec![1];
+                shape1.extend_from_slice(x.shape());
+                let u = eval1(Op::Reshape { shape: shape1 }, x)?;
+                let comm = self.groups.get(ctx, &group)?;
+                let g = comm.all_gather(ctx, &u).map_err(fail)?;
+                let p = piece(&g, split_dim + 1, i)?;
+                let r = x.shape().len();
+                let mut perm: Vec<usize> = (1..=*concat_dim).collect();
+                perm.push(0);
+                perm.extend(concat_dim + 1..=r);
+                let t = eval1(Op::Transpose { perm }, &p)?;
+                let mut merged: Vec<usize> = p.shape()[1..].to_vec();
+                merged[*concat_dim] *= n;
+                eval1(Op::Reshape { shape: merged }, &t)
+            }
+        }
+    }
+}
+
+/// Runs steps on one GPU rank until `opts.until_step`, as [`crate::launch::rank_loop`] does on
+/// the CPU: every rank learns every rank's peak and times, checkpoints are written from
+/// downloaded blocks, and `report` sees every step's report (on every rank).
+pub fn rank_loop(
+    program: &Program,
+    st: &mut GpuRank,
+    opts: &RunOptions,
+    report: &mut dyn FnMut(StepReport),
+) -> Result<(), DistError> {
+    let everyone: Vec<usize> = (0..program.ranks()).collect();
+    while st.steps_done < opts.until_step {
+        let step = st.steps_done + 1;
+        let fault = opts.fault.filter(|f| f.rank == st.rank && f.step == step);
+        match fault.map(|f| f.kind) {
+            Some(FaultKind::Error) => return Err(DistError::Injected { rank: st.rank, step }),
+            Some(FaultKind::Panic) => panic!("injected panic at step {step}"),
+            Some(FaultKind::AbortProcess) => {
+                eprintln!("rank {}: injected fault: the process dies at step {step}", st.rank);
+                std::process::abort()
+            }
+            // No abort to wait for in NCCL: a hang is a hang.
+            Some(FaultKind::Hang) => loop {
+                std::thread::sleep(Duration::from_millis(50));
+            },
+            _ => {}
+        }
+        let r = st.step(program)?;
+        let loss = r.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+        let ns = |s: f64| (s * 1e9) as i64;
+        let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
+        let all: Vec<Vec<i64>> =
+            st.host_comm().exchange(&everyone, Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
+        let mut rep = StepReport {
+            step,
+            loss,
+            seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
+            comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
+            peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
+            checkpoint: None,
+        };
+        if let Some(c) = &opts.checkpoint {
+            let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
+            if due {
+                let exit = fault.is_some_and(|f| f.kind == FaultKind::ExitInCheckpoint);
+                let host = st.host_state()?;
+                rep.checkpoint =
+                    Some(checkpoint::write(&c.dir, &opts.run_id, program, &host, &mut st.host_comm(), exit)?);
+            }
+        }
+        report(rep);
+    }
+    Ok(())
+}
