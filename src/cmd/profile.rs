@@ -221,9 +221,10 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
             report(a, &mesh, &samples, &links, "threads")
         }
         Backend::Mpi => run_mpi(a, &sizes, &cpu),
-        Backend::Nccl => {
-            bail!("--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)")
-        }
+        Backend::Nccl => bail!(
+            "--backend nccl: profiling NCCL links is not implemented yet; measure with --backend mpi on the same \
+             machines, or give the links with --mesh-profile when planning"
+        ),
     }
 }
 
