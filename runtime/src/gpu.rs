@@ -461,33 +461,10 @@ pub fn rank_loop(
     while st.steps_done < opts.until_step {
         let step = st.steps_done + 1;
         let fault = opts.fault.filter(|f| f.rank == st.rank && f.step == step);
-        match fault.map(|f| f.kind) {
-            Some(FaultKind::Error) => return Err(DistError::Injected { rank: st.rank, step }),
-            Some(FaultKind::Panic) => panic!("injected panic at step {step}"),
-            Some(FaultKind::AbortProcess) => {
-                eprintln!("rank {}: injected fault: the process dies at step {step}", st.rank);
-                std::process::abort()
-            }
-            // No abort to wait for in NCCL: a hang is a hang.
-            Some(FaultKind::Hang) => loop {
-                std::thread::sleep(Duration::from_millis(50));
-            },
-            _ => {}
-        }
+        // No abort to wait for in NCCL: a hang is a hang.
+        crate::launch::inject(fault.map(|f| f.kind), st.rank, step, || Ok(()))?;
         let r = st.step(program)?;
-        let loss = r.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
-        let ns = |s: f64| (s * 1e9) as i64;
-        let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
-        let all: Vec<Vec<i64>> =
-            st.host_comm().exchange(&everyone, Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
-        let mut rep = StepReport {
-            step,
-            loss,
-            seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
-            comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
-            peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
-            checkpoint: None,
-        };
+        let mut rep = crate::launch::step_report(&mut st.host_comm(), &everyone, step, &r)?;
         if let Some(c) = &opts.checkpoint {
             let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
             if due {

@@ -16,7 +16,7 @@ use kernels::cpu::{Accumulation, CpuContext};
 
 use crate::checkpoint;
 use crate::comm::{Communicator, ThreadWorld};
-use crate::dist::{DistError, Program, RankState};
+use crate::dist::{DistError, Program, RankState, StepResult};
 
 /// What an injected fault does (tests of failure handling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +132,51 @@ pub struct StepReport {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
+/// checkpoint writer acts out). A hang sleeps, calling `check` so an abort elsewhere ends it.
+pub(crate) fn inject(
+    kind: Option<FaultKind>,
+    rank: usize,
+    step: u64,
+    mut check: impl FnMut() -> Result<(), DistError>,
+) -> Result<(), DistError> {
+    match kind {
+        Some(FaultKind::Error) => Err(DistError::Injected { rank, step }),
+        Some(FaultKind::Panic) => panic!("injected panic at step {step}"),
+        Some(FaultKind::AbortProcess) => {
+            eprintln!("rank {rank}: injected fault: the process dies at step {step}");
+            std::process::abort()
+        }
+        Some(FaultKind::Hang) => loop {
+            std::thread::sleep(Duration::from_millis(50));
+            check()?;
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The report of `step`: every rank's peak and times, exchanged so every rank has them.
+pub(crate) fn step_report(
+    comm: &mut dyn Communicator,
+    everyone: &[usize],
+    step: u64,
+    r: &StepResult,
+) -> Result<StepReport, DistError> {
+    let loss = r.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+    let ns = |s: f64| (s * 1e9) as i64;
+    let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
+    let all: Vec<Vec<i64>> =
+        comm.exchange(everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
+    Ok(StepReport {
+        step,
+        loss,
+        seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
+        comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
+        peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
+        checkpoint: None,
+    })
+}
+
 /// Runs steps on one rank (see the module docs); `report` sees every step's report.
 pub fn rank_loop(
     program: &Program,
@@ -145,33 +190,9 @@ pub fn rank_loop(
     while st.steps_done < opts.until_step {
         let step = st.steps_done + 1;
         let fault = opts.fault.filter(|f| f.rank == st.rank && f.step == step);
-        match fault.map(|f| f.kind) {
-            Some(FaultKind::Error) => return Err(DistError::Injected { rank: st.rank, step }),
-            Some(FaultKind::Panic) => panic!("injected panic at step {step}"),
-            Some(FaultKind::AbortProcess) => {
-                eprintln!("rank {}: injected fault: the process dies at step {step}", st.rank);
-                std::process::abort()
-            }
-            Some(FaultKind::Hang) => loop {
-                std::thread::sleep(Duration::from_millis(50));
-                comm.check()?;
-            },
-            _ => {}
-        }
+        inject(fault.map(|f| f.kind), st.rank, step, || Ok(comm.check()?))?;
         let r = program.step(st, ctx, comm)?;
-        let loss = r.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
-        let ns = |s: f64| (s * 1e9) as i64;
-        let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
-        let all: Vec<Vec<i64>> =
-            comm.exchange(&everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
-        let mut rep = StepReport {
-            step,
-            loss,
-            seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
-            comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
-            peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
-            checkpoint: None,
-        };
+        let mut rep = step_report(comm, &everyone, step, &r)?;
         if let Some(c) = &opts.checkpoint {
             let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
             if due {
