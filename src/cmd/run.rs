@@ -255,8 +255,11 @@ impl<'a> Reporter<'a> {
         let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
         secs.sort_by(f64::total_cmp);
         let median = secs.get(secs.len() / 2).copied().unwrap_or(0.0);
-        let comm: f64 = reports.iter().map(|r| r.comm_seconds.iter().sum::<f64>() / n as f64).sum::<f64>()
-            / reports.len().max(1) as f64;
+        // The median step's counterpart: the median over steps of the ranks' mean collective time
+        // (a mean over steps would let one descheduled step outweigh the rest).
+        let mut comms: Vec<f64> = reports.iter().map(|r| r.comm_seconds.iter().sum::<f64>() / n as f64).collect();
+        comms.sort_by(f64::total_cmp);
+        let comm = comms.get(comms.len() / 2).copied().unwrap_or(0.0);
         if self.a.json {
             let line = serde_json::json!({
                 "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
@@ -267,7 +270,7 @@ impl<'a> Reporter<'a> {
         } else {
             writeln!(
                 out,
-                "median step {:.1} ms ({:.1} samples/s); collectives {:.1} ms per step per rank ({:.0}%)",
+                "median step {:.1} ms ({:.1} samples/s); collectives {:.1} ms per step per rank (median; {:.0}%)",
                 median * 1e3,
                 self.batch / median.max(1e-12),
                 comm * 1e3,
