@@ -75,12 +75,14 @@ pub trait Communicator {
     /// ring moves data: a reduce-scatter of contiguous chunks, then an all-gather of the reduced
     /// chunks (so its cost follows the ring formula the planner prices it with).
     fn all_reduce(&mut self, group: &[usize], block: &Tensor, op: ReduceKind) -> Result<Tensor, CommError> {
+        chunked_all_reduce(self, group, block, op)
+    }
+    /// Every member gets the members' blocks concatenated along `dim` in group order. By
+    /// default through [`Communicator::exchange`].
+    fn all_gather(&mut self, group: &[usize], block: &Tensor, dim: usize) -> Result<Tensor, CommError> {
         let rank = self.rank();
-        let bad = |why: String| CommError::Bad { rank, why };
-        let mine = self.exchange_pieces(group, flat_chunks(block, group.len()))?;
-        let reduced = reduce(mine.iter(), op).map_err(bad)?;
-        let all = self.exchange(group, Arc::new(reduced))?;
-        concat_flat(&all, block.shape()).map_err(bad)
+        let all = self.exchange(group, Arc::new(block.clone()))?;
+        concat(&all, dim).map_err(|why| CommError::Bad { rank, why })
     }
     /// Stops every rank: their pending and future collectives fail with this rank and cause.
     fn abort(&self, cause: &str);
@@ -105,10 +107,7 @@ pub trait Communicator {
         match c {
             Collective::Slice { dim, .. } => Ok(piece(block, *dim, n, i)),
             Collective::MakePartial { .. } => Ok(if i == 0 { block.clone() } else { Tensor::zeros(&block.meta()) }),
-            Collective::AllGather { dim, .. } => {
-                let all = self.exchange(&group, Arc::new(block.clone()))?;
-                concat(&all, *dim).map_err(bad)
-            }
+            Collective::AllGather { dim, .. } => self.all_gather(&group, block, *dim),
             Collective::ReduceScatter { dim, .. } => {
                 let mine = self.exchange_pieces(&group, (0..n).map(|j| piece(block, *dim, n, j)).collect())?;
                 reduce(mine.iter(), ReduceKind::Sum).map_err(bad)
@@ -127,6 +126,22 @@ pub trait Communicator {
     }
 }
 
+/// [`Communicator::all_reduce`]'s default: a reduce-scatter of contiguous chunks through
+/// `exchange_pieces`, then an all-gather of the reduced chunks through `exchange`.
+pub(crate) fn chunked_all_reduce<C: Communicator + ?Sized>(
+    comm: &mut C,
+    group: &[usize],
+    block: &Tensor,
+    op: ReduceKind,
+) -> Result<Tensor, CommError> {
+    let rank = comm.rank();
+    let bad = |why: String| CommError::Bad { rank, why };
+    let mine = comm.exchange_pieces(group, flat_chunks(block, group.len()))?;
+    let reduced = reduce(mine.iter(), op).map_err(bad)?;
+    let all = comm.exchange(group, Arc::new(reduced))?;
+    concat_flat(&all, block.shape()).map_err(bad)
+}
+
 /// `t`'s elements in `n` contiguous 1-D chunks (the first `len % n` one element longer).
 fn flat_chunks(t: &Tensor, n: usize) -> Vec<Tensor> {
     use ir::Data;
@@ -136,9 +151,9 @@ fn flat_chunks(t: &Tensor, n: usize) -> Vec<Tensor> {
         .map(|k| {
             let (a, b) = (bounds[k], bounds[k + 1]);
             let data = match t.data() {
-                Data::F32(v) => Data::F32(v[a..b].to_vec()),
-                Data::I64(v) => Data::I64(v[a..b].to_vec()),
-                Data::Bool(v) => Data::Bool(v[a..b].to_vec()),
+                Data::F32(v) => Data::F32(ir::to_vec_fast(&v[a..b])),
+                Data::I64(v) => Data::I64(ir::to_vec_fast(&v[a..b])),
+                Data::Bool(v) => Data::Bool(ir::to_vec_fast(&v[a..b])),
             };
             Tensor::new(vec![b - a], data).unwrap_or_else(|_| Tensor::f32(vec![0], vec![]))
         })
@@ -156,9 +171,9 @@ fn concat_flat(parts: &[Arc<Tensor>], shape: &[usize]) -> Result<Tensor, String>
     };
     for p in parts {
         match (&mut data, p.data()) {
-            (Data::F32(a), Data::F32(x)) => a.extend_from_slice(x),
-            (Data::I64(a), Data::I64(x)) => a.extend_from_slice(x),
-            (Data::Bool(a), Data::Bool(x)) => a.extend_from_slice(x),
+            (Data::F32(a), Data::F32(x)) => ir::extend_fast(a, x),
+            (Data::I64(a), Data::I64(x)) => ir::extend_fast(a, x),
+            (Data::Bool(a), Data::Bool(x)) => ir::extend_fast(a, x),
             _ => return Err("chunks of different dtypes".into()),
         }
     }
@@ -176,7 +191,7 @@ fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Tensor {
     fn take<T: Copy>(v: &[T], outer: usize, stride: usize, at: usize, len: usize) -> Vec<T> {
         let mut out = Vec::with_capacity(outer * len);
         for o in 0..outer {
-            out.extend_from_slice(&v[o * stride + at..o * stride + at + len]);
+            ir::extend_fast(&mut out, &v[o * stride + at..o * stride + at + len]);
         }
         out
     }
@@ -191,7 +206,7 @@ fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Tensor {
 }
 
 /// Concatenation along `dim` (contiguous runs copied whole).
-fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usize) -> Result<Tensor, String> {
+pub(crate) fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usize) -> Result<Tensor, String> {
     use ir::Data;
     let first = parts.first().ok_or("concatenating nothing")?;
     let shape = first.shape();
@@ -206,7 +221,7 @@ fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usize) -> Resul
         let mut out = Vec::with_capacity(runs.iter().sum::<usize>() * outer);
         for o in 0..outer {
             for (v, &r) in vs.iter().zip(runs) {
-                out.extend_from_slice(&v[o * r..(o + 1) * r]);
+                ir::extend_fast(&mut out, &v[o * r..(o + 1) * r]);
             }
         }
         out

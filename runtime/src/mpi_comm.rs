@@ -18,12 +18,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ir::{DType, Data, Tensor};
-use mpi::collective::CommunicatorCollectives as _;
+use mpi::collective::{CommunicatorCollectives as _, SystemOperation};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::Communicator as _;
 use mpi::topology::{Color, SimpleCommunicator};
 
-use crate::comm::{CommError, Communicator};
+use sharding::ReduceKind;
+
+use crate::comm::{CommError, Communicator, chunked_all_reduce};
 
 /// MPI, initialised for this process (finalised when dropped).
 pub struct MpiWorld {
@@ -66,10 +68,15 @@ fn encode(t: &Tensor) -> Vec<u8> {
     for &d in t.shape() {
         out.extend((d as u64).to_le_bytes());
     }
+    // Element by element into a buffer of the final length: the compiler turns these loops into
+    // plain copies (an `extend` per element costs several times more on megabyte blocks).
+    let head = out.len();
+    out.resize(head + t.bytes(), 0);
+    let body = &mut out[head..];
     match t.data() {
-        Data::F32(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
-        Data::I64(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
-        Data::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+        Data::F32(v) => body.chunks_exact_mut(4).zip(v).for_each(|(c, x)| c.copy_from_slice(&x.to_le_bytes())),
+        Data::I64(v) => body.chunks_exact_mut(8).zip(v).for_each(|(c, x)| c.copy_from_slice(&x.to_le_bytes())),
+        Data::Bool(v) => body.iter_mut().zip(v).for_each(|(c, &b)| *c = u8::from(b)),
     }
     out
 }
@@ -107,6 +114,24 @@ impl MpiComm {
             }
         }
         self.subs.get(group).unwrap_or(&self.world)
+    }
+}
+
+impl MpiComm {
+    /// The communicator of `group`, which must contain this rank.
+    fn checked(&mut self, group: &[usize]) -> Result<&SimpleCommunicator, CommError> {
+        let rank = self.rank;
+        if !group.contains(&rank) {
+            return Err(CommError::Bad { rank, why: format!("not a member of group {group:?}") });
+        }
+        let comm = self.group_comm(group);
+        if comm.size() as usize != group.len() {
+            return Err(CommError::Bad {
+                rank,
+                why: format!("the communicator of group {group:?} has {} ranks", comm.size()),
+            });
+        }
+        Ok(comm)
     }
 }
 
@@ -191,6 +216,100 @@ impl Communicator for MpiComm {
             .zip(&recv_displs)
             .map(|(&l, &d)| decode(&recv[d as usize..(d + l) as usize]).map_err(|why| CommError::Bad { rank, why }))
             .collect()
+    }
+
+    /// f32 blocks travel as raw elements through `MPI_Alltoall` and `MPI_Allgather` of equal
+    /// chunks (the last padded): no headers, no exchange of counts, no encoding. Every member
+    /// of an all-reduce holds a block of the same shape (the plan is SPMD), so the chunk length
+    /// is known everywhere. Each member reduces the chunk it owns in group order, as the default
+    /// does, so results are the same bits as on the `threads` back end. Other dtypes take the
+    /// default path.
+    fn all_reduce(&mut self, group: &[usize], block: &Tensor, op: ReduceKind) -> Result<Tensor, CommError> {
+        let rank = self.rank;
+        let Data::F32(v) = block.data() else {
+            return chunked_all_reduce(self, group, block, op);
+        };
+        let n = group.len();
+        let comm = self.checked(group)?;
+        let len = v.len();
+        if n == 2 {
+            // Each element is one addition (or maximum) of the two members' values, which is
+            // commutative: MPI's own algorithm gives exactly the group-order result.
+            let mut out = vec![0f32; len];
+            let sop = match op {
+                ReduceKind::Sum => SystemOperation::sum(),
+                ReduceKind::Max => SystemOperation::max(),
+            };
+            comm.all_reduce_into(&v[..], &mut out[..], sop);
+            return Tensor::new(block.shape().to_vec(), Data::F32(out))
+                .map_err(|e| CommError::Bad { rank, why: e.to_string() });
+        }
+        let chunk = len.div_ceil(n).max(1);
+        let padded;
+        let send: &[f32] = if chunk * n == len {
+            v
+        } else {
+            padded = {
+                let mut p = Vec::with_capacity(chunk * n);
+                p.extend_from_slice(v);
+                p.resize(chunk * n, 0.0);
+                p
+            };
+            &padded
+        };
+        let mut got = vec![0f32; chunk * n];
+        comm.all_to_all_into(send, &mut got[..]);
+        let (mine, rest) = got.split_at_mut(chunk);
+        for other in rest.chunks_exact(chunk) {
+            match op {
+                ReduceKind::Sum => mine.iter_mut().zip(other).for_each(|(a, x)| *a += x),
+                ReduceKind::Max => mine.iter_mut().zip(other).for_each(|(a, x)| *a = a.max(*x)),
+            }
+        }
+        let mut all = vec![0f32; chunk * n];
+        comm.all_gather_into(&mine[..], &mut all[..]);
+        all.truncate(len);
+        Tensor::new(block.shape().to_vec(), Data::F32(all)).map_err(|e| CommError::Bad { rank, why: e.to_string() })
+    }
+
+    /// f32 blocks travel as raw elements through one `MPI_Allgather`, straight into the result
+    /// when `dim` is outermost, or into a buffer the result is assembled from. Every member's
+    /// block has the same shape: plans split dimensions evenly or not at all
+    /// ([`sharding::ShardingSpec`] rejects uneven splits), so no counts are exchanged (blocks of
+    /// different sizes would make MPI fail the job). Other dtypes take the default path.
+    fn all_gather(&mut self, group: &[usize], block: &Tensor, dim: usize) -> Result<Tensor, CommError> {
+        let rank = self.rank;
+        let bad = |why: String| CommError::Bad { rank, why };
+        let Data::F32(v) = block.data() else {
+            let all = self.exchange(group, Arc::new(block.clone()))?;
+            return crate::comm::concat(&all, dim).map_err(bad);
+        };
+        let shape = block.shape();
+        if dim >= shape.len() {
+            return Err(bad(format!("all-gather along dim {dim} of a block of shape {shape:?}")));
+        }
+        let n = group.len();
+        let comm = self.checked(group)?;
+        let mut buf = vec![0f32; v.len() * n];
+        comm.all_gather_into(&v[..], &mut buf[..]);
+        let outer: usize = shape[..dim].iter().product();
+        let mut out_shape = shape.to_vec();
+        out_shape[dim] *= n;
+        let data = if outer <= 1 {
+            buf
+        } else {
+            // Member k's block is `outer` runs of `run` elements; interleave them.
+            let run = v.len() / outer;
+            let mut out = Vec::with_capacity(buf.len());
+            for o in 0..outer {
+                for k in 0..n {
+                    let at = k * v.len() + o * run;
+                    ir::extend_fast(&mut out, &buf[at..at + run]);
+                }
+            }
+            out
+        };
+        Tensor::new(out_shape, Data::F32(data)).map_err(|e| bad(e.to_string()))
     }
 
     fn abort(&self, _cause: &str) {
