@@ -303,9 +303,9 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     let dir = tempfile::tempdir().unwrap();
     let prof = dir.path().join("p.json");
     let out = ok(&["profile", "--mesh", "2x2", "--max-bytes", "64KiB", "--reps", "2", "-o", &s(&prof)]);
-    // Sizes 4 KiB, 16 KiB and 64 KiB, all-reduce and all-gather, on both axes.
+    // Sizes 1 KiB to 64 KiB doubling (7), all-reduce and all-gather, on both axes.
     let rows = out.lines().filter(|l| l.starts_with("all-reduce") || l.starts_with("all-gather")).count();
-    assert_eq!(rows, 12, "{out}");
+    assert_eq!(rows, 28, "{out}");
     assert!(out.contains("fit       the model reproduces every measured time within"), "{out}");
     let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
     assert_eq!(p["name"], "measured-threads");
@@ -331,11 +331,16 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     let got = plan["mesh"]["links"].as_array().unwrap();
     assert_eq!(got.len(), 2);
     for (g, w) in got.iter().zip(&links) {
-        for k in ["alpha", "beta"] {
-            let (g, w) = (g[k].as_f64().unwrap(), w[k].as_f64().unwrap());
-            // The JSON round trip may move the last digit.
-            assert!((g - w).abs() <= 1e-12 * w.abs(), "{k}: plan {g} vs profile {w}");
+        // The all-reduce line and the all-gather one (measured apart).
+        for (g, w) in [(g, w), (&g["gather"], &w["gather"])] {
+            for k in ["alpha", "beta"] {
+                let (g, w) = (g[k].as_f64().unwrap(), w[k].as_f64().unwrap());
+                // The JSON round trip may move the last digit.
+                assert!((g - w).abs() <= 1e-12 * w.abs(), "{k}: plan {g} vs profile {w}");
+            }
         }
+        let segments = |l: &serde_json::Value| l["segments"].as_array().map_or(0, Vec::len);
+        assert_eq!(segments(g), segments(w), "plan {g} vs profile {w}");
     }
     // A mesh with no axis to measure is an error.
     let bad = autopar(&["profile", "--mesh", "1x1", "-o", &s(&dir.path().join("q.json"))]);

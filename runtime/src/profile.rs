@@ -2,18 +2,28 @@
 //! and beta from all-reduce and all-gather sweeps) and one device's f32 throughput and memory
 //! bandwidth.
 //!
-//! Every rank calls [`sweep`] (SPMD). Each measurement is a barrier, then the collective on every
-//! group along one axis; a rep's time is the slowest rank's, a size's time the median over reps.
+//! Every rank calls [`sweep`] (SPMD). Each measurement is a barrier, then a batch of the
+//! collective on every group along one axis, back to back ([`batch`] of them: many for small
+//! blocks, one from 1 MiB); a rep's time is the slowest rank's time per collective, a size's
+//! time the median over reps.
 //! [`fit`] finds the `alpha`, `beta` of the planner's model
 //! (`alpha + factor * bytes * beta`, ring factors as in [`sharding::Collective::cost`]) by least
 //! squares on *relative* errors, so small and large messages count alike; [`Sample::predicted`]
 //! gives the model's time for comparison.
+//!
+//! On CPUs one line does not fit every size: blocks that stay in the caches move several times
+//! faster per byte than those that spill to memory (BENCHMARKS.md: 0.2 ns/B up to 1 MiB, about
+//! 0.3 ns/B from 4 MiB on the project's machine, for threads and MPI alike). [`fit`] therefore
+//! also tries further lines for the sizes from some breakpoints on ([`sharding::Segment`]), and
+//! keeps them when they reproduce the measurements markedly better. Transports switch protocols
+//! too: Open MPI's shared-memory transport sends up to 4 KiB eagerly and larger messages by a
+//! rendezvous, a step of several microseconds.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use ir::Tensor;
-use sharding::{Collective, DeviceMesh, Link, ReduceKind};
+use sharding::{Collective, DeviceMesh, Link, ReduceKind, Segment};
 
 use crate::comm::{CommError, Communicator};
 
@@ -35,9 +45,10 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// The model's seconds for this point with `link`.
+    /// The model's seconds for this point with `link` (its gather link for an all-gather).
     pub fn predicted(&self, link: &Link) -> f64 {
-        link.alpha + self.model_bytes * link.beta
+        let line = if self.kind == "all-gather" { link.for_gather() } else { link };
+        line.time(self.model_bytes)
     }
 }
 
@@ -67,12 +78,19 @@ pub fn sweep(
         for &bytes in sizes.iter().rev() {
             let elems = (bytes / 4).max(n);
             let block = Tensor::f32(vec![elems], vec![1.0; elems]);
+            // Small collectives run back to back in batches (as nccl-tests and the OSU benchmarks
+            // time them): the ranks' skew leaving the barrier, a few microseconds, would
+            // otherwise be a large part of a few-microsecond collective. The batch length is a
+            // function of the size only, so every rank runs the same number.
+            let iters = batch(bytes);
             let mut times = vec![];
             for rep in 0..=reps {
                 barrier(comm)?;
                 let t0 = Instant::now();
-                let _ = comm.run(&c, mesh, &block)?;
-                let mine = t0.elapsed().as_secs_f64();
+                for _ in 0..iters {
+                    let _ = comm.run(&c, mesh, &block)?;
+                }
+                let mine = t0.elapsed().as_secs_f64() / iters as f64;
                 let all = comm.exchange(&everyone, Arc::new(Tensor::f32(vec![1], vec![mine as f32])))?;
                 let slowest = all.iter().map(|t| t.to_f32_vec()[0] as f64).fold(0.0, f64::max);
                 if rep > 0 {
@@ -93,9 +111,105 @@ pub fn sweep(
     Ok(out)
 }
 
-/// The link that best reproduces `samples`: least squares on relative error (see the module
-/// docs). `alpha` is kept non-negative and `beta` positive.
+/// Collectives per timed batch for blocks of `bytes`: enough that a batch moves about 1 MiB,
+/// at most 64.
+pub fn batch(bytes: usize) -> usize {
+    ((1usize << 20) / bytes.max(1)).clamp(1, 64)
+}
+
+/// The largest relative error of `link`'s predictions for `samples`.
+pub fn worst_error(samples: &[Sample], link: &Link) -> f64 {
+    samples.iter().map(|s| ((s.predicted(link) - s.seconds) / s.seconds).abs()).fold(0.0, f64::max)
+}
+
+/// Most lines [`fit`] uses for one kind of collective on one axis.
+pub const MAX_SEGMENTS: usize = 4;
+
+/// A worst relative error [`fit`] does not try to improve with more lines.
+pub const GOOD_FIT: f64 = 0.10;
+
+/// The link that best reproduces `samples` (see the module docs): all-reduces and all-gathers
+/// each get their own (the second as [`Link::gather`]), and each is one line by least squares on
+/// relative error, or up to [`MAX_SEGMENTS`] lines over consecutive size ranges of at least two
+/// measured sizes each, the breakpoints chosen to minimise the worst relative error. Lines are
+/// added only while the worst error exceeds [`GOOD_FIT`], and kept only when they make it at
+/// least a third smaller. The first line keeps `alpha >= 0`; every line `beta > 0`.
 pub fn fit(samples: &[Sample]) -> Link {
+    let (gathers, reductions): (Vec<Sample>, Vec<Sample>) =
+        samples.iter().cloned().partition(|s| s.kind == "all-gather");
+    if gathers.is_empty() || reductions.is_empty() {
+        return fit_kind(samples);
+    }
+    let mut link = fit_kind(&reductions);
+    link.gather = Some(Box::new(fit_kind(&gathers)));
+    link
+}
+
+/// [`fit`] for samples of one kind.
+fn fit_kind(samples: &[Sample]) -> Link {
+    let mut sizes: Vec<f64> = samples.iter().map(|s| s.model_bytes).collect();
+    sizes.sort_by(f64::total_cmp);
+    sizes.dedup();
+    let one = fit_line(samples, false);
+    let mut best = (worst_error(samples, &one), one);
+    for k in 2..=MAX_SEGMENTS {
+        if best.0 <= GOOD_FIT {
+            break;
+        }
+        let mut best_k: Option<(f64, Link)> = None;
+        let mut cuts = vec![];
+        each_split(sizes.len(), k, 2, &mut cuts, &mut |cuts| {
+            let link = piecewise(samples, &sizes, cuts);
+            let e = worst_error(samples, &link);
+            if best_k.as_ref().is_none_or(|b| e < b.0) {
+                best_k = Some((e, link));
+            }
+        });
+        if let Some(b) = best_k
+            && b.0 < best.0 * (2.0 / 3.0)
+        {
+            best = b;
+        }
+    }
+    best.1
+}
+
+/// Calls `f` with every choice of `k - 1` cut indices into `0..m` that leaves each of the `k`
+/// ranges at least `min` long (`cuts` holds the ones chosen so far).
+fn each_split(m: usize, k: usize, min: usize, cuts: &mut Vec<usize>, f: &mut dyn FnMut(&[usize])) {
+    let start = cuts.last().copied().unwrap_or(0);
+    if k == 1 {
+        if m >= start + min {
+            f(cuts);
+        }
+        return;
+    }
+    for c in start + min..=m.saturating_sub(min * (k - 1)) {
+        cuts.push(c);
+        each_split(m, k - 1, min, cuts, f);
+        cuts.pop();
+    }
+}
+
+/// One line per range of `sizes` between `cuts` (indices where a new line starts).
+fn piecewise(samples: &[Sample], sizes: &[f64], cuts: &[usize]) -> Link {
+    let bounds: Vec<f64> = cuts.iter().map(|&c| sizes[c]).collect();
+    let range = |lo: f64, hi: f64| -> Vec<Sample> {
+        samples.iter().filter(|s| s.model_bytes >= lo && s.model_bytes < hi).cloned().collect()
+    };
+    let mut link = fit_line(&range(0.0, bounds[0]), false);
+    for (i, &from) in bounds.iter().enumerate() {
+        let to = bounds.get(i + 1).copied().unwrap_or(f64::INFINITY);
+        let l = fit_line(&range(from, to), true);
+        link.segments.push(Segment { from_bytes: from, alpha: l.alpha, beta: l.beta });
+    }
+    link
+}
+
+/// One line through `samples`: least squares on relative error, `beta > 0`, and `alpha >= 0`
+/// unless `any_alpha` (a large-message segment only has to be positive over its sizes, and
+/// past the caches the time grows faster than in proportion).
+fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
     // Minimise sum ((alpha + beta x - t) / t)^2: normal equations in (alpha, beta).
     let (mut s11, mut s12, mut s22, mut r1, mut r2) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for s in samples {
@@ -110,7 +224,9 @@ pub fn fit(samples: &[Sample]) -> Link {
     let det = s11 * s22 - s12 * s12;
     let (mut alpha, mut beta) =
         if det.abs() > 1e-300 { ((r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det) } else { (0.0, 0.0) };
-    if alpha < 0.0 || beta <= 0.0 {
+    let lowest = samples.iter().map(|s| s.model_bytes).fold(f64::INFINITY, f64::min);
+    let alpha_ok = alpha >= 0.0 || (any_alpha && alpha + beta * lowest > 0.0);
+    if !alpha_ok || beta <= 0.0 {
         // Refit the one parameter left: beta alone through the origin, or alpha alone.
         alpha = alpha.max(0.0);
         let (num, den) = samples.iter().fold((0.0, 0.0), |(n, d), s| {
@@ -119,7 +235,7 @@ pub fn fit(samples: &[Sample]) -> Link {
         });
         beta = if den > 0.0 { (num / den).max(1e-15) } else { 1e-12 };
     }
-    Link { alpha, beta }
+    Link::linear(alpha, beta)
 }
 
 /// Measured f32 GEMM throughput of one thread (FLOP/s, best of a few 512^3 products) and copy
@@ -154,7 +270,7 @@ mod tests {
 
     #[test]
     fn fit_recovers_a_linear_model() {
-        let link = Link { alpha: 5e-6, beta: 1e-10 };
+        let link = Link::linear(5e-6, 1e-10);
         let samples: Vec<Sample> = [1e3, 1e4, 1e5, 1e6, 1e7]
             .iter()
             .map(|&x| Sample {
@@ -169,5 +285,67 @@ mod tests {
         let f = fit(&samples);
         assert!((f.alpha - link.alpha).abs() / link.alpha < 1e-6, "{f:?}");
         assert!((f.beta - link.beta).abs() / link.beta < 1e-6, "{f:?}");
+        assert!(f.segments.is_empty(), "a line needs no second segment: {f:?}");
+    }
+
+    /// Times that turn twice as steep per byte from 4 MiB on (a cache spilling to memory) get a
+    /// second segment starting there, and it reproduces every point.
+    #[test]
+    fn fit_finds_the_large_message_segment() {
+        let at = |x: f64| if x < 4e6 { 5e-6 + x * 2e-10 } else { -4e-4 + x * 3e-10 };
+        let samples: Vec<Sample> = (0..12)
+            .map(|k| {
+                let x = 4096.0 * 2f64.powi(k);
+                Sample {
+                    kind: "all-reduce".into(),
+                    axis: 0,
+                    ranks: 2,
+                    bytes: x as usize,
+                    seconds: at(x),
+                    model_bytes: x,
+                }
+            })
+            .collect();
+        let f = fit(&samples);
+        assert_eq!(f.segments.len(), 1, "{f:?}");
+        assert!(f.gather.is_none(), "only all-reduces were measured");
+        assert!((4e6..=4.2e6).contains(&f.segments[0].from_bytes), "{f:?}");
+        assert!(worst_error(&samples, &f) < 1e-6, "{f:?}");
+        assert!(worst_error(&samples, &fit_line(&samples, false)) > 0.1, "one line does not fit these");
+    }
+
+    /// Every split into `k` ranges of at least `min` consecutive indices, once each.
+    #[test]
+    fn each_split_enumerates_the_ranges() {
+        let mut got = vec![];
+        each_split(6, 3, 2, &mut vec![], &mut |c| got.push(c.to_vec()));
+        assert_eq!(got, vec![vec![2, 4]]);
+        let mut got = vec![];
+        each_split(7, 2, 2, &mut vec![], &mut |c| got.push(c.to_vec()));
+        assert_eq!(got, vec![vec![2], vec![3], vec![4], vec![5]]);
+    }
+
+    /// All-reduces and all-gathers measured with different costs each get their own line, and
+    /// `predicted` takes the one of the sample's kind.
+    #[test]
+    fn all_gathers_get_their_own_link() {
+        let mut samples = vec![];
+        for k in 0..8 {
+            let x = 4096.0 * 2f64.powi(k);
+            for (kind, alpha, beta) in [("all-reduce", 8e-6, 4e-10), ("all-gather", 3e-6, 2e-10)] {
+                samples.push(Sample {
+                    kind: kind.into(),
+                    axis: 0,
+                    ranks: 2,
+                    bytes: x as usize,
+                    seconds: alpha + x * beta,
+                    model_bytes: x,
+                });
+            }
+        }
+        let f = fit(&samples);
+        let g = f.gather.as_deref().expect("a gather link");
+        assert!((f.alpha - 8e-6).abs() < 1e-12 && (g.alpha - 3e-6).abs() < 1e-12, "{f:?}");
+        assert!(worst_error(&samples, &f) < 1e-6, "{f:?}");
     }
 }

@@ -149,8 +149,8 @@ impl Collective {
             Collective::Broadcast { .. } => 1.0,
             _ => (nf - 1.0) / nf,
         };
-        let link = mesh.link(self.axes());
-        link.alpha + factor * self.bytes(local_bytes_before, mesh) as f64 * link.beta
+        let gather = !matches!(self, Collective::AllReduce { .. } | Collective::ReduceScatter { .. });
+        mesh.time(self.axes(), factor * self.bytes(local_bytes_before, mesh) as f64, gather)
     }
 }
 
@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn ring_factors() {
-        let m = DeviceMesh::new(vec![4], vec!["x".into()], vec![Link { alpha: 1.0, beta: 1.0 }]).unwrap();
+        let m = DeviceMesh::new(vec![4], vec!["x".into()], vec![Link::linear(1.0, 1.0)]).unwrap();
         let ar = Collective::AllReduce { axes: vec![0], op: ReduceKind::Sum };
         assert_eq!(ar.cost(100, &m), 1.0 + 150.0);
         let ag = Collective::AllGather { axes: vec![0], dim: 0 };

@@ -10,20 +10,88 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// Latency and inverse bandwidth of one mesh axis: a message of `b` bytes costs `alpha + b * beta`
-/// seconds (before the collective's ring factor).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// Latency and inverse bandwidth of one mesh axis: a message of `b` bytes (as the collective's
+/// cost counts them, ring factor included) costs `alpha + b * beta` seconds; with
+/// [`Link::segments`], messages from a segment's size on follow that segment's line instead.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Link {
     /// Latency per collective, seconds.
     pub alpha: f64,
     /// Seconds per byte (1 / bandwidth).
+    pub beta: f64,
+    /// Further regimes for larger messages, by increasing `from_bytes`, as `autopar profile`
+    /// finds them on CPUs: a transport's protocol switch (MPI's eager limit), blocks that no
+    /// longer fit the caches and move at memory speed. Empty: one line for every size
+    /// (datasheet links).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Segment>,
+    /// The link of collectives that only move data (all-gather, all-to-all, broadcast) when
+    /// measured apart from the reductions this link describes: transports run them with other
+    /// algorithms (Open MPI's all-reduce of 64-128 KiB takes twice its all-gather's time).
+    /// `None`: the same link for every collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gather: Option<Box<Link>>,
+}
+
+/// A size range of a [`Link`] with its own line.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Messages of at least this many bytes (as [`Link::time`] counts them) take this line,
+    /// up to the next segment's `from_bytes`.
+    pub from_bytes: f64,
+    /// Intercept, seconds: may be negative (the line only covers sizes from `from_bytes`,
+    /// where its time must be positive).
+    pub alpha: f64,
+    /// Seconds per byte.
     pub beta: f64,
 }
 
 impl Link {
     /// A link from a latency in seconds and a bandwidth in bytes per second.
     pub fn new(alpha: f64, bytes_per_second: f64) -> Link {
-        Link { alpha, beta: 1.0 / bytes_per_second }
+        Link { alpha, beta: 1.0 / bytes_per_second, segments: vec![], gather: None }
+    }
+
+    /// A one-line link from a latency and seconds per byte.
+    pub fn linear(alpha: f64, beta: f64) -> Link {
+        Link { alpha, beta, segments: vec![], gather: None }
+    }
+
+    /// The link of data-moving collectives ([`Link::gather`], or this one).
+    pub fn for_gather(&self) -> &Link {
+        self.gather.as_deref().unwrap_or(self)
+    }
+
+    /// Seconds for a message of `bytes` (ring factor included).
+    pub fn time(&self, bytes: f64) -> f64 {
+        match self.segments.iter().rev().find(|s| bytes >= s.from_bytes) {
+            Some(s) => s.alpha + bytes * s.beta,
+            None => self.alpha + bytes * self.beta,
+        }
+    }
+
+    /// Checks that the link's figures are finite, latencies `>= 0`, per-byte costs `> 0`, and
+    /// segments in increasing order with positive times where they start.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let ok = |a: f64, b: f64| a.is_finite() && a >= 0.0 && b.is_finite() && b > 0.0;
+        if !ok(self.alpha, self.beta) {
+            return Err("alpha must be >= 0 and beta > 0".into());
+        }
+        let mut last = 0.0;
+        for s in &self.segments {
+            let starts_positive = ok(s.alpha + s.from_bytes * s.beta, s.beta);
+            if !(s.from_bytes.is_finite() && s.from_bytes > last && s.alpha.is_finite() && starts_positive) {
+                return Err(format!(
+                    "segment from {} B: sizes must increase, beta be > 0 and the time at from_bytes > 0",
+                    s.from_bytes
+                ));
+            }
+            last = s.from_bytes;
+        }
+        if let Some(g) = &self.gather {
+            g.validate().map_err(|why| format!("gather: {why}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -167,11 +235,12 @@ impl DeviceProfile {
         pos(self.f32_flops, "f32_flops")?;
         pos(self.f32_flops_exact, "f32_flops_exact")?;
         pos(self.memory_bandwidth, "memory_bandwidth")?;
-        for (l, what) in [(self.intra_node, "intra_node"), (self.inter_node, "inter_node")] {
+        for (l, what) in [(&self.intra_node, "intra_node"), (&self.inter_node, "inter_node")] {
             pos(l.beta, &format!("{what}.beta"))?;
             if !(l.alpha.is_finite() && l.alpha >= 0.0) {
                 return Err(format!("{what}.alpha must be >= 0"));
             }
+            l.validate().map_err(|why| format!("{what}: {why}"))?;
         }
         if self.devices_per_node == 0 {
             return Err("devices_per_node must be >= 1".into());
@@ -181,9 +250,7 @@ impl DeviceProfile {
                 return Err("mesh_axes needs one link per axis of its shape".into());
             }
             for (i, l) in m.links.iter().enumerate() {
-                if !(l.alpha.is_finite() && l.alpha >= 0.0 && l.beta.is_finite() && l.beta > 0.0) {
-                    return Err(format!("mesh_axes axis {i}: alpha must be >= 0 and beta > 0"));
-                }
+                l.validate().map_err(|why| format!("mesh_axes axis {i}: {why}"))?;
             }
         }
         Ok(())
@@ -263,7 +330,7 @@ impl DeviceMesh {
         let links = (0..shape.len())
             .map(|a| {
                 let inner: usize = shape[a..].iter().product();
-                if inner <= profile.devices_per_node { profile.intra_node } else { profile.inter_node }
+                if inner <= profile.devices_per_node { profile.intra_node.clone() } else { profile.inter_node.clone() }
             })
             .collect();
         DeviceMesh::new(shape, names, links)
@@ -306,7 +373,7 @@ impl DeviceMesh {
     /// A mesh with uniform unit links, for tests and examples.
     pub fn uniform(shape: &[usize]) -> Result<DeviceMesh> {
         let names = (0..shape.len()).map(|i| format!("m{i}")).collect();
-        DeviceMesh::new(shape.to_vec(), names, vec![Link { alpha: 1e-5, beta: 1e-10 }; shape.len()])
+        DeviceMesh::new(shape.to_vec(), names, vec![Link::linear(1e-5, 1e-10); shape.len()])
     }
 
     /// Axis sizes, outermost first.
@@ -345,12 +412,23 @@ impl DeviceMesh {
     }
 
     /// The link a collective over several axes is limited by: the slowest axis's latency and
-    /// bandwidth (a ring over the group crosses every axis's links).
+    /// bandwidth (a ring over the group crosses every axis's links). Segments are dropped: use
+    /// [`DeviceMesh::time`] for a collective's time.
     pub fn link(&self, axes: &[usize]) -> Link {
-        axes.iter().fold(Link { alpha: 0.0, beta: 0.0 }, |acc, &a| Link {
-            alpha: acc.alpha.max(self.links[a].alpha),
-            beta: acc.beta.max(self.links[a].beta),
+        axes.iter().fold(Link::linear(0.0, 0.0), |acc, &a| {
+            Link::linear(acc.alpha.max(self.links[a].alpha), acc.beta.max(self.links[a].beta))
         })
+    }
+
+    /// Seconds for a message of `bytes` (ring factor included) over `axes`, of a reduction or
+    /// (`gather`) of a collective that only moves data: [`DeviceMesh::link`]'s line, or, when
+    /// some axis has measured segments or per-kind links, the slowest axis's time at that size.
+    pub fn time(&self, axes: &[usize], bytes: f64, gather: bool) -> f64 {
+        if axes.iter().all(|&a| self.links[a].segments.is_empty() && self.links[a].gather.is_none()) {
+            return self.link(axes).time(bytes);
+        }
+        let line = |a: usize| if gather { self.links[a].for_gather() } else { &self.links[a] };
+        axes.iter().map(|&a| line(a).time(bytes)).fold(0.0, f64::max)
     }
 
     /// Coordinates of a rank.
@@ -444,5 +522,29 @@ mod tests {
         assert!(DeviceMesh::parse("2xfour", &h100).unwrap_err().to_string().contains("`four`"));
         assert!(DeviceMesh::parse("2x0", &h100).is_err());
         assert!(DeviceMesh::parse("a=2,a=2", &h100).is_err());
+    }
+
+    /// A measured link: segments take over from their sizes on, data-moving collectives use
+    /// the gather link, and a mesh prices each kind with its own line.
+    #[test]
+    fn segments_and_gather_links() {
+        let mut l = Link::linear(2e-6, 1e-10);
+        l.segments.push(Segment { from_bytes: 1e6, alpha: -1e-4, beta: 3e-10 });
+        l.gather = Some(Box::new(Link::linear(1e-6, 1e-10)));
+        assert!((l.time(1e3) - (2e-6 + 1e-7)).abs() < 1e-15);
+        assert!((l.time(2e6) - (-1e-4 + 6e-4)).abs() < 1e-15);
+        assert!((l.for_gather().time(2e6) - (1e-6 + 2e-4)).abs() < 1e-15);
+        assert_eq!(l.validate(), Ok(()));
+        let m = DeviceMesh::new(vec![2], vec!["x".into()], vec![l.clone()]).unwrap();
+        assert_eq!(m.time(&[0], 2e6, false), l.time(2e6));
+        assert_eq!(m.time(&[0], 2e6, true), l.for_gather().time(2e6));
+        // JSON keeps everything; a datasheet link writes neither field.
+        let back: Link = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        assert_eq!(back, l);
+        assert_eq!(serde_json::to_string(&Link::linear(1.0, 1.0)).unwrap(), r#"{"alpha":1.0,"beta":1.0}"#);
+        // A segment whose time is not positive where it starts is rejected.
+        let mut bad = Link::linear(2e-6, 1e-10);
+        bad.segments.push(Segment { from_bytes: 1e6, alpha: -1.0, beta: 1e-10 });
+        assert!(bad.validate().is_err());
     }
 }

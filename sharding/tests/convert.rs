@@ -254,7 +254,7 @@ fn meshes_2d() -> Vec<(&'static str, DeviceMesh)> {
         ("2x2", DeviceMesh::uniform(&[2, 2]).unwrap()),
         ("2x4", DeviceMesh::uniform(&[2, 4]).unwrap()),
         ("4x2", DeviceMesh::uniform(&[4, 2]).unwrap()),
-        ("2x4 slow outer", DeviceMesh::new(vec![2, 4], names(), vec![slow, fast]).unwrap()),
+        ("2x4 slow outer", DeviceMesh::new(vec![2, 4], names(), vec![slow.clone(), fast.clone()]).unwrap()),
         ("4x2 slow inner", DeviceMesh::new(vec![4, 2], names(), vec![fast, slow]).unwrap()),
     ]
 }

@@ -22,13 +22,14 @@ pub struct ProfileArgs {
     /// threads, the world size under mpirun).
     #[arg(long)]
     pub mesh: Option<String>,
-    /// Largest block per rank in the sweeps (sizes go up by 4x from 4 KiB; measured largest
-    /// first, so the allocator is in the steady state a training step keeps it in). Outputs of
+    /// Largest block per rank in the sweeps (sizes double from 1 KiB; measured largest first, so
+    /// the allocator is in the steady state a training step keeps it in). The default reaches
+    /// past the caches, so the fit sees both regimes (see the printed segments). Outputs of
     /// 32 MiB and more always come fresh from the kernel, whose page faults then dominate.
-    #[arg(long, default_value = "4MiB")]
+    #[arg(long, default_value = "8MiB")]
     pub max_bytes: String,
     /// Timed repetitions per size (the median is kept; one warm-up run is not timed).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 20)]
     pub reps: usize,
     /// Print the sweep and the summary as JSON.
     #[arg(long)]
@@ -38,12 +39,26 @@ pub struct ProfileArgs {
     pub out: PathBuf,
 }
 
+/// `alpha .. us, beta .. ns/byte (.. GB/s)`, then each segment's figures from its size on.
+fn describe(l: &Link) -> String {
+    let line = |a: f64, b: f64| format!("alpha {:.2} us, beta {:.3} ns/byte ({:.2} GB/s)", a * 1e6, b * 1e9, 1e-9 / b);
+    let mut text = line(l.alpha, l.beta);
+    for g in &l.segments {
+        text += &format!("; from {}: {}", human_bytes(g.from_bytes), line(g.alpha, g.beta));
+    }
+    text
+}
+
+fn human_bytes(b: f64) -> String {
+    if b >= (1 << 20) as f64 { format!("{:.1} MiB", b / (1 << 20) as f64) } else { format!("{:.0} KiB", b / 1024.0) }
+}
+
 fn sizes(max: u64) -> Vec<usize> {
     let mut v = vec![];
-    let mut s = 4096u64;
-    while s <= max.max(4096) {
+    let mut s = 1024u64;
+    while s <= max.max(1024) {
         v.push(s as usize);
-        s *= 4;
+        s *= 2;
     }
     v
 }
@@ -87,10 +102,12 @@ fn memory_bytes() -> u64 {
 fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Option<Link>], backend: &str) -> Result<()> {
     let ctx = kernels::cpu::CpuContext::new(1)?;
     let (flops, bandwidth) = runtime::profile::device(&ctx)?;
-    let measured: Vec<Link> = links.iter().flatten().copied().collect();
-    let Some(&inner) = measured.last() else { bail!("--mesh {mesh}: every axis has size 1; nothing to measure") };
-    let outer = measured[0];
-    let per_axis: Vec<Link> = links.iter().map(|l| l.unwrap_or(inner)).collect();
+    let measured: Vec<Link> = links.iter().flatten().cloned().collect();
+    let Some(inner) = measured.last().cloned() else {
+        bail!("--mesh {mesh}: every axis has size 1; nothing to measure")
+    };
+    let outer = measured[0].clone();
+    let per_axis: Vec<Link> = links.iter().map(|l| l.clone().unwrap_or_else(|| inner.clone())).collect();
     let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
     let profile = DeviceProfile {
         name: format!("measured-{backend}"),
@@ -122,13 +139,10 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         )?;
         for (axis, l) in links.iter().enumerate() {
             if let Some(l) = l {
-                writeln!(
-                    out,
-                    "axis {axis}    alpha {:.2} us, beta {:.3} ns/byte ({:.2} GB/s)",
-                    l.alpha * 1e6,
-                    l.beta * 1e9,
-                    1e-9 / l.beta
-                )?;
+                writeln!(out, "axis {axis}    all-reduce {}", describe(l))?;
+                if let Some(g) = &l.gather {
+                    writeln!(out, "axis {axis}    all-gather {}", describe(g))?;
+                }
             }
         }
         writeln!(
@@ -138,8 +152,8 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         )?;
     }
     for s in samples {
-        let Some(l) = links[s.axis] else { continue };
-        let p = s.predicted(&l);
+        let Some(l) = &links[s.axis] else { continue };
+        let p = s.predicted(l);
         let e = (p - s.seconds) / s.seconds;
         worst = worst.max(e.abs());
         if a.json {
