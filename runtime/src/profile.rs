@@ -133,26 +133,32 @@ pub const GOOD_FIT: f64 = 0.10;
 /// relative error, or up to [`MAX_SEGMENTS`] lines over consecutive size ranges of at least two
 /// measured sizes each, the breakpoints chosen to minimise the worst relative error. Lines are
 /// added only while the worst error exceeds [`GOOD_FIT`], and kept only when they make it at
-/// least a third smaller. The first line keeps `alpha >= 0`; every line `beta > 0`.
+/// least a tenth smaller. The first line keeps `alpha >= 0`; every line `beta > 0`.
 pub fn fit(samples: &[Sample]) -> Link {
+    fit_with(samples, MAX_SEGMENTS)
+}
+
+/// [`fit`] with at most `max_segments` lines per kind (1: the plain alpha-beta model, for
+/// comparison).
+pub fn fit_with(samples: &[Sample], max_segments: usize) -> Link {
     let (gathers, reductions): (Vec<Sample>, Vec<Sample>) =
         samples.iter().cloned().partition(|s| s.kind == "all-gather");
     if gathers.is_empty() || reductions.is_empty() {
-        return fit_kind(samples);
+        return fit_kind(samples, max_segments);
     }
-    let mut link = fit_kind(&reductions);
-    link.gather = Some(Box::new(fit_kind(&gathers)));
+    let mut link = fit_kind(&reductions, max_segments);
+    link.gather = Some(Box::new(fit_kind(&gathers, max_segments)));
     link
 }
 
 /// [`fit`] for samples of one kind.
-fn fit_kind(samples: &[Sample]) -> Link {
+fn fit_kind(samples: &[Sample], max_segments: usize) -> Link {
     let mut sizes: Vec<f64> = samples.iter().map(|s| s.model_bytes).collect();
     sizes.sort_by(f64::total_cmp);
     sizes.dedup();
     let one = fit_line(samples, false);
     let mut best = (worst_error(samples, &one), one);
-    for k in 2..=MAX_SEGMENTS {
+    for k in 2..=max_segments {
         if best.0 <= GOOD_FIT {
             break;
         }
@@ -166,7 +172,7 @@ fn fit_kind(samples: &[Sample]) -> Link {
             }
         });
         if let Some(b) = best_k
-            && b.0 < best.0 * (2.0 / 3.0)
+            && b.0 < best.0 * 0.9
         {
             best = b;
         }
@@ -226,12 +232,18 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
         if det.abs() > 1e-300 { ((r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det) } else { (0.0, 0.0) };
     let lowest = samples.iter().map(|s| s.model_bytes).fold(f64::INFINITY, f64::min);
     let alpha_ok = alpha >= 0.0 || (any_alpha && alpha + beta * lowest > 0.0);
-    if !alpha_ok || beta <= 0.0 {
-        // Refit the one parameter left: beta alone through the origin, or alpha alone.
-        alpha = alpha.max(0.0);
+    let weight = |s: &Sample| 1.0 / (s.seconds * s.seconds).max(1e-30);
+    if beta <= 0.0 {
+        // Times that do not grow with size (within noise): a constant, the best on relative
+        // error, and the smallest positive slope.
+        let (num, den) = samples.iter().fold((0.0, 0.0), |(n, d), s| (n + weight(s) * s.seconds, d + weight(s)));
+        alpha = if den > 0.0 { num / den } else { 0.0 };
+        beta = 1e-15;
+    } else if !alpha_ok {
+        // A line through the origin.
+        alpha = 0.0;
         let (num, den) = samples.iter().fold((0.0, 0.0), |(n, d), s| {
-            let w = 1.0 / (s.seconds * s.seconds).max(1e-30);
-            (n + w * s.model_bytes * (s.seconds - alpha), d + w * s.model_bytes * s.model_bytes)
+            (n + weight(s) * s.model_bytes * s.seconds, d + weight(s) * s.model_bytes * s.model_bytes)
         });
         beta = if den > 0.0 { (num / den).max(1e-15) } else { 1e-12 };
     }

@@ -39,6 +39,17 @@ pub struct ProfileArgs {
     pub out: PathBuf,
 }
 
+/// The worst relative error of the plain model: one alpha-beta line per collective and axis.
+fn one_line_error(samples: &[Sample]) -> f64 {
+    let axes = samples.iter().map(|s| s.axis).max().map_or(0, |a| a + 1);
+    (0..axes)
+        .map(|axis| {
+            let mine: Vec<Sample> = samples.iter().filter(|s| s.axis == axis).cloned().collect();
+            runtime::profile::worst_error(&mine, &runtime::profile::fit_with(&mine, 1))
+        })
+        .fold(0.0, f64::max)
+}
+
 /// `alpha .. us, beta .. ns/byte (.. GB/s)`, then each segment's figures from its size on.
 fn describe(l: &Link) -> String {
     let line = |a: f64, b: f64| format!("alpha {:.2} us, beta {:.3} ns/byte ({:.2} GB/s)", a * 1e6, b * 1e9, 1e-9 / b);
@@ -174,7 +185,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         }
     }
     if a.json {
-        let line = serde_json::json!({"samples": rows, "max_error": worst, "f32_flops": flops,
+        let line = serde_json::json!({"samples": rows, "max_error": worst, "one_line_max_error": one_line_error(samples), "f32_flops": flops,
             "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string()});
         writeln!(out, "{line}")?;
     } else {
@@ -183,6 +194,11 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
             "fit       the model reproduces every measured time within {:.1}% ({})",
             worst * 100.0,
             if worst <= 0.2 { "within 20%" } else { "NOT within 20%: the links are noisy or not alpha-beta" }
+        )?;
+        writeln!(
+            out,
+            "          (one alpha-beta line per collective and axis: within {:.1}%)",
+            one_line_error(samples) * 100.0
         )?;
         writeln!(
             out,
