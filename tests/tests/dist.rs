@@ -26,6 +26,8 @@
 //! same graph and data). A sharded run may not deviate more than the single-device run deviates
 //! from itself. The printed table shows the floor; for mlp, gpt2-tiny and bert-tiny it is below
 //! 1e-5, so their check is exactly 1e-5. Losses are checked at 1e-5 for every model and step.
+//! `cargo run -p tests --example resnet18_flip` shows the flip behind resnet18's deviations: on
+//! the 1x2 dp plan, one ReLU input of step 2 (3.4e-9 single-device, -4.1e-8 distributed).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
