@@ -38,6 +38,6 @@ mod verify;
 pub use graph::{Edge, Graph, GraphError, Node, Value};
 pub use op::*;
 pub use petgraph::stable_graph::NodeIndex;
-pub use tensor::{DType, Data, ShapeDataMismatch, Tensor, TensorMeta, copy_slice, extend_fast, to_vec_fast};
+pub use tensor::{DType, Data, ShapeDataMismatch, Tensor, TensorMeta, extend_fast, to_vec_fast};
 pub use text::ParseError;
 pub use verify::{VerifierError, VerifyErrors, verify};

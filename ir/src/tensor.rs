@@ -90,11 +90,11 @@ impl fmt::Display for TensorMeta {
     }
 }
 
-/// Bytes per `memcpy` call in [`copy_slice`]: below glibc's `rep movsb` threshold (2 KiB for
+/// Bytes per `memcpy` call in [`extend_fast`]: below glibc's `rep movsb` threshold (2 KiB for
 /// SSE2, 4 KiB for AVX2), so every call takes its vector loop.
 const COPY_CHUNK_BYTES: usize = 2048;
 
-/// `dst.copy_from_slice(src)`, as a sequence of small copies.
+/// `out.extend_from_slice(src)`, as a sequence of small copies.
 ///
 /// glibc 2.36 (Debian 12) copies blocks from a few KiB up to about half the L2 with `rep movsb`,
 /// which on AMD Zen cores runs many times slower when source and destination share their offset
@@ -102,18 +102,6 @@ const COPY_CHUNK_BYTES: usize = 2048;
 /// Measured on this project's 2-core EPYC machine: a 256 KiB copy 159 us as one call, 10 us in
 /// 2 KiB calls (BENCHMARKS.md, "Calibrating the cost model"). Sizes of 2 KiB and less are one
 /// call, as before.
-///
-/// # Panics
-/// If the lengths differ, like `copy_from_slice`.
-pub fn copy_slice<T: Copy>(dst: &mut [T], src: &[T]) {
-    assert_eq!(dst.len(), src.len(), "copy_slice: destination and source lengths differ");
-    let chunk = (COPY_CHUNK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
-    for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-        d.copy_from_slice(s);
-    }
-}
-
-/// `out.extend_from_slice(src)` through [`copy_slice`]'s small copies.
 pub fn extend_fast<T: Copy>(out: &mut Vec<T>, src: &[T]) {
     let chunk = (COPY_CHUNK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
     out.reserve(src.len());
@@ -122,14 +110,14 @@ pub fn extend_fast<T: Copy>(out: &mut Vec<T>, src: &[T]) {
     }
 }
 
-/// `src.to_vec()` through [`copy_slice`]'s small copies.
+/// `src.to_vec()` through [`extend_fast`]'s small copies.
 pub fn to_vec_fast<T: Copy>(src: &[T]) -> Vec<T> {
     let mut out = Vec::with_capacity(src.len());
     extend_fast(&mut out, src);
     out
 }
 
-/// Element storage of a [`Tensor`]. Cloning copies through [`copy_slice`]'s small copies.
+/// Element storage of a [`Tensor`]. Cloning copies through [`extend_fast`]'s small copies.
 #[derive(Debug, PartialEq)]
 pub enum Data {
     /// f32 elements.

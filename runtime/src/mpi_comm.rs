@@ -115,9 +115,7 @@ impl MpiComm {
         }
         self.subs.get(group).unwrap_or(&self.world)
     }
-}
 
-impl MpiComm {
     /// The communicator of `group`, which must contain this rank.
     fn checked(&mut self, group: &[usize]) -> Result<&SimpleCommunicator, CommError> {
         let rank = self.rank;
@@ -218,11 +216,12 @@ impl Communicator for MpiComm {
             .collect()
     }
 
-    /// f32 blocks travel as raw elements through `MPI_Alltoall` and `MPI_Allgather` of equal
-    /// chunks (the last padded): no headers, no exchange of counts, no encoding. Every member
-    /// of an all-reduce holds a block of the same shape (the plan is SPMD), so the chunk length
-    /// is known everywhere. Each member reduces the chunk it owns in group order, as the default
-    /// does, so results are the same bits as on the `threads` back end. Other dtypes take the
+    /// f32 blocks travel as raw elements: no headers, no exchange of counts, no encoding. Two
+    /// members use `MPI_Allreduce` (one commutative operation per element, so the group-order
+    /// result); more use `MPI_Alltoall` and `MPI_Allgather` of equal chunks (the last padded),
+    /// each member reducing the chunk it owns in group order as the default does. Either way
+    /// the bits equal the `threads` back end's. Every member holds a block of the same shape
+    /// (the plan is SPMD), so the chunk length is known everywhere. Other dtypes take the
     /// default path.
     fn all_reduce(&mut self, group: &[usize], block: &Tensor, op: ReduceKind) -> Result<Tensor, CommError> {
         let rank = self.rank;
@@ -251,7 +250,7 @@ impl Communicator for MpiComm {
         } else {
             padded = {
                 let mut p = Vec::with_capacity(chunk * n);
-                p.extend_from_slice(v);
+                ir::extend_fast(&mut p, v);
                 p.resize(chunk * n, 0.0);
                 p
             };

@@ -12,8 +12,8 @@
 //! gives the model's time for comparison.
 //!
 //! On CPUs one line does not fit every size: blocks that stay in the caches move several times
-//! faster per byte than those that spill to memory (BENCHMARKS.md: 0.2 ns/B up to 1 MiB, about
-//! 0.3 ns/B from 4 MiB on the project's machine, for threads and MPI alike). [`fit`] therefore
+//! faster per byte than those that spill to memory (BENCHMARKS.md: about 0.2 ns/B up to 1 MiB
+//! and 0.6-1.7 ns/B from 4 MiB on the project's machine, for threads and MPI alike). [`fit`] therefore
 //! also tries further lines for the sizes from some breakpoints on ([`sharding::Segment`]), and
 //! keeps them when they reproduce the measurements markedly better. Transports switch protocols
 //! too: Open MPI's shared-memory transport sends up to 4 KiB eagerly and larger messages by a
@@ -217,9 +217,10 @@ fn piecewise(samples: &[Sample], sizes: &[f64], cuts: &[usize]) -> Link {
 /// past the caches the time grows faster than in proportion).
 fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
     // Minimise sum ((alpha + beta x - t) / t)^2: normal equations in (alpha, beta).
+    let weight = |s: &Sample| 1.0 / (s.seconds * s.seconds).max(1e-30);
     let (mut s11, mut s12, mut s22, mut r1, mut r2) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for s in samples {
-        let w = 1.0 / (s.seconds * s.seconds).max(1e-30);
+        let w = weight(s);
         let x = s.model_bytes;
         s11 += w;
         s12 += w * x;
@@ -232,7 +233,6 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
         if det.abs() > 1e-300 { ((r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det) } else { (0.0, 0.0) };
     let lowest = samples.iter().map(|s| s.model_bytes).fold(f64::INFINITY, f64::min);
     let alpha_ok = alpha >= 0.0 || (any_alpha && alpha + beta * lowest > 0.0);
-    let weight = |s: &Sample| 1.0 / (s.seconds * s.seconds).max(1e-30);
     if beta <= 0.0 {
         // Times that do not grow with size (within noise): a constant, the best on relative
         // error, and the smallest positive slope.

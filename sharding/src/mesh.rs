@@ -40,7 +40,7 @@ pub struct Segment {
     /// up to the next segment's `from_bytes`.
     pub from_bytes: f64,
     /// Intercept, seconds: may be negative (the line only covers sizes from `from_bytes`,
-    /// where its time must be positive).
+    /// where its time must not be negative).
     pub alpha: f64,
     /// Seconds per byte.
     pub beta: f64,
@@ -71,7 +71,7 @@ impl Link {
     }
 
     /// Checks that the link's figures are finite, latencies `>= 0`, per-byte costs `> 0`, and
-    /// segments in increasing order with positive times where they start.
+    /// segments in increasing order with non-negative times where they start.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let ok = |a: f64, b: f64| a.is_finite() && a >= 0.0 && b.is_finite() && b > 0.0;
         if !ok(self.alpha, self.beta) {
@@ -82,7 +82,7 @@ impl Link {
             let starts_positive = ok(s.alpha + s.from_bytes * s.beta, s.beta);
             if !(s.from_bytes.is_finite() && s.from_bytes > last && s.alpha.is_finite() && starts_positive) {
                 return Err(format!(
-                    "segment from {} B: sizes must increase, beta be > 0 and the time at from_bytes > 0",
+                    "segment from {} B: sizes must increase, beta be > 0 and the time at from_bytes >= 0",
                     s.from_bytes
                 ));
             }
@@ -236,10 +236,6 @@ impl DeviceProfile {
         pos(self.f32_flops_exact, "f32_flops_exact")?;
         pos(self.memory_bandwidth, "memory_bandwidth")?;
         for (l, what) in [(&self.intra_node, "intra_node"), (&self.inter_node, "inter_node")] {
-            pos(l.beta, &format!("{what}.beta"))?;
-            if !(l.alpha.is_finite() && l.alpha >= 0.0) {
-                return Err(format!("{what}.alpha must be >= 0"));
-            }
             l.validate().map_err(|why| format!("{what}: {why}"))?;
         }
         if self.devices_per_node == 0 {
@@ -277,9 +273,7 @@ impl MeshProfile {
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
         let p: MeshProfile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         for (i, l) in p.axes.iter().enumerate() {
-            if !(l.alpha.is_finite() && l.alpha >= 0.0 && l.beta.is_finite() && l.beta > 0.0) {
-                return Err(err(format!("axis {i}: alpha must be >= 0 and beta > 0")));
-            }
+            l.validate().map_err(|why| err(format!("axis {i}: {why}")))?;
         }
         Ok(p)
     }
