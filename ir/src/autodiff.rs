@@ -165,7 +165,8 @@ pub enum Phase {
 /// A training graph and what the stages after it need to know about it.
 #[derive(Clone, Debug)]
 pub struct TrainingGraph {
-    /// Forward + loss + backward (+ update) as one graph; output `loss` is the f32 scalar loss.
+    /// Forward + loss + backward (+ update) as one graph; output `loss` is the scalar loss (f32,
+    /// or f64 after [`TrainingGraph::with_float_type`]).
     pub graph: Graph,
     /// The loss value.
     pub loss: Value,
@@ -178,6 +179,12 @@ pub struct TrainingGraph {
 }
 
 impl TrainingGraph {
+    /// The same training step computing in float type `to` ([`Graph::with_float_type`]): node
+    /// ids, phases and gradient values are unchanged.
+    pub fn with_float_type(&self, to: DType) -> Result<TrainingGraph, crate::GraphError> {
+        Ok(TrainingGraph { graph: self.graph.with_float_type(to)?, ..self.clone() })
+    }
+
     /// Values computed in the forward or loss phase and read by the backward phase: the
     /// activations a training step keeps for backward (parameters and constants excluded).
     pub fn saved_for_backward(&self) -> Vec<Value> {

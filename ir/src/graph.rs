@@ -7,7 +7,7 @@ use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::EdgeRef;
 
 use crate::op::Op;
-use crate::tensor::{Tensor, TensorMeta};
+use crate::tensor::{DType, Tensor, TensorMeta};
 
 /// One output of one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -319,6 +319,35 @@ impl Graph {
     /// Finds the node with this name.
     pub fn find(&self, name: &str) -> Option<NodeIndex> {
         self.g.node_indices().find(|&n| self.g[n].name == name)
+    }
+
+    /// The same graph computing in floating-point type `to` (`F32` or `F64`): every float input,
+    /// parameter, state, constant and cast target, and the parameter data, converted; integer
+    /// and bool values unchanged. Node ids and names are kept, so a plan made for this graph
+    /// applies to the result. Op attributes (learning rates, epsilons) stay as they are.
+    pub fn with_float_type(&self, to: DType) -> Result<Graph, GraphError> {
+        assert!(to.is_float(), "with_float_type: {to} is not a float type");
+        let mut g = self.clone();
+        let conv = |m: &mut TensorMeta| {
+            if m.dtype.is_float() {
+                m.dtype = to;
+            }
+        };
+        for n in g.g.node_weights_mut() {
+            match &mut n.op {
+                Op::Constant(t) => *t = std::mem::replace(t, Tensor::scalar_f32(0.0)).with_float_type(to),
+                Op::Cast { to: c } if c.is_float() => *c = to,
+                _ => {}
+            }
+            if n.op.is_source() {
+                n.outputs.iter_mut().for_each(conv);
+            }
+        }
+        for t in g.param_data.values_mut() {
+            *t = std::mem::replace(t, Tensor::scalar_f32(0.0)).with_float_type(to);
+        }
+        g.reinfer()?;
+        Ok(g)
     }
 
     /// Re-infers the output metas of every node in topological order, reporting the first

@@ -471,7 +471,22 @@ fn want_dtype(op: &str, m: &TensorMeta, dt: DType, what: &str) -> Result<(), Inf
 }
 
 fn want_float(op: &str, m: &TensorMeta) -> Result<(), InferError> {
-    want_dtype(op, m, DType::F32, "input")
+    if !m.dtype.is_float() {
+        return Err(format!("{op}: input must be f32 or f64, got {}", m.dtype));
+    }
+    Ok(())
+}
+
+/// The one float type of `ins`: every input floating-point, all of the same type.
+fn float_of(op: &str, ins: &[TensorMeta]) -> Result<DType, InferError> {
+    let dt = ins.first().map(|m| m.dtype).unwrap_or(DType::F32);
+    for m in ins {
+        want_float(op, m)?;
+        if m.dtype != dt {
+            return Err(format!("{op}: inputs mix {dt} and {}", m.dtype));
+        }
+    }
+    Ok(dt)
 }
 
 impl Op {
@@ -599,15 +614,12 @@ impl Op {
             }
             MatMul => {
                 want_inputs(n, ins, 2, 2)?;
-                want_float(n, &ins[0])?;
-                want_float(n, &ins[1])?;
-                matmul_shape(&ins[0].shape, &ins[1].shape).map(|s| vec![TensorMeta::new(DType::F32, s)])
+                let dt = float_of(n, ins)?;
+                matmul_shape(&ins[0].shape, &ins[1].shape).map(|s| vec![TensorMeta::new(dt, s)])
             }
             Gemm { trans_a, trans_b, .. } => {
                 want_inputs(n, ins, 2, 3)?;
-                for m in ins {
-                    want_float(n, m)?;
-                }
+                let dt = float_of(n, ins)?;
                 let (a, b) = (&ins[0].shape, &ins[1].shape);
                 if a.len() != 2 || b.len() != 2 {
                     return Err(format!("{n}: A and B must be 2-D, got {a:?} and {b:?}"));
@@ -625,13 +637,11 @@ impl Op {
                         return Err(format!("{n}: C {:?} does not broadcast to [{m}, {nn}]", c.shape));
                     }
                 }
-                one(TensorMeta::new(DType::F32, vec![m, nn]))
+                one(TensorMeta::new(dt, vec![m, nn]))
             }
             Conv(a) => {
                 want_inputs(n, ins, 2, 3)?;
-                for m in ins {
-                    want_float(n, m)?;
-                }
+                let dt = float_of(n, ins)?;
                 let (x, w) = (&ins[0].shape, &ins[1].shape);
                 if x.len() != 4 || w.len() != 4 {
                     return Err(format!("{n}: only 2-D convolution (4-D X and W) is supported, got X{x:?} W{w:?}"));
@@ -655,7 +665,7 @@ impl Op {
                 let (oh, ow) = pa
                     .out_hw(x[2], x[3])
                     .ok_or_else(|| format!("{n}: kernel larger than padded input X{x:?} W{w:?}"))?;
-                one(TensorMeta::new(DType::F32, vec![x[0], w[0], oh, ow]))
+                one(TensorMeta::new(dt, vec![x[0], w[0], oh, ow]))
             }
             MaxPool(a) | AveragePool(a) => {
                 want_inputs(n, ins, 1, 1)?;
@@ -666,7 +676,7 @@ impl Op {
                 }
                 let (oh, ow) =
                     a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: window larger than padded input {x:?}"))?;
-                one(TensorMeta::new(DType::F32, vec![x[0], x[1], oh, ow]))
+                one(TensorMeta::new(ins[0].dtype, vec![x[0], x[1], oh, ow]))
             }
             GlobalAveragePool | GlobalMaxPool => {
                 want_inputs(n, ins, 1, 1)?;
@@ -679,7 +689,7 @@ impl Op {
                 for d in &mut s[2..] {
                     *d = 1;
                 }
-                one(TensorMeta::new(DType::F32, s))
+                one(TensorMeta::new(ins[0].dtype, s))
             }
             BatchNorm { .. } => {
                 want_inputs(n, ins, 5, 5)?;
@@ -687,8 +697,8 @@ impl Op {
                 if x.len() < 2 {
                     return Err(format!("{n}: input must have a channel dim, got {x:?}"));
                 }
+                float_of(n, ins)?;
                 for (i, m) in ins.iter().enumerate() {
-                    want_float(n, m)?;
                     if i > 0 && m.shape != [x[1]] {
                         return Err(format!("{n}: input {i} shape {:?} must be [{}]", m.shape, x[1]));
                     }
@@ -701,8 +711,8 @@ impl Op {
                 if *axis >= x.len() {
                     return Err(format!("{n}: axis {axis} out of range for {x:?}"));
                 }
+                float_of(n, ins)?;
                 for (i, m) in ins.iter().enumerate() {
-                    want_float(n, m)?;
                     if i > 0 && broadcast(&x[*axis..], &m.shape).ok().as_deref() != Some(&x[*axis..]) {
                         return Err(format!(
                             "{n}: input {i} shape {:?} does not broadcast to {:?}",
@@ -856,7 +866,7 @@ impl Op {
     fn infer_training(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
         use Op::*;
         let n = self.name();
-        let f32s = |ins: &[TensorMeta]| ins.iter().try_for_each(|m| want_float(n, m));
+        let f32s = |ins: &[TensorMeta]| float_of(n, ins).map(|_| ());
         let same = |a: &TensorMeta, b: &TensorMeta, what: &str| {
             if a.shape != b.shape {
                 return Err(format!("{n}: {what} shapes differ: {:?} vs {:?}", a.shape, b.shape));
@@ -871,7 +881,9 @@ impl Op {
             }
             Ok(())
         };
-        let f = |s: &[usize]| TensorMeta::new(DType::F32, s.to_vec());
+        // Gradients take the float type of their float inputs.
+        let dt = ins.iter().map(|m| m.dtype).find(|d| d.is_float()).unwrap_or(DType::F32);
+        let f = |s: &[usize]| TensorMeta::new(dt, s.to_vec());
         match self {
             UnaryGrad(u) => {
                 want_inputs(n, ins, 2, 2)?;
@@ -902,7 +914,7 @@ impl Op {
             LrnGrad { size, alpha, beta, bias } => {
                 want_inputs(n, ins, 2, 2)?;
                 Op::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }.infer(&ins[..1])?;
-                want_float(n, &ins[1])?;
+                f32s(ins)?;
                 same(&ins[0], &ins[1], "x and dy")?;
                 Ok(vec![ins[0].clone()])
             }

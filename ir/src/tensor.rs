@@ -9,6 +9,9 @@ use std::fmt;
 pub enum DType {
     /// 32-bit IEEE float: activations, parameters, gradients.
     F32,
+    /// 64-bit IEEE float: the same values computed in double precision (`--precision f64`), for
+    /// checking plans on models whose f32 results depend on summation order.
+    F64,
     /// 64-bit signed integer: indices, token ids, shapes.
     I64,
     /// Boolean: masks and comparison results.
@@ -20,6 +23,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
+            DType::F64 => 8,
             DType::I64 => 8,
             DType::Bool => 1,
         }
@@ -28,6 +32,7 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
+            DType::F64 => "f64",
             DType::I64 => "i64",
             DType::Bool => "bool",
         }
@@ -36,10 +41,15 @@ impl DType {
     pub fn from_name(s: &str) -> Option<DType> {
         match s {
             "f32" => Some(DType::F32),
+            "f64" => Some(DType::F64),
             "i64" => Some(DType::I64),
             "bool" => Some(DType::Bool),
             _ => None,
         }
+    }
+    /// True for the floating-point types (the ones that carry gradients).
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64)
     }
 }
 
@@ -122,6 +132,8 @@ pub fn to_vec_fast<T: Copy>(src: &[T]) -> Vec<T> {
 pub enum Data {
     /// f32 elements.
     F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
     /// i64 elements.
     I64(Vec<i64>),
     /// bool elements.
@@ -132,6 +144,7 @@ impl Clone for Data {
     fn clone(&self) -> Data {
         match self {
             Data::F32(v) => Data::F32(to_vec_fast(v)),
+            Data::F64(v) => Data::F64(to_vec_fast(v)),
             Data::I64(v) => Data::I64(to_vec_fast(v)),
             Data::Bool(v) => Data::Bool(to_vec_fast(v)),
         }
@@ -143,6 +156,7 @@ impl Data {
     pub fn dtype(&self) -> DType {
         match self {
             Data::F32(_) => DType::F32,
+            Data::F64(_) => DType::F64,
             Data::I64(_) => DType::I64,
             Data::Bool(_) => DType::Bool,
         }
@@ -151,6 +165,7 @@ impl Data {
     pub fn len(&self) -> usize {
         match self {
             Data::F32(v) => v.len(),
+            Data::F64(v) => v.len(),
             Data::I64(v) => v.len(),
             Data::Bool(v) => v.len(),
         }
@@ -196,6 +211,10 @@ impl Tensor {
     pub fn f32(shape: impl Into<Vec<usize>>, v: Vec<f32>) -> Tensor {
         Tensor::new(shape, Data::F32(v)).expect("f32 literal tensor with a consistent shape")
     }
+    /// An f64 tensor. Panics if the sizes disagree: for literals in code and tests.
+    pub fn f64(shape: impl Into<Vec<usize>>, v: Vec<f64>) -> Tensor {
+        Tensor::new(shape, Data::F64(v)).expect("f64 literal tensor with a consistent shape")
+    }
     /// An i64 tensor. Panics if the sizes disagree: for literals in code and tests.
     pub fn i64(shape: impl Into<Vec<usize>>, v: Vec<i64>) -> Tensor {
         Tensor::new(shape, Data::I64(v)).expect("i64 literal tensor with a consistent shape")
@@ -213,6 +232,7 @@ impl Tensor {
         let n = meta.numel();
         let data = match meta.dtype {
             DType::F32 => Data::F32(vec![0.0; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
             DType::I64 => Data::I64(vec![0; n]),
             DType::Bool => Data::Bool(vec![false; n]),
         };
@@ -253,6 +273,13 @@ impl Tensor {
             _ => None,
         }
     }
+    /// The f64 elements, if this is an f64 tensor.
+    pub fn as_f64(&self) -> Option<&[f64]> {
+        match &self.data {
+            Data::F64(v) => Some(v),
+            _ => None,
+        }
+    }
     /// The i64 elements, if this is an i64 tensor.
     pub fn as_i64(&self) -> Option<&[i64]> {
         match &self.data {
@@ -281,6 +308,7 @@ impl Tensor {
     pub fn to_i64_vec(&self) -> Vec<i64> {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::F64(v) => v.iter().map(|&x| x as i64).collect(),
             Data::I64(v) => v.clone(),
             Data::Bool(v) => v.iter().map(|&x| x as i64).collect(),
         }
@@ -289,8 +317,28 @@ impl Tensor {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.data {
             Data::F32(v) => v.clone(),
+            Data::F64(v) => v.iter().map(|&x| x as f32).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f32).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
         }
+    }
+    /// Elements as f64, converting from any dtype (exact for f32, i64 up to 2^53 and bool).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::F64(v) => v.clone(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+    /// This tensor with its floating-point elements converted to `to` (f32 <-> f64); integer
+    /// and bool tensors, and tensors already of `to`, are returned unchanged.
+    pub fn with_float_type(self, to: DType) -> Tensor {
+        let data = match (self.data, to) {
+            (Data::F32(v), DType::F64) => Data::F64(v.iter().map(|&x| x as f64).collect()),
+            (Data::F64(v), DType::F32) => Data::F32(v.iter().map(|&x| x as f32).collect()),
+            (d, _) => d,
+        };
+        Tensor { shape: self.shape, data }
     }
 }

@@ -63,6 +63,7 @@ fn fmt_attr(a: &Attr, out: &mut String) {
             write!(out, "{} [", t.meta()).unwrap_or(());
             let items: Vec<String> = match t.data() {
                 Data::F32(v) => v.iter().map(|x| fmt_f32(*x)).collect(),
+                Data::F64(v) => v.iter().map(|x| format!("{x:?}")).collect(),
                 Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
                 Data::Bool(v) => v.iter().map(|&x| if x { "1" } else { "0" }.to_string()).collect(),
             };
@@ -637,6 +638,10 @@ impl Parser {
                         DType::F32 => Data::F32(self.list(|p| {
                             let n = p.num()?;
                             n.parse::<f32>().or_else(|_| p.err(format!("bad float {n}")))
+                        })?),
+                        DType::F64 => Data::F64(self.list(|p| {
+                            let n = p.num()?;
+                            n.parse::<f64>().or_else(|_| p.err(format!("bad float {n}")))
                         })?),
                         DType::I64 => Data::I64(self.list(|p| {
                             let n = p.num()?;

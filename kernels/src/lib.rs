@@ -3,7 +3,8 @@
 //! Every backend evaluates one [`ir::Op`] on concrete tensors with the op's ONNX semantics and
 //! produces exactly the output metas that [`ir::Op::infer`] computes for the inputs' metas.
 //!
-//! - [`cpu`]: f32 kernels (i64 and bool where indices and masks need them). Matrix products and
+//! - [`cpu`]: f32 kernels, the same compiled for f64 (`--precision f64`), and i64 and bool where
+//!   indices and masks need them. Matrix products and
 //!   convolutions go through the `gemm` crate (the fastest of the GEMM crates measured in
 //!   `benches/gemm.rs`); all parallel work runs on the thread pool of an explicit
 //!   [`cpu::CpuContext`], never on a global pool.

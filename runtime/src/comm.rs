@@ -152,6 +152,7 @@ fn flat_chunks(t: &Tensor, n: usize) -> Vec<Tensor> {
             let (a, b) = (bounds[k], bounds[k + 1]);
             let data = match t.data() {
                 Data::F32(v) => Data::F32(ir::to_vec_fast(&v[a..b])),
+                Data::F64(v) => Data::F64(ir::to_vec_fast(&v[a..b])),
                 Data::I64(v) => Data::I64(ir::to_vec_fast(&v[a..b])),
                 Data::Bool(v) => Data::Bool(ir::to_vec_fast(&v[a..b])),
             };
@@ -166,12 +167,14 @@ fn concat_flat(parts: &[Arc<Tensor>], shape: &[usize]) -> Result<Tensor, String>
     let first = parts.first().ok_or("no chunks")?;
     let mut data = match first.data() {
         Data::F32(_) => Data::F32(vec![]),
+        Data::F64(_) => Data::F64(vec![]),
         Data::I64(_) => Data::I64(vec![]),
         Data::Bool(_) => Data::Bool(vec![]),
     };
     for p in parts {
         match (&mut data, p.data()) {
             (Data::F32(a), Data::F32(x)) => ir::extend_fast(a, x),
+            (Data::F64(a), Data::F64(x)) => ir::extend_fast(a, x),
             (Data::I64(a), Data::I64(x)) => ir::extend_fast(a, x),
             (Data::Bool(a), Data::Bool(x)) => ir::extend_fast(a, x),
             _ => return Err("chunks of different dtypes".into()),
@@ -197,6 +200,7 @@ fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Tensor {
     }
     let data = match t.data() {
         Data::F32(v) => Data::F32(take(v, outer, stride, i * len, len)),
+        Data::F64(v) => Data::F64(take(v, outer, stride, i * len, len)),
         Data::I64(v) => Data::I64(take(v, outer, stride, i * len, len)),
         Data::Bool(v) => Data::Bool(take(v, outer, stride, i * len, len)),
     };
@@ -229,6 +233,7 @@ pub(crate) fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usiz
     let runs: Vec<usize> = parts.iter().map(|p| p.shape()[dim] * inner).collect();
     let data = match first.data() {
         Data::F32(_) => Data::F32(join(&parts.iter().filter_map(|p| p.as_f32()).collect::<Vec<_>>(), &runs, outer)),
+        Data::F64(_) => Data::F64(join(&parts.iter().filter_map(|p| p.as_f64()).collect::<Vec<_>>(), &runs, outer)),
         Data::I64(_) => Data::I64(join(&parts.iter().filter_map(|p| p.as_i64()).collect::<Vec<_>>(), &runs, outer)),
         Data::Bool(_) => Data::Bool(join(&parts.iter().filter_map(|p| p.as_bool()).collect::<Vec<_>>(), &runs, outer)),
     };
@@ -247,6 +252,8 @@ fn reduce<'a>(mut blocks: impl Iterator<Item = &'a Tensor>, op: ReduceKind) -> R
         match (&mut acc, b.data(), op) {
             (Data::F32(a), Data::F32(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
             (Data::F32(a), Data::F32(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
+            (Data::F64(a), Data::F64(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
+            (Data::F64(a), Data::F64(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
             (Data::I64(a), Data::I64(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
             (Data::I64(a), Data::I64(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = (*a).max(*x)),
             (Data::Bool(a), Data::Bool(x), _) => a.iter_mut().zip(x).for_each(|(a, x)| *a |= x),

@@ -28,7 +28,7 @@ pub enum NpyError {
         message: String,
     },
     /// An element type autopar does not handle.
-    #[error("{path}: element type {descr} is not supported (use float32, int64, int32 or bool)")]
+    #[error("{path}: element type {descr} is not supported (use float32, float64, int64, int32 or bool)")]
     DType {
         /// File.
         path: PathBuf,
@@ -37,7 +37,7 @@ pub enum NpyError {
     },
 }
 
-/// Reads a C-order `.npy` file of float32, int64, int32 (widened to int64) or bool.
+/// Reads a C-order `.npy` file of float32, float64, int64, int32 (widened to int64) or bool.
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
     let bytes = std::fs::read(path).map_err(|cause| NpyError::Io { path: path.to_path_buf(), cause })?;
     let f = npyz::NpyFile::new(&bytes[..])
@@ -54,6 +54,7 @@ fn decode<R: std::io::Read>(path: &Path, f: npyz::NpyFile<R>, what: &str) -> Res
     let descr = f.dtype().descr();
     let data = match descr.trim_matches('\'') {
         "<f4" => Data::F32(f.into_vec::<f32>().map_err(|e| fmt(e.to_string()))?),
+        "<f8" => Data::F64(f.into_vec::<f64>().map_err(|e| fmt(e.to_string()))?),
         "<i8" => Data::I64(f.into_vec::<i64>().map_err(|e| fmt(e.to_string()))?),
         "<i4" => Data::I64(f.into_vec::<i32>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
         "|b1" => Data::Bool(f.into_vec::<bool>().map_err(|e| fmt(e.to_string()))?),
@@ -111,6 +112,7 @@ fn encode(t: &Tensor, w: impl Write) -> std::io::Result<()> {
     let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
     match t.data() {
         Data::F32(v) => put(v, &shape, w),
+        Data::F64(v) => put(v, &shape, w),
         Data::I64(v) => put(v, &shape, w),
         Data::Bool(v) => put(v, &shape, w),
     }

@@ -65,6 +65,7 @@ pub fn block(t: &Tensor, offsets: &[usize], size: &[usize]) -> Tensor {
     }
     match t.data() {
         Data::F32(v) => take!(v, f32),
+        Data::F64(v) => take!(v, f64),
         Data::I64(v) => take!(v, i64),
         Data::Bool(v) => take!(v, bool),
     }
@@ -90,6 +91,14 @@ fn put_block(dst: &mut Tensor, src: &Tensor, offsets: &[usize], how: Combine) ->
                 Combine::Reduce(ReduceKind::Max) => d[id] = d[id].max(s[is]),
             });
             Data::F32(d)
+        }
+        (Data::F64(mut d), Data::F64(s)) => {
+            for_block(&size, &shape, offsets, &size, &zero, |id, is| match how {
+                Combine::Assign => d[id] = s[is],
+                Combine::Reduce(ReduceKind::Sum) => d[id] += s[is],
+                Combine::Reduce(ReduceKind::Max) => d[id] = d[id].max(s[is]),
+            });
+            Data::F64(d)
         }
         (Data::I64(mut d), Data::I64(s)) => {
             for_block(&size, &shape, offsets, &size, &zero, |id, is| match how {
@@ -167,7 +176,7 @@ pub fn distribute(global: &Tensor, spec: &ShardingSpec, mesh: &DeviceMesh) -> Re
 }
 
 /// The global tensor from every rank's block: partial groups are summed (in group order), shards
-/// placed at their offsets. Replicas must agree within `tol` (absolute, on f32; exact otherwise),
+/// placed at their offsets. Replicas must agree within `tol` (absolute, on floats; exact otherwise),
 /// else this is an error naming the ranks.
 pub fn assemble(
     locals: &[Tensor],
@@ -219,6 +228,11 @@ fn differs(a: &Tensor, b: &Tensor, tol: f32) -> Option<String> {
         (Data::F32(x), Data::F32(y)) => {
             let worst = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
             (worst > tol || x.iter().zip(y).any(|(p, q)| p.is_nan() != q.is_nan()))
+                .then(|| format!("max |a-b| = {worst}"))
+        }
+        (Data::F64(x), Data::F64(y)) => {
+            let worst = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f64, f64::max);
+            (worst > tol as f64 || x.iter().zip(y).any(|(p, q)| p.is_nan() != q.is_nan()))
                 .then(|| format!("max |a-b| = {worst}"))
         }
         (x, y) => (x != y).then(|| "values differ".to_string()),

@@ -22,6 +22,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn to_tract(t: &ir::Tensor) -> Tensor {
     match t.data() {
         ir::Data::F32(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
+        ir::Data::F64(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
         ir::Data::I64(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
         ir::Data::Bool(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
     }

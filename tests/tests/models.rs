@@ -89,6 +89,7 @@ fn run_tract(model: &Path, feeds: &BTreeMap<String, ir::Tensor>) -> Result<BTree
         let t = feeds.get(*name).with_context(|| format!("no feed for input {name}"))?;
         let (fact, value) = match t.data() {
             Data::F32(v) => (f32::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
+            Data::F64(v) => (f64::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
             Data::I64(v) => (i64::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
             Data::Bool(v) => (bool::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
         };

@@ -10,6 +10,11 @@
 //! manifest must stay honest), when the manifest names a case that is not there, or when fewer
 //! than 95% of the run cases pass. A panic inside a case is caught and counted as a failure.
 //!
+//! `onnx_node_suite_in_f64` runs every case that passes in f32 again with the imported graph made
+//! f64 ([`ir::Graph::with_float_type`]: f64 kernels, f32 inputs widened), its float outputs
+//! narrowed back and compared with the same tolerances: the check of the f64 kernels that
+//! `--precision f64` runs on.
+//!
 //! `ONNX_NODE_FILTER=substring` runs only the matching cases, and `ONNX_NODE_DIR=DIR` runs the
 //! cases of another folder (the whole suite, say) against this manifest; either skips the
 //! manifest checks that need exactly the selected cases.
@@ -227,7 +232,7 @@ fn static_operand_inputs(g: &pb::GraphProto) -> BTreeSet<&str> {
 
 /// Runs one case; `Err` carries the reason it failed. `Ok(true)`: it passed with some inputs
 /// bound as constants.
-fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
+fn run_case(dir: &Path, ctx: &CpuContext, float: DType) -> Result<bool> {
     let model_path = dir.join("model.onnx");
     let bytes = std::fs::read(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
     let model = pb::ModelProto::decode(&*bytes).context("decoding model.onnx")?;
@@ -288,6 +293,8 @@ fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
         tracer::import_bytes(&model.encode_to_vec(), &model_path.display().to_string(), &name, Some(dir), &opts)
             .context("import")?
     };
+    let graph =
+        if float == DType::F32 { graph } else { graph.with_float_type(float).context("making the graph f64")? };
     let interp = runtime::Interpreter::new(&graph).context("schedule")?;
     let report = interp.run(ctx, &feeds).context("run")?;
 
@@ -297,7 +304,12 @@ fn run_case(dir: &Path, ctx: &CpuContext) -> Result<bool> {
         match report.outputs.get(&o.name) {
             None => problems.push(format!("output {} was not produced", o.name)),
             Some(got) => {
-                if let Some(p) = compare(got, &want, dtype) {
+                let got = if got.dtype() == float && dtype == DType::F32 {
+                    got.clone().with_float_type(dtype)
+                } else {
+                    got.clone()
+                };
+                if let Some(p) = compare(&got, &want, dtype) {
                     problems.push(format!("output {}: {p}", o.name));
                 }
             }
@@ -325,6 +337,17 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 
 #[test]
 fn onnx_node_suite() -> Result<()> {
+    suite(DType::F32)
+}
+
+#[test]
+fn onnx_node_suite_in_f64() -> Result<()> {
+    suite(DType::F64)
+}
+
+/// The suite with float graphs computing in `float` (see the module docs).
+fn suite(float: DType) -> Result<()> {
+    let wide = float == DType::F64;
     let manifest = read_manifest(&data_dir().join("manifest.txt"))?;
     let dir = std::env::var_os("ONNX_NODE_DIR").map(PathBuf::from).unwrap_or_else(data_dir);
     let filter =
@@ -373,7 +396,12 @@ fn onnx_node_suite() -> Result<()> {
             continue;
         }
         let known_fail = entry.is_some_and(|e| e.status == Status::Fail);
-        let outcome = match panic::catch_unwind(AssertUnwindSafe(|| run_case(&dir.join(name), &ctx))) {
+        if wide && known_fail {
+            // f64 checks the cases that pass in f32.
+            skipped += 1;
+            continue;
+        }
+        let outcome = match panic::catch_unwind(AssertUnwindSafe(|| run_case(&dir.join(name), &ctx, float))) {
             Ok(r) => r.map_err(|e| format!("{e:#}")),
             Err(payload) => {
                 let m = format!("PANIC: {}", panic_message(&*payload));
@@ -425,7 +453,7 @@ fn onnx_node_suite() -> Result<()> {
                 .map(|p| format!("panic in {p}")),
         );
     }
-    if filter.is_none() {
+    if filter.is_none() && !wide {
         for (n, e) in &manifest {
             match (e.status, present.contains(n.as_str())) {
                 (Status::NotCopied, true) => {
@@ -440,6 +468,13 @@ fn onnx_node_suite() -> Result<()> {
         if rate < MIN_PASS_RATE {
             problems.push(format!("pass rate {:.1}% is below {:.0}%", rate * 100.0, MIN_PASS_RATE * 100.0));
         }
+    }
+    if wide {
+        report!("onnx-node in f64: {passed} passed, {failed} failed, {skipped} skipped (excluded or failing in f32)");
+        if failed > 0 {
+            problems.push(format!("{failed} cases that pass in f32 fail in f64: {}", unexpected.join(", ")));
+        }
+        return if problems.is_empty() { Ok(()) } else { Err(anyhow!(problems.join("\n"))) };
     }
     report!(
         "onnx-node: {passed_bound} of the passing cases had shape operands (axes, shape, pads...) bound as constants"

@@ -195,6 +195,7 @@ fn random_inputs(rng: &mut Rng, o: &Op, ins: &[TensorMeta]) -> Vec<Tensor> {
             let n = m.numel();
             match m.dtype {
                 DType::F32 => Tensor::f32(m.shape.clone(), (0..n).map(|_| 0.2 + rng.unit()).collect()),
+                DType::F64 => Tensor::f64(m.shape.clone(), (0..n).map(|_| 0.2 + rng.unit() as f64).collect()),
                 DType::Bool => Tensor::bool(m.shape.clone(), (0..n).map(|_| rng.below(2) == 1).collect()),
                 DType::I64 => {
                     let bound = match o {

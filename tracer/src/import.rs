@@ -517,6 +517,7 @@ impl<'a> Importer<'a> {
                 let count: usize = shape.iter().product();
                 let t = match value.data() {
                     ir::Data::F32(v) => Tensor::f32(shape, vec![*v.first().ok_or("empty value")?; count]),
+                    ir::Data::F64(v) => Tensor::f64(shape, vec![*v.first().ok_or("empty value")?; count]),
                     ir::Data::I64(v) => Tensor::i64(shape, vec![*v.first().ok_or("empty value")?; count]),
                     ir::Data::Bool(v) => Tensor::bool(shape, vec![*v.first().ok_or("empty value")?; count]),
                 };

@@ -1,8 +1,9 @@
 //! 2-D convolution (im2col + GEMM; 1x1 convolutions skip im2col) and pooling, NCHW.
 
-use super::{CpuContext, f32s, linalg::gemm_with, tensor};
+use super::{CpuContext, floats, linalg::gemm_with, tensor};
+use super::{F, Float};
 use crate::Error;
-use ir::{ConvAttrs, Data, PoolAttrs, Tensor};
+use ir::{ConvAttrs, PoolAttrs, Tensor};
 use rayon::prelude::*;
 
 /// Range of output positions `o` (within `0..out`) whose input index `o * stride + off` lies in
@@ -20,7 +21,7 @@ fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usi
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn im2col(
     ctx: Option<&CpuContext>,
-    x: &[f32],
+    x: &[F],
     h: usize,
     w: usize,
     kh: usize,
@@ -28,9 +29,9 @@ pub(crate) fn im2col(
     a: &ConvAttrs,
     oh: usize,
     ow: usize,
-    col: &mut [f32],
+    col: &mut [F],
 ) {
-    let fill_row = |r: usize, row: &mut [f32]| im2col_row(x, h, w, kh, kw, a, oh, ow, r, row);
+    let fill_row = |r: usize, row: &mut [F]| im2col_row(x, h, w, kh, kw, a, oh, ow, r, row);
     match ctx {
         Some(ctx) => ctx.for_rows(col, oh * ow, fill_row),
         None => col.chunks_mut(oh * ow).enumerate().for_each(|(r, row)| fill_row(r, row)),
@@ -41,7 +42,7 @@ pub(crate) fn im2col(
 /// calling thread.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn im2col_rows(
-    x: &[f32],
+    x: &[F],
     h: usize,
     w: usize,
     kh: usize,
@@ -50,7 +51,7 @@ pub(crate) fn im2col_rows(
     oh: usize,
     ow: usize,
     row0: usize,
-    col: &mut [f32],
+    col: &mut [F],
 ) {
     for (r, row) in col.chunks_mut(oh * ow).enumerate() {
         im2col_row(x, h, w, kh, kw, a, oh, ow, row0 + r, row);
@@ -61,7 +62,7 @@ pub(crate) fn im2col_rows(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn im2col_row(
-    x: &[f32],
+    x: &[F],
     h: usize,
     w: usize,
     kh: usize,
@@ -70,7 +71,7 @@ fn im2col_row(
     oh: usize,
     ow: usize,
     r: usize,
-    row: &mut [f32],
+    row: &mut [F],
 ) {
     let (c, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
     let plane = &x[c * h * w..(c + 1) * h * w];
@@ -110,12 +111,10 @@ pub(crate) fn is_direct(a: &ConvAttrs, kh: usize, kw: usize) -> bool {
 /// operands. Otherwise tasks run in turn, each using the whole pool.
 pub(crate) fn per_group(
     ctx: &CpuContext,
-    out: &mut [f32],
+    out: &mut [F],
     chunk: usize,
     macs: usize,
-    run: impl Fn(usize, &mut [f32], &mut Vec<f32>, Option<&CpuContext>, gemm::Parallelism) -> Result<(), Error>
-    + Sync
-    + Send,
+    run: impl Fn(usize, &mut [F], &mut Vec<F>, Option<&CpuContext>, gemm::Parallelism) -> Result<(), Error> + Sync + Send,
 ) -> Result<(), Error> {
     let tasks = out.len() / chunk.max(1);
     let t = ctx.threads();
@@ -137,7 +136,7 @@ pub(crate) fn per_group(
 
 /// Conv: X `[N,C,H,W]`, W `[M,C/group,kh,kw]`, optional bias `[M]`.
 pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shape: &[usize]) -> Result<Tensor, Error> {
-    let (x, w) = (f32s("conv", inputs[0])?, f32s("conv", inputs[1])?);
+    let (x, w) = (floats("conv", inputs[0])?, floats("conv", inputs[1])?);
     let (xs, ws) = (inputs[0].shape(), inputs[1].shape());
     let (n, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
     let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
@@ -146,23 +145,23 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
     let mg = m / g;
     let kk = cg * kh * kw;
     let p = oh * ow;
-    let mut out = vec![0f32; n * m * p];
+    let mut out = vec![0.0; n * m * p];
     let has_bias = inputs.len() > 2;
     if has_bias {
-        let bias = f32s("conv", inputs[2])?;
+        let bias = floats("conv", inputs[2])?;
         ctx.for_rows(&mut out, p.max(1), |r, row| row.fill(bias[r % m]));
     }
     if out.is_empty() {
-        return tensor("conv", out_shape, Data::F32(out));
+        return tensor("conv", out_shape, F::data(out));
     }
     let beta = if has_bias { 1.0 } else { 0.0 };
     let direct = is_direct(a, kh, kw);
     let plane = h * wd;
-    let run = |t: usize, outg: &mut [f32], col: &mut Vec<f32>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
+    let run = |t: usize, outg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let xin = &x[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
         let wg = &w[gi * mg * kk..(gi + 1) * mg * kk];
-        let colv: &[f32] = if direct {
+        let colv: &[F] = if direct {
             xin
         } else {
             col.resize(kk * p, 0.0);
@@ -172,7 +171,7 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
         gemm_with(par, ctx.accumulation(), mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
     };
     per_group(ctx, &mut out, mg * p, mg * kk * p, run)?;
-    tensor("conv", out_shape, Data::F32(out))
+    tensor("conv", out_shape, F::data(out))
 }
 
 /// Visits the in-image cells of the window of output `(oy, ox)` in row-major order: calls
@@ -237,8 +236,8 @@ pub(crate) fn clip(o: usize, a: &PoolAttrs, d: usize, len: usize) -> (usize, usi
 /// wins), or `None` for a window entirely in the padding. Max pooling and its gradient both use
 /// it, so they agree on ties.
 #[inline]
-pub(crate) fn window_argmax(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy: usize, ox: usize) -> Option<usize> {
-    let mut best = f32::NEG_INFINITY;
+pub(crate) fn window_argmax(a: &PoolAttrs, plane: &[F], h: usize, w: usize, oy: usize, ox: usize) -> Option<usize> {
+    let mut best = F::NEG_INFINITY;
     let mut at = None;
     window_cells(a, h, w, oy, ox, |k| {
         let v = plane[k];
@@ -257,7 +256,7 @@ pub(crate) fn window_argmax(a: &PoolAttrs, plane: &[f32], h: usize, w: usize, oy
 #[inline]
 pub(crate) fn plane_argmax(
     a: &PoolAttrs,
-    plane: &[f32],
+    plane: &[F],
     h: usize,
     w: usize,
     oh: usize,
@@ -275,7 +274,7 @@ pub(crate) fn plane_argmax(
     }
     // The first cell is taken, then a later one wins when greater or NaN (window_argmax's rule).
     #[inline(always)]
-    fn pick(plane: &[f32], best: &mut f32, at: &mut usize, k: usize) {
+    fn pick(plane: &[F], best: &mut F, at: &mut usize, k: usize) {
         let v = plane[k];
         if v > *best || v.is_nan() {
             *best = v;
@@ -321,54 +320,54 @@ pub(crate) fn column_ranges(a: &PoolAttrs, w: usize, ow: usize) -> Vec<(usize, u
 
 /// Max pooling; padding cells never win.
 pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
-    let xv = f32s("maxpool", x)?;
+    let xv = floats("maxpool", x)?;
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
-    let mut out = vec![0f32; out_shape.iter().product()];
+    let mut out = vec![0.0; out_shape.iter().product()];
     let xr = column_ranges(a, w, ow);
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
-        plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| row[o] = k.map_or(f32::NEG_INFINITY, |k| plane[k]));
+        plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| row[o] = k.map_or(F::NEG_INFINITY, |k| plane[k]));
     });
-    tensor("maxpool", out_shape, Data::F32(out))
+    tensor("maxpool", out_shape, F::data(out))
 }
 
 /// Average pooling (divisor: [`avg_divisor`]).
 pub(crate) fn avg_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
-    let xv = f32s("avgpool", x)?;
+    let xv = floats("avgpool", x)?;
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
-    let mut out = vec![0f32; out_shape.iter().product()];
+    let mut out = vec![0.0; out_shape.iter().product()];
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
         for oy in 0..oh {
             for ox in 0..ow {
-                let mut sum = 0f32;
+                let mut sum = 0.0 as F;
                 window_cells(a, h, w, oy, ox, |k| sum += plane[k]);
                 let cnt = avg_divisor(a, h, w, oy, ox);
-                row[oy * ow + ox] = if cnt == 0 { 0.0 } else { sum / cnt as f32 };
+                row[oy * ow + ox] = if cnt == 0 { 0.0 } else { sum / cnt as F };
             }
         }
     });
-    tensor("avgpool", out_shape, Data::F32(out))
+    tensor("avgpool", out_shape, F::data(out))
 }
 
 /// Mean or max over all spatial dims (`[N, C, ...] -> [N, C, 1, ...]`).
 pub(crate) fn global_pool(ctx: &CpuContext, x: &Tensor, max: bool) -> Result<Tensor, Error> {
     let op = if max { "global_maxpool" } else { "global_avgpool" };
-    let xv = f32s(op, x)?;
+    let xv = floats(op, x)?;
     let s = x.shape();
     let (nc, sp) = (s[0] * s[1], s[2..].iter().product::<usize>());
-    let mut out = vec![0f32; nc];
+    let mut out = vec![0.0; nc];
     ctx.for_rows_weighted(&mut out, 1, sp, |r, o| {
         let v = &xv[r * sp..(r + 1) * sp];
         o[0] = if max {
-            v.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m || x.is_nan() { x } else { m })
+            v.iter().fold(F::NEG_INFINITY, |m, &x| if x > m || x.is_nan() { x } else { m })
         } else {
-            (v.iter().map(|&x| x as f64).sum::<f64>() / sp as f64) as f32
+            (v.iter().map(|&x| x as f64).sum::<f64>() / sp as f64) as F
         };
     });
     let mut shape = s.to_vec();
     shape[2..].iter_mut().for_each(|d| *d = 1);
-    tensor(op, &shape, Data::F32(out))
+    tensor(op, &shape, F::data(out))
 }

@@ -1,6 +1,7 @@
 //! Unary, binary (numpy broadcasting), `Where` and `Cast`.
 
-use super::{CpuContext, f32s, tensor};
+use super::{CpuContext, floats, tensor};
+use super::{F, Float};
 use crate::Error;
 use ir::{BinaryOp, DType, Data, Tensor, UnaryOp};
 
@@ -174,8 +175,9 @@ pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, 
         (Data::I64(v), UnaryOp::Abs) => Data::I64(v.iter().map(|x| x.wrapping_abs()).collect()),
         (Data::I64(v), UnaryOp::Sign) => Data::I64(v.iter().map(|x| x.signum()).collect()),
         (Data::Bool(v), UnaryOp::Not) => Data::Bool(v.iter().map(|x| !x).collect()),
-        (Data::F32(v), _) => {
-            let mut out = vec![0f32; v.len()];
+        (d, _) if d.dtype() == F::DTYPE => {
+            let v = F::view(x).expect("dtype checked");
+            let mut out = vec![0.0; v.len()];
             let weight = match u {
                 UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => 1,
                 _ => 8,
@@ -194,23 +196,23 @@ pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, 
                 }};
             }
             match u {
-                UnaryOp::Relu => apply!(|x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 }),
+                UnaryOp::Relu => apply!(|x: F| if x > 0.0 || x.is_nan() { x } else { 0.0 }),
                 UnaryOp::Gelu => apply!(gelu),
                 UnaryOp::GeluTanh => apply!(gelu_tanh),
                 UnaryOp::Tanh => apply!(tanh),
-                UnaryOp::Erf => apply!(libm::erff),
+                UnaryOp::Erf => apply!(Float::erf),
                 UnaryOp::Sigmoid => apply!(sigmoid),
-                UnaryOp::Exp => apply!(f32::exp),
-                UnaryOp::Log => apply!(f32::ln),
-                UnaryOp::Sqrt => apply!(f32::sqrt),
-                UnaryOp::Neg => apply!(|x: f32| -x),
-                UnaryOp::Reciprocal => apply!(|x: f32| 1.0 / x),
-                UnaryOp::Abs => apply!(f32::abs),
-                UnaryOp::Floor => apply!(f32::floor),
-                UnaryOp::Ceil => apply!(f32::ceil),
-                UnaryOp::Sin => apply!(f32::sin),
-                UnaryOp::Cos => apply!(f32::cos),
-                UnaryOp::Sign => apply!(|x: f32| if x > 0.0 {
+                UnaryOp::Exp => apply!(F::exp),
+                UnaryOp::Log => apply!(F::ln),
+                UnaryOp::Sqrt => apply!(F::sqrt),
+                UnaryOp::Neg => apply!(|x: F| -x),
+                UnaryOp::Reciprocal => apply!(|x: F| 1.0 / x),
+                UnaryOp::Abs => apply!(F::abs),
+                UnaryOp::Floor => apply!(F::floor),
+                UnaryOp::Ceil => apply!(F::ceil),
+                UnaryOp::Sin => apply!(F::sin),
+                UnaryOp::Cos => apply!(F::cos),
+                UnaryOp::Sign => apply!(|x: F| if x > 0.0 {
                     1.0
                 } else if x < 0.0 {
                     -1.0
@@ -219,7 +221,7 @@ pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, 
                 }),
                 UnaryOp::Not => return Err(bad(op, "not takes bool")),
             }
-            Data::F32(out)
+            F::data(out)
         }
         (d, _) => return Err(bad(op, &format!("no kernel for {}", d.dtype()))),
     };
@@ -228,50 +230,26 @@ pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, 
 
 /// x·Φ(x) with the exact normal CDF, written with erfc so the negative tail keeps its relative
 /// accuracy (`1 + erf(x)` cancels there).
-pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * libm::erfcf(-x * std::f32::consts::FRAC_1_SQRT_2)
+pub(crate) fn gelu(x: F) -> F {
+    0.5 * x * Float::erfc(-x * super::consts::FRAC_1_SQRT_2)
 }
 
 /// The tanh approximation of GELU.
-pub(crate) fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+pub(crate) fn gelu_tanh(x: F) -> F {
+    const C: F = 0.797_884_6; // sqrt(2/pi)
     0.5 * x * (1.0 + tanh(C * (x + 0.044715 * x * x * x)))
 }
 
-/// tanh through one [`exp_fast`], with a Taylor series near 0 where `e^2x - 1` would cancel;
-/// branch-free, so loops over it vectorise. Relative error a few ulp; exactly +-1 past |x| = 9.
+/// tanh, branch-free for F (see [`Float::tanh_fast`]).
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
-    let a = x.abs();
-    let x2 = x * x;
-    // x - x^3/3 + 2x^5/15 - 17x^7/315 (next term < 4e-10 relative for |x| < 0.125)
-    let small = a * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))));
-    let e = exp_fast(2.0 * a.min(9.0));
-    let big = (e - 1.0) / (e + 1.0);
-    let t = if a < 0.125 { small } else { big };
-    let t = if a > 9.0 { 1.0 } else { t };
-    if x.is_nan() { x } else { t.copysign(x) }
+pub(crate) fn tanh(x: F) -> F {
+    Float::tanh_fast(x)
 }
 
-/// `e^x` for f32 without a libm call (Cephes' `expf`: range reduction by ln 2 in two parts and a
-/// degree-6 polynomial; within 1-2 ulp of the exact value), branch-free so that loops over it
-/// vectorise. Results below ~1.6e-38 (x < -87) flush to 0; x > 88.5 gives +inf; NaN stays NaN.
+/// `e^x`, branch-free for F (see [`Float::exp_fast`]).
 #[inline(always)]
-pub(crate) fn exp_fast(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(-87.0, 88.5);
-    let t = xc * std::f32::consts::LOG2_E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 0.166_666_65) * r
-        + 0.5;
-    let y = p * r * r + r + 1.0;
-    let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let scale = f32::from_bits(((ni + 127) << 23) as u32);
-    let res = y * scale;
-    let res = if x < -87.0 { 0.0 } else { res };
-    let res = if x > 88.5 { f32::INFINITY } else { res };
-    if x.is_nan() { x } else { res }
+pub(crate) fn exp_fast(x: F) -> F {
+    Float::exp_fast(x)
 }
 
 /// Runs `f` compiled for AVX2 and FMA when the CPU has them (the loops `f` inlines then vectorise
@@ -293,7 +271,7 @@ pub(crate) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// 1 / (1 + e^-x) without overflow for large |x|.
-pub(crate) fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: F) -> F {
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())
     } else {
@@ -306,15 +284,15 @@ fn bad(op: &'static str, message: &str) -> Error {
     Error::BadInput { op, message: message.to_string() }
 }
 
-fn nan_max(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
+fn nan_max(a: F, b: F) -> F {
+    if a.is_nan() || b.is_nan() { F::NAN } else { a.max(b) }
 }
 
-fn nan_min(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) }
+fn nan_min(a: F, b: F) -> F {
+    if a.is_nan() || b.is_nan() { F::NAN } else { a.min(b) }
 }
 
-fn pow_f32(a: f32, b: f32) -> f32 {
+fn pow_f32(a: F, b: F) -> F {
     if b == 2.0 {
         a * a
     } else if b == 3.0 {
@@ -362,58 +340,64 @@ pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out
     // Macros rather than closures taking `fn` pointers: each op's body must be monomorphised into
     // `map2` so the loops inline and vectorise (a `fn` pointer costs an indirect call per element).
     macro_rules! m {
+        ($x:expr, $y:expr, Float, $f:expr) => {
+            F::data(map2(ctx, $x, ash, $y, bsh, out, $f))
+        };
         ($x:expr, $y:expr, $v:ident, $f:expr) => {
             Data::$v(map2(ctx, $x, ash, $y, bsh, out, $f))
         };
     }
-    let data = match (a.data(), b.data()) {
-        (Data::F32(x), Data::F32(y)) => match op {
-            Add => m!(x, y, F32, |a: f32, b: f32| a + b),
-            Sub => m!(x, y, F32, |a: f32, b: f32| a - b),
-            Mul => m!(x, y, F32, |a: f32, b: f32| a * b),
-            Div => m!(x, y, F32, |a: f32, b: f32| a / b),
-            Pow => m!(x, y, F32, pow_f32),
-            Max => m!(x, y, F32, nan_max),
-            Min => m!(x, y, F32, nan_min),
-            Equal => m!(x, y, Bool, |a: f32, b: f32| a == b),
-            Less => m!(x, y, Bool, |a: f32, b: f32| a < b),
-            LessOrEqual => m!(x, y, Bool, |a: f32, b: f32| a <= b),
-            Greater => m!(x, y, Bool, |a: f32, b: f32| a > b),
-            GreaterOrEqual => m!(x, y, Bool, |a: f32, b: f32| a >= b),
+    let data = if let (Some(x), Some(y)) = (F::view(a), F::view(b)) {
+        match op {
+            Add => m!(x, y, Float, |a: F, b: F| a + b),
+            Sub => m!(x, y, Float, |a: F, b: F| a - b),
+            Mul => m!(x, y, Float, |a: F, b: F| a * b),
+            Div => m!(x, y, Float, |a: F, b: F| a / b),
+            Pow => m!(x, y, Float, pow_f32),
+            Max => m!(x, y, Float, nan_max),
+            Min => m!(x, y, Float, nan_min),
+            Equal => m!(x, y, Bool, |a: F, b: F| a == b),
+            Less => m!(x, y, Bool, |a: F, b: F| a < b),
+            LessOrEqual => m!(x, y, Bool, |a: F, b: F| a <= b),
+            Greater => m!(x, y, Bool, |a: F, b: F| a > b),
+            GreaterOrEqual => m!(x, y, Bool, |a: F, b: F| a >= b),
             And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
-        },
-        (Data::I64(x), Data::I64(y)) => match op {
-            Add => m!(x, y, I64, i64::wrapping_add),
-            Sub => m!(x, y, I64, i64::wrapping_sub),
-            Mul => m!(x, y, I64, i64::wrapping_mul),
-            Div => {
-                if y.contains(&0) {
-                    return Err(bad(name, "integer division by zero"));
-                }
-                m!(x, y, I64, i64::wrapping_div)
-            }
-            Pow => m!(x, y, I64, pow_i64),
-            Max => m!(x, y, I64, |a: i64, b: i64| a.max(b)),
-            Min => m!(x, y, I64, |a: i64, b: i64| a.min(b)),
-            Equal => m!(x, y, Bool, |a: i64, b: i64| a == b),
-            Less => m!(x, y, Bool, |a: i64, b: i64| a < b),
-            LessOrEqual => m!(x, y, Bool, |a: i64, b: i64| a <= b),
-            Greater => m!(x, y, Bool, |a: i64, b: i64| a > b),
-            GreaterOrEqual => m!(x, y, Bool, |a: i64, b: i64| a >= b),
-            And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
-        },
-        (Data::Bool(x), Data::Bool(y)) => {
-            let c = |f: fn(bool, bool) -> bool| Data::Bool(map2(ctx, x, ash, y, bsh, out, f));
-            match op {
-                Equal => c(|a, b| a == b),
-                And => c(|a, b| a & b),
-                Or => c(|a, b| a | b),
-                Xor => c(|a, b| a ^ b),
-                _ => return Err(bad(name, "arithmetic and ordering ops take numeric inputs")),
-            }
         }
-        (x, y) => {
-            return Err(bad(name, &format!("input dtypes differ ({} vs {})", x.dtype(), y.dtype())));
+    } else {
+        match (a.data(), b.data()) {
+            (Data::I64(x), Data::I64(y)) => match op {
+                Add => m!(x, y, I64, i64::wrapping_add),
+                Sub => m!(x, y, I64, i64::wrapping_sub),
+                Mul => m!(x, y, I64, i64::wrapping_mul),
+                Div => {
+                    if y.contains(&0) {
+                        return Err(bad(name, "integer division by zero"));
+                    }
+                    m!(x, y, I64, i64::wrapping_div)
+                }
+                Pow => m!(x, y, I64, pow_i64),
+                Max => m!(x, y, I64, |a: i64, b: i64| a.max(b)),
+                Min => m!(x, y, I64, |a: i64, b: i64| a.min(b)),
+                Equal => m!(x, y, Bool, |a: i64, b: i64| a == b),
+                Less => m!(x, y, Bool, |a: i64, b: i64| a < b),
+                LessOrEqual => m!(x, y, Bool, |a: i64, b: i64| a <= b),
+                Greater => m!(x, y, Bool, |a: i64, b: i64| a > b),
+                GreaterOrEqual => m!(x, y, Bool, |a: i64, b: i64| a >= b),
+                And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
+            },
+            (Data::Bool(x), Data::Bool(y)) => {
+                let c = |f: fn(bool, bool) -> bool| Data::Bool(map2(ctx, x, ash, y, bsh, out, f));
+                match op {
+                    Equal => c(|a, b| a == b),
+                    And => c(|a, b| a & b),
+                    Or => c(|a, b| a | b),
+                    Xor => c(|a, b| a ^ b),
+                    _ => return Err(bad(name, "arithmetic and ordering ops take numeric inputs")),
+                }
+            }
+            (x, y) => {
+                return Err(bad(name, &format!("input dtypes differ ({} vs {})", x.dtype(), y.dtype())));
+            }
         }
     };
     tensor(name, out, data)
@@ -448,6 +432,7 @@ pub(crate) fn where_(ctx: &CpuContext, cond: &Tensor, a: &Tensor, b: &Tensor, ou
     }
     let data = match (a.data(), b.data()) {
         (Data::F32(x), Data::F32(y)) => Data::F32(pick(ctx, &bc, n, c, x, y)),
+        (Data::F64(x), Data::F64(y)) => Data::F64(pick(ctx, &bc, n, c, x, y)),
         (Data::I64(x), Data::I64(y)) => Data::I64(pick(ctx, &bc, n, c, x, y)),
         (Data::Bool(x), Data::Bool(y)) => Data::Bool(pick(ctx, &bc, n, c, x, y)),
         _ => return Err(bad("where", "branch dtypes differ")),
@@ -455,33 +440,34 @@ pub(crate) fn where_(ctx: &CpuContext, cond: &Tensor, a: &Tensor, b: &Tensor, ou
     tensor("where", out, data)
 }
 
-/// Converts element types: f32 -> i64 truncates toward zero (saturating, NaN -> 0), anything ->
+/// Converts element types: F -> i64 truncates toward zero (saturating, NaN -> 0), anything ->
 /// bool is `!= 0`, bool -> number is 0/1.
 pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Tensor, Error> {
     let data = match (x.data(), to) {
         (d, t) if d.dtype() == t => d.clone(),
+        (Data::F32(v), DType::F64) => Data::F64(v.iter().map(|&x| x as f64).collect()),
+        (Data::F64(v), DType::F32) => Data::F32(v.iter().map(|&x| x as f32).collect()),
         (Data::F32(v), DType::I64) => Data::I64(v.iter().map(|&x| x as i64).collect()),
+        (Data::F64(v), DType::I64) => Data::I64(v.iter().map(|&x| x as i64).collect()),
         (Data::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
+        (Data::F64(v), DType::Bool) => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
         (Data::I64(v), DType::F32) => Data::F32(v.iter().map(|&x| x as f32).collect()),
+        (Data::I64(v), DType::F64) => Data::F64(v.iter().map(|&x| x as f64).collect()),
         (Data::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&x| x != 0).collect()),
         (Data::Bool(v), DType::F32) => Data::F32(v.iter().map(|&x| x as u8 as f32).collect()),
+        (Data::Bool(v), DType::F64) => Data::F64(v.iter().map(|&x| x as u8 as f64).collect()),
         (Data::Bool(v), DType::I64) => Data::I64(v.iter().map(|&x| x as i64).collect()),
         (d, _) => d.clone(),
     };
     tensor("cast", x.shape(), data)
 }
 
-/// The f32 data of `t` broadcast (numpy rules) to `shape`, materialised.
-pub(crate) fn broadcast_f32(
-    ctx: &CpuContext,
-    op: &'static str,
-    t: &Tensor,
-    shape: &[usize],
-) -> Result<Vec<f32>, Error> {
-    let v = f32s(op, t)?;
+/// The F data of `t` broadcast (numpy rules) to `shape`, materialised.
+pub(crate) fn broadcast_f32(ctx: &CpuContext, op: &'static str, t: &Tensor, shape: &[usize]) -> Result<Vec<F>, Error> {
+    let v = floats(op, t)?;
     let b = ir::broadcast_shapes(t.shape(), shape).map_err(|m| bad(op, &m))?;
     if b != shape {
         return Err(bad(op, &format!("{:?} does not broadcast to {shape:?}", t.shape())));
     }
-    Ok(map2(ctx, v, t.shape(), &[0f32], &[], shape, |x, _| x))
+    Ok(map2(ctx, v, t.shape(), &[(0 as F)], &[], shape, |x, _| x))
 }

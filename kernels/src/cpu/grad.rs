@@ -7,9 +7,10 @@
 
 use super::elementwise::{exp_fast, with_simd};
 use super::linalg::{View, product_f32};
-use super::{Accumulation, CpuContext, conv, elementwise::broadcast_f32, f32s, strides, tensor};
+use super::{Accumulation, CpuContext, conv, elementwise::broadcast_f32, floats, strides, tensor};
+use super::{F, Float};
 use crate::Error;
-use ir::{ConvAttrs, Data, PoolAttrs, SliceAxis, Tensor, UnaryOp};
+use ir::{ConvAttrs, PoolAttrs, SliceAxis, Tensor, UnaryOp};
 use rayon::prelude::*;
 
 fn bad(op: &'static str, message: String) -> Error {
@@ -19,9 +20,9 @@ fn bad(op: &'static str, message: String) -> Error {
 /// `dx = dy * f'(x)`; `x` is the forward output for the ops of `ir::unary_grad_from_output`.
 pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
     let op = ir::unary_grad_name(u);
-    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
-    use std::f32::consts::{FRAC_1_SQRT_2, PI};
-    let mut out = vec![0f32; xv.len()];
+    let (xv, dv) = (floats(op, x)?, floats(op, dy)?);
+    use super::consts::{FRAC_1_SQRT_2, PI};
+    let mut out = vec![0.0; xv.len()];
     let row = 4096.min(xv.len().max(1));
     // A macro rather than a `fn` pointer: each derivative is inlined into its own loop, which
     // then vectorises (with AVX2 where the CPU has it).
@@ -39,27 +40,27 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
         }};
     }
     match u {
-        UnaryOp::Relu => apply!(|x: f32| if x > 0.0 { 1.0 } else { 0.0 }),
-        UnaryOp::Gelu => apply!(|x: f32| {
-            let cdf = 0.5 * libm::erfcf(-x * FRAC_1_SQRT_2);
+        UnaryOp::Relu => apply!(|x: F| if x > 0.0 { 1.0 } else { 0.0 }),
+        UnaryOp::Gelu => apply!(|x: F| {
+            let cdf = 0.5 * Float::erfc(-x * FRAC_1_SQRT_2);
             let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
             cdf + x * pdf
         }),
-        UnaryOp::GeluTanh => apply!(|x: f32| {
-            const C: f32 = 0.797_884_6;
+        UnaryOp::GeluTanh => apply!(|x: F| {
+            const C: F = 0.797_884_6;
             let t = super::elementwise::tanh(C * (x + 0.044715 * x * x * x));
             0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
         }),
         // These read the forward output y (see `ir::unary_grad_from_output`).
-        UnaryOp::Tanh => apply!(|y: f32| 1.0 - y * y),
-        UnaryOp::Erf => apply!(|x: f32| 2.0 / PI.sqrt() * (-x * x).exp()),
-        UnaryOp::Sigmoid => apply!(|y: f32| y * (1.0 - y)),
-        UnaryOp::Exp => apply!(|y: f32| y),
-        UnaryOp::Log => apply!(|x: f32| 1.0 / x),
-        UnaryOp::Sqrt => apply!(|y: f32| 0.5 / y),
-        UnaryOp::Neg => apply!(|_: f32| -1.0),
-        UnaryOp::Reciprocal => apply!(|y: f32| -y * y),
-        UnaryOp::Abs => apply!(|x: f32| {
+        UnaryOp::Tanh => apply!(|y: F| 1.0 - y * y),
+        UnaryOp::Erf => apply!(|x: F| 2.0 / PI.sqrt() * (-x * x).exp()),
+        UnaryOp::Sigmoid => apply!(|y: F| y * (1.0 - y)),
+        UnaryOp::Exp => apply!(|y: F| y),
+        UnaryOp::Log => apply!(|x: F| 1.0 / x),
+        UnaryOp::Sqrt => apply!(|y: F| 0.5 / y),
+        UnaryOp::Neg => apply!(|_: F| -1.0),
+        UnaryOp::Reciprocal => apply!(|y: F| -y * y),
+        UnaryOp::Abs => apply!(|x: F| {
             if x > 0.0 {
                 1.0
             } else if x < 0.0 {
@@ -68,26 +69,26 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
                 0.0
             }
         }),
-        UnaryOp::Sin => apply!(f32::cos),
-        UnaryOp::Cos => apply!(|x: f32| -x.sin()),
+        UnaryOp::Sin => apply!(F::cos),
+        UnaryOp::Cos => apply!(|x: F| -x.sin()),
         UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => {
             return Err(bad(op, "op has no gradient kernel".into()));
         }
     }
-    tensor(op, x.shape(), Data::F32(out))
+    tensor(op, x.shape(), F::data(out))
 }
 
 /// Softmax: `dx = y * (dy - sum(dy * y))`; log-softmax: `dx = dy - exp(y) * sum(dy)`.
 pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usize, log: bool) -> Result<Tensor, Error> {
     let op = if log { "log_softmax_grad" } else { "softmax_grad" };
-    let (yv, dv) = (f32s(op, y)?, f32s(op, dy)?);
+    let (yv, dv) = (floats(op, y)?, floats(op, dy)?);
     let s = y.shape();
     let len = s[axis];
     let inner: usize = s[axis + 1..].iter().product();
     let block = len * inner;
-    let mut out = vec![0f32; yv.len()];
+    let mut out = vec![0.0; yv.len()];
     if block == 0 {
-        return tensor(op, s, Data::F32(out));
+        return tensor(op, s, F::data(out));
     }
     ctx.for_rows_weighted(&mut out, block, 4, |r, o| {
         let (yb, db) = (&yv[r * block..(r + 1) * block], &dv[r * block..(r + 1) * block]);
@@ -98,7 +99,7 @@ pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usiz
             } else {
                 db.iter().zip(yb).map(|(&d, &y)| (d * y) as f64).sum()
             };
-            let sum = sum as f32;
+            let sum = sum as F;
             with_simd(|| {
                 for ((o, &y), &d) in o.iter_mut().zip(yb).zip(db) {
                     *o = if log { d - exp_fast(y) * sum } else { y * (d - sum) };
@@ -113,14 +114,14 @@ pub(crate) fn softmax_grad(ctx: &CpuContext, y: &Tensor, dy: &Tensor, axis: usiz
             } else {
                 (0..len).map(|i| (db[at(i)] * yb[at(i)]) as f64).sum()
             };
-            let sum = sum as f32;
+            let sum = sum as F;
             for i in 0..len {
                 let k = at(i);
                 o[k] = if log { db[k] - exp_fast(yb[k]) * sum } else { yb[k] * (db[k] - sum) };
             }
         }
     });
-    tensor(op, s, Data::F32(out))
+    tensor(op, s, F::data(out))
 }
 
 /// Layer-norm gradient: dx, and dscale/dbias over the normalised shape.
@@ -130,23 +131,24 @@ pub(crate) fn layer_norm_grad(
     axis: usize,
     eps: f32,
 ) -> Result<Vec<Tensor>, Error> {
+    let eps = eps as F;
     let op = "layernorm_grad";
-    let (x, dy) = (f32s(op, inputs[0])?, f32s(op, inputs[2])?);
+    let (x, dy) = (floats(op, inputs[0])?, floats(op, inputs[2])?);
     let s = inputs[0].shape();
     let norm_shape = &s[axis..];
     let d: usize = norm_shape.iter().product();
     let scale = broadcast_f32(ctx, op, inputs[1], norm_shape)?;
     let rows = x.len().checked_div(d).unwrap_or(0);
     // Per-row mean and 1/std, as the forward kernel computes them.
-    let mut stats = vec![0f32; 2 * rows];
+    let mut stats = vec![0.0; 2 * rows];
     ctx.for_rows_weighted(&mut stats, 2, 2 * d, |r, st| {
         let v = &x[r * d..(r + 1) * d];
         let mean = v.iter().map(|&a| a as f64).sum::<f64>() / d as f64;
         let var = v.iter().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / d as f64;
-        st[0] = mean as f32;
-        st[1] = (1.0 / (var + eps as f64).sqrt()) as f32;
+        st[0] = mean as F;
+        st[1] = (1.0 / (var + eps as f64).sqrt()) as F;
     });
-    let mut dx = vec![0f32; x.len()];
+    let mut dx = vec![0.0; x.len()];
     ctx.for_rows_weighted(&mut dx, d.max(1), 6, |r, o| {
         let (mean, inv) = (stats[2 * r], stats[2 * r + 1]);
         let v = &x[r * d..(r + 1) * d];
@@ -157,14 +159,14 @@ pub(crate) fn layer_norm_grad(
             sg += gs;
             sgx += gs * ((a - mean) * inv) as f64;
         }
-        let (mg, mgx) = ((sg / d as f64) as f32, (sgx / d as f64) as f32);
+        let (mg, mgx) = ((sg / d as f64) as F, (sgx / d as f64) as F);
         for (((o, &a), &gg), &sc) in o.iter_mut().zip(v).zip(g).zip(&scale) {
             let xhat = (a - mean) * inv;
             *o = inv * (gg * sc - mg - xhat * mgx);
         }
     });
-    let mut dscale = vec![0f32; d];
-    let mut dbias = vec![0f32; d];
+    let mut dscale = vec![0.0; d];
+    let mut dbias = vec![0.0; d];
     for r in 0..rows {
         let (mean, inv) = (stats[2 * r], stats[2 * r + 1]);
         let v = &x[r * d..(r + 1) * d];
@@ -175,9 +177,9 @@ pub(crate) fn layer_norm_grad(
         }
     }
     Ok(vec![
-        tensor(op, s, Data::F32(dx))?,
-        tensor(op, norm_shape, Data::F32(dscale))?,
-        tensor(op, norm_shape, Data::F32(dbias))?,
+        tensor(op, s, F::data(dx))?,
+        tensor(op, norm_shape, F::data(dscale))?,
+        tensor(op, norm_shape, F::data(dbias))?,
     ])
 }
 
@@ -192,24 +194,25 @@ pub(crate) fn lrn_grad(
     beta: f32,
     bias: f32,
 ) -> Result<Tensor, Error> {
+    let (alpha, beta, bias) = (alpha as F, beta as F, bias as F);
     let op = "lrn_grad";
-    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    let (xv, dv) = (floats(op, x)?, floats(op, dy)?);
     let s = x.shape();
     let c = s[1];
     let sp: usize = s[2..].iter().product();
     let (before, after) = ((size - 1) / 2, (size - 1).div_ceil(2));
-    let mut out = vec![0f32; xv.len()];
+    let mut out = vec![0.0; xv.len()];
     let img = (c * sp).max(1);
     ctx.for_rows_weighted(&mut out, img, 2 * size, |n, o| {
         let xb = &xv[n * c * sp..(n + 1) * c * sp];
         let db = &dv[n * c * sp..(n + 1) * c * sp];
-        let mut sum = vec![0f32; c];
-        let mut t = vec![0f32; c];
+        let mut sum = vec![0.0; c];
+        let mut t = vec![0.0; c];
         for i in 0..sp {
             for (ch, sv) in sum.iter_mut().enumerate() {
                 let (lo, hi) = (ch.saturating_sub(before), (ch + after).min(c - 1));
-                let sq: f32 = (lo..=hi).map(|k| xb[k * sp + i] * xb[k * sp + i]).sum();
-                *sv = bias + alpha / size as f32 * sq;
+                let sq: F = (lo..=hi).map(|k| xb[k * sp + i] * xb[k * sp + i]).sum();
+                *sv = bias + alpha / size as F * sq;
             }
             for ch in 0..c {
                 t[ch] = db[ch * sp + i] * xb[ch * sp + i] * sum[ch].powf(-beta - 1.0);
@@ -217,13 +220,13 @@ pub(crate) fn lrn_grad(
             for k in 0..c {
                 // Channels i whose window contains k: i in [k - after, k + before].
                 let (lo, hi) = (k.saturating_sub(after), (k + before).min(c - 1));
-                let acc: f32 = t[lo..=hi].iter().sum();
+                let acc: F = t[lo..=hi].iter().sum();
                 o[k * sp + i] =
-                    db[k * sp + i] * sum[k].powf(-beta) - 2.0 * alpha * beta / size as f32 * xb[k * sp + i] * acc;
+                    db[k * sp + i] * sum[k].powf(-beta) - 2.0 * alpha * beta / size as F * xb[k * sp + i] * acc;
             }
         }
     });
-    tensor(op, s, Data::F32(out))
+    tensor(op, s, F::data(out))
 }
 
 /// Adds the columns `col` (`[cg*kh*kw, oh*ow]`) back into the image `dx` (`[cg, h, w]`): the
@@ -231,7 +234,7 @@ pub(crate) fn lrn_grad(
 #[allow(clippy::too_many_arguments)]
 fn col2im(
     ctx: Option<&CpuContext>,
-    col: &[f32],
+    col: &[F],
     h: usize,
     w: usize,
     kh: usize,
@@ -239,10 +242,10 @@ fn col2im(
     a: &ConvAttrs,
     oh: usize,
     ow: usize,
-    dx: &mut [f32],
+    dx: &mut [F],
 ) {
     let p = oh * ow;
-    let plane_fn = |c: usize, plane: &mut [f32]| {
+    let plane_fn = |c: usize, plane: &mut [F]| {
         for i in 0..kh {
             for j in 0..kw {
                 let row = &col[((c * kh + i) * kw + j) * p..((c * kh + i) * kw + j + 1) * p];
@@ -280,7 +283,7 @@ pub(crate) fn conv_input_grad(
     shape: &[usize],
 ) -> Result<Tensor, Error> {
     let op = "conv_input_grad";
-    let (dv, wv) = (f32s(op, dy)?, f32s(op, w)?);
+    let (dv, wv) = (floats(op, dy)?, floats(op, w)?);
     let (n, c, h, wd) = (shape[0], shape[1], shape[2], shape[3]);
     let ws = w.shape();
     let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
@@ -290,12 +293,12 @@ pub(crate) fn conv_input_grad(
     let kk = cg * kh * kw;
     let p = oh * ow;
     let plane = h * wd;
-    let mut dx = vec![0f32; n * c * plane];
+    let mut dx = vec![0.0; n * c * plane];
     if dx.is_empty() || p == 0 {
-        return tensor(op, shape, Data::F32(dx));
+        return tensor(op, shape, F::data(dx));
     }
     let direct = conv::is_direct(a, kh, kw);
-    let run = |t: usize, dxg: &mut [f32], col: &mut Vec<f32>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
+    let run = |t: usize, dxg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
         let wg = &wv[gi * mg * kk..(gi + 1) * mg * kk];
@@ -309,7 +312,7 @@ pub(crate) fn conv_input_grad(
         Ok(())
     };
     conv::per_group(ctx, &mut dx, cg * plane, mg * kk * p, run)?;
-    tensor(op, shape, Data::F32(dx))
+    tensor(op, shape, F::data(dx))
 }
 
 /// Convolution gradient with respect to its weight: `sum_n dy_n @ im2col(x_n)^T` per group.
@@ -321,7 +324,7 @@ pub(crate) fn conv_weight_grad(
     shape: &[usize],
 ) -> Result<Tensor, Error> {
     let op = "conv_weight_grad";
-    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    let (xv, dv) = (floats(op, x)?, floats(op, dy)?);
     let xs = x.shape();
     let (n, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
     let (m, cg, kh, kw) = (shape[0], shape[1], shape[2], shape[3]);
@@ -331,9 +334,9 @@ pub(crate) fn conv_weight_grad(
     let kk = cg * kh * kw;
     let p = oh * ow;
     let plane = h * wd;
-    let mut dw = vec![0f32; m * kk];
+    let mut dw = vec![0.0; m * kk];
     if dw.is_empty() || p == 0 {
-        return tensor(op, shape, Data::F32(dw));
+        return tensor(op, shape, F::data(dw));
     }
     let direct = conv::is_direct(a, kh, kw);
     let threads = ctx.threads();
@@ -345,12 +348,12 @@ pub(crate) fn conv_weight_grad(
         ctx.install(|| {
             (0..kk.div_ceil(per)).into_par_iter().for_each(|t| {
                 let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
-                let mut col = if direct { Vec::new() } else { vec![0f32; (hi - lo) * p] };
+                let mut col = if direct { Vec::new() } else { vec![0.0; (hi - lo) * p] };
                 for gi in 0..g {
                     for ni in 0..n {
                         let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
                         let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
-                        let rows: &[f32] = if direct {
+                        let rows: &[F] = if direct {
                             &xin[lo * p..hi * p]
                         } else {
                             conv::im2col_rows(xin, h, wd, kh, kw, a, oh, ow, lo, &mut col);
@@ -360,7 +363,7 @@ pub(crate) fn conv_weight_grad(
                         let dyv = View { ptr: dyg.as_ptr(), rs: p as isize, cs: 1 };
                         let rv = View { ptr: rows.as_ptr(), rs: 1, cs: p as isize };
                         let beta = if ni == 0 { 0.0 } else { 1.0 };
-                        let out = (dw_addr as *mut f32).wrapping_add(gi * mg * kk + lo);
+                        let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
                         // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
                         // lo..hi of dW, which only this task writes; the views cover dy's and
                         // rows' matrices.
@@ -369,7 +372,7 @@ pub(crate) fn conv_weight_grad(
                 }
             })
         });
-        return tensor(op, shape, Data::F32(dw));
+        return tensor(op, shape, F::data(dw));
     }
     let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let mut col = Vec::new();
@@ -378,7 +381,7 @@ pub(crate) fn conv_weight_grad(
         for ni in 0..n {
             let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
             let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
-            let colv: &[f32] = if direct {
+            let colv: &[F] = if direct {
                 xin
             } else {
                 col.resize(kk * p, 0.0);
@@ -392,17 +395,17 @@ pub(crate) fn conv_weight_grad(
             })?;
         }
     }
-    tensor(op, shape, Data::F32(dw))
+    tensor(op, shape, F::data(dw))
 }
 
 /// Max-pool gradient: each window's dy goes to the cell the forward kernel picked
 /// ([`conv::window_argmax`]).
 pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
     let op = "maxpool_grad";
-    let (xv, dv) = (f32s(op, x)?, f32s(op, dy)?);
+    let (xv, dv) = (floats(op, x)?, floats(op, dy)?);
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
-    let mut dx = vec![0f32; xv.len()];
+    let mut dx = vec![0.0; xv.len()];
     let xr = conv::column_ranges(a, w, ow);
     ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
@@ -413,41 +416,41 @@ pub(crate) fn max_pool_grad(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, dy: &Te
             }
         });
     });
-    tensor(op, x.shape(), Data::F32(dx))
+    tensor(op, x.shape(), F::data(dx))
 }
 
 /// Average-pool gradient: each window's dy is spread over its cells with the forward divisor.
 pub(crate) fn avg_pool_grad(ctx: &CpuContext, a: &PoolAttrs, dy: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
     let op = "avgpool_grad";
-    let dv = f32s(op, dy)?;
+    let dv = floats(op, dy)?;
     let (h, w) = (shape[2], shape[3]);
     let (oh, ow) = (dy.shape()[2], dy.shape()[3]);
-    let mut dx = vec![0f32; shape.iter().product()];
+    let mut dx = vec![0.0; shape.iter().product()];
     ctx.for_rows_weighted(&mut dx, (h * w).max(1), a.kernel[0] * a.kernel[1], |r, plane_dx| {
         let d = &dv[r * oh * ow..(r + 1) * oh * ow];
         for oy in 0..oh {
             for ox in 0..ow {
                 let cnt = conv::avg_divisor(a, h, w, oy, ox);
                 if cnt > 0 {
-                    let share = d[oy * ow + ox] / cnt as f32;
+                    let share = d[oy * ow + ox] / cnt as F;
                     conv::window_cells(a, h, w, oy, ox, |k| plane_dx[k] += share);
                 }
             }
         }
     });
-    tensor(op, shape, Data::F32(dx))
+    tensor(op, shape, F::data(dx))
 }
 
 /// Gather gradient: scatter-adds dy rows into zeros of the data's shape.
 pub(crate) fn gather_grad(idx: &Tensor, dy: &Tensor, axis: usize, shape: &[usize]) -> Result<Tensor, Error> {
     let op = "gather_grad";
     let iv = idx.as_i64().ok_or_else(|| bad(op, format!("indices must be i64, got {}", idx.dtype())))?;
-    let dv = f32s(op, dy)?;
+    let dv = floats(op, dy)?;
     let pre: usize = shape[..axis].iter().product();
     let dim = shape[axis];
     let post: usize = shape[axis + 1..].iter().product();
     let ni = iv.len();
-    let mut out = vec![0f32; shape.iter().product()];
+    let mut out = vec![0.0; shape.iter().product()];
     for p in 0..pre {
         for (i, &ix) in iv.iter().enumerate() {
             let j = if ix < 0 { ix + dim as i64 } else { ix };
@@ -461,13 +464,13 @@ pub(crate) fn gather_grad(idx: &Tensor, dy: &Tensor, axis: usize, shape: &[usize
             }
         }
     }
-    tensor(op, shape, Data::F32(out))
+    tensor(op, shape, F::data(out))
 }
 
 /// Slice gradient: dy written back at the sliced positions of zeros of `shape`.
 pub(crate) fn slice_grad(dy: &Tensor, axes: &[SliceAxis], shape: &[usize]) -> Result<Tensor, Error> {
     let op = "slice_grad";
-    let dv = f32s(op, dy)?;
+    let dv = floats(op, dy)?;
     let ds = dy.shape();
     let st = strides(shape);
     let r = shape.len();
@@ -477,7 +480,7 @@ pub(crate) fn slice_grad(dy: &Tensor, axes: &[SliceAxis], shape: &[usize]) -> Re
         start[a.axis] = a.start;
         step[a.axis] = a.step;
     }
-    let mut out = vec![0f32; shape.iter().product()];
+    let mut out = vec![0.0; shape.iter().product()];
     let mut idx = vec![0usize; r];
     for &v in dv {
         let off: i64 = (0..r).map(|d| (start[d] + idx[d] as i64 * step[d]) * st[d] as i64).sum();
@@ -490,7 +493,7 @@ pub(crate) fn slice_grad(dy: &Tensor, axes: &[SliceAxis], shape: &[usize]) -> Re
             idx[d] = 0;
         }
     }
-    tensor(op, shape, Data::F32(out))
+    tensor(op, shape, F::data(out))
 }
 
 /// One SGD step; returns p' and, with momentum, the new buffer.
@@ -501,26 +504,27 @@ pub(crate) fn sgd_update(
     momentum: f32,
     weight_decay: f32,
 ) -> Result<Vec<Tensor>, Error> {
+    let (lr, momentum, weight_decay) = (lr as F, momentum as F, weight_decay as F);
     let op = "sgd_update";
-    let (p, g) = (f32s(op, inputs[0])?, f32s(op, inputs[1])?);
+    let (p, g) = (floats(op, inputs[0])?, floats(op, inputs[1])?);
     let shape = inputs[0].shape();
     if momentum != 0.0 {
-        let buf = f32s(op, inputs[2])?;
-        let mut np = vec![0f32; p.len()];
-        let mut nb = vec![0f32; p.len()];
+        let buf = floats(op, inputs[2])?;
+        let mut np = vec![0.0; p.len()];
+        let mut nb = vec![0.0; p.len()];
         for i in 0..p.len() {
             let d = g[i] + weight_decay * p[i];
             nb[i] = momentum * buf[i] + d;
             np[i] = p[i] - lr * nb[i];
         }
-        return Ok(vec![tensor(op, shape, Data::F32(np))?, tensor(op, shape, Data::F32(nb))?]);
+        return Ok(vec![tensor(op, shape, F::data(np))?, tensor(op, shape, F::data(nb))?]);
     }
-    let np = ctx.zip_map_f32(p, g, |pp, gg| pp - lr * (gg + weight_decay * pp));
-    Ok(vec![tensor(op, shape, Data::F32(np))?])
+    let np = ctx.zip_map(p, g, |pp, gg| pp - lr * (gg + weight_decay * pp));
+    Ok(vec![tensor(op, shape, F::data(np))?])
 }
 
 /// One AdamW step at step number `t` (PyTorch's arithmetic: bias corrections in f64, applied
-/// as f32 scalars).
+/// as F scalars).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw_update(
     inputs: &[&Tensor],
@@ -530,21 +534,22 @@ pub(crate) fn adamw_update(
     eps: f32,
     weight_decay: f32,
 ) -> Result<Vec<Tensor>, Error> {
+    let (lr, beta1, beta2, eps, weight_decay) = (lr as F, beta1 as F, beta2 as F, eps as F, weight_decay as F);
     let op = "adamw_update";
-    let (p, g, m, v) = (f32s(op, inputs[0])?, f32s(op, inputs[1])?, f32s(op, inputs[2])?, f32s(op, inputs[3])?);
+    let (p, g, m, v) = (floats(op, inputs[0])?, floats(op, inputs[1])?, floats(op, inputs[2])?, floats(op, inputs[3])?);
     let t = inputs[4].as_i64().and_then(|s| s.first().copied()).ok_or_else(|| bad(op, "step must be i64".into()))?;
     if t < 1 {
         return Err(bad(op, format!("step must be >= 1, got {t}")));
     }
     let (lr64, b1, b2) = (lr as f64, beta1 as f64, beta2 as f64);
-    let decay = (1.0 - lr64 * weight_decay as f64) as f32;
+    let decay = (1.0 - lr64 * weight_decay as f64) as F;
     let bc1 = 1.0 - b1.powi(t.min(i32::MAX as i64) as i32);
     let bc2 = 1.0 - b2.powi(t.min(i32::MAX as i64) as i32);
-    let step_size = (lr64 / bc1) as f32;
-    let bc2_sqrt = bc2.sqrt() as f32;
-    let (w1, w2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+    let step_size = (lr64 / bc1) as F;
+    let bc2_sqrt = bc2.sqrt() as F;
+    let (w1, w2) = ((1.0 - b1) as F, (1.0 - b2) as F);
     let n = p.len();
-    let (mut np, mut nm, mut nv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    let (mut np, mut nm, mut nv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     for i in 0..n {
         let pp = p[i] * decay;
         let mi = m[i] + w1 * (g[i] - m[i]);
@@ -555,5 +560,5 @@ pub(crate) fn adamw_update(
         nv[i] = vi;
     }
     let shape = inputs[0].shape();
-    Ok(vec![tensor(op, shape, Data::F32(np))?, tensor(op, shape, Data::F32(nm))?, tensor(op, shape, Data::F32(nv))?])
+    Ok(vec![tensor(op, shape, F::data(np))?, tensor(op, shape, F::data(nm))?, tensor(op, shape, F::data(nv))?])
 }

@@ -4,9 +4,10 @@
 //! `benches/gemm.rs` and BENCHMARKS.md); its `Parallelism::Rayon(n)` runs on whichever rayon pool
 //! is current, so calls are made inside the context's pool.
 
-use super::{Accumulation, CpuContext, elementwise::broadcast_f32, f32s, tensor};
+use super::{Accumulation, CpuContext, elementwise::broadcast_f32, floats, tensor};
+use super::{F, Float};
 use crate::Error;
-use ir::{Data, Tensor};
+use ir::Tensor;
 use rayon::prelude::*;
 
 /// Below this many multiply-adds per matrix, a batch of products is split over threads by batch
@@ -19,7 +20,7 @@ const PAR_GEMM_MIN_MACS: usize = 1 << 17;
 /// A strided read-only matrix view: element `(i, j)` is at `ptr + i * rs + j * cs`.
 #[derive(Clone, Copy)]
 pub(crate) struct View {
-    pub ptr: *const f32,
+    pub ptr: *const F,
     pub rs: isize,
     pub cs: isize,
 }
@@ -31,7 +32,7 @@ impl View {
     }
 }
 
-/// `c = alpha * a @ b + beta * c` (f32 accumulation) for an `m x k` view `a`, a `k x n` view `b`
+/// `c = alpha * a @ b + beta * c` (F accumulation) for an `m x k` view `a`, a `k x n` view `b`
 /// and a row-major `c` with row stride `ldc`, split over `threads` slices of `c` run on the current
 /// rayon pool, each slice sequential. With `beta == 0`, `c` is not read.
 ///
@@ -49,10 +50,10 @@ pub(crate) unsafe fn product_f32(
     k: usize,
     a: View,
     b: View,
-    c: *mut f32,
+    c: *mut F,
     ldc: usize,
-    alpha: f32,
-    beta: f32,
+    alpha: F,
+    beta: F,
 ) {
     if threads <= 1 || (m < 16 && n < 32) {
         // SAFETY: forwarded from the caller.
@@ -68,9 +69,9 @@ pub(crate) unsafe fn product_f32(
     let (a_addr, b_addr, c_addr) = (a.ptr as usize, b.ptr as usize, c as usize);
     (0..parts).into_par_iter().for_each(|t| {
         let (lo, hi) = (t * per, ((t + 1) * per).min(len));
-        let a = View { ptr: a_addr as *const f32, ..a };
-        let b = View { ptr: b_addr as *const f32, ..b };
-        let c = c_addr as *mut f32;
+        let a = View { ptr: a_addr as *const F, ..a };
+        let b = View { ptr: b_addr as *const F, ..b };
+        let c = c_addr as *mut F;
         // SAFETY: each part writes its own disjoint block of `c` (rows or columns lo..hi), and
         // reads inside the caller's views.
         unsafe {
@@ -90,7 +91,7 @@ pub(crate) unsafe fn product_f32(
 /// # Safety
 /// As [`product_f32`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut f32, ldc: usize, alpha: f32, beta: f32) {
+unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F, ldc: usize, alpha: F, beta: F) {
     if m == 0 || n == 0 {
         return;
     }
@@ -104,7 +105,7 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut f3
     // SAFETY: forwarded from the caller.
     unsafe {
         if use_mm {
-            matrixmultiply::sgemm(m, k, n, alpha, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, beta, c, ldc as isize, 1);
+            F::mm_gemm(m, k, n, alpha, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, beta, c, ldc as isize, 1);
         } else {
             gemm::gemm(
                 m,
@@ -146,13 +147,13 @@ pub fn gemm_f32(
     m: usize,
     n: usize,
     k: usize,
-    a: &[f32],
+    a: &[F],
     trans_a: bool,
-    b: &[f32],
+    b: &[F],
     trans_b: bool,
-    c: &mut [f32],
-    alpha: f32,
-    beta: f32,
+    c: &mut [F],
+    alpha: F,
+    beta: F,
 ) -> Result<(), Error> {
     let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
     ctx.install(|| gemm_with(par, ctx.accumulation(), m, n, k, a, trans_a, b, trans_b, c, alpha, beta))
@@ -167,13 +168,13 @@ pub(crate) fn gemm_with(
     m: usize,
     n: usize,
     k: usize,
-    a: &[f32],
+    a: &[F],
     trans_a: bool,
-    b: &[f32],
+    b: &[F],
     trans_b: bool,
-    c: &mut [f32],
-    alpha: f32,
-    beta: f32,
+    c: &mut [F],
+    alpha: F,
+    beta: F,
 ) -> Result<(), Error> {
     let sizes = (m.checked_mul(k), k.checked_mul(n), m.checked_mul(n));
     let (Some(mk), Some(kn), Some(mn)) = sizes else {
@@ -226,7 +227,7 @@ pub(crate) fn gemm_with(
                 par,
             );
         }
-        c.iter_mut().zip(c64).for_each(|(o, v)| *o = v as f32);
+        c.iter_mut().zip(c64).for_each(|(o, v)| *o = v as F);
         return Ok(());
     }
     let av = View { ptr: a.as_ptr(), rs: lhs_rs, cs: lhs_cs };
@@ -266,7 +267,7 @@ fn batch_offsets(dims: &[usize], batch: &[usize]) -> Vec<usize> {
 
 /// Numpy matmul: 1-D operands are promoted (and the added dim dropped), batch dims broadcast.
 pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Tensor, Error> {
-    let (av, bv) = (f32s("matmul", a)?, f32s("matmul", b)?);
+    let (av, bv) = (floats("matmul", a)?, floats("matmul", b)?);
     let a2: Vec<usize> = if a.shape().len() == 1 { vec![1, a.shape()[0]] } else { a.shape().to_vec() };
     let b2: Vec<usize> = if b.shape().len() == 1 { vec![b.shape()[0], 1] } else { b.shape().to_vec() };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
@@ -274,7 +275,7 @@ pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usiz
     let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
     let batch = ir::broadcast_shapes(ab, bb).map_err(|e| bad("matmul", e))?;
     let nb: usize = batch.iter().product();
-    let mut out = vec![0f32; nb * m * n];
+    let mut out = vec![0.0; nb * m * n];
     let b_single = bb.iter().product::<usize>() == 1;
     let a_full = ab.iter().product::<usize>() == nb;
     if b_single && a_full {
@@ -283,7 +284,7 @@ pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usiz
     } else if nb > 0 {
         let (ao, bo) = (batch_offsets(ab, &batch), batch_offsets(bb, &batch));
         let (mk, kn, mn) = (m * k, k * n, m * n);
-        let one = |i: usize, c: &mut [f32], par| {
+        let one = |i: usize, c: &mut [F], par| {
             let (x, y) = (ao[i] * mk, bo[i] * kn);
             gemm_with(par, ctx.accumulation(), m, n, k, &av[x..x + mk], false, &bv[y..y + kn], false, c, 1.0, 0.0)
         };
@@ -301,7 +302,7 @@ pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usiz
             ctx.install(|| out.chunks_mut(mn).enumerate().try_for_each(|(i, c)| one(i, c, par)))?;
         }
     }
-    tensor("matmul", out_shape, Data::F32(out))
+    tensor("matmul", out_shape, F::data(out))
 }
 
 /// ONNX Gemm: `alpha * op(A) @ op(B) + beta * C`, C broadcast to `[m, n]`.
@@ -314,13 +315,14 @@ pub(crate) fn gemm_op(
     trans_b: bool,
     out_shape: &[usize],
 ) -> Result<Tensor, Error> {
-    let (a, b) = (f32s("gemm", inputs[0])?, f32s("gemm", inputs[1])?);
+    let (alpha, beta) = (alpha as F, beta as F);
+    let (a, b) = (floats("gemm", inputs[0])?, floats("gemm", inputs[1])?);
     let (m, n) = (out_shape[0], out_shape[1]);
     let k = if trans_a { inputs[0].shape()[0] } else { inputs[0].shape()[1] };
     let (mut out, beta) = match inputs.get(2) {
         Some(c) if beta != 0.0 => (broadcast_f32(ctx, "gemm", c, out_shape)?, beta),
-        _ => (vec![0f32; m * n], 0.0),
+        _ => (vec![0.0; m * n], 0.0),
     };
     gemm_f32(ctx, m, n, k, a, trans_a, b, trans_b, &mut out, alpha, beta)?;
-    tensor("gemm", out_shape, Data::F32(out))
+    tensor("gemm", out_shape, F::data(out))
 }

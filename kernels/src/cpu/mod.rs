@@ -1,4 +1,5 @@
-//! CPU kernels: f32 compute, i64/bool for indices and masks.
+//! CPU kernels: f32 compute (and the same kernels compiled for f64, see `float.rs`), i64/bool for
+//! indices and masks.
 //!
 //! [`eval`] first runs [`ir::Op::infer`] on the inputs' metas, so every kernel below works on
 //! inputs whose count, dtypes and shapes are known to be consistent, and returns exactly the
@@ -10,21 +11,61 @@
 //! caller's thread. Matrix products use the `gemm` crate (see `benches/gemm.rs` for the
 //! measurement that chose it) with `Parallelism::Rayon(threads)` inside the pool.
 
-mod conv;
-mod elementwise;
-mod grad;
-mod linalg;
-mod norm;
-mod reduce;
-mod shape;
+mod float;
+pub(crate) mod shape;
 #[cfg(test)]
 mod tests;
 
 use crate::Error;
-use ir::{Data, Op, Tensor, TensorMeta};
+pub(crate) use float::Float;
+use ir::{DType, Data, Op, Tensor, TensorMeta};
 use rayon::prelude::*;
 
-pub use linalg::gemm_f32;
+pub use k32::linalg::gemm_f32;
+
+/// The float kernels for f32 tensors (see `float.rs`: the same files as [`k64`]).
+#[path = "."]
+pub(crate) mod k32 {
+    /// The element type of this instantiation.
+    pub(crate) type F = f32;
+    pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
+    pub(crate) use std::f32::consts;
+    pub(crate) mod conv;
+    pub(crate) mod elementwise;
+    pub(crate) mod grad;
+    pub(crate) mod linalg;
+    pub(crate) mod norm;
+    pub(crate) mod reduce;
+
+    /// The elements of `t`, which must be of this instantiation's type.
+    pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
+        super::floats(op, t)
+    }
+    use super::{Error, Tensor};
+}
+
+/// The float kernels for f64 tensors: [`k32`]'s files compiled with `F = f64`. Casts between
+/// `F` and f64 that are conversions in `k32` are no-ops here.
+#[path = "."]
+#[allow(clippy::unnecessary_cast, clippy::duplicate_mod, dead_code)]
+pub(crate) mod k64 {
+    /// The element type of this instantiation.
+    pub(crate) type F = f64;
+    pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
+    pub(crate) use std::f64::consts;
+    pub(crate) mod conv;
+    pub(crate) mod elementwise;
+    pub(crate) mod grad;
+    pub(crate) mod linalg;
+    pub(crate) mod norm;
+    pub(crate) mod reduce;
+
+    /// The elements of `t`, which must be of this instantiation's type.
+    pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
+        super::floats(op, t)
+    }
+    use super::{Error, Tensor};
+}
 
 /// Tensors smaller than this (in elements of work) are processed on the calling thread.
 pub const PAR_MIN_ELEMS: usize = 1 << 15;
@@ -100,7 +141,12 @@ impl CpuContext {
 
     /// `f(a[i], b[i])` for every `i` (`a` and `b` have one length), written straight into a new
     /// vector (no zero-fill first), split over the pool when long.
-    pub(crate) fn zip_map_f32(&self, a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
+    pub(crate) fn zip_map<T: Copy + Send + Sync>(
+        &self,
+        a: &[T],
+        b: &[T],
+        f: impl Fn(T, T) -> T + Sync + Send,
+    ) -> Vec<T> {
         debug_assert_eq!(a.len(), b.len());
         if self.parallel_for(a.len()) {
             let mut out = Vec::new();
@@ -182,28 +228,36 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
     }
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
     let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
+    // Ops on f64 tensors run the f64 instantiation of the float kernels; everything else (f32,
+    // and ops on integers or bools only) the f32 one.
+    let wide = metas.iter().chain(&outs).any(|m| m.dtype == DType::F64);
+    macro_rules! float {
+        ($m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {
+            if wide { k64::$m::$f($($arg),*) } else { k32::$m::$f($($arg),*) }
+        };
+    }
     let result = match op {
         Op::Input { .. } | Op::Param { .. } | Op::State { .. } => unreachable!("handled above"),
         Op::Constant(t) => vec![t.clone()],
         Op::Identity => vec![inputs[0].clone()],
-        Op::Unary(u) => vec![elementwise::unary(ctx, *u, inputs[0])?],
-        Op::Binary(b) => vec![elementwise::binary(ctx, *b, inputs[0], inputs[1], &outs[0].shape)?],
-        Op::Where => vec![elementwise::where_(ctx, inputs[0], inputs[1], inputs[2], &outs[0].shape)?],
-        Op::Cast { to } => vec![elementwise::cast(inputs[0], *to)?],
-        Op::MatMul => vec![linalg::matmul(ctx, inputs[0], inputs[1], &outs[0].shape)?],
+        Op::Unary(u) => vec![float!(elementwise::unary(ctx, *u, inputs[0]))?],
+        Op::Binary(b) => vec![float!(elementwise::binary(ctx, *b, inputs[0], inputs[1], &outs[0].shape))?],
+        Op::Where => vec![float!(elementwise::where_(ctx, inputs[0], inputs[1], inputs[2], &outs[0].shape))?],
+        Op::Cast { to } => vec![k32::elementwise::cast(inputs[0], *to)?],
+        Op::MatMul => vec![float!(linalg::matmul(ctx, inputs[0], inputs[1], &outs[0].shape))?],
         Op::Gemm { alpha, beta, trans_a, trans_b } => {
-            vec![linalg::gemm_op(ctx, inputs, *alpha, *beta, *trans_a, *trans_b, &outs[0].shape)?]
+            vec![float!(linalg::gemm_op(ctx, inputs, *alpha, *beta, *trans_a, *trans_b, &outs[0].shape))?]
         }
-        Op::Conv(a) => vec![conv::conv(ctx, a, inputs, &outs[0].shape)?],
-        Op::MaxPool(a) => vec![conv::max_pool(ctx, a, inputs[0], &outs[0].shape)?],
-        Op::AveragePool(a) => vec![conv::avg_pool(ctx, a, inputs[0], &outs[0].shape)?],
-        Op::GlobalAveragePool => vec![conv::global_pool(ctx, inputs[0], false)?],
-        Op::GlobalMaxPool => vec![conv::global_pool(ctx, inputs[0], true)?],
-        Op::BatchNorm { epsilon } => vec![norm::batch_norm(ctx, inputs, *epsilon)?],
-        Op::LayerNorm { axis, epsilon } => vec![norm::layer_norm(ctx, inputs, *axis, *epsilon)?],
-        Op::Lrn { size, alpha, beta, bias } => vec![norm::lrn(ctx, inputs[0], *size, *alpha, *beta, *bias)?],
-        Op::Softmax { axis } => vec![norm::softmax(ctx, inputs[0], *axis, false)?],
-        Op::LogSoftmax { axis } => vec![norm::softmax(ctx, inputs[0], *axis, true)?],
+        Op::Conv(a) => vec![float!(conv::conv(ctx, a, inputs, &outs[0].shape))?],
+        Op::MaxPool(a) => vec![float!(conv::max_pool(ctx, a, inputs[0], &outs[0].shape))?],
+        Op::AveragePool(a) => vec![float!(conv::avg_pool(ctx, a, inputs[0], &outs[0].shape))?],
+        Op::GlobalAveragePool => vec![float!(conv::global_pool(ctx, inputs[0], false))?],
+        Op::GlobalMaxPool => vec![float!(conv::global_pool(ctx, inputs[0], true))?],
+        Op::BatchNorm { epsilon } => vec![float!(norm::batch_norm(ctx, inputs, *epsilon))?],
+        Op::LayerNorm { axis, epsilon } => vec![float!(norm::layer_norm(ctx, inputs, *axis, *epsilon))?],
+        Op::Lrn { size, alpha, beta, bias } => vec![float!(norm::lrn(ctx, inputs[0], *size, *alpha, *beta, *bias))?],
+        Op::Softmax { axis } => vec![float!(norm::softmax(ctx, inputs[0], *axis, false))?],
+        Op::LogSoftmax { axis } => vec![float!(norm::softmax(ctx, inputs[0], *axis, true))?],
         Op::Reshape { shape } => vec![reshape(inputs[0], shape)?],
         Op::Transpose { perm } => vec![shape::transpose(ctx, inputs[0], perm)?],
         Op::Expand { shape } => vec![shape::expand(ctx, inputs[0], shape)?],
@@ -211,25 +265,29 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::Split { axis, sizes } => shape::split(inputs[0], *axis, sizes)?,
         Op::Slice { axes } => vec![shape::slice(ctx, inputs[0], axes, &outs[0].shape)?],
         Op::Gather { axis } => vec![shape::gather(inputs[0], inputs[1], *axis, &outs[0].shape)?],
-        Op::Reduce { op: r, axes, keepdims } => vec![reduce::reduce(ctx, *r, inputs[0], axes, *keepdims)?],
+        Op::Reduce { op: r, axes, keepdims } => vec![float!(reduce::reduce(ctx, *r, inputs[0], axes, *keepdims))?],
         Op::Pad { pads, value } => vec![shape::pad(inputs[0], pads, *value, &outs[0].shape)?],
-        Op::UnaryGrad(u) => vec![grad::unary_grad(ctx, *u, inputs[0], inputs[1])?],
-        Op::SoftmaxGrad { axis, log } => vec![grad::softmax_grad(ctx, inputs[0], inputs[1], *axis, *log)?],
-        Op::LayerNormGrad { axis, epsilon } => grad::layer_norm_grad(ctx, inputs, *axis, *epsilon)?,
+        Op::UnaryGrad(u) => vec![float!(grad::unary_grad(ctx, *u, inputs[0], inputs[1]))?],
+        Op::SoftmaxGrad { axis, log } => vec![float!(grad::softmax_grad(ctx, inputs[0], inputs[1], *axis, *log))?],
+        Op::LayerNormGrad { axis, epsilon } => float!(grad::layer_norm_grad(ctx, inputs, *axis, *epsilon))?,
         Op::LrnGrad { size, alpha, beta, bias } => {
-            vec![grad::lrn_grad(ctx, inputs[0], inputs[1], *size, *alpha, *beta, *bias)?]
+            vec![float!(grad::lrn_grad(ctx, inputs[0], inputs[1], *size, *alpha, *beta, *bias))?]
         }
-        Op::ConvInputGrad { attrs, shape } => vec![grad::conv_input_grad(ctx, attrs, inputs[0], inputs[1], shape)?],
+        Op::ConvInputGrad { attrs, shape } => {
+            vec![float!(grad::conv_input_grad(ctx, attrs, inputs[0], inputs[1], shape))?]
+        }
         Op::ConvWeightGrad { attrs, shape } => {
-            vec![grad::conv_weight_grad(ctx, attrs, inputs[0], inputs[1], shape)?]
+            vec![float!(grad::conv_weight_grad(ctx, attrs, inputs[0], inputs[1], shape))?]
         }
-        Op::MaxPoolGrad(a) => vec![grad::max_pool_grad(ctx, a, inputs[0], inputs[1])?],
-        Op::AveragePoolGrad { attrs, shape } => vec![grad::avg_pool_grad(ctx, attrs, inputs[0], shape)?],
-        Op::GatherGrad { axis, shape } => vec![grad::gather_grad(inputs[0], inputs[1], *axis, shape)?],
-        Op::SliceGrad { axes, shape } => vec![grad::slice_grad(inputs[0], axes, shape)?],
-        Op::SgdUpdate { lr, momentum, weight_decay } => grad::sgd_update(ctx, inputs, *lr, *momentum, *weight_decay)?,
+        Op::MaxPoolGrad(a) => vec![float!(grad::max_pool_grad(ctx, a, inputs[0], inputs[1]))?],
+        Op::AveragePoolGrad { attrs, shape } => vec![float!(grad::avg_pool_grad(ctx, attrs, inputs[0], shape))?],
+        Op::GatherGrad { axis, shape } => vec![float!(grad::gather_grad(inputs[0], inputs[1], *axis, shape))?],
+        Op::SliceGrad { axes, shape } => vec![float!(grad::slice_grad(inputs[0], axes, shape))?],
+        Op::SgdUpdate { lr, momentum, weight_decay } => {
+            float!(grad::sgd_update(ctx, inputs, *lr, *momentum, *weight_decay))?
+        }
         Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
-            grad::adamw_update(inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay)?
+            float!(grad::adamw_update(inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay))?
         }
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
@@ -245,9 +303,14 @@ pub(crate) fn tensor(op: &'static str, shape: &[usize], data: Data) -> Result<Te
     Tensor::new(shape.to_vec(), data).map_err(|e| Error::BadInput { op, message: format!("internal size error: {e}") })
 }
 
-/// The f32 elements of `t` (callers have checked the dtype through `Op::infer`).
-pub(crate) fn f32s<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f32], Error> {
-    t.as_f32().ok_or_else(|| Error::BadInput { op, message: format!("expected f32, got {}", t.dtype()) })
+/// The float elements of `t` (callers have checked the dtype through `Op::infer`).
+fn floats<'a, T: Float>(op: &'static str, t: &'a Tensor) -> Result<&'a [T], Error> {
+    T::view(t).ok_or_else(|| Error::BadInput { op, message: format!("expected {}, got {}", T::DTYPE, t.dtype()) })
+}
+
+/// A float tensor of the other float type reached a kernel instantiation (a dispatch bug).
+pub(crate) fn wrong_float(op: &'static str, got: DType) -> Error {
+    Error::Unsupported { op, reason: format!("{got} input reached a kernel compiled for the other float type") }
 }
 
 /// Row-major strides of `shape`.

@@ -1,10 +1,11 @@
-//! Reductions over a set of axes (f32 for every kind; i64 for Sum, Prod, Max, Min).
+//! Reductions over a set of axes (F for every kind; i64 for Sum, Prod, Max, Min).
 //!
 //! The reduced axes are brought into one contiguous run (by a transpose when they are not
-//! adjacent), so every reduction is `[outer, red, inner] -> [outer, inner]`. f32 sums accumulate
+//! adjacent), so every reduction is `[outer, red, inner] -> [outer, inner]`. F sums accumulate
 //! in f64.
 
 use super::{CpuContext, elementwise::with_simd, shape::transpose, tensor};
+use super::{F, Float};
 use crate::Error;
 use ir::{Data, ReduceOp, Tensor};
 
@@ -43,8 +44,8 @@ fn finish(op: ReduceOp, acc: f64, red: usize) -> f64 {
     }
 }
 
-fn reduce_f32(ctx: &CpuContext, op: ReduceOp, x: &[f32], outer: usize, red: usize, inner: usize) -> Vec<f32> {
-    let mut out = vec![0f32; outer * inner];
+fn reduce_f32(ctx: &CpuContext, op: ReduceOp, x: &[F], outer: usize, red: usize, inner: usize) -> Vec<F> {
+    let mut out = vec![0.0; outer * inner];
     if out.is_empty() {
         return out;
     }
@@ -84,7 +85,7 @@ fn reduce_f32(ctx: &CpuContext, op: ReduceOp, x: &[f32], outer: usize, red: usiz
             }
         }
         for ((y, &a), &m) in row.iter_mut().zip(&acc).zip(&shift) {
-            *y = if op == ReduceOp::LogSumExp { (m + a.ln()) as f32 } else { finish(op, a, red) as f32 };
+            *y = if op == ReduceOp::LogSumExp { (m + a.ln()) as F } else { finish(op, a, red) as F };
         }
     });
     out
@@ -97,7 +98,7 @@ fn reduce_i64(op: ReduceOp, x: &[i64], outer: usize, red: usize, inner: usize) -
         ReduceOp::Max => (i64::MIN, i64::max),
         ReduceOp::Min => (i64::MAX, i64::min),
         _ => {
-            return Err(Error::BadInput { op: ir::reduce_name(op), message: "this reduction takes f32 input".into() });
+            return Err(Error::BadInput { op: ir::reduce_name(op), message: "this reduction takes F input".into() });
         }
     };
     let mut out = vec![init; outer * inner];
@@ -131,22 +132,22 @@ pub(crate) fn reduce(
         && matches!(op, ReduceOp::Sum | ReduceOp::Mean)
         && !kept.is_empty()
         && kept.windows(2).all(|w| w[1] == w[0] + 1)
-        && let Some(v) = x.as_f32()
+        && let Some(v) = F::view(x)
     {
         let (k0, k1) = (kept[0], kept[kept.len() - 1]);
         let a: usize = s[..k0].iter().product();
         let k: usize = s[k0..=k1].iter().product();
         let b: usize = s[k1 + 1..].iter().product();
-        let mut out = vec![0f32; k];
+        let mut out = vec![0.0; k];
         let count = (a * b).max(1) as f64;
         ctx.for_rows_weighted(&mut out, 1, a * b, |j, o| {
             let mut acc = 0f64;
             for ai in 0..a {
                 acc += lane_sum_f64(&v[(ai * k + j) * b..(ai * k + j + 1) * b]);
             }
-            o[0] = if op == ReduceOp::Mean { (acc / count) as f32 } else { acc as f32 };
+            o[0] = if op == ReduceOp::Mean { (acc / count) as F } else { acc as F };
         });
-        return tensor(name, &out_shape, Data::F32(out));
+        return tensor(name, &out_shape, F::data(out));
     }
     let moved;
     let (src, outer, red, inner) = if axes.is_empty() {
@@ -161,8 +162,11 @@ pub(crate) fn reduce(
         let outer = kept.iter().map(|&d| s[d]).product();
         (&moved, outer, axes.iter().map(|&d| s[d]).product(), 1)
     };
+    if let Some(v) = F::view(src) {
+        return tensor(name, &out_shape, F::data(reduce_f32(ctx, op, v, outer, red, inner)));
+    }
     let data = match src.data() {
-        Data::F32(v) => Data::F32(reduce_f32(ctx, op, v, outer, red, inner)),
+        d @ (Data::F32(_) | Data::F64(_)) => return Err(super::wrong_float(name, d.dtype())),
         Data::I64(v) => Data::I64(reduce_i64(op, v, outer, red, inner)?),
         Data::Bool(v) => {
             // On bool, max is `any` and min is `all` (ONNX opset 20).
@@ -190,7 +194,7 @@ pub(crate) fn reduce(
 
 /// Sum of `v` in f64, in 8 interleaved partial sums so that the loop vectorises (a single running
 /// f64 sum waits on each add's latency).
-pub(crate) fn lane_sum_f64(v: &[f32]) -> f64 {
+pub(crate) fn lane_sum_f64(v: &[F]) -> f64 {
     with_simd(|| {
         let mut acc = [0f64; 8];
         let chunks = v.chunks_exact(8);

@@ -9,6 +9,7 @@ macro_rules! each_dtype {
     ($data:expr, $v:ident => $e:expr) => {
         match $data {
             Data::F32($v) => Data::F32($e),
+            Data::F64($v) => Data::F64($e),
             Data::I64($v) => Data::I64($e),
             Data::Bool($v) => Data::Bool($e),
         }
@@ -143,6 +144,7 @@ pub(crate) fn concat(inputs: &[&Tensor], axis: usize, out_shape: &[usize]) -> Re
     }
     let data = match inputs[0].data() {
         Data::F32(_) => cat!(F32, as_f32),
+        Data::F64(_) => cat!(F64, as_f64),
         Data::I64(_) => cat!(I64, as_i64),
         Data::Bool(_) => cat!(Bool, as_bool),
     };
@@ -228,6 +230,7 @@ pub(crate) fn pad(x: &Tensor, pads: &[usize], value: f32, out_shape: &[usize]) -
     let _ = r;
     let data = match x.data() {
         Data::F32(v) => Data::F32(go(v, s, pads, out_shape, value)),
+        Data::F64(v) => Data::F64(go(v, s, pads, out_shape, value as f64)),
         Data::I64(v) => Data::I64(go(v, s, pads, out_shape, value as i64)),
         Data::Bool(v) => Data::Bool(go(v, s, pads, out_shape, value != 0.0)),
     };

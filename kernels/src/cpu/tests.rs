@@ -667,7 +667,7 @@ fn f64_accumulation_keeps_cancelling_sums() {
     for threads in [1, 2] {
         let ctx = CpuContext::new(threads).unwrap().with_accumulation(Accumulation::F64);
         let mut c = [0f32];
-        linalg::gemm_f32(&ctx, 1, 1, k, &a, false, &b, false, &mut c, 1.0, 0.0).unwrap();
+        gemm_f32(&ctx, 1, 1, k, &a, false, &b, false, &mut c, 1.0, 0.0).unwrap();
         assert_eq!(c[0] as f64, want, "threads {threads}");
         let y = run_ctx(&ctx, Op::MatMul, &[&f([1, k], a.clone()), &f([k, 1], b.clone())]);
         assert_eq!(y.to_f32_vec(), vec![want as f32]);

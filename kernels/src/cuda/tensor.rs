@@ -29,12 +29,19 @@ fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
 }
 
+/// f64 tensors (`--precision f64`) are for checking plans on CPU ranks; the GPU back end has no
+/// f64 kernels.
+pub(crate) fn no_f64(op: &'static str) -> Error {
+    Error::Unsupported { op, reason: "f64 tensors run on CPU ranks only (the GPU kernels are f32)".into() }
+}
+
 impl CudaTensor {
     /// Copies a host tensor to the device.
     pub fn upload(ctx: &CudaContext, t: &Tensor) -> Result<CudaTensor, Error> {
         let op = "upload";
         let buf = match t.data() {
             Data::F32(v) => Buf::F32(ctx.upload_slice(op, v)?),
+            Data::F64(_) => return Err(no_f64(op)),
             Data::I64(v) => Buf::I64(ctx.upload_slice(op, v)?),
             Data::Bool(v) => Buf::Bool(ctx.upload_slice(op, &v.iter().map(|&b| b as u8).collect::<Vec<u8>>())?),
         };
@@ -59,6 +66,7 @@ impl CudaTensor {
         let n = meta.numel();
         let buf = match meta.dtype {
             DType::F32 => Buf::F32(ctx.zeros(op, n)?),
+            DType::F64 => return Err(no_f64(op)),
             DType::I64 => Buf::I64(ctx.zeros(op, n)?),
             DType::Bool => Buf::Bool(ctx.zeros(op, n)?),
         };
