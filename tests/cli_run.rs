@@ -147,6 +147,47 @@ fn run_reproduces_pytorch_on_2x2() {
     }
 }
 
+/// `--precision f64` on both sides: resnet18's 1x2 data-parallel plan, where an f32 run flips one
+/// ReLU against single-device f32 training in step 2 (`examples/resnet18_flip.rs`), trains the
+/// same model as `autopar train --precision f64`: losses and parameters after 3 steps within 1e-5.
+#[test]
+fn f64_run_equals_f64_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = &MODELS[3];
+    let sgd = ["--optimizer", "sgd", "--lr", "1e-4", "--momentum", "0.9"];
+    let p = plan(m, "1x2", &[&sgd[..], &["--strategy", "dp"]].concat(), dir.path());
+    let (run_dir, train_dir) = (dir.path().join("run"), dir.path().join("train"));
+    let mut run: Vec<String> = vec!["run".into(), s(&p), "--steps".into(), "3".into(), "--json".into()];
+    run.extend(feed_args(m));
+    run.extend(["--precision".into(), "f64".into(), "--save".into(), s(&run_dir)]);
+    let model = s(&data("models/resnet18.onnx"));
+    let mut train: Vec<String> = vec!["train".into(), model, "--loss".into(), m.loss.into()];
+    train.extend(sgd.iter().map(|x| x.to_string()));
+    train.extend(feed_args(m));
+    train.extend(["--steps", "3", "--json", "--precision", "f64", "--save"].map(String::from));
+    train.push(s(&train_dir));
+    let (got, want) = (losses(&run_ok(&run)), losses(&run_ok(&train)));
+    assert_eq!(got.len(), 3, "{got:?}");
+    for ((_, a), (_, b)) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "loss {a} (run) vs {b} (train)");
+    }
+    let a = runtime::npy::read_npz(&run_dir.join("params.npz")).unwrap();
+    let b = runtime::npy::read_npz(&train_dir.join("params.npz")).unwrap();
+    assert_eq!(a.len(), b.len());
+    let mut worst: f64 = 0.0;
+    for (name, w) in &b {
+        let g = &a[name];
+        assert_eq!(g.meta(), w.meta(), "{name}");
+        assert_eq!(g.dtype(), ir::DType::F64, "{name}");
+        let (x, y) = (g.to_f64_vec(), w.to_f64_vec());
+        let d: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+        let e = d / y.iter().map(|q| q * q).sum::<f64>().sqrt().max(1e-12);
+        assert!(e <= 1e-5, "parameter {name}: run and train differ by {e:.2e}");
+        worst = worst.max(e);
+    }
+    println!("resnet18 1x2 dp in f64: 3 losses equal to train's, parameters within {worst:.1e}");
+}
+
 fn gpt2_run_args(plan: &Path, steps: u64, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = vec!["run".into(), s(plan), "--steps".into(), steps.to_string(), "--json".into()];
     a.extend(feed_args(&MODELS[1]));
@@ -281,6 +322,7 @@ fn run_rejects_bad_input() {
         (vec!["run", &s(&p)], "missing feed for input input_ids"),
         (vec!["run", &s(&p), "--feed", &wrong], "feed input_ids is f32[32,256]"),
         (vec!["run", &s(&p), "--feed", &feed, "--backend", "mpi"], "MPI"),
+        (vec!["run", &s(&p), "--feed", &feed, "--backend", "nccl", "--precision", "f64"], "CPU ranks only"),
         (vec!["run", &s(&p), "--feed", &feed, "--checkpoint", &none, "--resume"], "no checkpoint"),
         (vec!["run", &s(&p), "--feed", &feed, "--init", "model", "--model", &x], "mlp.x.npy"),
     ] {

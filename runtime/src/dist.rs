@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use codegen::plan::{Instr, Plan};
-use ir::{BinaryOp, Graph, NodeIndex, Op, ReduceOp, Tensor, TensorMeta, UnaryOp};
+use ir::{BinaryOp, DType, Graph, NodeIndex, Op, ReduceOp, Tensor, TensorMeta, UnaryOp};
 use kernels::cpu::CpuContext;
 use sharding::{Collective, DeviceMesh, Local, ReduceKind, ShardingSpec, sim};
 
@@ -334,9 +334,19 @@ impl Held {
 impl Program {
     /// Compiles a plan (which [`Plan::from_json`] or the planner validated).
     pub fn new(plan: &Plan) -> Result<Program, DistError> {
+        Program::with_float_type(plan, DType::F32)
+    }
+
+    /// Compiles a plan to compute in float type `float`: with `F64`, the plan's graph is made
+    /// f64 ([`Graph::with_float_type`]) and parameters and feeds are converted as they are
+    /// loaded, so the same plan runs in double precision: the way to check a plan on a model
+    /// whose f32 results depend on summation order. Memory then is twice the plan's estimate.
+    pub fn with_float_type(plan: &Plan, float: DType) -> Result<Program, DistError> {
         let bad = |m: String| DistError::Plan(m);
         let mesh = plan.device_mesh().map_err(|e| bad(e.to_string()))?;
         let g = Graph::parse(&plan.graph).map_err(|e| bad(format!("graph: {e}")))?;
+        let g =
+            if float == DType::F32 { g } else { g.with_float_type(float).map_err(|e| bad(format!("graph: {e}")))? };
         let node = |i: usize| g.g.node_weight(NodeIndex::new(i)).ok_or_else(|| bad(format!("no node %{i}")));
         let mut slots: HashMap<String, usize> = HashMap::new();
         let mut slot_names = vec![];
@@ -508,6 +518,14 @@ impl Program {
             let size = r.spec.local_shape(&r.meta.shape, &self.mesh);
             let t = if r.is_state {
                 Tensor::zeros(&TensorMeta::new(r.meta.dtype, size))
+            } else if r.meta.dtype == DType::F64 {
+                // Weights are f32 (ONNX initializers, seeded init): read them so and widen.
+                let meta = TensorMeta::new(DType::F32, r.meta.shape.clone());
+                params
+                    .block(&r.name, &meta, &offsets, &size)
+                    .map_err(data)?
+                    .ok_or_else(|| data(format!("no data for parameter {}", r.name)))?
+                    .with_float_type(DType::F64)
             } else {
                 params
                     .block(&r.name, &r.meta, &offsets, &size)
@@ -588,10 +606,13 @@ impl Program {
                         i.name, i.meta, i.name
                     ))
                 })?;
-                if t.meta() != i.meta {
+                // Float feeds are f32 files; a program made f64 takes them converted.
+                let widen = t.dtype() != i.meta.dtype && t.dtype().is_float() && i.meta.dtype.is_float();
+                if t.shape() != i.meta.shape.as_slice() || (t.dtype() != i.meta.dtype && !widen) {
                     return Err(data(format!("feed {} is {} but the plan expects {}", i.name, t.meta(), i.meta)));
                 }
-                sim::local_block(t, &i.spec, &self.mesh, st.rank).map(Arc::new).map_err(|e| data(e.to_string()))
+                let block = sim::local_block(t, &i.spec, &self.mesh, st.rank).map_err(|e| data(e.to_string()))?;
+                Ok(Arc::new(if widen { block.with_float_type(i.meta.dtype) } else { block }))
             })
             .collect::<Result<_, _>>()?;
         Ok(())
@@ -757,6 +778,21 @@ fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> (Tensor
     (Tensor::i64(idx.shape().to_vec(), local), inside)
 }
 
+/// `t` with every element `e` for which `keep(e)` is false set to zero (float tensors only).
+fn zero_outside(t: Tensor, keep: impl Fn(usize) -> bool) -> Result<Tensor, String> {
+    fn go<T: Copy + Default>(v: &mut [T], keep: impl Fn(usize) -> bool) {
+        v.iter_mut().enumerate().filter(|(e, _)| !keep(*e)).for_each(|(_, x)| *x = T::default());
+    }
+    let shape = t.shape().to_vec();
+    let mut data = t.into_data();
+    match &mut data {
+        ir::Data::F32(v) => go(v, keep),
+        ir::Data::F64(v) => go(v, keep),
+        d => return Err(format!("masking a {} tensor: only floats carry gathered rows", d.dtype())),
+    }
+    Tensor::new(shape, data).map_err(|e| e.to_string())
+}
+
 /// Runs one compiled kernel on this rank; returns the outputs and the seconds spent in the
 /// kernel's own collectives.
 pub(crate) fn run_kernel(
@@ -776,13 +812,8 @@ pub(crate) fn run_kernel(
             let out = eval1(ctx, op, &[ins[0], &li])?;
             let inner: usize = ins[0].shape()[axis + 1..].iter().product();
             let n = inside.len().max(1);
-            let v: Vec<f32> = out
-                .to_f32_vec()
-                .into_iter()
-                .enumerate()
-                .map(|(e, x)| if inside[(e / inner.max(1)) % n] { x } else { 0.0 })
-                .collect();
-            Ok((vec![Tensor::f32(out.shape().to_vec(), v)], 0.0))
+            let out = zero_outside(out, |e| inside[(e / inner.max(1)) % n]).map_err(KernelFailure::Kernel)?;
+            Ok((vec![out], 0.0))
         }
         Kernel::MaskedScatter { op, axes, rows, total, pre, .. } => {
             let off = mesh.index_in_group(rank, axes) * rows;
@@ -790,13 +821,7 @@ pub(crate) fn run_kernel(
             let dy = ins[1];
             let n = inside.len().max(1);
             let inner: usize = dy.numel() / (*pre).max(1) / n;
-            let v: Vec<f32> = dy
-                .to_f32_vec()
-                .into_iter()
-                .enumerate()
-                .map(|(e, x)| if inside[(e / inner.max(1)) % n] { x } else { 0.0 })
-                .collect();
-            let dy = Tensor::f32(dy.shape().to_vec(), v);
+            let dy = zero_outside(dy.clone(), |e| inside[(e / inner.max(1)) % n]).map_err(KernelFailure::Kernel)?;
             Ok((kernels::cpu::eval(ctx, op, &[&li, &dy]).map_err(kfail)?, 0.0))
         }
         Kernel::SplitSoftmax { axis, log, axes } => {

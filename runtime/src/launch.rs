@@ -162,7 +162,7 @@ pub(crate) fn step_report(
     step: u64,
     r: &StepResult,
 ) -> Result<StepReport, DistError> {
-    let loss = r.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+    let loss = r.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
     let ns = |s: f64| (s * 1e9) as i64;
     let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
     let all: Vec<Vec<i64>> =

@@ -37,6 +37,15 @@ use std::collections::{BTreeMap, HashMap};
 use ir::{Graph, NodeIndex, Op, Tensor, Value};
 use kernels::cpu::CpuContext;
 
+/// The first element of a float scalar (the loss) as f32; NaN for anything else.
+pub fn scalar_f32(t: &Tensor) -> f32 {
+    match t.data() {
+        ir::Data::F32(v) => v.first().copied().unwrap_or(f32::NAN),
+        ir::Data::F64(v) => v.first().map(|&x| x as f32).unwrap_or(f32::NAN),
+        _ => f32::NAN,
+    }
+}
+
 /// Why a run failed. Feed and parameter problems are the user's input; `Kernel` names the node.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -214,15 +223,21 @@ impl<'g> Interpreter<'g> {
                     let t = feeds
                         .get(name)
                         .ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
-                    if &t.meta() != expected {
+                    // Float feeds are f32 files; a graph made f64 takes them converted.
+                    let widen = t.dtype() != expected.dtype && t.dtype().is_float() && expected.dtype.is_float();
+                    if t.shape() != expected.shape.as_slice() || (t.dtype() != expected.dtype && !widen) {
                         return Err(RunError::FeedMismatch {
                             name: name.clone(),
                             got: t.meta().to_string(),
                             expected: expected.to_string(),
                         });
                     }
-                    live += t.bytes();
-                    vec![Held::Borrowed(t)]
+                    live += expected.bytes();
+                    if widen {
+                        vec![Held::Owned(t.clone().with_float_type(expected.dtype))]
+                    } else {
+                        vec![Held::Borrowed(t)]
+                    }
                 }
                 Op::Param { name } => {
                     let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;

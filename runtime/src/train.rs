@@ -74,14 +74,18 @@ pub struct Trainer<'t> {
 
 impl<'t> Trainer<'t> {
     /// A trainer starting from `params` (by name; every param of the graph must be there) with
-    /// zero optimizer state.
+    /// zero optimizer state. Float params are converted to the graph's float type (f32 weights
+    /// for a graph made f64 by [`TrainingGraph::with_float_type`]).
     pub fn new(tg: &'t TrainingGraph, params: &BTreeMap<String, Tensor>) -> Result<Self, RunError> {
         let g = &tg.graph;
         let mut storage = BTreeMap::new();
         for &p in &g.params {
             if let Op::Param { name } = &g.node(p).op {
                 let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;
-                storage.insert(name.clone(), t.clone());
+                let want = g.node(p).outputs[0].dtype;
+                let t =
+                    if t.dtype().is_float() && want.is_float() { t.clone().with_float_type(want) } else { t.clone() };
+                storage.insert(name.clone(), t);
             }
         }
         for &s in &g.states {
@@ -105,8 +109,7 @@ impl<'t> Trainer<'t> {
             self.storage.insert(name, t);
         }
         self.steps_done += 1;
-        let loss =
-            rep.outputs.get("loss").and_then(|t| t.as_f32()).and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+        let loss = rep.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
         Ok(StepReport {
             step: self.steps_done,
             loss,

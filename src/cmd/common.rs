@@ -108,6 +108,28 @@ impl OptimizerArgs {
     }
 }
 
+/// `--precision`: the float type training computes in.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// f32 everywhere (the model's own type).
+    #[default]
+    F32,
+    /// Every float tensor (parameters, activations, gradients, optimizer state, collectives) in
+    /// f64, on CPU ranks only: about twice the time and memory. For checking a plan against
+    /// single-device training on models whose f32 results depend on summation order.
+    F64,
+}
+
+impl Precision {
+    /// The float dtype.
+    pub fn dtype(self) -> ir::DType {
+        match self {
+            Precision::F32 => ir::DType::F32,
+            Precision::F64 => ir::DType::F64,
+        }
+    }
+}
+
 /// `--accumulate`: how matrix products accumulate.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AccumulateKind {

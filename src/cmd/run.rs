@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// How matrix products accumulate: f32 (fast) or f64.
     #[arg(long, value_enum, default_value = "f32")]
     pub accumulate: common::AccumulateKind,
+    /// The float type of the whole step: f32 (the plan's), or f64 on CPU ranks (`threads`,
+    /// `mpi`): the same plan with every float tensor in f64 (weights and feeds widened on load),
+    /// for checking it against `autopar train --precision f64`. Memory is then twice the plan's
+    /// estimate.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: common::Precision,
     /// Seconds a rank waits in a collective before the run fails (a rank stopped responding).
     #[arg(long, default_value_t = 600.0)]
     pub timeout: f64,
@@ -127,7 +133,7 @@ fn prepare(a: &RunArgs) -> Result<Prepared> {
     }
     let text = std::fs::read_to_string(&a.plan).with_context(|| format!("reading {}", a.plan.display()))?;
     let plan = Plan::from_json(&text).with_context(|| a.plan.display().to_string())?;
-    let program = Program::new(&plan)?;
+    let program = Program::with_float_type(&plan, a.precision.dtype())?;
     let feeds = common::read_feeds(&a.feeds)?;
     let fault: Option<Fault> = match a.inject_fault.clone().or_else(|| std::env::var("AUTOPAR_INJECT_FAULT").ok()) {
         Some(s) => Some(s.parse().map_err(anyhow::Error::msg)?),
@@ -188,6 +194,9 @@ impl<'a> Reporter<'a> {
                 plan.device,
                 fmt_bytes(est.peak_bytes_per_rank)
             )?;
+            if a.precision == common::Precision::F64 {
+                writeln!(out, "precision: f64 (every float twice as wide as the plan's f32 estimates)")?;
+            }
         }
         let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
             let b = indicatif::ProgressBar::new(a.steps - start);
@@ -251,7 +260,10 @@ impl<'a> Reporter<'a> {
         let mut out = std::io::stdout().lock();
         let peaks: Vec<u64> = (0..n).map(|r| reports.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0)).collect();
         let max_peak = peaks.iter().copied().max().unwrap_or(0);
-        let dev = 100.0 * (max_peak as f64 - est.peak_bytes_per_rank as f64) / (est.peak_bytes_per_rank.max(1) as f64);
+        // The plan estimates f32 tensors; in f64 every float is twice as wide.
+        let wide = if self.a.precision == common::Precision::F64 { 2 } else { 1 };
+        let estimate = est.peak_bytes_per_rank * wide;
+        let dev = 100.0 * (max_peak as f64 - estimate as f64) / (estimate.max(1) as f64);
         let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
         secs.sort_by(f64::total_cmp);
         let median = secs.get(secs.len() / 2).copied().unwrap_or(0.0);
@@ -264,6 +276,7 @@ impl<'a> Reporter<'a> {
             let line = serde_json::json!({
                 "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
                 "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
+                "precision": if wide == 2 { "f64" } else { "f32" },
                 "estimated_step_ms": est.step_seconds * 1e3,
             });
             writeln!(out, "{line}")?;
@@ -279,10 +292,11 @@ impl<'a> Reporter<'a> {
             let all_same = peaks.iter().all(|&p| p == max_peak);
             writeln!(
                 out,
-                "memory: measured peak {} per rank{} (plan estimate {}, {dev:+.1}%)",
+                "memory: measured peak {} per rank{} (plan estimate {}{}, {dev:+.1}%)",
                 fmt_bytes(max_peak),
                 if all_same { String::new() } else { format!(" at most; per rank {:?}", peaks) },
-                fmt_bytes(est.peak_bytes_per_rank)
+                fmt_bytes(est.peak_bytes_per_rank),
+                if wide == 2 { format!(" in f32, {} in f64", fmt_bytes(estimate)) } else { String::new() }
             )?;
         }
         Ok(())
@@ -302,6 +316,9 @@ fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>) -> Result<()>
 
 /// Runs `autopar run`.
 pub fn run(a: &RunArgs) -> Result<()> {
+    if a.precision == common::Precision::F64 && a.backend == Backend::Nccl {
+        bail!("--precision f64 runs on CPU ranks only (--backend threads or mpi); the GPU kernels are f32");
+    }
     match a.backend {
         Backend::Threads => run_threads(a),
         Backend::Mpi => run_mpi(a),

@@ -43,6 +43,10 @@ pub struct TrainArgs {
     /// slower products; sums that cancel keep their exact sign).
     #[arg(long, value_enum, default_value = "f32")]
     pub accumulate: common::AccumulateKind,
+    /// The float type of the whole step: f32, or f64 (parameters, activations, gradients and
+    /// optimizer state; f32 weights and feeds are widened on load).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: common::Precision,
     /// CPU threads for the kernels.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -68,6 +72,10 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     let g = common::load_model(&a.model, &opts)?;
     let tg = ir::autodiff::training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: a.freeze.clone() })?;
+    let tg = match a.precision {
+        common::Precision::F32 => tg,
+        p => tg.with_float_type(p.dtype())?,
+    };
     if a.graph {
         print!("{}", tg.graph.to_text());
         return Ok(());
@@ -84,13 +92,14 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     if !a.json {
         let (np, pb) = g.param_stats();
         println!(
-            "training {} ({} trainable of {} parameter tensors, {np} parameters, {:.2} MiB) with {} on {} thread(s)",
+            "training {} ({} trainable of {} parameter tensors, {np} parameters, {:.2} MiB) with {} on {} thread(s){}",
             g.name,
             tg.trainable.len(),
             g.params.len(),
             pb as f64 / 1048576.0,
             describe(&opt),
-            ctx.threads()
+            ctx.threads(),
+            if a.precision == common::Precision::F64 { ", in f64" } else { "" }
         );
         println!(
             "graph: {} nodes; {} activations kept for backward ({:.2} MiB)",
