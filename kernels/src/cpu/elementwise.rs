@@ -236,17 +236,17 @@ pub(crate) fn gelu(x: F) -> F {
 
 /// The tanh approximation of GELU.
 pub(crate) fn gelu_tanh(x: F) -> F {
-    const C: F = 0.797_884_6; // sqrt(2/pi)
+    const C: F = F::SQRT_2_OVER_PI;
     0.5 * x * (1.0 + tanh(C * (x + 0.044715 * x * x * x)))
 }
 
-/// tanh, branch-free for F (see [`Float::tanh_fast`]).
+/// tanh, branch-free for f32 (see [`Float::tanh_fast`]).
 #[inline(always)]
 pub(crate) fn tanh(x: F) -> F {
     Float::tanh_fast(x)
 }
 
-/// `e^x`, branch-free for F (see [`Float::exp_fast`]).
+/// `e^x`, branch-free for f32 (see [`Float::exp_fast`]).
 #[inline(always)]
 pub(crate) fn exp_fast(x: F) -> F {
     Float::exp_fast(x)
@@ -440,7 +440,7 @@ pub(crate) fn where_(ctx: &CpuContext, cond: &Tensor, a: &Tensor, b: &Tensor, ou
     tensor("where", out, data)
 }
 
-/// Converts element types: F -> i64 truncates toward zero (saturating, NaN -> 0), anything ->
+/// Converts element types: float -> i64 truncates toward zero (saturating, NaN -> 0), anything ->
 /// bool is `!= 0`, bool -> number is 0/1.
 pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Tensor, Error> {
     let data = match (x.data(), to) {
@@ -462,7 +462,7 @@ pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Tensor, Error> {
     tensor("cast", x.shape(), data)
 }
 
-/// The F data of `t` broadcast (numpy rules) to `shape`, materialised.
+/// The float data of `t` broadcast (numpy rules) to `shape`, materialised.
 pub(crate) fn broadcast_f32(ctx: &CpuContext, op: &'static str, t: &Tensor, shape: &[usize]) -> Result<Vec<F>, Error> {
     let v = floats(op, t)?;
     let b = ir::broadcast_shapes(t.shape(), shape).map_err(|m| bad(op, &m))?;

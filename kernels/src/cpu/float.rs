@@ -12,6 +12,8 @@ use ir::{DType, Data, Tensor};
 pub(crate) trait Float: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 'static {
     /// The dtype of tensors of this element.
     const DTYPE: DType;
+    /// sqrt(2/pi), rounded to this type (the tanh approximation of GELU).
+    const SQRT_2_OVER_PI: Self;
     /// The elements of `t`, if it has this element type.
     fn view(t: &Tensor) -> Option<&[Self]>;
     /// Storage holding `v`.
@@ -50,6 +52,7 @@ pub(crate) trait Float: Copy + Send + Sync + Default + PartialOrd + std::fmt::De
 
 impl Float for f32 {
     const DTYPE: DType = DType::F32;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     fn view(t: &Tensor) -> Option<&[f32]> {
         t.as_f32()
     }
@@ -93,6 +96,7 @@ impl Float for f32 {
 
 impl Float for f64 {
     const DTYPE: DType = DType::F64;
+    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
     fn view(t: &Tensor) -> Option<&[f64]> {
         t.as_f64()
     }

@@ -47,7 +47,7 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
             cdf + x * pdf
         }),
         UnaryOp::GeluTanh => apply!(|x: F| {
-            const C: F = 0.797_884_6;
+            const C: F = F::SQRT_2_OVER_PI;
             let t = super::elementwise::tanh(C * (x + 0.044715 * x * x * x));
             0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
         }),
@@ -524,7 +524,7 @@ pub(crate) fn sgd_update(
 }
 
 /// One AdamW step at step number `t` (PyTorch's arithmetic: bias corrections in f64, applied
-/// as F scalars).
+/// as scalars of the element type).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw_update(
     inputs: &[&Tensor],

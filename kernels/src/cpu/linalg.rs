@@ -32,7 +32,7 @@ impl View {
     }
 }
 
-/// `c = alpha * a @ b + beta * c` (F accumulation) for an `m x k` view `a`, a `k x n` view `b`
+/// `c = alpha * a @ b + beta * c` (accumulation in the element type) for an `m x k` view `a`, a `k x n` view `b`
 /// and a row-major `c` with row stride `ldc`, split over `threads` slices of `c` run on the current
 /// rayon pool, each slice sequential. With `beta == 0`, `c` is not read.
 ///

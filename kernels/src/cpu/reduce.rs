@@ -1,7 +1,7 @@
-//! Reductions over a set of axes (F for every kind; i64 for Sum, Prod, Max, Min).
+//! Reductions over a set of axes (floats for every kind; i64 for Sum, Prod, Max, Min).
 //!
 //! The reduced axes are brought into one contiguous run (by a transpose when they are not
-//! adjacent), so every reduction is `[outer, red, inner] -> [outer, inner]`. F sums accumulate
+//! adjacent), so every reduction is `[outer, red, inner] -> [outer, inner]`. Float sums accumulate
 //! in f64.
 
 use super::{CpuContext, elementwise::with_simd, shape::transpose, tensor};
