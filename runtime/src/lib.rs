@@ -34,7 +34,7 @@ pub mod train;
 
 use std::collections::{BTreeMap, HashMap};
 
-use ir::{Graph, NodeIndex, Op, Tensor, Value};
+use ir::{DType, Graph, NodeIndex, Op, Tensor, Value};
 use kernels::cpu::CpuContext;
 
 /// The first element of a float scalar (the loss) as f32; NaN for anything else.
@@ -223,8 +223,9 @@ impl<'g> Interpreter<'g> {
                     let t = feeds
                         .get(name)
                         .ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
-                    // Float feeds are f32 files; a graph made f64 takes them converted.
-                    let widen = t.dtype() != expected.dtype && t.dtype().is_float() && expected.dtype.is_float();
+                    // Float feeds are f32 files; a graph made f64 takes them widened (never the
+                    // reverse: an f64 file for an f32 model is a mismatch, not a silent rounding).
+                    let widen = t.dtype() == DType::F32 && expected.dtype == DType::F64;
                     if t.shape() != expected.shape.as_slice() || (t.dtype() != expected.dtype && !widen) {
                         return Err(RunError::FeedMismatch {
                             name: name.clone(),
