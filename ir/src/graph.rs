@@ -326,7 +326,13 @@ impl Graph {
     /// and bool values unchanged. Node ids and names are kept, so a plan made for this graph
     /// applies to the result. Op attributes (learning rates, epsilons) stay as they are.
     pub fn with_float_type(&self, to: DType) -> Result<Graph, GraphError> {
-        assert!(to.is_float(), "with_float_type: {to} is not a float type");
+        if !to.is_float() {
+            return Err(GraphError::Infer {
+                node: self.name.clone(),
+                op: "with_float_type",
+                message: format!("{to} is not a float type"),
+            });
+        }
         let mut g = self.clone();
         let conv = |m: &mut TensorMeta| {
             if m.dtype.is_float() {
