@@ -606,9 +606,7 @@ impl Program {
                         i.name, i.meta, i.name
                     ))
                 })?;
-                // Float feeds are f32 files; a program made f64 takes them widened (never the
-                // reverse: an f64 file for an f32 plan is a mismatch, not a silent rounding).
-                let widen = t.dtype() == DType::F32 && i.meta.dtype == DType::F64;
+                let widen = crate::widens(t.dtype(), i.meta.dtype);
                 if t.shape() != i.meta.shape.as_slice() || (t.dtype() != i.meta.dtype && !widen) {
                     return Err(data(format!("feed {} is {} but the plan expects {}", i.name, t.meta(), i.meta)));
                 }

@@ -37,6 +37,13 @@ use std::collections::{BTreeMap, HashMap};
 use ir::{DType, Graph, NodeIndex, Op, Tensor, Value};
 use kernels::cpu::CpuContext;
 
+/// True when data of `from` is taken, widened, where `to` is expected: f32 weights and feed files
+/// for a graph made f64 (`--precision f64`). Never the reverse: an f64 file for an f32 model is a
+/// mismatch, not a silent rounding.
+pub(crate) fn widens(from: DType, to: DType) -> bool {
+    from == DType::F32 && to == DType::F64
+}
+
 /// The first element of a float scalar (the loss) as f32; NaN for anything else.
 pub fn scalar_f32(t: &Tensor) -> f32 {
     match t.data() {
@@ -223,9 +230,7 @@ impl<'g> Interpreter<'g> {
                     let t = feeds
                         .get(name)
                         .ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
-                    // Float feeds are f32 files; a graph made f64 takes them widened (never the
-                    // reverse: an f64 file for an f32 model is a mismatch, not a silent rounding).
-                    let widen = t.dtype() == DType::F32 && expected.dtype == DType::F64;
+                    let widen = widens(t.dtype(), expected.dtype);
                     if t.shape() != expected.shape.as_slice() || (t.dtype() != expected.dtype && !widen) {
                         return Err(RunError::FeedMismatch {
                             name: name.clone(),

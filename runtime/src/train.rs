@@ -74,8 +74,8 @@ pub struct Trainer<'t> {
 
 impl<'t> Trainer<'t> {
     /// A trainer starting from `params` (by name; every param of the graph must be there) with
-    /// zero optimizer state. Float params are converted to the graph's float type (f32 weights
-    /// for a graph made f64 by [`TrainingGraph::with_float_type`]).
+    /// zero optimizer state. f32 params are widened for a graph made f64 by
+    /// [`TrainingGraph::with_float_type`].
     pub fn new(tg: &'t TrainingGraph, params: &BTreeMap<String, Tensor>) -> Result<Self, RunError> {
         let g = &tg.graph;
         let mut storage = BTreeMap::new();
@@ -83,8 +83,7 @@ impl<'t> Trainer<'t> {
             if let Op::Param { name } = &g.node(p).op {
                 let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;
                 let want = g.node(p).outputs[0].dtype;
-                let t =
-                    if t.dtype().is_float() && want.is_float() { t.clone().with_float_type(want) } else { t.clone() };
+                let t = if crate::widens(t.dtype(), want) { t.clone().with_float_type(want) } else { t.clone() };
                 storage.insert(name.clone(), t);
             }
         }

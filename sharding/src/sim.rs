@@ -85,27 +85,15 @@ fn put_block(dst: &mut Tensor, src: &Tensor, offsets: &[usize], how: Combine) ->
     let data = std::mem::replace(dst, Tensor::scalar_f32(0.0)).into_data();
     let data = match (data, src.data()) {
         (Data::F32(mut d), Data::F32(s)) => {
-            for_block(&size, &shape, offsets, &size, &zero, |id, is| match how {
-                Combine::Assign => d[id] = s[is],
-                Combine::Reduce(ReduceKind::Sum) => d[id] += s[is],
-                Combine::Reduce(ReduceKind::Max) => d[id] = d[id].max(s[is]),
-            });
+            put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, f32::max);
             Data::F32(d)
         }
         (Data::F64(mut d), Data::F64(s)) => {
-            for_block(&size, &shape, offsets, &size, &zero, |id, is| match how {
-                Combine::Assign => d[id] = s[is],
-                Combine::Reduce(ReduceKind::Sum) => d[id] += s[is],
-                Combine::Reduce(ReduceKind::Max) => d[id] = d[id].max(s[is]),
-            });
+            put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, f64::max);
             Data::F64(d)
         }
         (Data::I64(mut d), Data::I64(s)) => {
-            for_block(&size, &shape, offsets, &size, &zero, |id, is| match how {
-                Combine::Assign => d[id] = s[is],
-                Combine::Reduce(ReduceKind::Sum) => d[id] += s[is],
-                Combine::Reduce(ReduceKind::Max) => d[id] = d[id].max(s[is]),
-            });
+            put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, i64::max);
             Data::I64(d)
         }
         (Data::Bool(mut d), Data::Bool(s)) => {
@@ -119,6 +107,25 @@ fn put_block(dst: &mut Tensor, src: &Tensor, offsets: &[usize], how: Combine) ->
     };
     *dst = Tensor::new(shape, data).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(())
+}
+
+/// [`put_block`] for numbers: assign, add, or take `max` (the type's own, so float NaN rules hold).
+#[allow(clippy::too_many_arguments)]
+fn put_numbers<T: Copy + std::ops::AddAssign>(
+    d: &mut [T],
+    s: &[T],
+    size: &[usize],
+    shape: &[usize],
+    offsets: &[usize],
+    zero: &[usize],
+    how: Combine,
+    max: fn(T, T) -> T,
+) {
+    for_block(size, shape, offsets, size, zero, |id, is| match how {
+        Combine::Assign => d[id] = s[is],
+        Combine::Reduce(ReduceKind::Sum) => d[id] += s[is],
+        Combine::Reduce(ReduceKind::Max) => d[id] = max(d[id], s[is]),
+    });
 }
 
 fn zeros_like(shape: &[usize], t: &Tensor) -> Tensor {

@@ -151,39 +151,28 @@ fn reference(c: &'static Case, float: DType) -> Result<Reference> {
     let optimizer = Optimizer::Sgd { lr: c.lr, momentum: 0.9, weight_decay: 0.0 };
     let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(optimizer), frozen: vec![] })?;
     let index = tracer::InitializerIndex::open(&path)?;
+    // Single-device training: the per-step losses and the final parameters.
+    let train = |tg: &ir::autodiff::TrainingGraph, acc: Accumulation| -> Result<(Vec<f32>, BTreeMap<String, Tensor>)> {
+        let ctx = CpuContext::new(1)?.with_accumulation(acc);
+        let mut trainer = Trainer::new(tg, &g.param_data)?;
+        let losses = (0..STEPS).map(|_| Ok(trainer.step(&ctx, &feeds)?.loss)).collect::<Result<_>>()?;
+        Ok((losses, trainer.params()))
+    };
     if float == DType::F64 {
         // Double precision on both sides: no rounding-level chaos, so the plain tolerance.
-        let tg64 = tg.with_float_type(DType::F64)?;
-        let ctx = CpuContext::new(1)?;
-        let mut trainer = Trainer::new(&tg64, &g.param_data)?;
-        let mut losses = vec![];
-        for _ in 0..STEPS {
-            losses.push(trainer.step(&ctx, &feeds)?.loss);
-        }
-        let params = trainer.params();
+        let (losses, params) = train(&tg.with_float_type(DType::F64)?, Accumulation::F32)?;
         println!("{}: f64 on both sides; parameter tolerance {TOL:.1e}", c.model);
         let accumulation = Accumulation::F32;
         return Ok(Reference { case: c, g, tg, float, accumulation, feeds, index, losses, params, param_tol: TOL });
     }
-    let ctx = CpuContext::new(1)?.with_accumulation(c.accumulation);
-    let mut trainer = Trainer::new(&tg, &g.param_data)?;
-    let mut losses = vec![];
-    for _ in 0..STEPS {
-        losses.push(trainer.step(&ctx, &feeds)?.loss);
-    }
-    let params = trainer.params();
+    let (losses, params) = train(&tg, c.accumulation)?;
     // The noise floor: the same single-device run with the other accumulation precision.
     let other = match c.accumulation {
         Accumulation::F32 => Accumulation::F64,
         Accumulation::F64 => Accumulation::F32,
     };
-    let ctx2 = CpuContext::new(1)?.with_accumulation(other);
-    let mut t2 = Trainer::new(&tg, &g.param_data)?;
-    for _ in 0..STEPS {
-        t2.step(&ctx2, &feeds)?;
-    }
     let mut floor: f64 = 0.0;
-    for (name, p) in t2.params() {
+    for (name, p) in train(&tg, other)?.1 {
         floor = floor.max(rel_err(&p, &params[&name])?);
     }
     let param_tol = TOL.max(floor);

@@ -170,62 +170,66 @@ where
 /// Applies a unary op.
 pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, Error> {
     let op = ir::unary_name(u);
+    if let Some(v) = F::view(x) {
+        return tensor(op, x.shape(), F::data(float_unary(ctx, op, u, v)?));
+    }
     let data = match (x.data(), u) {
         (Data::I64(v), UnaryOp::Neg) => Data::I64(v.iter().map(|x| x.wrapping_neg()).collect()),
         (Data::I64(v), UnaryOp::Abs) => Data::I64(v.iter().map(|x| x.wrapping_abs()).collect()),
         (Data::I64(v), UnaryOp::Sign) => Data::I64(v.iter().map(|x| x.signum()).collect()),
         (Data::Bool(v), UnaryOp::Not) => Data::Bool(v.iter().map(|x| !x).collect()),
-        (d, _) if d.dtype() == F::DTYPE => {
-            let v = F::view(x).expect("dtype checked");
-            let mut out = vec![0.0; v.len()];
-            let weight = match u {
-                UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => 1,
-                _ => 8,
-            };
-            macro_rules! apply {
-                ($f:expr) => {{
-                    let f = $f;
-                    ctx.for_rows_weighted(&mut out, 4096.min(v.len().max(1)), weight, |r, row| {
-                        let src = &v[r * 4096..r * 4096 + row.len()];
-                        with_simd(|| {
-                            for (o, &x) in row.iter_mut().zip(src) {
-                                *o = f(x);
-                            }
-                        })
-                    })
-                }};
-            }
-            match u {
-                UnaryOp::Relu => apply!(|x: F| if x > 0.0 || x.is_nan() { x } else { 0.0 }),
-                UnaryOp::Gelu => apply!(gelu),
-                UnaryOp::GeluTanh => apply!(gelu_tanh),
-                UnaryOp::Tanh => apply!(tanh),
-                UnaryOp::Erf => apply!(Float::erf),
-                UnaryOp::Sigmoid => apply!(sigmoid),
-                UnaryOp::Exp => apply!(F::exp),
-                UnaryOp::Log => apply!(F::ln),
-                UnaryOp::Sqrt => apply!(F::sqrt),
-                UnaryOp::Neg => apply!(|x: F| -x),
-                UnaryOp::Reciprocal => apply!(|x: F| 1.0 / x),
-                UnaryOp::Abs => apply!(F::abs),
-                UnaryOp::Floor => apply!(F::floor),
-                UnaryOp::Ceil => apply!(F::ceil),
-                UnaryOp::Sin => apply!(F::sin),
-                UnaryOp::Cos => apply!(F::cos),
-                UnaryOp::Sign => apply!(|x: F| if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
-                } else {
-                    x
-                }),
-                UnaryOp::Not => return Err(bad(op, "not takes bool")),
-            }
-            F::data(out)
-        }
         (d, _) => return Err(bad(op, &format!("no kernel for {}", d.dtype()))),
     };
     tensor(op, x.shape(), data)
+}
+
+/// [`unary`] on the elements of a float tensor of this module's type.
+fn float_unary(ctx: &CpuContext, op: &'static str, u: UnaryOp, v: &[F]) -> Result<Vec<F>, Error> {
+    let mut out = vec![0.0; v.len()];
+    let weight = match u {
+        UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => 1,
+        _ => 8,
+    };
+    macro_rules! apply {
+        ($f:expr) => {{
+            let f = $f;
+            ctx.for_rows_weighted(&mut out, 4096.min(v.len().max(1)), weight, |r, row| {
+                let src = &v[r * 4096..r * 4096 + row.len()];
+                with_simd(|| {
+                    for (o, &x) in row.iter_mut().zip(src) {
+                        *o = f(x);
+                    }
+                })
+            })
+        }};
+    }
+    match u {
+        UnaryOp::Relu => apply!(|x: F| if x > 0.0 || x.is_nan() { x } else { 0.0 }),
+        UnaryOp::Gelu => apply!(gelu),
+        UnaryOp::GeluTanh => apply!(gelu_tanh),
+        UnaryOp::Tanh => apply!(tanh),
+        UnaryOp::Erf => apply!(Float::erf),
+        UnaryOp::Sigmoid => apply!(sigmoid),
+        UnaryOp::Exp => apply!(F::exp),
+        UnaryOp::Log => apply!(F::ln),
+        UnaryOp::Sqrt => apply!(F::sqrt),
+        UnaryOp::Neg => apply!(|x: F| -x),
+        UnaryOp::Reciprocal => apply!(|x: F| 1.0 / x),
+        UnaryOp::Abs => apply!(F::abs),
+        UnaryOp::Floor => apply!(F::floor),
+        UnaryOp::Ceil => apply!(F::ceil),
+        UnaryOp::Sin => apply!(F::sin),
+        UnaryOp::Cos => apply!(F::cos),
+        UnaryOp::Sign => apply!(|x: F| if x > 0.0 {
+            1.0
+        } else if x < 0.0 {
+            -1.0
+        } else {
+            x
+        }),
+        UnaryOp::Not => return Err(bad(op, "not takes bool")),
+    }
+    Ok(out)
 }
 
 /// x·Φ(x) with the exact normal CDF, written with erfc so the negative tail keeps its relative
