@@ -294,10 +294,7 @@ impl Built {
         let edge: HashMap<(usize, usize), usize> =
             self.problem.edges.iter().enumerate().map(|(i, e)| (e.nodes, i)).collect();
         // Cost of the edge between a at sa and b at sb.
-        let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> u64 {
-            let (u, v) = e.nodes;
-            if u == a { e.costs[sa * k[v] + sb] } else { e.costs[sb * k[u] + sa] }
-        };
+        let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> u64 { e.cost_from(a, sa, sb, &k) };
         let mut forest = Forest::new(n);
         // Exact ties: b's strategy is a function of a's (one allowed entry per row).
         for e in &self.problem.edges {
@@ -406,8 +403,7 @@ impl Built {
 /// conversion from `u`'s output (then less memory, then the lower index).
 fn cheapest_response(p: &solver::Problem, k: &[usize], main: &solver::Edge, u: usize, v: usize) -> Vec<usize> {
     let node = &p.nodes[v];
-    let entry =
-        |su: usize, t: usize| if main.nodes.0 == u { main.costs[su * k[v] + t] } else { main.costs[t * k[u] + su] };
+    let entry = |su: usize, t: usize| main.cost_from(u, su, t, k);
     (0..k[u])
         .map(|su| {
             (0..k[v]).min_by_key(|&t| (node.costs[t].saturating_add(entry(su, t)), node.usages[t], t)).unwrap_or(0)
@@ -433,10 +429,7 @@ fn proven_response(
     others: &[&solver::Edge],
     memory_binds: bool,
 ) -> Option<Vec<usize>> {
-    let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> i128 {
-        let (x, y) = e.nodes;
-        (if x == a { e.costs[sa * k[y] + sb] } else { e.costs[sb * k[x] + sa] }) as i128
-    };
+    let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> i128 { e.cost_from(a, sa, sb, k) as i128 };
     let kv = k[v];
     let node = &p.nodes[v];
     // worst(a, b), computed on demand: the most `a` can cost more than `b` on the other edges.

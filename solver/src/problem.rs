@@ -84,6 +84,16 @@ pub struct Edge {
     pub costs: Vec<u64>,
 }
 
+impl Edge {
+    /// The cost with endpoint `a` (either end) at strategy `sa` and the other end at `sb`;
+    /// `k[i]` is the strategy count of node `i`. The one place that indexes [`Edge::costs`] by
+    /// a side: rows are always `u`'s strategies, columns `v`'s, whichever side asks.
+    pub fn cost_from(&self, a: usize, sa: usize, sb: usize, k: &[usize]) -> u64 {
+        let (u, v) = self.nodes;
+        if a == u { self.costs[sa * k[v] + sb] } else { self.costs[sb * k[v] + sa] }
+    }
+}
+
 /// A cost-graph problem: choose one strategy per node minimising node plus edge costs, such that
 /// at every time step the usages of the live nodes sum to at most `usage_limit`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
