@@ -822,7 +822,8 @@ def sha256(path):
 
 
 def save_npy(path, t):
-    np.save(path, t.detach().numpy() if isinstance(t, torch.Tensor) else t)
+    # C order: a transposed output (CLIP's logits_per_image) would otherwise be saved Fortran-ordered.
+    np.save(path, np.ascontiguousarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t))
 
 
 def run(spec, outdir):
