@@ -23,6 +23,10 @@ pub enum Error {
     /// A plan file is invalid (version, structure, specs, references).
     #[error("invalid plan: {0}")]
     BadPlan(String),
+    /// A plan breaks its invariants ([`crate::Plan::validate`]): every problem found, each with
+    /// where it is.
+    #[error("invalid plan: {0}")]
+    Invalid(crate::plan::Problems),
     /// A sharding error (no rule for an op, bad spec).
     #[error(transparent)]
     Sharding(#[from] sharding::Error),

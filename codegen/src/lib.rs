@@ -18,6 +18,7 @@ pub mod explain;
 pub mod memory;
 pub mod plan;
 pub mod problem;
+pub mod validate;
 
 pub use error::{Error, Result, fmt_bytes, parse_bytes};
 pub use plan::{ModelInfo, Plan, PlanOptions, plan};

@@ -1,9 +1,10 @@
 //! The distributed plan: solving the problem and lowering the chosen strategies into one SPMD
 //! program, and the versioned JSON document (`plan.json`) with its validating loader.
 //!
-//! Invariants of a [`Plan`] that [`Plan::from_json`] checks: the version is known; the mesh is
-//! valid; `graph` parses and verifies, and its node `%i` is program node `i`; every spec fits its
-//! tensor on the mesh; every value an instruction reads was produced earlier and not freed.
+//! Invariants of a [`Plan`] that [`Plan::from_json`] checks: the version is known, and
+//! [`Plan::validate`] holds: every field the runtime reads is consistent (mesh, graph, layouts,
+//! collectives, value lifetimes, parameter layouts, optimizer hyper-parameters; see
+//! [`crate::validate`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec}
 
 use crate::checkpoint::CheckpointReport;
 use crate::problem::{Baseline, Built, FORBIDDEN, Grouping, Merge, build};
+pub use crate::validate::{Location, Problem, Problems};
 use crate::{Error, Result, fmt_bytes};
 
 /// The plan format's version.
@@ -321,12 +323,12 @@ pub struct Plan {
     pub solver: SolverInfo,
 }
 
-fn fnv(s: &str) -> String {
+pub(crate) fn fnv(s: &str) -> String {
     let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
     format!("{h:016x}")
 }
 
-fn value_id(v: Value) -> String {
+pub(crate) fn value_id(v: Value) -> String {
     if v.slot == 0 { format!("%{}", v.node.index()) } else { format!("%{}.{}", v.node.index(), v.slot) }
 }
 
@@ -794,81 +796,5 @@ impl Plan {
     /// The mesh of the plan.
     pub fn device_mesh(&self) -> Result<DeviceMesh> {
         Ok(DeviceMesh::new(self.mesh.shape.clone(), self.mesh.names.clone(), self.mesh.links.clone())?)
-    }
-
-    /// Checks the invariants of the module docs.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Error::BadPlan(m);
-        let mesh = self.device_mesh().map_err(|e| bad(e.to_string()))?;
-        let g = Graph::parse(&self.graph).map_err(|e| bad(format!("graph: {e}")))?;
-        ir::verify(&g).map_err(|e| bad(format!("graph: {e}")))?;
-        if fnv(&self.graph) != self.model.hash {
-            return Err(bad("the graph does not match the model hash (edited?)".into()));
-        }
-        let meta_of = |id: &str| -> Option<ir::TensorMeta> {
-            let base = id.split('@').next()?;
-            let base = base.strip_prefix('%')?;
-            let (n, s) = match base.split_once('.') {
-                Some((n, s)) => (n.parse::<usize>().ok()?, s.parse::<usize>().ok()?),
-                None => (base.parse::<usize>().ok()?, 0),
-            };
-            let idx = NodeIndex::new(n);
-            g.g.node_weight(idx)?.outputs.get(s).cloned()
-        };
-        let mut live: HashSet<String> = HashSet::new();
-        for (k, ins) in self.program.iter().enumerate() {
-            let at = |m: String| bad(format!("instruction {k}: {m}"));
-            match ins {
-                Instr::Op { node, inputs, input_specs, outputs, output_specs, .. } => {
-                    let idx = NodeIndex::new(*node);
-                    let n = g.g.node_weight(idx).ok_or_else(|| at(format!("no node %{node}")))?;
-                    if inputs.len() != input_specs.len()
-                        || outputs.len() != output_specs.len()
-                        || outputs.len() != n.outputs.len()
-                    {
-                        return Err(at(format!("node %{node}: inputs/outputs do not match its specs")));
-                    }
-                    for (i, s) in inputs.iter().zip(input_specs) {
-                        if !live.contains(i) {
-                            return Err(at(format!("reads {i} before it is written or after it is freed")));
-                        }
-                        let m = meta_of(i).ok_or_else(|| at(format!("unknown value {i}")))?;
-                        s.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
-                    }
-                    for (o, (s, m)) in outputs.iter().zip(output_specs.iter().zip(&n.outputs)) {
-                        s.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
-                        live.insert(o.clone());
-                    }
-                }
-                Instr::Collective { input, output, from, to, .. } => {
-                    if !live.contains(input) {
-                        return Err(at(format!("converts {input} before it is written or after it is freed")));
-                    }
-                    let m = meta_of(input).ok_or_else(|| at(format!("unknown value {input}")))?;
-                    from.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
-                    to.check(&m.shape, &mesh).map_err(|e| at(e.to_string()))?;
-                    live.insert(output.clone());
-                }
-                Instr::Free { values } => {
-                    for v in values {
-                        if !live.remove(v) {
-                            return Err(at(format!("frees {v}, which is not live")));
-                        }
-                    }
-                }
-            }
-        }
-        for p in &self.params {
-            p.spec.check(&p.shape, &mesh).map_err(|e| bad(format!("parameter {}: {e}", p.name)))?;
-            if p.offsets.len() != mesh.size() {
-                return Err(bad(format!(
-                    "parameter {}: {} offsets for {} ranks",
-                    p.name,
-                    p.offsets.len(),
-                    mesh.size()
-                )));
-            }
-        }
-        Ok(())
     }
 }

@@ -4,10 +4,18 @@
 //!
 //! ```text
 //! DIR/LATEST                          the name of the newest complete checkpoint, one line
-//! DIR/ckpt-00000003-<run>/manifest.json   step, model hash, mesh, and every rank file's size and CRC-32
-//! DIR/ckpt-00000003-<run>/rank-00000.npz  rank 0's blocks of every parameter and optimizer state
+//! DIR/ckpt-00000003-<run>/manifest.json   step, model and plan hash, mesh, and every rank file's size and CRC-32
+//! DIR/ckpt-00000003-<run>/rank-00000.npz  rank 0's shard header and blocks of every parameter and optimizer state
 //! ...
 //! ```
+//!
+//! Every shard holds its own identity: an int64 array [`HEADER`] of `[magic, version, rank,
+//! step, plan hash, check]`, where `check` is a hash of the five before it (and the archive's
+//! CRC-32 covers the entry as well). The manifest's CRCs catch a damaged file; the header
+//! catches a whole, intact shard in the wrong place: swapped between ranks, copied from another
+//! step or from a run of another plan (even with the manifest's CRCs recomputed to match). The
+//! plan hash is [`Program::plan_hash`]: what the blocks depend on, so a re-made identical plan
+//! resumes.
 //!
 //! Writing is atomic: every rank writes (and syncs) its file into a temporary directory
 //! `DIR/.tmp-ckpt-...`; once all ranks have written (a barrier that also hands rank 0 the
@@ -17,12 +25,16 @@
 //! directories are ignored and removed by the next writer. The newest two complete checkpoints
 //! are kept.
 //!
-//! Reading checks the manifest's model hash and mesh against the plan, each file's size and
-//! CRC-32, and that every parameter and state block is there with its local shape.
+//! Reading checks that `LATEST` names a directory directly inside `DIR` (one path component,
+//! symbolic links resolved: never a path elsewhere), the manifest's model hash, plan hash and
+//! mesh against the plan, that every rank file is named as written, each file's size and
+//! CRC-32, each shard header's rank, step and plan hash, and that every parameter and state
+//! block is there with its local shape. Only regular files are read. Checkpoints of format
+//! version 1 (no shard headers) are refused as too old.
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use ir::Tensor;
 use serde::{Deserialize, Serialize};
@@ -33,8 +45,14 @@ use crate::npy::{read_npz, write_npz};
 
 /// The manifest's format name.
 pub const FORMAT: &str = "autopar-checkpoint";
-/// The manifest's version.
-pub const VERSION: u32 = 1;
+/// The manifest's version (2: shard headers and the plan hash).
+pub const VERSION: u32 = 2;
+
+/// Name of the shard header array in a rank file (see the module docs).
+pub const HEADER: &str = "__autopar_shard_header__";
+
+/// First word of a shard header ("APCKPT" and the format version, as bytes).
+const MAGIC: i64 = 0x4150_434b_5054_0002;
 
 /// One rank's file in a checkpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -60,6 +78,8 @@ pub struct Manifest {
     pub step: u64,
     /// The plan's model hash.
     pub model_hash: String,
+    /// [`Program::plan_hash`] of the plan that wrote it.
+    pub plan_hash: String,
     /// The mesh shape.
     pub mesh: Vec<usize>,
     /// One file per rank.
@@ -97,6 +117,60 @@ fn rank_file(rank: usize) -> String {
     format!("rank-{rank:05}.npz")
 }
 
+/// Plan hashes are 16 hex digits ([`Program::plan_hash`]).
+fn hash_word(hex: &str) -> Result<i64, DistError> {
+    u64::from_str_radix(hex, 16)
+        .map(|h| h as i64)
+        .map_err(|_| DistError::Checkpoint(format!("plan hash `{hex}` is not 16 hex digits")))
+}
+
+/// The header's check word: FNV-1a of the other five words' bytes.
+fn check_word(words: &[i64]) -> i64 {
+    let bytes = words.iter().flat_map(|w| w.to_le_bytes());
+    bytes.fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)) as i64
+}
+
+/// The shard header of `rank` after `step` (see the module docs).
+fn header(rank: usize, step: u64, plan_hash: &str) -> Result<Tensor, DistError> {
+    let mut words = vec![MAGIC, VERSION as i64, rank as i64, step as i64, hash_word(plan_hash)?];
+    words.push(check_word(&words));
+    Ok(Tensor::i64(vec![words.len()], words))
+}
+
+/// Checks a shard's header against where it is read: rank `rank` of checkpoint `m`, `program`.
+fn check_header(
+    path: &Path,
+    t: Option<&Tensor>,
+    rank: usize,
+    m: &Manifest,
+    program: &Program,
+) -> Result<(), DistError> {
+    let t = t.ok_or_else(|| err(path, "has no shard header (checkpoint format too old, or not a shard)"))?;
+    let words = match t.data() {
+        ir::Data::I64(v) if t.shape() == [6] => v.as_slice(),
+        _ => return Err(err(path, format!("its shard header is {}, not 6 int64 words", t.meta()))),
+    };
+    if words[0] != MAGIC || words[5] != check_word(&words[..5]) {
+        return Err(err(path, "its shard header is damaged (bad magic or check word)"));
+    }
+    if words[1] != VERSION as i64 {
+        return Err(err(path, format!("shard format version {}; this autopar reads {VERSION}", words[1])));
+    }
+    if words[2] != rank as i64 {
+        return Err(err(
+            path,
+            format!("holds the blocks of rank {}, not of rank {rank} (shard files swapped or renamed?)", words[2]),
+        ));
+    }
+    if words[3] != m.step as i64 {
+        return Err(err(path, format!("is a shard of step {}, but the checkpoint is of step {}", words[3], m.step)));
+    }
+    if words[4] != hash_word(&program.plan_hash)? {
+        return Err(err(path, format!("was written for another plan (plan hash {:016x})", words[4] as u64)));
+    }
+    Ok(())
+}
+
 /// Writes this rank's part of the checkpoint after step `st.steps_done`, and (rank 0) completes
 /// it. `run` names this run's temporary directories; every rank must pass the same one. `fault`
 /// stops the process after this rank's file is written, as a kill mid-write would (tests).
@@ -113,7 +187,11 @@ pub fn write(
     let tmp = dir.join(format!(".tmp-{name}"));
     std::fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
     let file = tmp.join(rank_file(st.rank));
-    write_npz(&file, &st.storage).map_err(|e| err(&file, e))?;
+    if st.storage.contains_key(HEADER) {
+        return Err(err(&file, format!("a parameter is named {HEADER}, the name of the shard header")));
+    }
+    let head = (HEADER.to_string(), header(st.rank, step, &program.plan_hash)?);
+    write_npz(&file, std::iter::once((&head.0, &head.1)).chain(&st.storage)).map_err(|e| err(&file, e))?;
     std::fs::File::open(&file).and_then(|f| f.sync_all()).map_err(|e| err(&file, e))?;
     let (bytes, crc) = crc_of(&file)?;
     if exit_mid_write {
@@ -137,6 +215,7 @@ pub fn write(
             version: VERSION,
             step,
             model_hash: program.model_hash.clone(),
+            plan_hash: program.plan_hash.clone(),
             mesh: program.mesh().shape().to_vec(),
             files,
         };
@@ -184,20 +263,69 @@ fn prune(dir: &Path, keep: &str, previous: Option<&str>, run: &str) {
     }
 }
 
-/// Reads the manifest of the newest complete checkpoint in `dir`.
-pub fn latest(dir: &Path) -> Result<(PathBuf, Manifest), DistError> {
-    let name = latest_name(dir).ok_or_else(|| err(dir, "no checkpoint here (no LATEST file)"))?;
-    let ck = dir.join(&name);
-    let mpath = ck.join("manifest.json");
-    let text = ir::files::read_regular_to_string(&mpath, MAX_MANIFEST_BYTES).map_err(|e| err(&mpath, e))?;
-    let m: Manifest =
-        serde_json::from_str(&text).map_err(|e| err(&mpath, format!("not a checkpoint manifest: {e}")))?;
-    if m.format != FORMAT || m.version != VERSION {
+/// The checkpoint directory `LATEST` names, once it is checked to be a directory directly
+/// inside `dir` (see the module docs).
+fn latest_dir(dir: &Path) -> Result<PathBuf, DistError> {
+    let lpath = dir.join("LATEST");
+    if !lpath.exists() {
+        return Err(err(dir, "no checkpoint here (no LATEST file)"));
+    }
+    let name = ir::files::read_regular_to_string(&lpath, MAX_LATEST_BYTES)
+        .map_err(|e| err(&lpath, format!("{e} (a LATEST file holds the one-line name of a checkpoint)")))?
+        .trim()
+        .to_string();
+    if name.is_empty() {
+        return Err(err(&lpath, "is empty"));
+    }
+    let mut parts = Path::new(&name).components();
+    if !matches!((parts.next(), parts.next()), (Some(Component::Normal(_)), None)) {
+        return Err(err(&lpath, format!("names `{name}`, not a checkpoint directory inside {}", dir.display())));
+    }
+    // Symbolic links resolved, the directory must still be one directly inside `dir`.
+    let root = dir.canonicalize().map_err(|e| err(dir, e))?;
+    let ck = root.join(&name).canonicalize().map_err(|e| err(&lpath, format!("names `{name}`: {e}")))?;
+    if ck.parent() != Some(root.as_path()) {
         return Err(err(
-            &mpath,
-            format!("format {} version {}; this autopar reads {FORMAT} {VERSION}", m.format, m.version),
+            &lpath,
+            format!("names `{name}`, which leads outside {} (to {})", dir.display(), ck.display()),
         ));
     }
+    if !ck.is_dir() {
+        return Err(err(&lpath, format!("names `{name}`, which is not a directory")));
+    }
+    Ok(ck)
+}
+
+/// Reads the manifest of the newest complete checkpoint in `dir`.
+pub fn latest(dir: &Path) -> Result<(PathBuf, Manifest), DistError> {
+    let ck = latest_dir(dir)?;
+    let mpath = ck.join("manifest.json");
+    let text = ir::files::read_regular_to_string(&mpath, MAX_MANIFEST_BYTES).map_err(|e| err(&mpath, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| err(&mpath, format!("not a checkpoint manifest: {e}")))?;
+    let (format, version) = (v.get("format").and_then(|x| x.as_str()), v.get("version").and_then(|x| x.as_u64()));
+    match (format, version) {
+        (Some(FORMAT), Some(v)) if v == VERSION as u64 => {}
+        (Some(FORMAT), Some(v)) if v < VERSION as u64 => {
+            return Err(err(
+                &ck,
+                format!(
+                    "checkpoint format too old (version {v}, without shard headers; this autopar reads version {VERSION}): start again without --resume"
+                ),
+            ));
+        }
+        (f, v) => {
+            return Err(err(
+                &mpath,
+                format!(
+                    "format {} version {}; this autopar reads {FORMAT} {VERSION}",
+                    f.unwrap_or("?"),
+                    v.unwrap_or(0)
+                ),
+            ));
+        }
+    }
+    let m: Manifest = serde_json::from_value(v).map_err(|e| err(&mpath, format!("not a checkpoint manifest: {e}")))?;
     Ok((ck, m))
 }
 
@@ -207,6 +335,9 @@ pub fn load(dir: &Path, program: &Program, st: &mut RankState) -> Result<u64, Di
     let (ck, m) = latest(dir)?;
     if m.model_hash != program.model_hash {
         return Err(err(&ck, "was written for another plan (model hash differs)"));
+    }
+    if m.plan_hash != program.plan_hash {
+        return Err(err(&ck, "was written for another plan (the parameters' layouts differ)"));
     }
     if m.mesh != program.mesh().shape() {
         return Err(err(
@@ -219,6 +350,13 @@ pub fn load(dir: &Path, program: &Program, st: &mut RankState) -> Result<u64, Di
         .iter()
         .find(|f| f.rank == st.rank)
         .ok_or_else(|| err(&ck, format!("has no file of rank {}", st.rank)))?;
+    // The name as written: a manifest naming another path (`../x`, `/etc/x`) reads nothing.
+    if entry.file != rank_file(st.rank) {
+        return Err(err(
+            &ck,
+            format!("names `{}` as the file of rank {}, not {}", entry.file, st.rank, rank_file(st.rank)),
+        ));
+    }
     let path = ck.join(&entry.file);
     let (bytes, crc) = crc_of(&path)?;
     if bytes != entry.bytes || crc != entry.crc32 {
@@ -231,6 +369,7 @@ pub fn load(dir: &Path, program: &Program, st: &mut RankState) -> Result<u64, Di
         ));
     }
     let blocks: BTreeMap<String, Tensor> = read_npz(&path).map_err(|e| err(&path, e))?;
+    check_header(&path, blocks.get(HEADER), st.rank, &m, program)?;
     let mut next = BTreeMap::new();
     for r in &program.resident {
         let want = r.spec.local_shape(&r.meta.shape, program.mesh());

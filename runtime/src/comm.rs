@@ -98,8 +98,7 @@ pub trait Communicator {
     fn run(&mut self, c: &Collective, mesh: &DeviceMesh, block: &Tensor) -> Result<Tensor, CommError> {
         let rank = self.rank();
         let bad = |why: String| CommError::Bad { rank, why };
-        let group = mesh.group_of(rank, c.axes());
-        let i = mesh.index_in_group(rank, c.axes());
+        let (group, i) = group_of(c, mesh, rank, block.shape()).map_err(bad)?;
         let n = group.len();
         if n == 1 {
             return Ok(block.clone());
@@ -124,6 +123,46 @@ pub trait Communicator {
             }
         }
     }
+}
+
+/// `rank`'s group for collective `c` on a block of `shape`, and its index in the group, once
+/// the collective is checked to run there: distinct mesh axes in range (a repeated axis would
+/// list ranks twice in the group, whose rendezvous then never completes), tensor dims in range,
+/// and dims that are split divisible by the group size. A validated plan ([`codegen::Plan::validate`])
+/// passes; this keeps anything else a clean error instead of a panic or a hang.
+pub(crate) fn group_of(
+    c: &Collective,
+    mesh: &DeviceMesh,
+    rank: usize,
+    shape: &[usize],
+) -> Result<(Vec<usize>, usize), String> {
+    let axes = c.axes();
+    mesh.check_axes(axes).map_err(|why| format!("{c}: {why}"))?;
+    if rank >= mesh.size() {
+        return Err(format!("rank {rank} is not in mesh {mesh}"));
+    }
+    let n = mesh.group_size(axes);
+    let dim_ok = |d: usize| {
+        if d < shape.len() { Ok(()) } else { Err(format!("{c}: the block {shape:?} has no dim {d}")) }
+    };
+    let split_ok = |d: usize| {
+        dim_ok(d)?;
+        if shape[d].is_multiple_of(n) {
+            Ok(())
+        } else {
+            Err(format!("{c}: dim {d} of the block {shape:?} does not split into {n} pieces"))
+        }
+    };
+    match c {
+        Collective::AllGather { dim, .. } => dim_ok(*dim)?,
+        Collective::Slice { dim, .. } | Collective::ReduceScatter { dim, .. } => split_ok(*dim)?,
+        Collective::AllToAll { split_dim, concat_dim, .. } => {
+            split_ok(*split_dim)?;
+            dim_ok(*concat_dim)?;
+        }
+        Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::MakePartial { .. } => {}
+    }
+    Ok((mesh.group_of(rank, axes), mesh.index_in_group(rank, axes)))
 }
 
 /// [`Communicator::all_reduce`]'s default: a reduce-scatter of contiguous chunks through
@@ -216,6 +255,13 @@ pub(crate) fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usiz
     let shape = first.shape();
     if parts.iter().any(|p| p.shape().len() != shape.len() || p.dtype() != first.dtype()) {
         return Err("concatenating blocks of different ranks or dtypes".into());
+    }
+    if dim >= shape.len() {
+        return Err(format!("concatenating blocks of shape {shape:?} along dim {dim}, which they do not have"));
+    }
+    let same_but_dim = |p: &[usize]| p.iter().zip(shape).enumerate().all(|(d, (a, b))| d == dim || a == b);
+    if let Some(p) = parts.iter().find(|p| !same_but_dim(p.shape())) {
+        return Err(format!("concatenating blocks of shapes {shape:?} and {:?} along dim {dim}", p.shape()));
     }
     let outer: usize = shape[..dim].iter().product();
     let inner: usize = shape[dim + 1..].iter().product();
@@ -356,6 +402,22 @@ impl Communicator for ThreadComm {
 /// How long a member waiting at a rendezvous polls before it sleeps on the slot's condvar.
 const SPIN: Duration = Duration::from_micros(200);
 
+impl Shared {
+    fn abort(&self, rank: usize, cause: &str) {
+        if let Ok(mut st) = self.state.lock()
+            && st.aborted.is_none()
+        {
+            st.aborted = Some((rank, cause.to_string()));
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        if let Ok(st) = self.state.lock() {
+            for slot in st.slots.values() {
+                slot.cv.notify_all();
+            }
+        }
+    }
+}
+
 impl ThreadComm {
     /// The rendezvous: puts `payload` in this group's next slot, waits for every member's, and
     /// returns them in group order.
@@ -426,17 +488,15 @@ impl ThreadComm {
     }
 
     fn abort_world(&self, cause: &str) {
-        if let Ok(mut st) = self.shared.state.lock()
-            && st.aborted.is_none()
-        {
-            st.aborted = Some((self.rank, cause.to_string()));
-        }
-        self.shared.aborted.store(true, Ordering::SeqCst);
-        if let Ok(st) = self.shared.state.lock() {
-            for slot in st.slots.values() {
-                slot.cv.notify_all();
-            }
-        }
+        self.shared.abort(self.rank, cause)
+    }
+
+    /// Something that aborts this rank's world without the communicator: for a launcher whose
+    /// rank could not start (its communicator went with the failed start), so the ranks that did
+    /// start stop instead of waiting for it until the timeout.
+    pub(crate) fn abort_handle(&self) -> impl Fn(&str) + Send + Sync + 'static {
+        let (rank, shared) = (self.rank, self.shared.clone());
+        move |cause: &str| shared.abort(rank, cause)
     }
 
     fn check_world(&self) -> Result<(), CommError> {

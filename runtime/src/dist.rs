@@ -35,6 +35,9 @@ pub enum DistError {
     /// The plan cannot be executed (inconsistent with its graph).
     #[error("plan: {0}")]
     Plan(String),
+    /// The plan breaks its invariants ([`Plan::validate`]'s message).
+    #[error("{0}")]
+    InvalidPlan(String),
     /// A kernel failed on a rank.
     #[error("rank {rank}: node {node} ({op}): {message}")]
     Kernel {
@@ -86,6 +89,16 @@ impl DistError {
     }
 }
 
+/// [`Program::plan_hash`]: FNV-1a over the fields, each followed by a separator.
+fn storage_hash(model_hash: &str, mesh: &DeviceMesh, resident: &[Resident]) -> String {
+    let mut text = format!("{model_hash}\n{mesh}\n");
+    for r in resident {
+        text.push_str(&format!("{}\t{}\t{}\n", r.name, r.meta, r.spec));
+    }
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    format!("{h:016x}")
+}
+
 /// Local computation of one op instruction.
 #[derive(Clone, Debug)]
 pub(crate) enum Kernel {
@@ -108,8 +121,15 @@ pub(crate) enum Exec {
     Input { slot: usize, index: usize },
     /// This rank's block of a constant.
     Constant { slot: usize, index: usize },
-    /// A kernel.
-    Op { node: String, op: &'static str, kernel: Kernel, inputs: Vec<usize>, outputs: Vec<usize> },
+    /// A kernel, and the local shape of each of its outputs.
+    Op {
+        node: String,
+        op: &'static str,
+        kernel: Kernel,
+        inputs: Vec<usize>,
+        outputs: Vec<usize>,
+        shapes: Vec<Vec<usize>>,
+    },
     /// A collective.
     Collective { input: usize, output: usize, c: Collective },
     /// Values no longer needed.
@@ -162,6 +182,10 @@ pub struct Program {
     pub estimated_peak: u64,
     /// The plan's model hash.
     pub model_hash: String,
+    /// What a checkpoint's blocks depend on, hashed: the model hash, the mesh, and every
+    /// parameter and state's name, dtype, shape and layout. Two plans that agree on it store
+    /// the same blocks on the same ranks; checkpoint shards carry it.
+    pub plan_hash: String,
 }
 
 /// One rank's blocks (see the module docs).
@@ -332,7 +356,8 @@ impl Held {
 }
 
 impl Program {
-    /// Compiles a plan (which [`Plan::from_json`] or the planner validated).
+    /// Compiles a plan, once [`Plan::validate`] passes (every back end compiles the plan
+    /// before it starts a rank, so no rank ever runs an invalid one).
     pub fn new(plan: &Plan) -> Result<Program, DistError> {
         Program::with_float_type(plan, DType::F32)
     }
@@ -342,6 +367,7 @@ impl Program {
     /// loaded, so the same plan runs in double precision: the way to check a plan on a model
     /// whose f32 results depend on summation order. Memory then is twice the plan's estimate.
     pub fn with_float_type(plan: &Plan, float: DType) -> Result<Program, DistError> {
+        plan.validate().map_err(|e| DistError::InvalidPlan(e.to_string()))?;
         let bad = |m: String| DistError::Plan(m);
         let mesh = plan.device_mesh().map_err(|e| bad(e.to_string()))?;
         let g = Graph::parse(&plan.graph).map_err(|e| bad(format!("graph: {e}")))?;
@@ -368,13 +394,18 @@ impl Program {
                     for (o, s) in outputs.iter().zip(output_specs) {
                         out_specs.insert(o.clone(), s.clone());
                     }
-                    let slot0 = slot_of(&outputs[0]);
+                    let (Some(out0), Some(spec0), Some(meta0)) =
+                        (outputs.first(), output_specs.first(), n.outputs.first())
+                    else {
+                        return Err(bad(format!("node {name} has no output")));
+                    };
+                    let slot0 = slot_of(out0);
                     match &n.op {
                         Op::Param { name: p } | Op::State { name: p } => {
                             resident.push(Resident {
                                 name: p.clone(),
-                                meta: n.outputs[0].clone(),
-                                spec: output_specs[0].clone(),
+                                meta: meta0.clone(),
+                                spec: spec0.clone(),
                                 is_state: matches!(n.op, Op::State { .. }),
                             });
                             code.push(Exec::Storage { slot: slot0, name: p.clone() });
@@ -386,8 +417,8 @@ impl Program {
                                 None => {
                                     inputs.push(InputInfo {
                                         name: i.clone(),
-                                        meta: n.outputs[0].clone(),
-                                        spec: output_specs[0].clone(),
+                                        meta: meta0.clone(),
+                                        spec: spec0.clone(),
                                     });
                                     inputs.len() - 1
                                 }
@@ -395,7 +426,7 @@ impl Program {
                             code.push(Exec::Input { slot: slot0, index });
                         }
                         Op::Constant(t) => {
-                            constants.push((t.clone(), output_specs[0].clone()));
+                            constants.push((t.clone(), spec0.clone()));
                             code.push(Exec::Constant { slot: slot0, index: constants.len() - 1 });
                         }
                         op => {
@@ -418,6 +449,12 @@ impl Program {
                                 .zip(&n.outputs)
                                 .map(|(s, m)| s.local_shape(&m.shape, &mesh))
                                 .collect();
+                            if let Local::MaskedGather { axes }
+                            | Local::MaskedScatter { axes }
+                            | Local::SplitSoftmax { axes } = local
+                            {
+                                mesh.check_axes(axes).map_err(|m| bad(format!("node {name}: {m}")))?;
+                            }
                             let kernel = compile_kernel(op, local, &global_ins, &local_ins, &local_outs)
                                 .map_err(|m| bad(format!("node {name}: {m}")))?;
                             code.push(Exec::Op {
@@ -426,6 +463,7 @@ impl Program {
                                 kernel,
                                 inputs: ins_ids.iter().map(|i| slot_of(i)).collect(),
                                 outputs: outputs.iter().map(|o| slot_of(o)).collect(),
+                                shapes: local_outs,
                             });
                         }
                     }
@@ -472,7 +510,9 @@ impl Program {
                     .ok_or_else(|| bad(format!("storage {} has no node", r.name)))
             })
             .collect::<Result<_, _>>()?;
+        let plan_hash = storage_hash(&plan.model.hash, &mesh, &resident);
         Ok(Program {
+            plan_hash,
             mesh,
             code,
             slot_names,
@@ -646,12 +686,22 @@ impl Program {
                         vals[*slot] = Some(Held::Owned(t));
                     }
                     Exec::Input { slot, index } => {
-                        let t = st.feeds[*index].clone();
+                        // A state made by another program may lack the block.
+                        let t = st.feeds.get(*index).cloned().ok_or_else(|| DistError::Data {
+                            rank,
+                            message: format!("no block of input {}", self.slot_names[*slot]),
+                        })?;
                         live += t.bytes() as u64;
                         vals[*slot] = Some(Held::Shared(t));
                     }
-                    Exec::Constant { slot, index } => vals[*slot] = Some(Held::Shared(st.constants[*index].clone())),
-                    Exec::Op { node, op, kernel, inputs, outputs } => {
+                    Exec::Constant { slot, index } => {
+                        let t = st.constants.get(*index).cloned().ok_or_else(|| DistError::Data {
+                            rank,
+                            message: format!("no block of constant {}", self.slot_names[*slot]),
+                        })?;
+                        vals[*slot] = Some(Held::Shared(t));
+                    }
+                    Exec::Op { node, op, kernel, inputs, outputs, shapes } => {
                         let ins: Vec<&Tensor> = inputs
                             .iter()
                             .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
@@ -666,6 +716,11 @@ impl Program {
                         comm_seconds += waited;
                         if outs.len() != outputs.len() {
                             return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
+                        }
+                        // Blocks of any other shape would only fail later, at a reader, or not at all.
+                        if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| t.shape() != want.as_slice())
+                        {
+                            return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", t.shape())));
                         }
                         for (t, &s) in outs.into_iter().zip(outputs) {
                             live += t.bytes() as u64;
@@ -733,21 +788,22 @@ fn compile_kernel(
         Local::Same => Kernel::Same(sharding::strategy::local_op(op, local_ins, local_outs)),
         Local::MaskedGather { axes } => {
             let Op::Gather { axis } = op else { return Err(format!("masked gather on {}", op.name())) };
-            Kernel::MaskedGather {
-                op: op.clone(),
-                axis: *axis,
-                axes: axes.clone(),
-                rows: local_ins[0].shape[*axis],
-                total: global_ins[0].shape[*axis],
-            }
+            let dim = |m: Option<&TensorMeta>| m.and_then(|m| m.shape.get(*axis).copied());
+            let (Some(rows), Some(total)) = (dim(local_ins.first()), dim(global_ins.first())) else {
+                return Err(format!("gather axis {axis} is not a dim of its table"));
+            };
+            Kernel::MaskedGather { op: op.clone(), axis: *axis, axes: axes.clone(), rows, total }
         }
         Local::MaskedScatter { axes } => {
             let Op::GatherGrad { axis, shape } = op else { return Err(format!("masked scatter on {}", op.name())) };
+            let (Some(&rows), Some(&total)) = (local_outs.first().and_then(|s| s.get(*axis)), shape.get(*axis)) else {
+                return Err(format!("scatter axis {axis} is not a dim of its table"));
+            };
             Kernel::MaskedScatter {
                 op: sharding::strategy::local_op(op, local_ins, local_outs),
                 axes: axes.clone(),
-                rows: local_outs[0][*axis],
-                total: shape[*axis],
+                rows,
+                total,
                 pre: shape[..*axis].iter().product(),
             }
         }
@@ -806,18 +862,23 @@ pub(crate) fn run_kernel(
     match k {
         Kernel::Same(op) => Ok((kernels::cpu::eval(ctx, op, ins).map_err(kfail)?, 0.0)),
         Kernel::MaskedGather { op, axis, axes, rows, total } => {
+            let (Some(&table), Some(&idx)) = (ins.first(), ins.get(1)) else {
+                return Err(KernelFailure::Kernel(format!("masked gather of {} inputs", ins.len())));
+            };
             let off = mesh.index_in_group(rank, axes) * rows;
-            let (li, inside) = local_indices(ins[1], off, *rows, *total);
-            let out = eval1(ctx, op, &[ins[0], &li])?;
-            let inner: usize = ins[0].shape()[axis + 1..].iter().product();
+            let (li, inside) = local_indices(idx, off, *rows, *total);
+            let out = eval1(ctx, op, &[table, &li])?;
+            let inner: usize = table.shape().get(axis + 1..).unwrap_or(&[]).iter().product();
             let n = inside.len().max(1);
             let out = zero_outside(out, |e| inside[(e / inner.max(1)) % n]).map_err(KernelFailure::Kernel)?;
             Ok((vec![out], 0.0))
         }
         Kernel::MaskedScatter { op, axes, rows, total, pre, .. } => {
+            let (Some(&idx), Some(&dy)) = (ins.first(), ins.get(1)) else {
+                return Err(KernelFailure::Kernel(format!("masked scatter of {} inputs", ins.len())));
+            };
             let off = mesh.index_in_group(rank, axes) * rows;
-            let (li, inside) = local_indices(ins[0], off, *rows, *total);
-            let dy = ins[1];
+            let (li, inside) = local_indices(idx, off, *rows, *total);
             let n = inside.len().max(1);
             let inner: usize = dy.numel() / (*pre).max(1) / n;
             let dy = zero_outside(dy.clone(), |e| inside[(e / inner.max(1)) % n]).map_err(KernelFailure::Kernel)?;
@@ -825,7 +886,9 @@ pub(crate) fn run_kernel(
         }
         Kernel::SplitSoftmax { axis, log, axes } => {
             let red = |k| Op::Reduce { op: k, axes: vec![*axis], keepdims: true };
-            let x = ins[0];
+            let Some(&x) = ins.first() else {
+                return Err(KernelFailure::Kernel("split softmax of no input".into()));
+            };
             let mut waited = 0.0;
             let mut all = |t: &Tensor, op: ReduceKind| -> Result<Tensor, KernelFailure> {
                 let t0 = Instant::now();

@@ -264,7 +264,7 @@ impl GpuRank {
                 }
                 Exec::Input { slot, index } => vals[*slot] = Some(self.feeds[*index].clone()),
                 Exec::Constant { slot, index } => vals[*slot] = Some(self.constants[*index].clone()),
-                Exec::Op { node, op, kernel, inputs, outputs } => {
+                Exec::Op { node, op, kernel, inputs, outputs, shapes } => {
                     let ins: Vec<&CudaTensor> =
                         inputs.iter().map(|&s| vals[s].as_ref().ok_or_else(|| missing(s))).collect::<Result<_, _>>()?;
                     let kerr =
@@ -283,6 +283,9 @@ impl GpuRank {
                     };
                     if outs.len() != outputs.len() {
                         return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
+                    }
+                    if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| t.shape() != want.as_slice()) {
+                        return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", t.shape())));
                     }
                     for (t, &s) in outs.into_iter().zip(outputs) {
                         vals[s] = Some(t);
@@ -357,8 +360,8 @@ impl GpuRank {
     /// One plan collective on the device (see the module docs for the mapping).
     fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &CudaTensor) -> Result<CudaTensor, DistError> {
         let rank = self.rank;
-        let group = mesh.group_of(rank, c.axes());
-        let i = mesh.index_in_group(rank, c.axes());
+        let (group, i) = crate::comm::group_of(c, mesh, rank, x.shape())
+            .map_err(|why| DistError::Comm(CommError::Bad { rank, why }))?;
         let n = group.len();
         if n == 1 {
             return Ok(x.clone());

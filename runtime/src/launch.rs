@@ -225,6 +225,9 @@ pub fn run_threads(
     if states.len() != n {
         return Err(DistError::Plan(format!("{} rank states for {n} ranks", states.len())));
     }
+    if let Some((i, st)) = states.iter().enumerate().find(|(i, st)| st.rank != *i) {
+        return Err(DistError::Plan(format!("the state of rank {} is in place {i}: states go in rank order", st.rank)));
+    }
     let comms = ThreadWorld::new(n, opts.timeout);
     let (tx, rx) = mpsc::channel::<StepReport>();
     let results: Vec<Result<RankState, DistError>> = std::thread::scope(|s| {
@@ -232,6 +235,7 @@ pub fn run_threads(
         for (mut st, mut comm) in states.into_iter().zip(comms) {
             let tx = tx.clone();
             let rank = st.rank;
+            let abort = comm.abort_handle();
             let body = move || -> Result<RankState, DistError> {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
                     let ctx = CpuContext::new(opts.threads_per_rank.max(1))
@@ -262,8 +266,17 @@ pub fn run_threads(
                 .name(format!("autopar-rank-{rank}"))
                 .stack_size(32 << 20)
                 .spawn_scoped(s, body)
-                .map_err(|e| DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") });
+                .map_err(|e| {
+                    let e = DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") };
+                    // The ranks already started would wait for this one until the timeout.
+                    abort(&e.to_string());
+                    e
+                });
+            let failed = h.is_err();
             handles.push(h);
+            if failed {
+                break;
+            }
         }
         drop(tx);
         for rep in rx {

@@ -205,8 +205,9 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, Tensor>, NpyError> {
     Ok(out)
 }
 
-/// Writes tensors as a `.npz` archive readable by `numpy.load`.
-pub fn write_npz(path: &Path, arrays: &BTreeMap<String, Tensor>) -> Result<(), NpyError> {
+/// Writes tensors (by name, e.g. a `&BTreeMap<String, Tensor>`) as a `.npz` archive readable
+/// by `numpy.load`.
+pub fn write_npz<'a>(path: &Path, arrays: impl IntoIterator<Item = (&'a String, &'a Tensor)>) -> Result<(), NpyError> {
     let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
     let mut w = npyz::npz::NpzWriter::create(path).map_err(io)?;
     let zip = w.zip_writer();

@@ -308,6 +308,11 @@ impl DeviceMesh {
         if shape.len() > 10 {
             return Err(err("at most 10 axes (specs name axes by one digit)"));
         }
+        // Every rank number, group size and coordinate computation multiplies axis sizes: one
+        // check here keeps them all from wrapping.
+        if shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s)).is_none() {
+            return Err(err("the number of ranks (the product of the axis sizes) overflows"));
+        }
         if names.len() != shape.len() || links.len() != shape.len() {
             return Err(err("one name and one link per axis"));
         }
@@ -404,6 +409,22 @@ impl DeviceMesh {
             return Err(Error::Mesh { text: self.to_string(), why });
         }
         self.links = p.axes.clone();
+        Ok(())
+    }
+
+    /// Checks that `axes` name distinct axes of this mesh: what [`DeviceMesh::group_size`],
+    /// [`DeviceMesh::group_of`] and [`DeviceMesh::index_in_group`] need (they index the shape
+    /// by axis, and a repeated axis makes a group list ranks twice, whose collectives never
+    /// complete).
+    pub fn check_axes(&self, axes: &[usize]) -> std::result::Result<(), String> {
+        for (i, &a) in axes.iter().enumerate() {
+            if a >= self.ndim() {
+                return Err(format!("mesh axis {a} does not exist (the mesh has {} axes)", self.ndim()));
+            }
+            if axes[..i].contains(&a) {
+                return Err(format!("mesh axis {a} appears twice in {axes:?}"));
+            }
+        }
         Ok(())
     }
 
@@ -523,6 +544,16 @@ mod tests {
         assert!(DeviceMesh::parse("2xfour", &h100).unwrap_err().to_string().contains("`four`"));
         assert!(DeviceMesh::parse("2x0", &h100).is_err());
         assert!(DeviceMesh::parse("a=2,a=2", &h100).is_err());
+        let e = DeviceMesh::uniform(&[1 << 32, 1 << 32]).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn axes_are_checked() {
+        let m = DeviceMesh::uniform(&[2, 4]).unwrap();
+        assert_eq!(m.check_axes(&[1, 0]), Ok(()));
+        assert!(m.check_axes(&[2]).unwrap_err().contains("does not exist"));
+        assert!(m.check_axes(&[1, 1]).unwrap_err().contains("twice"));
     }
 
     /// A measured link: segments take over from their sizes on, data-moving collectives use

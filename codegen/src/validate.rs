@@ -1,0 +1,589 @@
+//! [`Plan::validate`]: every field of a plan the runtime reads, checked before any rank starts.
+//!
+//! A plan is the user's input (a file that may be edited, truncated or stale), and every rank
+//! trusts it: an axis out of range panics a rank's thread, a repeated axis makes a collective's
+//! group list a rank twice so it never completes, a spec that does not match what an op computes
+//! gives a wrong result without any error. So the loader checks, in this order:
+//!
+//! 1. **Whole plan** (fatal: nothing else can be checked without them): the mesh (axis sizes
+//!    `>= 1`, their product not overflowing, one name and link per axis), the graph (parses,
+//!    verifies, matches the model hash).
+//! 2. **Optimizer hyper-parameters** of the graph's update nodes: finite, and in the ranges
+//!    PyTorch's optimizers accept (`lr`, `momentum`, `weight_decay`, `epsilon` `>= 0`, betas in
+//!    `[0, 1)`).
+//! 3. **The program**, walked in order with the layout of every live value:
+//!    - value ids are well formed (`%n`, `%n.s`, converted copies `%n@k`, `%n.s@k`), written
+//!      before they are read, not written while live, freed only while live;
+//!    - an `op` instruction names a graph node with its name and op, reads exactly the node's
+//!      graph inputs (or converted copies of them) in the layouts they have, writes the node's
+//!      outputs, its specs fit the tensors on the mesh, its local shapes are the specs' splits
+//!      of the global shapes, and its layouts and local computation are one of the op's
+//!      strategies (so what each rank computes is what the layouts claim); a recomputation
+//!      repeats the node as it first ran;
+//!    - a `collective` names distinct mesh axes and tensor dims in range, reads its input in
+//!      the layout `from`, turns `from` into exactly `to`, writes a converted copy of the same
+//!      value, and its `bytes` are what the collective moves;
+//!    - at the end, the graph's outputs, updated values and frozen parameters are live, and
+//!      every updated value has its parameter's layout (it is the next step's storage).
+//! 4. **Parameter layouts** (`params`): one entry per parameter and optimizer state, naming its
+//!    node, shape and dtype, with the layout the program gives it, and the local shape and every
+//!    rank's offsets that layout implies (one offset per rank of the mesh).
+//!
+//! Every problem is collected with its location (as Cranelift's verifier does), so one run names
+//! all of them; [`Problems`] prints the first few on one line.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use ir::{Graph, NodeIndex, Op, Value};
+use sharding::{AxisState, Collective, DeviceMesh, DeviceProfile, ReduceKind, ShardingSpec};
+
+use crate::plan::{Instr, Plan, fnv, value_id};
+use crate::{Error, Result};
+
+/// Where a problem of a plan is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// The plan as a whole (version, mesh, graph, model hash).
+    Plan,
+    /// A node of the graph, by name (optimizer hyper-parameters).
+    Node(String),
+    /// Instruction `k` of the program (0-based).
+    Instr(usize),
+    /// The end of the program (values that must be live then).
+    End,
+    /// An entry of `params`, by name.
+    Param(String),
+}
+
+/// One problem [`Plan::validate`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Where.
+    pub at: Location,
+    /// What is wrong.
+    pub why: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.at {
+            Location::Plan => write!(f, "{}", self.why),
+            Location::Node(n) => write!(f, "node {n}: {}", self.why),
+            Location::Instr(k) => write!(f, "instruction {k}: {}", self.why),
+            Location::End => write!(f, "at the end of the program: {}", self.why),
+            Location::Param(p) => write!(f, "parameter {p}: {}", self.why),
+        }
+    }
+}
+
+/// Every problem of a plan (never empty in an error), in the order found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problems(pub Vec<Problem>);
+
+/// How many problems [`Problems`] prints; the rest are counted.
+const SHOWN: usize = 3;
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: Vec<String> = self.0.iter().take(SHOWN).map(|p| p.to_string()).collect();
+        f.write_str(&shown.join("; "))?;
+        if self.0.len() > SHOWN {
+            write!(f, "; and {} more", self.0.len() - SHOWN)?;
+        }
+        Ok(())
+    }
+}
+
+/// A value id: `%node`, `%node.slot`, with `@copy` for a converted copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Id {
+    value: Value,
+    copy: Option<usize>,
+}
+
+/// Parses a value id in its one canonical spelling (the runtime keys values by their text, so
+/// `%05` or `%5.0` would name another value than `%5`).
+fn parse_id(id: &str) -> Option<Id> {
+    let num = |s: &str| -> Option<usize> {
+        let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+        if ok { s.parse().ok() } else { None }
+    };
+    let (base, copy) = match id.split_once('@') {
+        Some((b, c)) => (b, Some(num(c)?)),
+        None => (id, None),
+    };
+    let base = base.strip_prefix('%')?;
+    let (node, slot) = match base.split_once('.') {
+        Some((n, s)) => (num(n)?, num(s)?),
+        None => (num(base)?, 0),
+    };
+    let value = Value::new(NodeIndex::new(node), slot);
+    // `%5.0` is spelled `%5`.
+    (value_id(value) == id.split('@').next()?).then_some(Id { value, copy })
+}
+
+/// The spec `c` turns `from` into, as the runtime executes it ([`sharding::sim::apply`]'s
+/// semantics; the transforms of [`sharding::convert`]), or why it cannot run on `from`.
+fn spec_after(c: &Collective, from: &ShardingSpec, mesh: &DeviceMesh) -> std::result::Result<ShardingSpec, String> {
+    let axes = c.axes();
+    mesh.check_axes(axes)?;
+    let rank = from.rank();
+    let dim_ok = |d: usize| {
+        if d < rank { Ok(()) } else { Err(format!("dim {d} does not exist (the tensor has {rank} dims)")) }
+    };
+    let replicated = || match axes.iter().find(|&&a| from.axis_state(a) != AxisState::Replicate) {
+        Some(a) => Err(format!("mesh axis {a} is not replicated in `{from}`")),
+        None => Ok(()),
+    };
+    let partial = || match axes.iter().find(|a| !from.partial().contains(a)) {
+        Some(a) => Err(format!("mesh axis {a} does not hold partial sums in `{from}`")),
+        None => Ok(from.partial().iter().copied().filter(|a| !axes.contains(a)).collect::<Vec<_>>()),
+    };
+    // The axes a gather removes must be the innermost ones splitting the dim (a contiguous block).
+    let gathered = |d: usize| {
+        let split = &from.dims()[d];
+        if split.ends_with(axes) {
+            Ok(split[..split.len() - axes.len()].to_vec())
+        } else {
+            Err(format!("mesh axes {axes:?} are not the innermost axes splitting dim {d} of `{from}`"))
+        }
+    };
+    let appended = |d: usize| {
+        let mut v = from.dims()[d].clone();
+        v.extend_from_slice(axes);
+        v
+    };
+    match c {
+        Collective::AllGather { dim, .. } => {
+            dim_ok(*dim)?;
+            Ok(from.clone().with_dim(*dim, gathered(*dim)?))
+        }
+        Collective::AllToAll { split_dim, concat_dim, .. } => {
+            dim_ok(*split_dim)?;
+            dim_ok(*concat_dim)?;
+            if split_dim == concat_dim {
+                return Err(format!("splits and concatenates the same dim {split_dim}"));
+            }
+            let head = gathered(*concat_dim)?;
+            let to = appended(*split_dim);
+            Ok(from.clone().with_dim(*concat_dim, head).with_dim(*split_dim, to))
+        }
+        Collective::Slice { dim, .. } => {
+            dim_ok(*dim)?;
+            replicated()?;
+            Ok(from.clone().with_dim(*dim, appended(*dim)))
+        }
+        Collective::MakePartial { .. } => {
+            replicated()?;
+            let mut p = from.partial().to_vec();
+            p.extend_from_slice(axes);
+            Ok(from.clone().with_partial(p))
+        }
+        Collective::AllReduce { op: ReduceKind::Sum, .. } => Ok(from.clone().with_partial(partial()?)),
+        Collective::AllReduce { op: ReduceKind::Max, .. } => {
+            Err("a max all-reduce does not convert layouts (partial values are sums)".into())
+        }
+        Collective::ReduceScatter { dim, .. } => {
+            dim_ok(*dim)?;
+            let rest = partial()?;
+            Ok(from.clone().with_partial(rest).with_dim(*dim, appended(*dim)))
+        }
+        Collective::Broadcast { .. } => {
+            replicated()?;
+            Ok(from.clone())
+        }
+    }
+}
+
+/// The mesh axes a strategy uses: those of its specs and of its local computation.
+fn used_axes<'a>(specs: impl Iterator<Item = &'a ShardingSpec>, local: &sharding::Local) -> Vec<usize> {
+    let mut v: Vec<usize> = specs.flat_map(|s| s.used_axes()).collect();
+    match local {
+        sharding::Local::Same => {}
+        sharding::Local::MaskedGather { axes }
+        | sharding::Local::SplitSoftmax { axes }
+        | sharding::Local::MaskedScatter { axes } => v.extend_from_slice(axes),
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Strategy enumerations larger than this are not attempted (the planner could not have made
+/// such a plan either: it enumerates the same assignments).
+const MAX_ASSIGNMENTS: f64 = (1u64 << 20) as f64;
+
+/// Checks that an op instruction's layouts and local computation are a strategy of its node:
+/// the strategies of the node on the mesh with every axis the instruction does not use made
+/// of size 1, so only assignments of the used axes are enumerated.
+fn is_strategy(
+    g: &Graph,
+    n: NodeIndex,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    ins: &[ShardingSpec],
+    outs: &[ShardingSpec],
+    local: &sharding::Local,
+) -> std::result::Result<(), String> {
+    let used = used_axes(ins.iter().chain(outs), local);
+    mesh.check_axes(&used)?;
+    let node = g.node(n);
+    let in_metas: Vec<ir::TensorMeta> = g.node_inputs(n).iter().map(|v| g.meta(*v).clone()).collect();
+    let rule = sharding::strategy::rule(&node.op, &in_metas, &node.outputs)
+        .ok_or_else(|| format!("{} has no sharding rule", node.op.name()))?;
+    let choices = (1 + rule.dims.len() + rule.linear.len()) as f64;
+    if choices.powi(used.len() as i32) > MAX_ASSIGNMENTS {
+        return Err(format!("uses {} mesh axes, too many to check its strategy", used.len()));
+    }
+    let shape: Vec<usize> = (0..mesh.ndim()).map(|a| if used.contains(&a) { mesh.shape()[a] } else { 1 }).collect();
+    let sub = DeviceMesh::new(shape, mesh.names().to_vec(), mesh.links().to_vec()).map_err(|e| e.to_string())?;
+    let all = sharding::strategies(g, n, &sub, profile).map_err(|e| e.to_string())?;
+    if all.iter().any(|s| s.inputs == ins && s.outputs == outs && &s.local == local) {
+        return Ok(());
+    }
+    let text = |v: &[ShardingSpec]| v.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+    Err(format!(
+        "inputs {} to outputs {} ({local:?}) is not a way to run {} (not one of its {} strategies on these axes)",
+        text(ins),
+        text(outs),
+        node.op.name(),
+        all.len()
+    ))
+}
+
+/// Checks an optimizer node's hyper-parameters (see the module docs).
+fn check_hyper(op: &Op) -> std::result::Result<(), String> {
+    let (lr, rest): (f32, Vec<(&str, f32, bool)>) = match op {
+        // (name, value, is a beta in [0, 1))
+        Op::SgdUpdate { lr, momentum, weight_decay } => {
+            (*lr, vec![("momentum", *momentum, false), ("weight_decay", *weight_decay, false)])
+        }
+        Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => (
+            *lr,
+            vec![
+                ("beta1", *beta1, true),
+                ("beta2", *beta2, true),
+                ("epsilon", *epsilon, false),
+                ("weight_decay", *weight_decay, false),
+            ],
+        ),
+        _ => return Ok(()),
+    };
+    for (name, v, beta) in std::iter::once(("lr", lr, false)).chain(rest) {
+        if !v.is_finite() {
+            return Err(format!("{} {name} is {v}: it must be a finite number", op.name()));
+        }
+        if v < 0.0 || (beta && v >= 1.0) {
+            let range = if beta { "in [0, 1)" } else { ">= 0" };
+            return Err(format!("{} {name} is {v}: it must be {range}", op.name()));
+        }
+    }
+    Ok(())
+}
+
+/// What the walk knows about one graph node's first execution.
+struct Ran<'a> {
+    ins: &'a [ShardingSpec],
+    outs: &'a [ShardingSpec],
+    local: &'a sharding::Local,
+}
+
+impl Plan {
+    /// Checks every field the runtime reads (see [`crate::validate`]); the error lists every
+    /// problem found.
+    pub fn validate(&self) -> Result<()> {
+        let problems = self.problems();
+        if problems.is_empty() { Ok(()) } else { Err(Error::Invalid(Problems(problems))) }
+    }
+
+    /// Every problem of the plan, in the order found (empty for a valid plan).
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = vec![];
+        let plan = |why: String| vec![Problem { at: Location::Plan, why }];
+        let mesh = match self.device_mesh() {
+            Ok(m) => m,
+            Err(e) => return plan(e.to_string()),
+        };
+        let g = match Graph::parse(&self.graph) {
+            Ok(g) => g,
+            Err(e) => return plan(format!("graph: {e}")),
+        };
+        if let Err(e) = ir::verify(&g) {
+            return plan(format!("graph: {e}"));
+        }
+        if fnv(&self.graph) != self.model.hash {
+            return plan("the graph does not match the model hash (edited?)".into());
+        }
+        for (a, l) in self.mesh.links.iter().enumerate() {
+            if let Err(why) = l.validate() {
+                out.push(Problem { at: Location::Plan, why: format!("mesh axis {a}'s link: {why}") });
+            }
+        }
+        for n in g.g.node_indices() {
+            let node = g.node(n);
+            if let Err(why) = check_hyper(&node.op) {
+                out.push(Problem { at: Location::Node(node.name.clone()), why });
+            }
+        }
+        let ran = self.walk(&g, &mesh, &mut out);
+        self.check_params(&g, &mesh, &ran, &mut out);
+        out
+    }
+
+    /// Step 3 of the module docs; returns how each node first ran.
+    fn walk<'a>(&'a self, g: &Graph, mesh: &DeviceMesh, out: &mut Vec<Problem>) -> HashMap<NodeIndex, Ran<'a>> {
+        // Strategies only need a profile for their costs, which are not compared.
+        let profile = DeviceProfile::builtin("cpu");
+        let mut live: HashMap<&str, &ShardingSpec> = HashMap::new();
+        let mut ran: HashMap<NodeIndex, Ran> = HashMap::new();
+        for (k, ins) in self.program.iter().enumerate() {
+            let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
+            match ins {
+                Instr::Op {
+                    node, name, op, inputs, input_specs, outputs, output_specs, local_shapes, local, ..
+                } => {
+                    let idx = NodeIndex::new(*node);
+                    let Some(n) = g.g.node_weight(idx) else {
+                        bad(format!("no node %{node} in the graph"));
+                        continue;
+                    };
+                    if name != &n.name || op != n.op.name() {
+                        bad(format!("node %{node} is {} ({}), not {name} ({op})", n.name, n.op.name()));
+                    }
+                    let graph_ins = g.node_inputs(idx);
+                    if inputs.len() != graph_ins.len() || input_specs.len() != graph_ins.len() {
+                        bad(format!(
+                            "{} reads {} values with {} specs; the node has {} inputs",
+                            n.name,
+                            inputs.len(),
+                            input_specs.len(),
+                            graph_ins.len()
+                        ));
+                        continue;
+                    }
+                    if outputs.len() != n.outputs.len()
+                        || output_specs.len() != n.outputs.len()
+                        || local_shapes.len() != n.outputs.len()
+                    {
+                        bad(format!(
+                            "{} writes {} values with {} specs and {} local shapes; the node has {} outputs",
+                            n.name,
+                            outputs.len(),
+                            output_specs.len(),
+                            local_shapes.len(),
+                            n.outputs.len()
+                        ));
+                        continue;
+                    }
+                    let mut fits = true;
+                    for (j, ((id, spec), v)) in inputs.iter().zip(input_specs).zip(&graph_ins).enumerate() {
+                        let meta = g.meta(*v);
+                        if let Err(e) = spec.check(&meta.shape, mesh) {
+                            bad(format!("input {j} ({id}): {e}"));
+                            fits = false;
+                        }
+                        match parse_id(id) {
+                            None => bad(format!("input {j}: `{id}` is not a value id (%N, %N.S, %N@K)")),
+                            Some(p) if p.value != *v => bad(format!(
+                                "input {j} is {id}, but the graph's input {j} of {} is {}",
+                                n.name,
+                                value_id(*v)
+                            )),
+                            Some(_) => match live.get(id.as_str()) {
+                                None => bad(format!("reads {id} before it is written or after it is freed")),
+                                Some(&have) if have != spec => bad(format!(
+                                    "reads {id} as `{spec}`, but it is laid out as `{have}` (a conversion is missing)"
+                                )),
+                                Some(_) => {}
+                            },
+                        }
+                    }
+                    for (s, ((id, spec), (meta, local_shape))) in
+                        outputs.iter().zip(output_specs).zip(n.outputs.iter().zip(local_shapes)).enumerate()
+                    {
+                        let want = value_id(Value::new(idx, s));
+                        if id != &want {
+                            bad(format!("output {s} of %{node} is written as `{id}`, not {want}"));
+                        }
+                        match spec.check(&meta.shape, mesh) {
+                            Err(e) => {
+                                bad(format!("output {s} ({id}): {e}"));
+                                fits = false;
+                            }
+                            Ok(()) => {
+                                let split = spec.local_shape(&meta.shape, mesh);
+                                if &split != local_shape {
+                                    bad(format!(
+                                        "output {s} ({id}): local shape {local_shape:?}, but `{spec}` splits {:?} into {split:?}",
+                                        meta.shape
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                    match ran.get(&idx) {
+                        Some(_) if matches!(n.op, Op::Param { .. } | Op::State { .. }) => {
+                            bad(format!("reads the storage of {} a second time", n.name));
+                        }
+                        Some(first) => {
+                            if first.ins != input_specs.as_slice()
+                                || first.outs != output_specs.as_slice()
+                                || first.local != local
+                            {
+                                bad(format!("recomputes {} with other layouts than it first ran with", n.name));
+                            }
+                        }
+                        None => {
+                            if fits
+                                && let Some(p) = &profile
+                                && let Err(why) = is_strategy(g, idx, mesh, p, input_specs, output_specs, local)
+                            {
+                                bad(format!("{}: {why}", n.name));
+                            }
+                            ran.insert(idx, Ran { ins: input_specs, outs: output_specs, local });
+                        }
+                    }
+                    for (id, spec) in outputs.iter().zip(output_specs) {
+                        if live.insert(id, spec).is_some() {
+                            bad(format!("writes {id} while it is live (free it first)"));
+                        }
+                    }
+                }
+                Instr::Collective { input, output, collective, from, to, bytes, .. } => {
+                    let (pi, po) = (parse_id(input), parse_id(output));
+                    let Some(pi) = pi else {
+                        bad(format!("`{input}` is not a value id (%N, %N.S, %N@K)"));
+                        continue;
+                    };
+                    match po {
+                        Some(po) if po.value == pi.value && po.copy.is_some() => {}
+                        _ => bad(format!("writes `{output}`, which is not a converted copy of {}", value_id(pi.value))),
+                    }
+                    let Some(meta) = g.g.node_weight(pi.value.node).and_then(|n| n.outputs.get(pi.value.slot)) else {
+                        bad(format!("converts {input}, which the graph does not have"));
+                        continue;
+                    };
+                    match live.get(input.as_str()) {
+                        None => bad(format!("converts {input} before it is written or after it is freed")),
+                        Some(&have) if have != from => {
+                            bad(format!("converts {input} from `{from}`, but it is laid out as `{have}`"))
+                        }
+                        Some(_) => {}
+                    }
+                    let checked = from.check(&meta.shape, mesh).and_then(|_| to.check(&meta.shape, mesh));
+                    match checked {
+                        Err(e) => bad(format!("{collective} of {input}: {e}")),
+                        Ok(()) => match spec_after(collective, from, mesh) {
+                            Err(why) => bad(format!("{collective} of {input} (`{from}`): {why}")),
+                            Ok(after) if &after != to => {
+                                bad(format!("{collective} turns `{from}` into `{after}`, not `{to}`"))
+                            }
+                            Ok(_) => {
+                                let want =
+                                    collective.bytes(from.local_bytes(&meta.shape, mesh, meta.dtype.size()), mesh);
+                                if *bytes != want {
+                                    bad(format!("{collective} of {input}: {bytes} bytes, but it moves {want}"));
+                                }
+                            }
+                        },
+                    }
+                    if live.insert(output, to).is_some() {
+                        bad(format!("writes {output} while it is live (free it first)"));
+                    }
+                }
+                Instr::Free { values } => {
+                    for v in values {
+                        if live.remove(v.as_str()).is_none() {
+                            bad(format!("frees {v}, which is not live"));
+                        }
+                    }
+                }
+            }
+        }
+        // What the step hands back: the outputs, and the next step's storage.
+        let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
+        let mut end = |why: String| out.push(Problem { at: Location::End, why });
+        for (name, v) in &g.outputs {
+            if !live.contains_key(value_id(*v).as_str()) {
+                end(format!("output {name} ({}) is not live", value_id(*v)));
+            }
+        }
+        for (p, v) in &g.updates {
+            let id = value_id(*v);
+            let pname = &g.node(*p).name;
+            match (live.get(id.as_str()), ran.get(p)) {
+                (None, _) => end(format!("the update of {pname} ({id}) is not live")),
+                (Some(_), None) => end(format!("{pname} is updated but never read")),
+                (Some(&s), Some(r)) if Some(s) != r.outs.first() => end(format!(
+                    "the update of {pname} ({id}) is laid out as `{s}`, but {pname} as `{}` (the next step reads it so)",
+                    r.outs.first().map_or(String::new(), |x| x.to_string())
+                )),
+                _ => {}
+            }
+        }
+        for &p in g.params.iter().chain(&g.states).filter(|p| !updated.contains(p)) {
+            let id = value_id(Value::new(p, 0));
+            if ran.contains_key(&p) && !live.contains_key(id.as_str()) {
+                end(format!("the frozen parameter {} ({id}) is freed: the next step needs it", g.node(p).name));
+            }
+        }
+        ran
+    }
+
+    /// Step 4 of the module docs.
+    fn check_params(&self, g: &Graph, mesh: &DeviceMesh, ran: &HashMap<NodeIndex, Ran>, out: &mut Vec<Problem>) {
+        let mut seen: HashSet<usize> = HashSet::new();
+        for p in &self.params {
+            let mut bad = |why: String| out.push(Problem { at: Location::Param(p.name.clone()), why });
+            let idx = NodeIndex::new(p.node);
+            let n = g.g.node_weight(idx);
+            let storage = n.and_then(|n| match &n.op {
+                Op::Param { name } | Op::State { name } => Some(name),
+                _ => None,
+            });
+            let Some(n) = n.filter(|_| storage == Some(&p.name)) else {
+                bad(format!("node %{} is not the parameter or state {}", p.node, p.name));
+                continue;
+            };
+            if !seen.insert(p.node) {
+                bad("listed twice".into());
+            }
+            let Some(meta) = n.outputs.first() else { continue };
+            if p.shape != meta.shape || p.dtype != meta.dtype.name() {
+                bad(format!("{:?} {} in params, {meta} in the graph", p.shape, p.dtype));
+                continue;
+            }
+            if let Err(e) = p.spec.check(&p.shape, mesh) {
+                bad(e.to_string());
+                continue;
+            }
+            match ran.get(&idx).and_then(|r| r.outs.first()) {
+                Some(s) if s == &p.spec => {}
+                Some(s) => bad(format!("laid out as `{}`, but the program holds it as `{s}`", p.spec)),
+                None => bad("the program never reads it".into()),
+            }
+            let local = p.spec.local_shape(&p.shape, mesh);
+            if p.local_shape != local {
+                bad(format!("local shape {:?}, but `{}` splits {:?} into {local:?}", p.local_shape, p.spec, p.shape));
+            }
+            if p.offsets.len() != mesh.size() {
+                bad(format!("{} offsets for the {} ranks of mesh {mesh}", p.offsets.len(), mesh.size()));
+            } else if let Some(r) = (0..mesh.size()).find(|&r| p.offsets[r] != p.spec.offsets(&p.shape, mesh, r)) {
+                bad(format!(
+                    "rank {r}'s offsets are {:?}, but `{}` puts its block at {:?}",
+                    p.offsets[r],
+                    p.spec,
+                    p.spec.offsets(&p.shape, mesh, r)
+                ));
+            }
+        }
+        for &n in g.params.iter().chain(&g.states) {
+            if !seen.contains(&n.index())
+                && let Op::Param { name } | Op::State { name } = &g.node(n).op
+            {
+                out.push(Problem { at: Location::Param(name.clone()), why: "missing from params".into() });
+            }
+        }
+    }
+}
