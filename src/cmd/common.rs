@@ -11,6 +11,12 @@ pub fn import_options(inputs: &[String], load_weights: bool) -> Result<tracer::I
     let mut opts = tracer::ImportOptions { load_weights, ..Default::default() };
     for s in inputs {
         let (name, dims) = tracer::parse_input_binding(s).map_err(anyhow::Error::msg)?;
+        // The element count must fit with room for 8-byte elements: larger counts wrap in the
+        // size arithmetic downstream.
+        let elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+        if elements.is_none_or(|n| n > MAX_BYTES / 8) {
+            bail!("--input {s}: more than 2^57 elements");
+        }
         opts.input_shapes.insert(name, dims);
     }
     Ok(opts)

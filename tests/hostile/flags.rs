@@ -170,6 +170,16 @@ fn shapes_and_generator_sizes_do_not_overflow() {
             (&["--shape", "4x-4x4"], &["--shape"]),
         ],
     );
+    // `--input` bindings: each dim parses, and their product cannot wrap.
+    let m = model("mlp.onnx");
+    each(
+        &["plan", &m, "--mesh", "2", "--memory", "1GiB"],
+        &[
+            (&["--input", "x=72057594037927936x256"], &["--input", "elements"]),
+            (&["--input", "x=4294967296x4294967296x4294967296"], &["--input", "elements"]),
+            (&["--input", "x=99999999999999999999x2"], &["not a dimension"]),
+        ],
+    );
     let dir = tempdir();
     let out = dir.path().join("g.onnx").display().to_string();
     each(
