@@ -4,7 +4,7 @@ mod cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// autopar: plan and run data/tensor-parallel training of ONNX models.
 ///
@@ -73,6 +73,38 @@ enum Command {
     Gen(cmd::generate::GenArgs),
 }
 
+/// Prints a command-line error as one `error: ...` line (clap adds a usage block and tips), like
+/// every other failure, and exits with clap's code 2; help and version print as usual.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    // The message and its tips, without the usage block that follows.
+    let text = e.render().to_string();
+    let lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let msg = lines.join(" ");
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    // Where the help is: `autopar gen gpt --help` for `autopar gen gpt --layers 0`.
+    let mut command = vec!["autopar".to_string()];
+    let mut cmd = Cli::command();
+    for arg in std::env::args().skip(1) {
+        let Some(sub) = cmd.find_subcommand(&arg).cloned() else { break };
+        command.push(arg);
+        cmd = sub;
+    }
+    eprintln!("error: {msg} (see {} --help)", command.join(" "));
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`autopar inspect --graph | head`), as command-line tools do,
     // instead of panicking on the failed write.
@@ -96,7 +128,10 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("AUTOPAR_LOG"))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let res = match &cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Infer(a) => cmd::infer::run(a),

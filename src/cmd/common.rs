@@ -11,6 +11,12 @@ pub fn import_options(inputs: &[String], load_weights: bool) -> Result<tracer::I
     let mut opts = tracer::ImportOptions { load_weights, ..Default::default() };
     for s in inputs {
         let (name, dims) = tracer::parse_input_binding(s).map_err(anyhow::Error::msg)?;
+        // The element count must fit with room for 8-byte elements: larger counts wrap in the
+        // size arithmetic downstream.
+        let elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+        if elements.is_none_or(|n| n > MAX_BYTES / 8) {
+            bail!("--input {s}: more than 2^57 elements");
+        }
         opts.input_shapes.insert(name, dims);
     }
     Ok(opts)
@@ -73,20 +79,20 @@ pub struct OptimizerArgs {
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerKind,
-    /// Learning rate (default: 1e-3 for AdamW, 0.01 for SGD).
-    #[arg(long)]
+    /// Learning rate, > 0 (default: 1e-3 for AdamW, 0.01 for SGD).
+    #[arg(long, value_parser = parse_lr)]
     pub lr: Option<f32>,
-    /// SGD momentum.
-    #[arg(long, default_value_t = 0.0)]
+    /// SGD momentum, from 0 to 1.
+    #[arg(long, default_value = "0", value_parser = parse_momentum)]
     pub momentum: f32,
-    /// Weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, added to the gradient).
-    #[arg(long)]
+    /// Weight decay, >= 0 (default: 0.01 for AdamW, decoupled; 0 for SGD, added to the gradient).
+    #[arg(long, value_parser = parse_weight_decay)]
     pub weight_decay: Option<f32>,
-    /// AdamW betas as `B1,B2`.
-    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
-    pub betas: String,
-    /// AdamW epsilon.
-    #[arg(long, default_value_t = 1e-8)]
+    /// AdamW betas as `B1,B2`, each in [0, 1).
+    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2", value_parser = parse_betas)]
+    pub betas: Betas,
+    /// AdamW epsilon, > 0.
+    #[arg(long, default_value = "1e-8", value_parser = parse_eps)]
     pub eps: f32,
 }
 
@@ -101,15 +107,7 @@ impl OptimizerArgs {
                 weight_decay: a.weight_decay.unwrap_or(0.0),
             },
             OptimizerKind::Adamw => {
-                let betas: Vec<f32> = a
-                    .betas
-                    .split(',')
-                    .map(|s| s.trim().parse::<f32>())
-                    .collect::<Result<_, _>>()
-                    .with_context(|| format!("--betas {}: expected two numbers like 0.9,0.999", a.betas))?;
-                let [beta1, beta2] = betas[..] else {
-                    bail!("--betas {}: expected two numbers like 0.9,0.999", a.betas)
-                };
+                let Betas(beta1, beta2) = a.betas;
                 if a.momentum != 0.0 {
                     bail!("--momentum applies to --optimizer sgd only");
                 }
@@ -166,4 +164,184 @@ impl AccumulateKind {
             AccumulateKind::F64 => kernels::cpu::Accumulation::F64,
         }
     }
+}
+
+// Flag values. Every number a flag takes is checked by one of these clap `value_parser`s, so a
+// bad value fails before any work with one line naming the flag and the accepted range, instead
+// of panicking later (a `Duration` out of range, a thread pool that cannot start), wrapping, or
+// being silently ignored (a NaN learning rate trains to NaN with exit 0).
+
+/// Longest duration a flag accepts, in seconds (a year): far above any real limit, far below
+/// what `Duration` and `Instant + Duration` overflow at.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+/// Shortest duration a flag accepts, in seconds: below it a limit is no limit but an error.
+pub const MIN_SECONDS: f64 = 1e-3;
+/// Most threads a flag accepts (per pool): thread counts beyond it only fail to start.
+pub const MAX_THREADS: usize = 1024;
+/// Most steps a run or training accepts (and the largest checkpoint interval).
+pub const MAX_STEPS: u64 = 1_000_000_000;
+/// Most ranks a mesh may have (planning at scale; a million devices).
+pub const MAX_RANKS: usize = 1 << 20;
+/// Largest memory size a flag accepts (1 EiB): sums of a few stay far from `u64` overflow.
+pub const MAX_BYTES: u64 = 1 << 60;
+
+/// A number of seconds in [[`MIN_SECONDS`], [`MAX_SECONDS`]] (`--time-limit`, `--timeout`).
+pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|_| "not a number of seconds".to_string())?;
+    if !(MIN_SECONDS..=MAX_SECONDS).contains(&v) {
+        return Err(format!("out of range (from {MIN_SECONDS} to {MAX_SECONDS} seconds, a year)"));
+    }
+    std::time::Duration::try_from_secs_f64(v).map_err(|e| e.to_string())
+}
+
+/// A thread count in 1..=[`MAX_THREADS`].
+pub fn parse_threads(s: &str) -> Result<usize, String> {
+    parse_int_in(s, 1, MAX_THREADS as u64).map(|v| v as usize)
+}
+
+/// A step count (or interval) in 1..=[`MAX_STEPS`].
+pub fn parse_steps(s: &str) -> Result<u64, String> {
+    parse_int_in(s, 1, MAX_STEPS)
+}
+
+/// An integer in `lo..=hi`.
+pub fn parse_int_in(s: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let v: u64 = s.trim().parse().map_err(|_| format!("not a whole number from {lo} to {hi}"))?;
+    if !(lo..=hi).contains(&v) {
+        return Err(format!("out of range (from {lo} to {hi})"));
+    }
+    Ok(v)
+}
+
+/// A finite float.
+fn parse_finite(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| "not a number".to_string())?;
+    if !v.is_finite() {
+        return Err("not a finite number".to_string());
+    }
+    Ok(v)
+}
+
+/// An f32 flag value: finite as an f32 too (`1e39` is finite as f64 only).
+fn to_f32(v: f64) -> Result<f32, String> {
+    let x = v as f32;
+    if !x.is_finite() {
+        return Err("too large for a 32-bit float".to_string());
+    }
+    Ok(x)
+}
+
+/// A learning rate: finite and > 0.
+pub fn parse_lr(s: &str) -> Result<f32, String> {
+    let v = parse_finite(s)?;
+    let x = to_f32(v)?;
+    if x <= 0.0 {
+        return Err("a learning rate must be > 0".to_string());
+    }
+    Ok(x)
+}
+
+/// SGD momentum: finite, in [0, 1].
+pub fn parse_momentum(s: &str) -> Result<f32, String> {
+    let v = parse_finite(s)?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err("momentum must be from 0 to 1".to_string());
+    }
+    to_f32(v)
+}
+
+/// Weight decay: finite and >= 0.
+pub fn parse_weight_decay(s: &str) -> Result<f32, String> {
+    let v = parse_finite(s)?;
+    if v < 0.0 {
+        return Err("weight decay must be >= 0".to_string());
+    }
+    to_f32(v)
+}
+
+/// AdamW epsilon: finite and > 0 (as an f32: `1e-50` would round to 0).
+pub fn parse_eps(s: &str) -> Result<f32, String> {
+    let x = to_f32(parse_finite(s)?)?;
+    if x <= 0.0 {
+        return Err("epsilon must be > 0 (and representable as a 32-bit float)".to_string());
+    }
+    Ok(x)
+}
+
+/// AdamW betas `B1,B2`, each in [0, 1).
+pub fn parse_betas(s: &str) -> Result<Betas, String> {
+    let usage = || "not two numbers like 0.9,0.999".to_string();
+    let v: Vec<f64> = s.split(',').map(|x| x.trim().parse::<f64>()).collect::<Result<_, _>>().map_err(|_| usage())?;
+    let [b1, b2] = v[..] else { return Err(usage()) };
+    // Checked as f32, the type they train in: 0.99999999 rounds to 1.
+    let (b1, b2) = (b1 as f32, b2 as f32);
+    if ![b1, b2].iter().all(|b| (0.0..1.0).contains(b)) {
+        return Err("each beta must be in [0, 1) (as a 32-bit float)".to_string());
+    }
+    Ok(Betas(b1, b2))
+}
+
+/// AdamW's two decay rates, as `--betas` gives them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Betas(pub f32, pub f32);
+
+/// A tolerance: finite and >= 0.
+pub fn parse_tolerance(s: &str) -> Result<f64, String> {
+    let v = parse_finite(s)?;
+    if v < 0.0 {
+        return Err("a tolerance must be >= 0".to_string());
+    }
+    Ok(v)
+}
+
+/// A memory size like `16GiB`, `512MiB` or `80GB`, from 1 byte to [`MAX_BYTES`].
+pub fn parse_memory(s: &str) -> Result<u64, String> {
+    let b = codegen::parse_bytes(s).ok_or_else(|| "not a size like 16GiB, 512MiB or 80GB".to_string())?;
+    if b == 0 {
+        return Err("zero bytes: no memory at all".to_string());
+    }
+    if b > MAX_BYTES {
+        return Err("more than the largest size accepted (1 EiB)".to_string());
+    }
+    Ok(b)
+}
+
+/// A mesh spec (`2x4` or `data=2,tensor=4`) with at most [`MAX_RANKS`] ranks; the rest of its
+/// grammar (names, sizes >= 1, axes) is `sharding::DeviceMesh::parse`'s, which sees the text.
+pub fn parse_mesh(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let sizes: Vec<&str> = if t.contains('=') {
+        t.split(',').filter_map(|p| p.split_once('=').map(|(_, v)| v)).collect()
+    } else {
+        t.split(['x', 'X']).collect()
+    };
+    let mut ranks: u64 = 1;
+    for v in sizes {
+        // Malformed sizes are left to the mesh parser, which names the bad part.
+        let Ok(n) = v.trim().parse::<u64>() else { continue };
+        ranks = ranks.saturating_mul(n);
+    }
+    if ranks > MAX_RANKS as u64 {
+        return Err(format!("more than {MAX_RANKS} ranks"));
+    }
+    Ok(s.to_string())
+}
+
+/// Tensor dims `8x16x32` whose element count times `elem_bytes` fits in [`MAX_BYTES`].
+pub fn parse_dims(s: &str, elem_bytes: usize) -> Result<Vec<usize>, String> {
+    let dims: Vec<usize> = s
+        .split(['x', 'X'])
+        .map(|d| d.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("`{s}` is not sizes like 8x16x32"))?;
+    let bytes = dims.iter().try_fold(elem_bytes as u64, |acc, &d| acc.checked_mul(d as u64));
+    if bytes.is_none_or(|b| b > MAX_BYTES) {
+        return Err(format!("{s}: the tensor would exceed 1 EiB"));
+    }
+    Ok(dims)
+}
+
+/// A number of ranks in 1..=[`MAX_RANKS`].
+pub fn parse_ranks(s: &str) -> Result<usize, String> {
+    parse_int_in(s, 1, MAX_RANKS as u64).map(|n| n as usize)
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// Arguments of `autopar gen`.
 #[derive(clap::Args, Debug)]
@@ -23,33 +23,59 @@ pub enum GenModel {
 /// Arguments of `autopar gen gpt`.
 #[derive(clap::Args, Debug)]
 pub struct GptArgs {
-    /// Transformer blocks.
-    #[arg(long)]
+    /// Transformer blocks (at most 100000).
+    #[arg(long, value_parser = |s: &str| size(s, 100_000))]
     pub layers: usize,
-    /// Hidden size.
-    #[arg(long)]
+    /// Hidden size (at most 2^20).
+    #[arg(long, value_parser = |s: &str| size(s, 1 << 20))]
     pub hidden: usize,
-    /// Attention heads (must divide --hidden).
-    #[arg(long)]
+    /// Attention heads (must divide --hidden; at most 2^16).
+    #[arg(long, value_parser = |s: &str| size(s, 1 << 16))]
     pub heads: usize,
-    /// Sequence length.
-    #[arg(long, default_value_t = 1024)]
+    /// Sequence length (at most 2^24).
+    #[arg(long, default_value = "1024", value_parser = |s: &str| size(s, 1 << 24))]
     pub seq: usize,
-    /// Vocabulary size.
-    #[arg(long, default_value_t = 50257)]
+    /// Vocabulary size (at most 2^24).
+    #[arg(long, default_value = "50257", value_parser = |s: &str| size(s, 1 << 24))]
     pub vocab: usize,
-    /// Batch size.
-    #[arg(long, default_value_t = 8)]
+    /// Batch size (at most 2^24).
+    #[arg(long, default_value = "8", value_parser = |s: &str| size(s, 1 << 24))]
     pub batch: usize,
     /// Output file.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
 }
 
+/// A model dimension from 1 to `max`.
+fn size(s: &str, max: u64) -> Result<usize, String> {
+    super::common::parse_int_in(s, 1, max).map(|n| n as usize)
+}
+
+/// Refuses sizes whose largest tensors (or all parameters together) exceed 1 EiB in f32: each
+/// flag is bounded, but their products could still overflow the importer's and planner's byte
+/// counts.
+fn check_products(g: &GptArgs) -> Result<()> {
+    let (l, h, a, s, v, b) = (g.layers, g.hidden, g.heads, g.seq, g.vocab, g.batch);
+    let bytes = |dims: &[usize]| dims.iter().fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
+    let params = (l as u128) * (12 * (h as u128).pow(2) + 13 * h as u128) + 2 * (v * h) as u128 + (s * h) as u128;
+    for (what, n) in [
+        ("the attention scores (batch x heads x seq x seq)", bytes(&[b, a, s, s])),
+        ("the MLP activations (batch x seq x 4 x hidden)", bytes(&[b, s, 4, h])),
+        ("the logits (batch x seq x vocab)", bytes(&[b, s, v])),
+        ("the parameters", params.saturating_mul(4)),
+    ] {
+        if n > super::common::MAX_BYTES as u128 {
+            bail!("{what} would take more than 1 EiB in f32; choose smaller sizes");
+        }
+    }
+    Ok(())
+}
+
 /// Runs `autopar gen`.
 pub fn run(a: &GenArgs) -> Result<()> {
     match &a.model {
         GenModel::Gpt(g) => {
+            check_products(g)?;
             let c = tracer::generate::GptConfig {
                 layers: g.layers,
                 hidden: g.hidden,

@@ -25,14 +25,14 @@ pub struct InferArgs {
     #[arg(long, value_enum, default_value = "f32")]
     pub accumulate: common::AccumulateKind,
     /// CPU threads for the kernels.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value = "2", value_parser = common::parse_threads)]
     pub threads: usize,
     /// Compare an output with a reference .npy: `NAME=FILE.npy`. Prints the max relative error
     /// (max |ours - ref| / max |ref|) and fails if it exceeds --tolerance.
     #[arg(long = "expect", value_name = "NAME=FILE.npy")]
     pub expect: Vec<String>,
-    /// Largest max-relative error --expect accepts.
-    #[arg(long, default_value_t = 1e-4)]
+    /// Largest max-relative error --expect accepts (>= 0).
+    #[arg(long, default_value = "1e-4", value_parser = common::parse_tolerance)]
     pub tolerance: f64,
     /// Print a JSON summary instead of text.
     #[arg(long)]

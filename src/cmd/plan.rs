@@ -17,11 +17,11 @@ pub struct PlanArgs {
     /// The ONNX model.
     pub model: PathBuf,
     /// Device mesh: `2x4` (axis 0 outermost, across machines) or `data=2,tensor=4`.
-    #[arg(long)]
+    #[arg(long, value_parser = common::parse_mesh)]
     pub mesh: String,
     /// Memory budget per device, e.g. `16GiB`, `512MiB`, `80GB`.
-    #[arg(long)]
-    pub memory: String,
+    #[arg(long, value_name = "SIZE", value_parser = common::parse_memory)]
+    pub memory: u64,
     /// Device profile: cpu, a100-80g, h100-sxm, h200, or a JSON file (`autopar profile` writes one).
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -43,10 +43,10 @@ pub struct PlanArgs {
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
     /// Solver time limit in seconds (shared by the auto plan and the baselines it is compared with).
-    #[arg(long, default_value_t = 2.0)]
-    pub time_limit: f64,
+    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = common::parse_seconds)]
+    pub time_limit: Duration,
     /// Solver threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value = "1", value_parser = common::parse_threads)]
     pub threads: usize,
     /// Tie repeated layers: the same op of every transformer block shares one decision in the
     /// solver (the default).
@@ -93,12 +93,8 @@ fn default_loss(g: &ir::Graph) -> Result<LossSpec> {
 
 /// Runs `autopar autoparallelize`.
 pub fn run(a: &PlanArgs) -> Result<()> {
-    let budget = codegen::parse_bytes(&a.memory)
-        .with_context(|| format!("--memory {}: expected a size like 16GiB, 512MiB or 80GB", a.memory))?;
+    let budget = a.memory;
     let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
-    if !(a.time_limit > 0.0 && a.time_limit.is_finite()) {
-        bail!("--time-limit must be a positive number of seconds");
-    }
     let profile = DeviceProfile::load(&a.device)?;
     let mut mesh = DeviceMesh::parse(&a.mesh, &profile)?;
     if let Some(f) = &a.mesh_profile {
@@ -122,14 +118,14 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             "planning {} nodes on mesh {mesh} with {} per rank (solver limit {} s) ...",
             tg.graph.node_count(),
             codegen::fmt_bytes(budget),
-            a.time_limit
+            a.time_limit.as_secs_f64()
         );
     }
     let popts = PlanOptions {
         budget,
         baseline,
-        time_limit: Duration::from_secs_f64(a.time_limit),
-        threads: a.threads.max(1),
+        time_limit: a.time_limit,
+        threads: a.threads,
         compare_baselines: true,
         checkpoint: !a.no_checkpoint,
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,

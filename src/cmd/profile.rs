@@ -20,16 +20,16 @@ pub struct ProfileArgs {
     pub backend: Backend,
     /// The mesh to measure, e.g. `2x4` (default: one axis of all ranks: the available cores for
     /// threads, the world size under mpirun).
-    #[arg(long)]
+    #[arg(long, value_parser = super::common::parse_mesh)]
     pub mesh: Option<String>,
     /// Largest block per rank in the sweeps (sizes double from 1 KiB; measured largest first, so
     /// the allocator is in the steady state a training step keeps it in). The default reaches
     /// past the caches, so the fit sees both regimes (see the printed segments). Outputs of
     /// 32 MiB and more always come fresh from the kernel, whose page faults then dominate.
-    #[arg(long, default_value = "8MiB")]
-    pub max_bytes: String,
-    /// Timed repetitions per size (the median is kept; one warm-up run is not timed).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = parse_sweep_bytes)]
+    pub max_bytes: u64,
+    /// Timed repetitions per size, 1 to 10000 (the median is kept; one warm-up run is not timed).
+    #[arg(long, default_value = "20", value_parser = parse_reps)]
     pub reps: usize,
     /// Print the sweep and the summary as JSON.
     #[arg(long)]
@@ -37,6 +37,20 @@ pub struct ProfileArgs {
     /// Where to write the profile.
     #[arg(short = 'o', long, default_value = "profile.json")]
     pub out: PathBuf,
+}
+
+/// `--max-bytes`: from 1 KiB (the first size of a sweep) to 1 GiB (every rank holds a few blocks
+/// of it at once).
+fn parse_sweep_bytes(s: &str) -> Result<u64, String> {
+    let b = super::common::parse_memory(s)?;
+    if !(1 << 10..=1 << 30).contains(&b) {
+        return Err("out of range (from 1KiB to 1GiB)".to_string());
+    }
+    Ok(b)
+}
+
+fn parse_reps(s: &str) -> Result<usize, String> {
+    super::common::parse_int_in(s, 1, 10_000).map(|n| n as usize)
 }
 
 /// The worst relative error of the plain model: one alpha-beta line per collective and axis.
@@ -212,11 +226,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
 
 /// Runs `autopar profile`.
 pub fn run(a: &ProfileArgs) -> Result<()> {
-    let max = codegen::parse_bytes(&a.max_bytes).with_context(|| format!("--max-bytes {}", a.max_bytes))?;
-    if a.reps == 0 {
-        bail!("--reps must be at least 1");
-    }
-    let sizes = sizes(max);
+    let sizes = sizes(a.max_bytes);
     let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
     match a.backend {
         Backend::Threads => {
@@ -225,6 +235,10 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)).to_string());
             let mesh = DeviceMesh::parse(&text, &cpu)?;
+            // One thread per rank.
+            if mesh.size() > super::common::MAX_THREADS {
+                bail!("--mesh {mesh}: {} ranks as threads; at most {}", mesh.size(), super::common::MAX_THREADS);
+            }
             let comms = ThreadWorld::new(mesh.size(), Duration::from_secs(300));
             let results: Vec<Result<Measured, runtime::comm::CommError>> = std::thread::scope(|s| {
                 let hs: Vec<_> = comms

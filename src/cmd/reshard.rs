@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use sharding::{DeviceMesh, DeviceProfile, LayoutConverter, Search, ShardingSpec};
 
 /// Arguments of `autopar reshard`.
@@ -13,7 +13,7 @@ pub struct ReshardArgs {
     /// Target spec.
     pub to: String,
     /// Device mesh: `2x4` (axis 0 outermost) or `data=2,tensor=4`.
-    #[arg(long, default_value = "2x2")]
+    #[arg(long, default_value = "2x2", value_parser = super::common::parse_mesh)]
     pub mesh: String,
     /// Global tensor shape, e.g. `8x16x32`.
     #[arg(long)]
@@ -43,13 +43,8 @@ pub fn run(a: &ReshardArgs) -> Result<()> {
     if let Some(f) = &a.mesh_profile {
         mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
     }
-    let shape: Vec<usize> = a
-        .shape
-        .split(['x', 'X'])
-        .map(|s| s.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("--shape {}: expected sizes like 8x16x32", a.shape))?;
     let Some(dtype) = ir::DType::from_name(&a.dtype) else { bail!("--dtype {}: expected f32, i64 or bool", a.dtype) };
+    let shape = super::common::parse_dims(&a.shape, dtype.size()).map_err(|e| anyhow::anyhow!("--shape {e}"))?;
     let from: ShardingSpec = a.from.parse()?;
     let to: ShardingSpec = a.to.parse()?;
     let search = if a.greedy { Search::Greedy } else { Search::Exact };

@@ -34,7 +34,7 @@ pub struct RunArgs {
     #[arg(long = "feed", value_name = "NAME=FILE.npy")]
     pub feeds: Vec<String>,
     /// Train until this step (a resumed run continues from its checkpoint's step).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value = "10", value_parser = common::parse_steps)]
     pub steps: u64,
     /// Where the ranks run.
     #[arg(long, value_enum, default_value = "threads")]
@@ -57,7 +57,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
     /// Checkpoint every K steps.
-    #[arg(long, value_name = "K", requires = "checkpoint")]
+    #[arg(long, value_name = "K", requires = "checkpoint", value_parser = common::parse_steps)]
     pub checkpoint_every: Option<u64>,
     /// Continue from the newest checkpoint in --checkpoint DIR.
     #[arg(long, requires = "checkpoint")]
@@ -66,7 +66,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub save: Option<PathBuf>,
     /// Kernel threads per rank.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value = "1", value_parser = common::parse_threads)]
     pub threads_per_rank: usize,
     /// How matrix products accumulate: f32 (fast) or f64.
     #[arg(long, value_enum, default_value = "f32")]
@@ -78,8 +78,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: common::Precision,
     /// Seconds a rank waits in a collective before the run fails (a rank stopped responding).
-    #[arg(long, default_value_t = 600.0)]
-    pub timeout: f64,
+    #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = common::parse_seconds)]
+    pub timeout: Duration,
     /// One JSON object per line: `{"step":i,"loss":x,"ms":t,...}` per step, then a summary.
     #[arg(long)]
     pub json: bool,
@@ -89,7 +89,7 @@ pub struct RunArgs {
     pub rank: Option<usize>,
     /// `--backend nccl`: the number of processes (default: from OMPI_COMM_WORLD_SIZE or
     /// PMI_SIZE, else 1).
-    #[arg(long, value_name = "N", requires = "rank")]
+    #[arg(long, value_name = "N", requires = "rank", value_parser = common::parse_ranks)]
     pub world: Option<usize>,
     /// `--backend nccl`: the CUDA device of this rank (default: rank modulo the device count).
     #[arg(long, value_name = "ORDINAL")]
@@ -154,6 +154,20 @@ fn check_model_hash(plan: &Plan, path: &Path, index: &tracer::InitializerIndex, 
     Ok(())
 }
 
+/// Refuses an injected fault that could never fire: a rank outside the plan, or a step outside
+/// `start + 1..=until` (a fault silently ignored would pass a failure-handling test for nothing).
+fn check_fault(opts: &RunOptions, ranks: usize, start: u64) -> Result<()> {
+    let Some(f) = opts.fault else { return Ok(()) };
+    let what = format!("injected fault (--inject-fault or AUTOPAR_INJECT_FAULT) rank={},step={}", f.rank, f.step);
+    if f.rank >= ranks {
+        bail!("{what}: the plan has {ranks} ranks (0 to {})", ranks - 1);
+    }
+    if f.step <= start || f.step > opts.until_step {
+        bail!("{what}: this run trains steps {} to {}", start + 1, opts.until_step);
+    }
+    Ok(())
+}
+
 /// What every back end needs: the plan, its program, the feeds and the run options.
 struct Prepared {
     plan: Plan,
@@ -163,12 +177,6 @@ struct Prepared {
 }
 
 fn prepare(a: &RunArgs) -> Result<Prepared> {
-    if a.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
-    if !(a.timeout > 0.0 && a.timeout.is_finite()) {
-        bail!("--timeout must be a positive number of seconds");
-    }
     let plan = common::read_plan(&a.plan)?;
     let program = Program::with_float_type(&plan, a.precision.dtype())?;
     let feeds = common::read_feeds(&a.feeds)?;
@@ -178,9 +186,9 @@ fn prepare(a: &RunArgs) -> Result<Prepared> {
     };
     let opts = RunOptions {
         until_step: a.steps,
-        threads_per_rank: a.threads_per_rank.max(1),
+        threads_per_rank: a.threads_per_rank,
         accumulation: a.accumulate.mode(),
-        timeout: Duration::from_secs_f64(a.timeout),
+        timeout: a.timeout,
         checkpoint: a.checkpoint.as_ref().map(|dir| CheckpointOptions { dir: dir.clone(), every: a.checkpoint_every }),
         fault,
         run_id: format!(
@@ -189,6 +197,8 @@ fn prepare(a: &RunArgs) -> Result<Prepared> {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
         ),
     };
+    // Checked again against the checkpoint's step once it is read (--resume).
+    check_fault(&opts, program.ranks(), 0)?;
     if let Some(dir) = &a.checkpoint {
         std::fs::create_dir_all(dir).with_context(|| format!("--checkpoint {}", dir.display()))?;
     }
@@ -371,6 +381,7 @@ fn run_threads(a: &RunArgs) -> Result<()> {
     if start >= a.steps {
         bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
     }
+    check_fault(&p.opts, p.program.ranks(), start)?;
     let mut rep = Reporter::new(a, &p, start, "as threads", &source_note)?;
     let result = runtime::launch::run_threads(&p.program, states, &p.opts, &mut |r| rep.step(r));
     if let Some(b) = &rep.bar {
@@ -427,6 +438,9 @@ fn run_mpi(a: &RunArgs) -> Result<()> {
     let start = st.steps_done;
     if start >= a.steps {
         fail(&comm, anyhow::anyhow!("the checkpoint is at step {start}; ask for more with --steps"));
+    }
+    if let Err(e) = check_fault(&p.opts, size, start) {
+        fail(&comm, e);
     }
     let mut rep = if rank == 0 {
         match Reporter::new(a, &p, start, "as MPI processes", &source_note) {
@@ -533,6 +547,7 @@ fn run_nccl(a: &RunArgs) -> Result<()> {
         if start >= a.steps {
             bail!("the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)");
         }
+        check_fault(&p.opts, world, start)?;
         // The run id (names temporary checkpoint directories) is rank 0's.
         let id = std::sync::Arc::new(ir::Tensor::i64(vec![1], vec![std::process::id() as i64]));
         let everyone: Vec<usize> = (0..world).collect();

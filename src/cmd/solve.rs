@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use solver::{Method, Problem, SolveOptions};
 
 /// Arguments of `autopar solve`.
@@ -22,15 +22,15 @@ pub struct SolveArgs {
     pub problem: PathBuf,
 
     /// Wall-clock budget in seconds; the best solution found by then is returned.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
-    pub time_limit: f64,
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = super::common::parse_seconds)]
+    pub time_limit: Duration,
 
     /// Write the solution as a JSON list of strategy indices, one per node.
     #[arg(long, short = 'o', value_name = "SOLUTION.json")]
     pub out: Option<PathBuf>,
 
     /// Search threads (default: all cores).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = super::common::parse_threads)]
     pub threads: Option<usize>,
 
     /// Algorithm: `auto` (exact ILP when small enough, otherwise search), `ilp` or `search`.
@@ -64,12 +64,6 @@ fn num(x: u128) -> serde_json::Value {
 
 /// Runs `autopar solve`.
 pub fn run(a: &SolveArgs) -> Result<()> {
-    if !a.time_limit.is_finite() || a.time_limit <= 0.0 {
-        bail!("--time-limit must be a positive number of seconds, got {}", a.time_limit);
-    }
-    if a.threads == Some(0) {
-        bail!("--threads must be at least 1");
-    }
     let problem = Problem::read(&a.problem)?;
     let limit = problem.usage_limit.map_or("none".to_string(), |l| l.to_string());
 
@@ -102,7 +96,7 @@ pub fn run(a: &SolveArgs) -> Result<()> {
     }
 
     let opts = SolveOptions {
-        time_limit: Duration::from_secs_f64(a.time_limit),
+        time_limit: a.time_limit,
         threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         seed: a.seed,
         method: match a.method.as_str() {

@@ -15,7 +15,7 @@ pub struct StrategiesArgs {
     /// The ONNX model.
     pub model: PathBuf,
     /// Device mesh: `2x4` (axis 0 outermost) or `data=2,tensor=4`.
-    #[arg(long, default_value = "2x2")]
+    #[arg(long, default_value = "2x2", value_parser = common::parse_mesh)]
     pub mesh: String,
     /// Device profile for costs: cpu, a100-80g, h100-sxm, h200, or a JSON file.
     #[arg(long, default_value = "cpu")]

@@ -28,7 +28,7 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub opt: common::OptimizerArgs,
     /// Number of steps.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value = "10", value_parser = common::parse_steps)]
     pub steps: u64,
     /// Parameters not to train (repeatable; exact initializer names).
     #[arg(long = "freeze", value_name = "PARAM")]
@@ -48,7 +48,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: common::Precision,
     /// CPU threads for the kernels.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value = "2", value_parser = common::parse_threads)]
     pub threads: usize,
     /// After the last step, print where its time went: seconds per op kind and phase.
     #[arg(long)]
@@ -80,7 +80,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         print!("{}", tg.graph.to_text());
         return Ok(());
     }
-    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1))
+    let ctx = kernels::cpu::CpuContext::new(a.threads)
         .context("starting the CPU thread pool")?
         .with_accumulation(a.accumulate.mode());
     let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile);
