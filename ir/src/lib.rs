@@ -31,6 +31,7 @@ pub mod autodiff;
 mod graph;
 mod op;
 pub mod passes;
+pub mod shape;
 mod tensor;
 mod text;
 mod verify;
