@@ -173,6 +173,22 @@ impl PoolAttrs {
         };
         Some((one(0, h)?, one(1, w)?))
     }
+
+    /// Why [`PoolAttrs::out_hw`] has no answer for input spatial size `(h, w)`.
+    fn why_no_output(&self, h: usize, w: usize) -> String {
+        for (i, x) in [h, w].into_iter().enumerate() {
+            if self.kernel[i] == 0 || self.dilations[i] == 0 || self.strides[i] == 0 {
+                return "window, strides and dilations must be at least 1".into();
+            }
+            if x.checked_add(self.pads[i]).and_then(|v| v.checked_add(self.pads[i + 2])).is_none() {
+                return format!("padding {:?} of spatial dim {x} overflows", self.pads);
+            }
+            if self.dilations[i].checked_mul(self.kernel[i] - 1).and_then(|e| e.checked_add(1)).is_none() {
+                return format!("a window of {} with dilation {} overflows", self.kernel[i], self.dilations[i]);
+            }
+        }
+        "window larger than padded input".into()
+    }
 }
 
 /// One sliced axis with concrete, clamped bounds.
@@ -678,7 +694,7 @@ impl Op {
                 };
                 let (oh, ow) = pa
                     .out_hw(x[2], x[3])
-                    .ok_or_else(|| format!("{n}: kernel larger than padded input X{x:?} W{w:?}"))?;
+                    .ok_or_else(|| format!("{n}: {} (X{x:?} W{w:?})", pa.why_no_output(x[2], x[3])))?;
                 one(TensorMeta::new(dt, vec![x[0], w[0], oh, ow]))
             }
             MaxPool(a) | AveragePool(a) => {
@@ -689,7 +705,7 @@ impl Op {
                     return Err(format!("{n}: only 2-D pooling (4-D input) is supported, got {x:?}"));
                 }
                 let (oh, ow) =
-                    a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: window larger than padded input {x:?}"))?;
+                    a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: {} (input {x:?})", a.why_no_output(x[2], x[3])))?;
                 one(TensorMeta::new(ins[0].dtype, vec![x[0], x[1], oh, ow]))
             }
             GlobalAveragePool | GlobalMaxPool => {
