@@ -20,5 +20,5 @@ pub mod plan;
 pub mod problem;
 
 pub use error::{Error, Result, fmt_bytes, parse_bytes};
-pub use plan::{Plan, PlanOptions, plan};
+pub use plan::{ModelInfo, Plan, PlanOptions, plan};
 pub use problem::Baseline;

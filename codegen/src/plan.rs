@@ -67,10 +67,39 @@ pub struct ModelInfo {
     pub name: String,
     /// FNV-1a hash of the training graph's text form.
     pub hash: String,
-    /// The ONNX file the plan was made from, as given on the command line (where `autopar run`
-    /// reads each rank's parameter blocks); `None` when planned from a graph in memory.
+    /// The ONNX file the plan was made from (where `autopar run` reads each rank's parameter
+    /// blocks): an absolute path in plans written by `autopar plan`; a relative one (older
+    /// plans) is relative to the plan file's directory. `None` when planned from a graph in
+    /// memory.
     #[serde(default)]
     pub source: Option<String>,
+    /// [`ModelInfo::file_hash`] of `source` and its external data files when planned, so that
+    /// `autopar run` can refuse a model file that changed since; `None` in older plans.
+    #[serde(default)]
+    pub source_hash: Option<String>,
+}
+
+impl ModelInfo {
+    /// The hash recorded in [`ModelInfo::source_hash`]: FNV-1a (64-bit) over the bytes of
+    /// `files` one after the other (the model file, then its external data files in a fixed
+    /// order), written `fnv1a64:<16 hex digits>`. Only regular files are read.
+    pub fn file_hash<'a>(files: impl IntoIterator<Item = &'a std::path::Path>) -> std::io::Result<String> {
+        use std::io::Read;
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut buf = vec![0u8; 1 << 20];
+        for path in files {
+            let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+            let mut f = ir::files::open_regular(path).map_err(at)?;
+            loop {
+                let n = f.read(&mut buf).map_err(at)?;
+                if n == 0 {
+                    break;
+                }
+                h = buf[..n].iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+            }
+        }
+        Ok(format!("fnv1a64:{h:016x}"))
+    }
 }
 
 /// The mesh as planned.
@@ -710,7 +739,7 @@ fn lower(
     let graph_text = g.to_text();
     Ok(Plan {
         version: VERSION,
-        model: ModelInfo { name: g.name.clone(), hash: fnv(&graph_text), source: None },
+        model: ModelInfo { name: g.name.clone(), hash: fnv(&graph_text), source: None, source_hash: None },
         mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
         device: profile.name.clone(),
         options: OptionsInfo {

@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod autodiff;
+pub mod files;
 mod graph;
 mod op;
 pub mod passes;

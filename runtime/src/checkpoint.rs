@@ -71,7 +71,7 @@ fn err(path: &Path, m: impl std::fmt::Display) -> DistError {
 }
 
 fn crc_of(path: &Path) -> Result<(u64, u32), DistError> {
-    let mut f = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let mut f = ir::files::open_regular(path).map_err(|e| err(path, e))?;
     let mut h = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
@@ -157,9 +157,17 @@ pub fn write(
     Ok(done)
 }
 
+/// The largest `LATEST` file read (it holds one directory name).
+const MAX_LATEST_BYTES: u64 = 4096;
+/// The largest manifest read (a few hundred bytes per rank).
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
 /// The name `LATEST` holds, if any.
 fn latest_name(dir: &Path) -> Option<String> {
-    std::fs::read_to_string(dir.join("LATEST")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    ir::files::read_regular_to_string(&dir.join("LATEST"), MAX_LATEST_BYTES)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Removes complete checkpoints other than `keep` and `previous`, and temporary directories of
@@ -181,7 +189,7 @@ pub fn latest(dir: &Path) -> Result<(PathBuf, Manifest), DistError> {
     let name = latest_name(dir).ok_or_else(|| err(dir, "no checkpoint here (no LATEST file)"))?;
     let ck = dir.join(&name);
     let mpath = ck.join("manifest.json");
-    let text = std::fs::read_to_string(&mpath).map_err(|e| err(&mpath, e))?;
+    let text = ir::files::read_regular_to_string(&mpath, MAX_MANIFEST_BYTES).map_err(|e| err(&mpath, e))?;
     let m: Manifest =
         serde_json::from_str(&text).map_err(|e| err(&mpath, format!("not a checkpoint manifest: {e}")))?;
     if m.format != FORMAT || m.version != VERSION {

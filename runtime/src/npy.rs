@@ -1,8 +1,14 @@
 //! `.npy` and `.npz` reading and writing (through the `npyz` crate) for feeds, outputs and
 //! saved training state.
+//!
+//! Files are untrusted: only regular files are read, and each array's header is checked before
+//! `npyz` sees it ([`checked_header`]): a header of at most [`MAX_HEADER_BYTES`], shallowly nested,
+//! whose shape's element count does not overflow and whose data fits in the bytes the file (or
+//! the archive entry) actually has. So a few bytes claiming a huge shape are an error, never an
+//! allocation of that size.
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Write};
+use std::io::{BufReader, BufWriter, Cursor, Read, Write};
 use std::path::{Path, PathBuf};
 
 use ir::{Data, Tensor};
@@ -37,10 +43,119 @@ pub enum NpyError {
     },
 }
 
+/// The largest `.npy` header read (numpy itself writes a few hundred bytes and refuses to read
+/// more than 10,000 by default).
+pub const MAX_HEADER_BYTES: usize = 1 << 16;
+
+/// Reads the preamble and header of a `.npy` stream of `total` bytes and checks them (see the
+/// module docs). Returns the bytes read, to be given to `npyz` ahead of the rest of the stream.
+fn checked_header(path: &Path, r: &mut impl Read, total: u64, what: &str) -> Result<Vec<u8>, NpyError> {
+    let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message: format!("{what}{message}") };
+    let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
+    let mut head = vec![0u8; 10];
+    r.read_exact(&mut head).map_err(|_| fmt("too short for a .npy header".into()))?;
+    if &head[..6] != b"\x93NUMPY" {
+        return Err(fmt("no .npy magic (\\x93NUMPY) at the start".into()));
+    }
+    let len = match head[6] {
+        1 => u16::from_le_bytes([head[8], head[9]]) as usize,
+        2 | 3 => {
+            let mut more = [0u8; 2];
+            r.read_exact(&mut more).map_err(|_| fmt("truncated header".into()))?;
+            head.extend_from_slice(&more);
+            u32::from_le_bytes([head[8], head[9], more[0], more[1]]) as usize
+        }
+        v => return Err(fmt(format!("format version {v} is not supported"))),
+    };
+    if len > MAX_HEADER_BYTES {
+        return Err(fmt(format!("a header of {len} bytes (at most {MAX_HEADER_BYTES} are read)")));
+    }
+    let start = head.len();
+    head.resize(start + len, 0);
+    r.read_exact(&mut head[start..]).map_err(io)?;
+    let text = String::from_utf8_lossy(&head[start..]).into_owned();
+    // npyz parses the header recursively: keep its nesting shallow.
+    let mut depth = 0usize;
+    for c in text.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if depth > 8 {
+            return Err(fmt("the header is nested too deeply".into()));
+        }
+    }
+    // The element count and byte size the header asks for, against the bytes that follow it.
+    // Every `shape` entry is checked (a Python dict keeps the last of repeated keys), and a
+    // misleading `descr` can only make the bound 8 times the file's size.
+    let item = match header_descr(&text).as_deref() {
+        Some("<f8" | "<i8" | "<u8" | "<c8") => 8,
+        Some("<f4" | "<i4" | "<u4") => 4,
+        Some("<f2" | "<i2" | "<u2") => 2,
+        _ => 1,
+    };
+    let data = total.saturating_sub(head.len() as u64);
+    for shape in header_shapes(&text) {
+        let shape = shape.map_err(|m| fmt(format!("header shape: {m}")))?;
+        let n = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| fmt(format!("shape {shape:?} is too large")))?;
+        match n.checked_mul(item) {
+            Some(need) if need <= data => {}
+            _ => {
+                return Err(fmt(format!(
+                    "shape {shape:?} needs {n} elements of {item} bytes, the file has {data} data bytes"
+                )));
+            }
+        }
+    }
+    Ok(head)
+}
+
+/// The values of `key` in the header's dict: the text after each `'key':`.
+fn header_values<'a>(text: &'a str, key: &str) -> impl Iterator<Item = &'a str> {
+    let (single, double) = (format!("'{key}'"), format!("\"{key}\""));
+    let starts: Vec<usize> = text.match_indices(&single).chain(text.match_indices(&double)).map(|(i, _)| i).collect();
+    starts
+        .into_iter()
+        .filter_map(move |at| Some(text[at + key.len() + 2..].trim_start().strip_prefix(':')?.trim_start()))
+}
+
+/// The `shape` tuples of a header.
+fn header_shapes(text: &str) -> impl Iterator<Item = Result<Vec<u64>, String>> + '_ {
+    header_values(text, "shape").filter_map(|v| {
+        let v = v.strip_prefix('(')?;
+        let inner = &v[..v.find(')')?];
+        Some(
+            inner
+                .split(',')
+                .map(|d| d.trim().trim_end_matches('L'))
+                .filter(|d| !d.is_empty())
+                .map(|d| d.parse::<u64>().map_err(|_| format!("`{d}` is not a dimension")))
+                .collect(),
+        )
+    })
+}
+
+/// The `descr` string of a header, if it is a plain quoted string.
+fn header_descr(text: &str) -> Option<String> {
+    let v = header_values(text, "descr").next()?;
+    let q = v.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    let body = &v[1..];
+    Some(body[..body.find(q)?].to_string())
+}
+
 /// Reads a C-order `.npy` file of float32, float64, int64, int32 (widened to int64) or bool.
+/// Only a regular file is read (see the module docs for the checks).
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
-    let bytes = std::fs::read(path).map_err(|cause| NpyError::Io { path: path.to_path_buf(), cause })?;
-    let f = npyz::NpyFile::new(&bytes[..])
+    let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
+    let file = ir::files::open_regular(path).map_err(io)?;
+    let total = file.metadata().map_err(io)?.len();
+    let mut r = BufReader::new(file);
+    let head = checked_header(path, &mut r, total, "")?;
+    let f = npyz::NpyFile::new(Cursor::new(head).chain(r))
         .map_err(|e| NpyError::Format { path: path.to_path_buf(), message: e.to_string() })?;
     decode(path, f, "")
 }
@@ -63,18 +178,28 @@ fn decode<R: std::io::Read>(path: &Path, f: npyz::NpyFile<R>, what: &str) -> Res
     Tensor::new(shape, data).map_err(|e| fmt(e.to_string()))
 }
 
-/// Reads every array of a `.npz` archive (as written by `numpy.savez`) by name.
+/// Reads every array of a `.npz` archive (as written by `numpy.savez`) by name. Only a regular
+/// file is read, and each array's header is checked against the size of its entry (no more than
+/// deflate can expand its compressed bytes to).
 pub fn read_npz(path: &Path) -> Result<BTreeMap<String, Tensor>, NpyError> {
     let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
-    let mut ar = npyz::npz::NpzArchive::open(path).map_err(io)?;
+    let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message };
+    let file = ir::files::open_regular(path).map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+    let mut ar = npyz::npz::NpzArchive::new(BufReader::new(file)).map_err(io)?;
     let names: Vec<String> = ar.array_names().map(str::to_string).collect();
     let mut out = BTreeMap::new();
     for name in names {
-        let f = ar
-            .by_name(&name)
-            .map_err(|e| NpyError::Format { path: path.to_path_buf(), message: format!("array {name}: {e}") })?
-            .ok_or_else(|| NpyError::Format { path: path.to_path_buf(), message: format!("array {name} vanished") })?;
-        let t = decode(path, f, &format!("array {name}: "))?;
+        let what = format!("array {name}: ");
+        let mut entry = ar
+            .zip_archive()
+            .by_name(&npyz::npz::file_name_from_array_name(&name))
+            .map_err(|e| fmt(format!("{what}{e}")))?;
+        // Deflate expands at most 1032-fold; the declared size alone could be anything.
+        let total = entry.size().min(entry.compressed_size().min(file_len).saturating_mul(1032));
+        let head = checked_header(path, &mut entry, total, &what)?;
+        let f = npyz::NpyFile::new(Cursor::new(head).chain(entry)).map_err(|e| fmt(format!("{what}{e}")))?;
+        let t = decode(path, f, &what)?;
         out.insert(name, t);
     }
     Ok(out)

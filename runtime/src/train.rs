@@ -213,7 +213,7 @@ impl<'t> Trainer<'t> {
             }
         }
         let meta = dir.join("trainer.json");
-        let steps = match std::fs::read_to_string(&meta) {
+        let steps = match ir::files::read_regular_to_string(&meta, 1 << 20) {
             Ok(s) => serde_json::from_str::<serde_json::Value>(&s)
                 .ok()
                 .and_then(|v| v.get("steps_done").and_then(|x| x.as_u64()))
@@ -221,7 +221,9 @@ impl<'t> Trainer<'t> {
                     path: meta.clone(),
                     message: "expected {\"steps_done\": N}".into(),
                 })?,
-            Err(_) => 0,
+            // Saved by an older autopar: no step count.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(cause) => return Err(CheckpointError::Io { path: meta, cause }),
         };
         self.storage = next;
         self.steps_done = steps;

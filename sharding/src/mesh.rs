@@ -136,6 +136,8 @@ pub struct MeshAxes {
 
 const GIB: u64 = 1 << 30;
 const GB: f64 = 1e9;
+/// The largest device or mesh profile file read (they are a few kilobytes of JSON).
+const MAX_PROFILE_BYTES: u64 = 64 << 20;
 
 impl DeviceProfile {
     /// The built-in profiles' names.
@@ -220,9 +222,13 @@ impl DeviceProfile {
             return Ok(p);
         }
         let err = |why: String| Error::Profile { source_name: name_or_path.to_string(), why };
-        let text = std::fs::read_to_string(name_or_path).map_err(|e| {
-            err(format!("not a built-in profile ({}) and not a readable file: {e}", DeviceProfile::BUILTIN.join(", ")))
-        })?;
+        let text =
+            ir::files::read_regular_to_string(std::path::Path::new(name_or_path), MAX_PROFILE_BYTES).map_err(|e| {
+                err(format!(
+                    "not a built-in profile ({}) and not a readable file: {e}",
+                    DeviceProfile::BUILTIN.join(", ")
+                ))
+            })?;
         let p: DeviceProfile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         p.check().map_err(err)?;
         Ok(p)
@@ -270,7 +276,8 @@ impl MeshProfile {
     /// Reads a mesh profile from a JSON file.
     pub fn load(path: &str) -> Result<MeshProfile> {
         let err = |why: String| Error::Profile { source_name: path.to_string(), why };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let text = ir::files::read_regular_to_string(std::path::Path::new(path), MAX_PROFILE_BYTES)
+            .map_err(|e| err(e.to_string()))?;
         let p: MeshProfile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         for (i, l) in p.axes.iter().enumerate() {
             l.validate().map_err(|why| err(format!("axis {i}: {why}")))?;

@@ -148,17 +148,76 @@ struct EdgesJson {
     costs: Vec<Vec<u64>>,
 }
 
+/// The largest problem read, compressed or not (the contest's largest is 29 MB of JSON).
+pub const MAX_PROBLEM_BYTES: u64 = 1 << 30;
+
+/// Reads the regular file `path` if it has at most `max` bytes. A device would be read forever
+/// and a FIFO would block: they are refused before anything is read, as `ir::files` does for the
+/// other crates (this one depends on none of them).
+fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error as IoError, ErrorKind};
+    let refuse = |m: std::fs::Metadata| {
+        let t = m.file_type();
+        #[cfg(unix)]
+        use std::os::unix::fs::FileTypeExt;
+        #[cfg(unix)]
+        let what = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else {
+            "not a file"
+        };
+        #[cfg(not(unix))]
+        let what = if t.is_dir() { "a directory" } else { "not a file" };
+        IoError::new(ErrorKind::InvalidInput, format!("not a regular file ({what})"))
+    };
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(refuse(meta));
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        // No blocking open if the path became a FIFO since the check above.
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = opts.open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(refuse(meta));
+    }
+    let mut out = Vec::with_capacity(meta.len().min(max) as usize);
+    f.take(max.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(IoError::new(ErrorKind::InvalidData, format!("the file has more than the {max} bytes expected")));
+    }
+    Ok(out)
+}
+
 impl Problem {
-    /// Reads an IOPDDL problem from a `.json` or gzipped file (detected by its magic bytes).
+    /// Reads an IOPDDL problem from a `.json` or gzipped file (detected by its magic bytes): a
+    /// regular file of at most [`MAX_PROBLEM_BYTES`], compressed and uncompressed.
     pub fn read(path: impl AsRef<Path>) -> Result<Problem> {
         let path = path.as_ref();
         let io = |cause| Error::Io { path: path.to_path_buf(), cause };
-        let raw = std::fs::read(path).map_err(io)?;
+        let raw = read_regular(path, MAX_PROBLEM_BYTES).map_err(io)?;
         let text = if raw.starts_with(&[0x1f, 0x8b]) {
             let mut out = Vec::new();
+            let parse = |message: String| Error::Parse { path: path.to_path_buf(), message };
             flate2::read::MultiGzDecoder::new(&raw[..])
+                .take(MAX_PROBLEM_BYTES + 1)
                 .read_to_end(&mut out)
-                .map_err(|e| Error::Parse { path: path.to_path_buf(), message: format!("bad gzip data: {e}") })?;
+                .map_err(|e| parse(format!("bad gzip data: {e}")))?;
+            if out.len() as u64 > MAX_PROBLEM_BYTES {
+                return Err(parse(format!("decompresses to more than {MAX_PROBLEM_BYTES} bytes")));
+            }
             out
         } else {
             raw
@@ -358,7 +417,7 @@ impl Problem {
 /// Reads a solution file: a JSON list of strategy indices (or `{"solution": [...]}`).
 pub fn read_solution(path: impl AsRef<Path>) -> Result<Vec<usize>> {
     let path = path.as_ref();
-    let raw = std::fs::read(path).map_err(|cause| Error::Io { path: path.to_path_buf(), cause })?;
+    let raw = read_regular(path, MAX_PROBLEM_BYTES).map_err(|cause| Error::Io { path: path.to_path_buf(), cause })?;
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Sol {

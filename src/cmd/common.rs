@@ -26,6 +26,23 @@ pub fn load_model(path: &Path, opts: &tracer::ImportOptions) -> Result<ir::Graph
     Ok(g)
 }
 
+/// The largest plan.json read (a plan for a 48-layer GPT is a few megabytes).
+const MAX_PLAN_BYTES: u64 = 1 << 30;
+
+/// Reads and validates a plan file (a regular file of at most [`MAX_PLAN_BYTES`]).
+pub fn read_plan(path: &Path) -> Result<codegen::Plan> {
+    let text = ir::files::read_regular_to_string(path, MAX_PLAN_BYTES)
+        .with_context(|| format!("reading {}", path.display()))?;
+    codegen::Plan::from_json(&text).with_context(|| path.display().to_string())
+}
+
+/// The hash a plan records of its model ([`codegen::ModelInfo::file_hash`]): the model file, then
+/// the external data files it reads parameters from.
+pub fn model_hash(model: &Path, index: &tracer::InitializerIndex) -> Result<String> {
+    let files = std::iter::once(model).chain(index.external_files());
+    codegen::ModelInfo::file_hash(files).with_context(|| format!("hashing {}", model.display()))
+}
+
 /// Parses `NAME=FILE.npy` feeds and reads them.
 pub fn read_feeds(feeds: &[String]) -> Result<BTreeMap<String, ir::Tensor>> {
     let mut out = BTreeMap::new();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use codegen::{Baseline, Plan, PlanOptions};
+use codegen::{Baseline, PlanOptions};
 use ir::autodiff::{LossSpec, TrainOptions};
 use sharding::{DeviceMesh, DeviceProfile};
 
@@ -136,7 +136,12 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
     };
     let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
-    plan.model.source = Some(a.model.display().to_string());
+    // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a
+    // file that changed since.
+    let source = a.model.canonicalize().with_context(|| format!("resolving {}", a.model.display()))?;
+    let index = tracer::InitializerIndex::open(&source).with_context(|| format!("indexing {}", source.display()))?;
+    plan.model.source_hash = Some(common::model_hash(&source, &index)?);
+    plan.model.source = Some(source.display().to_string());
     std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
     print!("{}", codegen::explain::summary(&plan));
     println!("wrote     {}", a.out.display());
@@ -145,8 +150,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
 
 /// Runs `autopar explain`.
 pub fn explain(a: &ExplainArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.plan).with_context(|| format!("reading {}", a.plan.display()))?;
-    let plan = Plan::from_json(&text).with_context(|| a.plan.display().to_string())?;
+    let plan = common::read_plan(&a.plan)?;
     print!("{}", codegen::explain::summary(&plan));
     if let Some(f) = &a.dot {
         std::fs::write(f, codegen::explain::dot(&plan)).with_context(|| format!("writing {}", f.display()))?;

@@ -42,11 +42,14 @@ pub struct RunArgs {
     /// The ONNX model to read parameter blocks from (default: the file the plan was made from).
     #[arg(long, value_name = "MODEL.onnx")]
     pub model: Option<PathBuf>,
-    /// Parameters: `model` (every one from the ONNX file), `seed` (all from --seed), or `auto`
-    /// (from the file where it has data, the rest from --seed: weight-free models).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "model", "seed"])]
+    /// Parameters: `model` (every one from the ONNX file), `auto` (from the file where it has
+    /// data, the rest from --seed: weight-free models), or `random` (every one from --seed; the
+    /// file is not read; `seed` is another name for it). With `model` and `auto` the file must
+    /// exist and be the one the plan was made from (the plan records its hash).
+    #[arg(long, default_value = "model", value_parser = ["model", "auto", "random", "seed"])]
     pub init: String,
-    /// Seed of the deterministic initialisation of parameters without data.
+    /// Seed of the deterministic initialisation of parameters without data (`--init auto`) or of
+    /// every parameter (`--init random`).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Write sharded checkpoints into this directory (after the last step, and every
@@ -103,17 +106,52 @@ pub struct RunArgs {
     pub inject_fault: Option<String>,
 }
 
-/// The model file: `--model`, or the plan's source as given, or next to the plan file.
-fn model_path(a: &RunArgs, plan: &Plan) -> Option<PathBuf> {
+/// What to say when the model cannot be used.
+const RANDOM_HINT: &str = "pass --init random --seed N to train from random weights instead";
+
+/// The model file: `--model`, or the plan's source (a relative one, from plans written before
+/// sources were recorded absolute, is relative to the plan file's directory). It must exist.
+fn model_path(a: &RunArgs, plan: &Plan) -> Result<PathBuf> {
     if let Some(m) = &a.model {
-        return Some(m.clone());
+        if !m.exists() {
+            bail!("--model {} does not exist", m.display());
+        }
+        return Ok(m.clone());
     }
-    let src = PathBuf::from(plan.model.source.as_ref()?);
-    if src.exists() {
-        return Some(src);
+    let Some(src) = plan.model.source.as_deref() else {
+        bail!("the plan records no model file; pass --model MODEL.onnx, or {RANDOM_HINT}");
+    };
+    let src = Path::new(src);
+    let path = if src.is_absolute() { src.to_path_buf() } else { a.plan.parent().unwrap_or(Path::new("")).join(src) };
+    if !path.exists() {
+        bail!(
+            "the plan's model file {} does not exist (moved or deleted?); pass --model MODEL.onnx, or {RANDOM_HINT}",
+            path.display()
+        );
     }
-    let beside = a.plan.parent().unwrap_or(Path::new(".")).join(src.file_name()?);
-    beside.exists().then_some(beside)
+    Ok(path)
+}
+
+/// Refuses a model file whose bytes (with its external data) are not those the plan was made
+/// from. A plan from an older autopar records no hash: then a warning (when `warn`).
+fn check_model_hash(plan: &Plan, path: &Path, index: &tracer::InitializerIndex, warn: bool) -> Result<()> {
+    let Some(want) = plan.model.source_hash.as_deref() else {
+        if warn {
+            eprintln!(
+                "warning: the plan records no hash of its model file (an older plan); {} is used unchecked",
+                path.display()
+            );
+        }
+        return Ok(());
+    };
+    let got = common::model_hash(path, index)?;
+    if got != want {
+        bail!(
+            "{} is not the model the plan was made from (its hash is {got}, the plan's {want}); plan again, or {RANDOM_HINT}",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// What every back end needs: the plan, its program, the feeds and the run options.
@@ -131,8 +169,7 @@ fn prepare(a: &RunArgs) -> Result<Prepared> {
     if !(a.timeout > 0.0 && a.timeout.is_finite()) {
         bail!("--timeout must be a positive number of seconds");
     }
-    let text = std::fs::read_to_string(&a.plan).with_context(|| format!("reading {}", a.plan.display()))?;
-    let plan = Plan::from_json(&text).with_context(|| a.plan.display().to_string())?;
+    let plan = common::read_plan(&a.plan)?;
     let program = Program::with_float_type(&plan, a.precision.dtype())?;
     let feeds = common::read_feeds(&a.feeds)?;
     let fault: Option<Fault> = match a.inject_fault.clone().or_else(|| std::env::var("AUTOPAR_INJECT_FAULT").ok()) {
@@ -547,31 +584,35 @@ fn init_states(
         format!("resumed from {} at step {}", dir.display(), states[0].steps_done)
     } else {
         let seeded = SeededInit { seed: a.seed };
-        let index = match (a.init.as_str(), model_path(a, plan)) {
-            ("seed", _) => None,
-            (_, Some(p)) => Some((
-                tracer::InitializerIndex::open(&p)
-                    .with_context(|| format!("reading parameters from {}", p.display()))?,
-                p,
-            )),
-            ("model", None) => bail!(
-                "--init model: the plan's model file {} is not found; pass --model MODEL.onnx",
-                plan.model.source.as_deref().unwrap_or("(none recorded)")
-            ),
-            (_, None) => None,
+        let index = match a.init.as_str() {
+            "random" | "seed" => None,
+            _ => {
+                let p = model_path(a, plan)?;
+                let ix = tracer::InitializerIndex::open(&p)
+                    .with_context(|| format!("reading parameters from {}", p.display()))?;
+                Some((ix, p))
+            }
         };
         let params: Vec<&str> = program.resident.iter().filter(|r| !r.is_state).map(|r| r.name.as_str()).collect();
         let from_file = index.as_ref().map_or(0, |(ix, _)| params.iter().filter(|p| ix.get(p).is_some()).count());
-        if a.init == "model" && from_file < params.len() {
-            let missing = params
-                .iter()
-                .find(|p| index.as_ref().is_none_or(|(ix, _)| ix.get(p).is_none()))
-                .copied()
-                .unwrap_or("?");
-            bail!(
-                "--init model: the model file has no data for parameter {missing} ({from_file} of {} have data); use --init auto or seed",
-                params.len()
-            );
+        if let Some((ix, path)) = &index {
+            if a.init == "model"
+                && let Some(missing) = params.iter().find(|p| ix.get(p).is_none())
+            {
+                match ix.absent_file(missing) {
+                    Some(f) => bail!(
+                        "{}: the external data file {} of parameter {missing} does not exist; {RANDOM_HINT}",
+                        path.display(),
+                        f.display()
+                    ),
+                    None => bail!(
+                        "{} has no data for parameter {missing} ({from_file} of {} parameters have data); pass --init auto to initialise the others from --seed, or {RANDOM_HINT}",
+                        path.display(),
+                        params.len()
+                    ),
+                }
+            }
+            check_model_hash(plan, path, ix, ranks.contains(&0))?;
         }
         let mut sources: Vec<&dyn ParamSource> = vec![];
         if let Some((ix, _)) = &index {

@@ -65,9 +65,11 @@ pub fn parse_input_binding(s: &str) -> Result<(String, Vec<usize>), String> {
     Ok((name.to_string(), dims))
 }
 
-/// Imports an ONNX model file. External data is looked up next to the file.
+/// Imports an ONNX model file: a regular file of at most [`crate::MAX_MODEL_BYTES`]. External
+/// data is looked up next to the file (and must stay in its directory).
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
-    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
+    let bytes = ir::files::read_regular(path, crate::MAX_MODEL_BYTES)
+        .map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     import_bytes(&bytes, &path.display().to_string(), &name, path.parent(), opts)
 }

@@ -23,7 +23,7 @@ mod proto;
 pub mod shards;
 
 pub use import::{ImportOptions, import_bytes, import_file, parse_input_binding};
-pub use proto::{dtype_name, read_tensor_file, tensor_from_proto};
+pub use proto::{MAX_MODEL_BYTES, dtype_name, read_tensor_file, tensor_from_proto};
 pub use shards::InitializerIndex;
 
 use std::path::PathBuf;

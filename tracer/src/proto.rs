@@ -1,6 +1,12 @@
 //! Reading ONNX `TensorProto`s (inline, raw or external data) into [`ir::Tensor`]s.
+//!
+//! External data is untrusted like the rest of the model: its location must be a relative path
+//! that stays inside the model's directory (lexically, and after symbolic links are resolved),
+//! the file must be a regular file, and `offset`/`length` must select a range inside it whose
+//! length is exactly what the tensor's dims and element type need ([`external_range`]).
 
-use std::path::Path;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Component, Path, PathBuf};
 
 use ir::{Data, Tensor};
 use prost::Message;
@@ -30,9 +36,138 @@ pub fn dtype_name(code: i32) -> String {
     .to_string()
 }
 
+/// The largest ONNX file (model or serialized tensor) read whole: protobuf's 2 GiB message limit,
+/// which ONNX keeps too (larger models hold their weights in external data files).
+pub const MAX_MODEL_BYTES: u64 = 2 << 30;
+
+/// Bytes per element of the ONNX element types autopar reads, by `TensorProto.DataType` code.
+fn elem_bytes(code: i32) -> Option<u64> {
+    match code {
+        1 | 6 => Some(4),
+        7 | 11 => Some(8),
+        9 => Some(1),
+        _ => None,
+    }
+}
+
+/// Where a tensor's external data is: a range of a regular file inside the model's directory.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ExternalRange {
+    /// The data file (as joined to the model's directory).
+    pub file: PathBuf,
+    /// Byte offset of the first element.
+    pub offset: u64,
+    /// Byte length: exactly what the tensor needs.
+    pub len: u64,
+}
+
+/// Resolves the `external_data` entries (`location`, `offset`, `length`) of tensor `tensor`
+/// against `base_dir` (the model's directory), for a tensor of `need` bytes. `Ok(None)` when the
+/// data file does not exist (a weight-free model). Errors: no location; an absolute location, or
+/// one leading outside `base_dir` (through `..` or a symbolic link); a file that is not regular;
+/// an offset or length that is not a number, a range past the end of the file, or a length other
+/// than `need`.
+pub(crate) fn external_range(
+    tensor: &str,
+    entries: &[(&str, &str)],
+    base_dir: &Path,
+    need: u64,
+) -> Result<Option<ExternalRange>, ImportError> {
+    let bad = |m: String| ImportError::BadTensor { tensor: tensor.to_string(), message: m };
+    // `Path::parent` of a bare file name is the empty path: the current directory.
+    let base_dir = if base_dir.as_os_str().is_empty() { Path::new(".") } else { base_dir };
+    let get = |k: &str| entries.iter().rev().find(|(key, _)| *key == k).map(|(_, v)| *v);
+    let loc = match get("location") {
+        Some(l) if !l.is_empty() => l,
+        _ => return Err(bad("external data without a location".into())),
+    };
+    let rel = Path::new(loc);
+    // Lexically first: an absolute path or a `..` above the model's directory is refused whether
+    // or not the file exists.
+    let mut depth = 0usize;
+    for c in rel.components() {
+        match c {
+            Component::Prefix(_) | Component::RootDir => {
+                return Err(bad(format!(
+                    "external data location {loc} is an absolute path; it must be relative to the model's directory"
+                )));
+            }
+            Component::ParentDir if depth == 0 => {
+                return Err(bad(format!("external data location {loc} leads outside the model's directory")));
+            }
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+        }
+    }
+    let file = base_dir.join(rel);
+    let io = |path: &Path, cause| ImportError::Io { path: path.to_path_buf(), cause };
+    match std::fs::metadata(&file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&file, e)),
+        Ok(_) => {}
+    }
+    // Then where it really is: a symbolic link may point anywhere.
+    let real = file.canonicalize().map_err(|e| io(&file, e))?;
+    let root = base_dir.canonicalize().map_err(|e| io(base_dir, e))?;
+    if !real.starts_with(&root) {
+        return Err(bad(format!(
+            "external data location {loc} leads outside the model's directory (to {})",
+            real.display()
+        )));
+    }
+    let size = ir::files::open_regular(&file).and_then(|f| f.metadata()).map_err(|e| io(&file, e))?.len();
+    let number = |k: &str| -> Result<Option<u64>, ImportError> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| bad(format!("external data {k} `{v}` is not a byte count"))),
+        }
+    };
+    let offset = number("offset")?.unwrap_or(0);
+    let len = match number("length")? {
+        Some(l) => l,
+        None => size.saturating_sub(offset),
+    };
+    match offset.checked_add(len) {
+        Some(end) if end <= size => {}
+        _ => {
+            return Err(bad(format!(
+                "external data range at offset {offset} of {len} bytes is outside {} ({size} bytes)",
+                file.display()
+            )));
+        }
+    }
+    if len != need {
+        return Err(bad(format!("external data has {len} bytes in {}, its shape needs {need}", file.display())));
+    }
+    Ok(Some(ExternalRange { file, offset, len }))
+}
+
+/// Reads the bytes of an external data range.
+fn read_range(r: &ExternalRange) -> Result<Vec<u8>, ImportError> {
+    let io = |cause| ImportError::Io { path: r.file.clone(), cause };
+    let mut f = ir::files::open_regular(&r.file).map_err(io)?;
+    f.seek(SeekFrom::Start(r.offset)).map_err(io)?;
+    let mut out = Vec::new();
+    // The file may have shrunk since it was measured: read what is there and compare.
+    f.take(r.len).read_to_end(&mut out).map_err(io)?;
+    if out.len() as u64 != r.len {
+        return Err(ImportError::BadTensor {
+            tensor: r.file.display().to_string(),
+            message: format!("external data ends after {} of {} bytes", out.len(), r.len),
+        });
+    }
+    Ok(out)
+}
+
 /// Reads a serialized `TensorProto` file (as in the ONNX backend test data).
 pub fn read_tensor_file(path: &Path) -> Result<Tensor, ImportError> {
-    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
+    let bytes = ir::files::read_regular(path, MAX_MODEL_BYTES)
+        .map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let t = TensorProto::decode(&*bytes)
         .map_err(|e| ImportError::Decode { path: path.display().to_string(), message: e.to_string() })?;
     tensor_from_proto(&t, path.parent())?
@@ -72,22 +207,19 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Opt
         .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
     let external = t.data_location == Some(1) || !t.external_data.is_empty();
     let raw: Option<Vec<u8>> = if external {
-        let get = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.clone());
-        let Some(loc) = get("location") else { return Err(bad("external data without a location".into())) };
-        let Some(dir) = base_dir else { return Ok(None) };
-        let path = dir.join(&loc);
-        let Ok(bytes) = std::fs::read(&path) else { return Ok(None) };
-        let off: usize = get("offset").and_then(|s| s.parse().ok()).unwrap_or(0);
-        let len: Option<usize> = get("length").and_then(|s| s.parse().ok());
-        let end = len.map(|l| off + l).unwrap_or(bytes.len());
-        if off > end || end > bytes.len() {
-            return Err(bad(format!(
-                "external data range {off}..{end} is outside {} ({} bytes)",
-                path.display(),
-                bytes.len()
-            )));
+        let Some(size) = elem_bytes(t.data_type) else {
+            return Err(ImportError::UnsupportedDType { tensor: t.name.clone(), dtype: dtype_name(t.data_type) });
+        };
+        let entries: Vec<(&str, &str)> = t.external_data.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+        if !entries.iter().any(|(k, _)| *k == "location") {
+            return Err(bad("external data without a location".into()));
         }
-        Some(bytes[off..end].to_vec())
+        let Some(dir) = base_dir else { return Ok(None) };
+        // n * 8 fits (checked above), so n * size does.
+        match external_range(&t.name, &entries, dir, n as u64 * size)? {
+            Some(r) => Some(read_range(&r)?),
+            None => return Ok(None),
+        }
     } else if !t.raw_data.is_empty() {
         Some(t.raw_data.clone())
     } else {

@@ -10,9 +10,10 @@
 //!
 //! Invariant: a block read from the index equals the same block of the tensor the importer
 //! builds from the same initializer (`tests`, and the workspace's runtime tests, check it).
+//! External data is checked as the importer checks it ([`crate::proto`]): inside the model's
+//! directory, a regular file, a range inside it of exactly the tensor's byte length.
 
-use std::collections::BTreeMap;
-use std::fs::File;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -33,6 +34,10 @@ pub struct InitializerLoc {
 #[derive(Clone, Debug, Default)]
 pub struct InitializerIndex {
     locs: BTreeMap<String, InitializerLoc>,
+    /// Initializers whose external data file does not exist, with that file.
+    absent: BTreeMap<String, PathBuf>,
+    /// The external data files read from.
+    external: BTreeSet<PathBuf>,
 }
 
 struct Wire<R: Read + Seek> {
@@ -124,7 +129,7 @@ struct TensorHeader {
 impl InitializerIndex {
     /// Indexes the float32 initializers of the ONNX model at `path` (see the module docs).
     pub fn open(path: &Path) -> Result<InitializerIndex, ImportError> {
-        let f = File::open(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
+        let f = ir::files::open_regular(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
         let len = f.metadata().map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?.len();
         let mut w = Wire { r: BufReader::new(f), pos: 0, path: path.to_path_buf() };
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -183,14 +188,19 @@ impl InitializerIndex {
             .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
         let external = h.data_location == 1 || !h.external.is_empty();
         let loc = if external {
-            let get = |k: &str| h.external.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
-            let Some(file) = get("location") else { return Err(bad("external data without a location".into())) };
-            let offset: u64 = get("offset").and_then(|s| s.parse().ok()).unwrap_or(0);
-            let file = base.join(file);
-            if !file.exists() {
-                return Ok(()); // weight-free: the data file is absent
+            let entries: Vec<(&str, &str)> = h.external.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            match crate::proto::external_range(&h.name, &entries, base, n)? {
+                Some(r) => {
+                    self.external.insert(r.file.clone());
+                    InitializerLoc { shape, file: r.file, offset: r.offset }
+                }
+                None => {
+                    // Weight-free: the data file is absent.
+                    let loc = entries.iter().rev().find(|(k, _)| *k == "location").map_or("", |(_, v)| *v);
+                    self.absent.insert(h.name, base.join(loc));
+                    return Ok(());
+                }
             }
-            InitializerLoc { shape, file, offset }
         } else {
             match h.inline {
                 Some((offset, len)) if len == n => InitializerLoc { shape, file: w.path.clone(), offset },
@@ -207,6 +217,17 @@ impl InitializerIndex {
     /// The initializer called `name`, if the file has its data.
     pub fn get(&self, name: &str) -> Option<&InitializerLoc> {
         self.locs.get(name)
+    }
+
+    /// The external data file of initializer `name` when that file does not exist (the reason
+    /// the index has no data for it).
+    pub fn absent_file(&self, name: &str) -> Option<&Path> {
+        self.absent.get(name).map(PathBuf::as_path)
+    }
+
+    /// The external data files the index reads from, each once, in path order.
+    pub fn external_files(&self) -> impl Iterator<Item = &Path> {
+        self.external.iter().map(PathBuf::as_path)
     }
 
     /// Number of float32 initializers with data.
@@ -246,7 +267,8 @@ impl InitializerIndex {
         let run = if k == 0 { inner } else { size[k - 1] * inner };
         let lead = k.saturating_sub(1); // dims 0..lead are iterated
         let strides: Vec<usize> = (0..nd).map(|d| shape[d + 1..].iter().product()).collect();
-        let mut f = File::open(&loc.file).map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
+        let mut f =
+            ir::files::open_regular(&loc.file).map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
         let mut idx = vec![0usize; lead];
         let mut buf = vec![0u8; run * 4];
         loop {
