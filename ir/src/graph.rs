@@ -89,6 +89,11 @@ pub struct Graph {
     /// (a [`Op::Param`] or [`Op::State`]) takes the value. A parameter and its updated value are
     /// the same storage, so later stages tie their layouts.
     pub updates: Vec<(NodeIndex, Value)>,
+    /// How many nodes carry each name, kept by [`Graph::add_node_raw`] and the removal methods
+    /// so that naming a new node is a hash lookup, not a scan of the graph.
+    names: HashMap<String, usize>,
+    /// Per base name, the next numeric suffix [`Graph::unique_name`] tries.
+    next_suffix: HashMap<String, usize>,
 }
 
 impl Graph {
@@ -97,18 +102,36 @@ impl Graph {
         Graph { name: name.into(), ..Default::default() }
     }
 
-    fn unique_name(&self, base: &str) -> String {
+    fn unique_name(&mut self, base: &str) -> String {
         // Names only need to be unique for people and the text form; a suffix keeps them so.
-        if !self.g.node_weights().any(|n| n.name == base) {
+        // Both lookups are hashed and each base remembers the next suffix to try, so naming
+        // stays O(1) amortised however many nodes share a base (import was quadratic).
+        if !self.names.contains_key(base) {
             return base.to_string();
         }
-        let mut i = 1;
+        let next = self.next_suffix.entry(base.to_string()).or_insert(1);
         loop {
-            let cand = format!("{base}.{i}");
-            if !self.g.node_weights().any(|n| n.name == cand) {
+            let cand = format!("{base}.{next}");
+            *next += 1;
+            if !self.names.contains_key(&cand) {
                 return cand;
             }
-            i += 1;
+        }
+    }
+
+    /// Counts `name` as used (nodes are added only through [`Graph::add_node_raw`]).
+    fn name_added(&mut self, name: &str) {
+        *self.names.entry(name.to_string()).or_insert(0) += 1;
+    }
+
+    /// Forgets one use of the name of node `n`, before it is removed.
+    fn name_removed(&mut self, n: NodeIndex) {
+        let Some(node) = self.g.node_weight(n) else { return };
+        if let Some(c) = self.names.get_mut(&node.name) {
+            *c -= 1;
+            if *c == 0 {
+                self.names.remove(&node.name);
+            }
         }
     }
 
@@ -121,6 +144,7 @@ impl Graph {
         outputs: Vec<TensorMeta>,
     ) -> NodeIndex {
         let name = name.into();
+        self.name_added(&name);
         let idx = self.g.add_node(Node { name, op, outputs });
         for (i, v) in inputs.iter().enumerate() {
             self.g.add_edge(v.node, idx, Edge { src_slot: v.slot, dst_slot: i });
@@ -254,6 +278,7 @@ impl Graph {
         self.params.retain(|&i| i != n);
         self.states.retain(|&i| i != n);
         self.updates.retain(|&(s, v)| s != n && v.node != n);
+        self.name_removed(n);
         self.g.remove_node(n);
     }
 
@@ -272,9 +297,17 @@ impl Graph {
             }
         }
         let dead: Vec<_> = self.g.node_indices().filter(|n| !live.contains_key(n)).collect();
-        for &n in &dead {
-            self.g.remove_node(n);
+        if dead.is_empty() {
+            return 0;
         }
+        for &n in &dead {
+            self.name_removed(n);
+        }
+        // One rebuild (indices kept), not a `remove_node` per dead node: a removal walks the
+        // edge list of every neighbour, so removing the many readers of one shared constant
+        // one by one was quadratic.
+        let g = std::mem::take(&mut self.g);
+        self.g = g.filter_map_owned(|n, w| live.contains_key(&n).then_some(w), |_, e| Some(e));
         dead.len()
     }
 

@@ -32,6 +32,7 @@ pub mod files;
 mod graph;
 mod op;
 pub mod passes;
+pub mod shape;
 mod tensor;
 mod text;
 mod verify;

@@ -158,8 +158,8 @@ impl PoolAttrs {
             if self.kernel[i] == 0 || self.dilations[i] == 0 {
                 return None;
             }
-            let ext = self.dilations[i].checked_mul(self.kernel[i] - 1)? + 1;
-            let padded = x + self.pads[i] + self.pads[i + 2];
+            let ext = self.dilations[i].checked_mul(self.kernel[i] - 1)?.checked_add(1)?;
+            let padded = x.checked_add(self.pads[i])?.checked_add(self.pads[i + 2])?;
             if padded < ext || self.strides[i] == 0 {
                 return None;
             }
@@ -172,6 +172,22 @@ impl PoolAttrs {
             Some(o)
         };
         Some((one(0, h)?, one(1, w)?))
+    }
+
+    /// Why [`PoolAttrs::out_hw`] has no answer for input spatial size `(h, w)`.
+    fn why_no_output(&self, h: usize, w: usize) -> String {
+        for (i, x) in [h, w].into_iter().enumerate() {
+            if self.kernel[i] == 0 || self.dilations[i] == 0 || self.strides[i] == 0 {
+                return "window, strides and dilations must be at least 1".into();
+            }
+            if x.checked_add(self.pads[i]).and_then(|v| v.checked_add(self.pads[i + 2])).is_none() {
+                return format!("padding {:?} of spatial dim {x} overflows", self.pads);
+            }
+            if self.dilations[i].checked_mul(self.kernel[i] - 1).and_then(|e| e.checked_add(1)).is_none() {
+                return format!("a window of {} with dilation {} overflows", self.kernel[i], self.dilations[i]);
+            }
+        }
+        "window larger than padded input".into()
     }
 }
 
@@ -556,8 +572,22 @@ impl Op {
         }
     }
 
-    /// Output metas for the given input metas, or why they are invalid.
+    /// Output metas for the given input metas, or why they are invalid. Every output is
+    /// representable ([`crate::shape`]): an output whose element count or byte size overflows is
+    /// an error, never a wrapped size.
     pub fn infer(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
+        let outs = self.infer_shapes(ins)?;
+        for m in &outs {
+            if m.checked_bytes().is_none() {
+                return Err(format!("{}: output {}", self.name(), crate::shape::too_large(&m.shape, m.dtype)));
+            }
+        }
+        Ok(outs)
+    }
+
+    /// [`Op::infer`] before the size check of the outputs. Arithmetic on dims is checked here
+    /// too: attributes (pads, sizes, slice bounds) are not bounded by the input shapes.
+    fn infer_shapes(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
         use Op::*;
         let n = self.name();
         let one = |m: TensorMeta| Ok(vec![m]);
@@ -664,7 +694,7 @@ impl Op {
                 };
                 let (oh, ow) = pa
                     .out_hw(x[2], x[3])
-                    .ok_or_else(|| format!("{n}: kernel larger than padded input X{x:?} W{w:?}"))?;
+                    .ok_or_else(|| format!("{n}: {} (X{x:?} W{w:?})", pa.why_no_output(x[2], x[3])))?;
                 one(TensorMeta::new(dt, vec![x[0], w[0], oh, ow]))
             }
             MaxPool(a) | AveragePool(a) => {
@@ -675,7 +705,7 @@ impl Op {
                     return Err(format!("{n}: only 2-D pooling (4-D input) is supported, got {x:?}"));
                 }
                 let (oh, ow) =
-                    a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: window larger than padded input {x:?}"))?;
+                    a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: {} (input {x:?})", a.why_no_output(x[2], x[3])))?;
                 one(TensorMeta::new(ins[0].dtype, vec![x[0], x[1], oh, ow]))
             }
             GlobalAveragePool | GlobalMaxPool => {
@@ -741,7 +771,7 @@ impl Op {
             }
             Reshape { shape } => {
                 want_inputs(n, ins, 1, 1)?;
-                if shape.iter().product::<usize>() != ins[0].numel() {
+                if crate::shape::checked_numel(shape) != ins[0].checked_numel() {
                     return Err(format!(
                         "{n}: cannot reshape {:?} ({} elements) to {shape:?}",
                         ins[0].shape,
@@ -783,14 +813,17 @@ impl Op {
                     if !same || m.dtype != f.dtype {
                         return Err(format!("{n}: input {} does not match {} along dims other than {axis}", m, f));
                     }
-                    s[*axis] += m.shape[*axis];
+                    s[*axis] = s[*axis]
+                        .checked_add(m.shape[*axis])
+                        .ok_or_else(|| format!("{n}: the concatenated dim {axis} overflows"))?;
                 }
                 one(TensorMeta { shape: s, dtype: f.dtype })
             }
             Split { axis, sizes } => {
                 want_inputs(n, ins, 1, 1)?;
                 let x = &ins[0];
-                if *axis >= x.rank() || sizes.iter().sum::<usize>() != x.shape[*axis] {
+                let total = sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b));
+                if *axis >= x.rank() || total != Some(x.shape[*axis]) {
                     return Err(format!("{n}: sizes {sizes:?} on axis {axis} do not split {:?}", x.shape));
                 }
                 Ok(sizes
@@ -810,9 +843,10 @@ impl Op {
                     if a.axis >= x.rank() || a.step == 0 {
                         return Err(format!("{n}: bad axis {} or step {} for {:?}", a.axis, a.step, x.shape));
                     }
-                    let d = x.shape[a.axis] as i64;
-                    let last = a.start + (a.len as i64 - 1) * a.step;
-                    if a.len > 0 && (a.start < 0 || a.start >= d || last < 0 || last >= d) {
+                    // In i128: a hostile length or step must not wrap the bounds check.
+                    let d = x.shape[a.axis] as i128;
+                    let last = a.start as i128 + (a.len as i128 - 1) * a.step as i128;
+                    if a.len > 0 && (a.start < 0 || a.start as i128 >= d || last < 0 || last >= d) {
                         return Err(format!("{n}: slice {a:?} out of bounds for dim of size {d}"));
                     }
                     s[a.axis] = a.len;
@@ -855,7 +889,10 @@ impl Op {
                 if pads.len() != 2 * x.rank() {
                     return Err(format!("{n}: {} pads for rank {}", pads.len(), x.rank()));
                 }
-                let s = (0..x.rank()).map(|d| x.shape[d] + pads[d] + pads[d + x.rank()]).collect::<Vec<_>>();
+                let s = (0..x.rank())
+                    .map(|d| x.shape[d].checked_add(pads[d])?.checked_add(pads[d + x.rank()]))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| format!("{n}: padding {pads:?} of {:?} overflows a dim", x.shape))?;
                 one(TensorMeta { shape: s, dtype: x.dtype })
             }
             _ => self.infer_training(ins),
@@ -979,50 +1016,53 @@ impl Op {
     }
 
     /// Floating-point operations of one execution with the given input metas (multiply-add = 2).
-    /// Data movement ops count 0.
+    /// Data movement ops count 0. Saturates at `u64::MAX` (a 175B-parameter model's counts are
+    /// far below it; a hostile attribute must not overflow).
     pub fn flops(&self, ins: &[TensorMeta], outs: &[TensorMeta]) -> u64 {
         use Op::*;
-        let out_n = outs.first().map(|m| m.numel() as u64).unwrap_or(0);
+        // Saturating product of counts.
+        fn mul(xs: &[u64]) -> u64 {
+            xs.iter().fold(1u64, |a, &b| a.saturating_mul(b))
+        }
+        let numel = |m: Option<&TensorMeta>| m.map(|m| m.numel() as u64).unwrap_or(0);
+        let out_n = numel(outs.first());
+        let window = |a: &PoolAttrs| mul(&[a.kernel[0] as u64, a.kernel[1] as u64]);
+        // Elements per output of a convolution: the product of W's dims after the first.
+        let per_out =
+            |w: Option<&TensorMeta>| w.map(|w| mul(&w.shape.iter().skip(1).map(|&d| d as u64).collect::<Vec<_>>()));
+        let bias = if ins.len() > 2 { out_n } else { 0 };
         match self {
             MatMul => {
                 let k = ins.first().and_then(|m| m.shape.last()).copied().unwrap_or(1) as u64;
-                2 * k * out_n
+                mul(&[2, k, out_n])
             }
             Gemm { trans_a, .. } => {
                 let a = ins.first().map(|m| m.shape.as_slice()).unwrap_or(&[]);
                 let k = a.get(if *trans_a { 0 } else { 1 }).copied().unwrap_or(0) as u64;
-                2 * k * out_n + if ins.len() > 2 { out_n } else { 0 }
+                mul(&[2, k, out_n]).saturating_add(bias)
             }
-            Conv(_) => {
-                let per_out: u64 = ins.get(1).map(|w| w.shape.iter().skip(1).product::<usize>() as u64).unwrap_or(0);
-                2 * per_out * out_n + if ins.len() > 2 { out_n } else { 0 }
-            }
-            MaxPool(a) | AveragePool(a) => (a.kernel[0] * a.kernel[1]) as u64 * out_n,
-            GlobalAveragePool | GlobalMaxPool | Reduce { .. } => ins.first().map(|m| m.numel() as u64).unwrap_or(0),
+            Conv(_) => mul(&[2, per_out(ins.get(1)).unwrap_or(0), out_n]).saturating_add(bias),
+            MaxPool(a) | AveragePool(a) => mul(&[window(a), out_n]),
+            GlobalAveragePool | GlobalMaxPool | Reduce { .. } => numel(ins.first()),
             Unary(_) | Binary(_) | Where => out_n,
-            Softmax { .. } | LogSoftmax { .. } => 5 * out_n,
-            LayerNorm { .. } | BatchNorm { .. } => 8 * out_n,
-            Lrn { size, .. } => (*size as u64 + 4) * out_n,
+            Softmax { .. } | LogSoftmax { .. } => mul(&[5, out_n]),
+            LayerNorm { .. } | BatchNorm { .. } => mul(&[8, out_n]),
+            Lrn { size, .. } => mul(&[(*size as u64).saturating_add(4), out_n]),
             // Gradients cost what their forward op costs, times the work per element.
-            ConvInputGrad { .. } => {
-                let per: u64 = ins.get(1).map(|w| w.shape.iter().skip(1).product::<usize>() as u64).unwrap_or(0);
-                2 * per * ins.first().map(|m| m.numel() as u64).unwrap_or(0)
-            }
+            ConvInputGrad { .. } => mul(&[2, per_out(ins.get(1)).unwrap_or(0), numel(ins.first())]),
             ConvWeightGrad { shape, .. } => {
-                let per: u64 = shape.iter().skip(1).product::<usize>() as u64;
-                2 * per * ins.get(1).map(|m| m.numel() as u64).unwrap_or(0)
+                let per = mul(&shape.iter().skip(1).map(|&d| d as u64).collect::<Vec<_>>());
+                mul(&[2, per, numel(ins.get(1))])
             }
-            MaxPoolGrad(a) => (a.kernel[0] * a.kernel[1]) as u64 * ins.get(1).map(|m| m.numel() as u64).unwrap_or(0),
-            AveragePoolGrad { attrs: a, .. } => {
-                (a.kernel[0] * a.kernel[1]) as u64 * ins.first().map(|m| m.numel() as u64).unwrap_or(0)
-            }
-            UnaryGrad(_) => 4 * out_n,
-            SoftmaxGrad { .. } => 4 * out_n,
-            LayerNormGrad { .. } => 12 * out_n,
-            LrnGrad { size, .. } => (2 * *size as u64 + 8) * out_n,
-            GatherGrad { .. } | SliceGrad { .. } => ins.last().map(|m| m.numel() as u64).unwrap_or(0),
-            SgdUpdate { .. } => 4 * out_n,
-            AdamWUpdate { .. } => 12 * out_n,
+            MaxPoolGrad(a) => mul(&[window(a), numel(ins.get(1))]),
+            AveragePoolGrad { attrs: a, .. } => mul(&[window(a), numel(ins.first())]),
+            UnaryGrad(_) => mul(&[4, out_n]),
+            SoftmaxGrad { .. } => mul(&[4, out_n]),
+            LayerNormGrad { .. } => mul(&[12, out_n]),
+            LrnGrad { size, .. } => mul(&[(*size as u64).saturating_mul(2).saturating_add(8), out_n]),
+            GatherGrad { .. } | SliceGrad { .. } => numel(ins.last()),
+            SgdUpdate { .. } => mul(&[4, out_n]),
+            AdamWUpdate { .. } => mul(&[12, out_n]),
             _ => 0,
         }
     }

@@ -73,13 +73,25 @@ impl TensorMeta {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
         TensorMeta { shape: shape.into(), dtype }
     }
-    /// Number of elements.
+    /// Number of elements. Saturates at `usize::MAX` for a shape that is not representable
+    /// (see [`crate::shape`]); metas of a verified graph never are.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
     }
-    /// Bytes of a dense tensor with this meta.
+    /// Bytes of a dense tensor with this meta. Saturates at `usize::MAX` for a shape that is not
+    /// representable; metas of a verified graph never are.
     pub fn bytes(&self) -> usize {
-        self.numel() * self.dtype.size()
+        self.checked_bytes().unwrap_or(usize::MAX)
+    }
+    /// Number of elements, or `None` when the shape's product overflows
+    /// ([`crate::shape::checked_numel`]).
+    pub fn checked_numel(&self) -> Option<usize> {
+        crate::shape::checked_numel(&self.shape)
+    }
+    /// Bytes of a dense tensor with this meta, or `None` when they exceed `isize::MAX`
+    /// ([`crate::shape::checked_bytes`]).
+    pub fn checked_bytes(&self) -> Option<usize> {
+        crate::shape::checked_bytes(&self.shape, self.dtype)
     }
     /// Rank (number of dimensions).
     pub fn rank(&self) -> usize {
@@ -178,7 +190,8 @@ impl Data {
 
 /// A dense, row-major host tensor.
 ///
-/// Invariant: `data.len() == shape.iter().product()`; the constructors check it.
+/// Invariant: `data.len() == shape.iter().product()` and the shape is representable
+/// ([`crate::shape`]); the constructors check both.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     shape: Vec<usize>,
@@ -187,12 +200,13 @@ pub struct Tensor {
 
 /// A tensor whose element count does not match its shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tensor data has {len} elements but shape {shape:?} needs {needed}")]
+#[error("tensor data has {len} elements but shape {shape:?} needs {}",
+    needed.map_or_else(|| "more than a usize can count".to_string(), |n| n.to_string()))]
 pub struct ShapeDataMismatch {
     /// The shape given.
     pub shape: Vec<usize>,
-    /// Elements the shape needs.
-    pub needed: usize,
+    /// Elements the shape needs (`None`: its product overflows, see [`crate::shape`]).
+    pub needed: Option<usize>,
     /// Elements given.
     pub len: usize,
 }
@@ -201,8 +215,9 @@ impl Tensor {
     /// A tensor from a shape and matching data.
     pub fn new(shape: impl Into<Vec<usize>>, data: Data) -> Result<Tensor, ShapeDataMismatch> {
         let shape = shape.into();
-        let needed: usize = shape.iter().product();
-        if needed != data.len() {
+        // Checked: a wrapped product could match a short buffer and let kernels index past it.
+        let needed = crate::shape::checked_bytes(&shape, data.dtype()).and(crate::shape::checked_numel(&shape));
+        if needed != Some(data.len()) {
             return Err(ShapeDataMismatch { shape, needed, len: data.len() });
         }
         Ok(Tensor { shape, data })
@@ -297,8 +312,8 @@ impl Tensor {
     /// The same elements under another shape with the same element count.
     pub fn reshaped(mut self, shape: impl Into<Vec<usize>>) -> Result<Tensor, ShapeDataMismatch> {
         let shape = shape.into();
-        let needed: usize = shape.iter().product();
-        if needed != self.numel() {
+        let needed = crate::shape::checked_bytes(&shape, self.dtype()).and(crate::shape::checked_numel(&shape));
+        if needed != Some(self.numel()) {
             return Err(ShapeDataMismatch { shape, needed, len: self.numel() });
         }
         self.shape = shape;

@@ -5,6 +5,8 @@
 //! - each node's input slots are exactly `0..n`, each fed once, from an existing output slot;
 //! - source ops (`input`, `param`, `const`) have no inputs, and constants match their meta;
 //! - each node's output metas equal [`crate::Op::infer`] of its input metas;
+//! - every output meta is representable: its element count and byte size do not overflow
+//!   ([`crate::shape`]);
 //! - graph outputs name existing values, and input and param/state names are unique;
 //! - updates target params or states (each once) with values of the same meta.
 
@@ -100,6 +102,13 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
                 }
                 if node.outputs.len() != 1 {
                     at(Some(name), "source must have exactly one output".into());
+                }
+                // Other nodes' outputs are checked by inference; declared ones here, so no size
+                // downstream of a verified graph can overflow.
+                for m in &node.outputs {
+                    if m.checked_bytes().is_none() {
+                        at(Some(name), crate::shape::too_large(&m.shape, m.dtype));
+                    }
                 }
                 if let Op::Constant(t) = &node.op
                     && node.outputs.first() != Some(&t.meta())

@@ -69,6 +69,11 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// The simulator was handed tensors that do not fit the operation: a block that does not lie
+    /// inside its tensor, a split into pieces that do not divide the dim, a concatenation of
+    /// mismatched shapes. Checked so that bad input is this error, never an index out of bounds.
+    #[error("simulated sharding: {0}")]
+    Sim(String),
     /// An internal invariant was broken (a bug in this crate).
     #[error("internal sharding error (a bug): {0}")]
     Internal(String),

@@ -20,7 +20,21 @@ fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
+/// Checks that a block of `size` at `offsets` lies inside `shape` (same rank, every
+/// `offset + size <= dim`), which keeps every linear index [`for_block`] computes in range.
+fn check_block(shape: &[usize], offsets: &[usize], size: &[usize]) -> Result<()> {
+    let fits = shape.len() == offsets.len()
+        && shape.len() == size.len()
+        && (0..shape.len()).all(|d| offsets[d].checked_add(size[d]).is_some_and(|e| e <= shape[d]));
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::Sim(format!("a block of {size:?} at {offsets:?} does not lie inside shape {shape:?}")))
+    }
+}
+
 /// Visits every index of a block of `size`, giving the linear offsets in `a` (at `a_off`) and `b`.
+/// Both blocks must lie inside their shapes ([`check_block`]).
 fn for_block(
     size: &[usize],
     a_shape: &[usize],
@@ -53,22 +67,32 @@ fn for_block(
     }
 }
 
-/// The block of `t` at `offsets` with shape `size`.
+/// The block of `t` at `offsets` with shape `size`. Panics when the block does not lie inside
+/// `t`; [`checked_block`] is the same with an error instead, for offsets from outside.
 pub fn block(t: &Tensor, offsets: &[usize], size: &[usize]) -> Tensor {
+    checked_block(t, offsets, size).expect("the block lies inside the tensor")
+}
+
+/// The block of `t` at `offsets` with shape `size`, or an error when it does not lie inside `t`.
+pub fn checked_block(t: &Tensor, offsets: &[usize], size: &[usize]) -> Result<Tensor> {
+    check_block(t.shape(), offsets, size)?;
     let zero = vec![0; size.len()];
+    // Inside a tensor's (representable) shape, so the count fits.
+    let n: usize = size.iter().product();
     macro_rules! take {
         ($v:expr, $ctor:ident) => {{
-            let mut out = Vec::with_capacity(size.iter().product());
+            let mut out = Vec::with_capacity(n);
             for_block(size, t.shape(), offsets, size, &zero, |ia, _| out.push($v[ia]));
-            Tensor::$ctor(size.to_vec(), out)
+            Data::$ctor(out)
         }};
     }
-    match t.data() {
-        Data::F32(v) => take!(v, f32),
-        Data::F64(v) => take!(v, f64),
-        Data::I64(v) => take!(v, i64),
-        Data::Bool(v) => take!(v, bool),
-    }
+    let data = match t.data() {
+        Data::F32(v) => take!(v, F32),
+        Data::F64(v) => take!(v, F64),
+        Data::I64(v) => take!(v, I64),
+        Data::Bool(v) => take!(v, Bool),
+    };
+    Tensor::new(size.to_vec(), data).map_err(|e| Error::Internal(e.to_string()))
 }
 
 /// How [`put_block`] combines a block with what is there.
@@ -79,6 +103,7 @@ enum Combine {
 }
 
 fn put_block(dst: &mut Tensor, src: &Tensor, offsets: &[usize], how: Combine) -> Result<()> {
+    check_block(dst.shape(), offsets, src.shape())?;
     let shape = dst.shape().to_vec();
     let zero = vec![0; shape.len()];
     let size = src.shape().to_vec();
@@ -136,7 +161,17 @@ fn zeros_like(shape: &[usize], t: &Tensor) -> Tensor {
 pub fn concat(parts: &[Tensor], dim: usize) -> Result<Tensor> {
     let first = parts.first().ok_or_else(|| Error::Internal("concat of nothing".into()))?;
     let mut shape = first.shape().to_vec();
-    shape[dim] = parts.iter().map(|p| p.shape()[dim]).sum();
+    if dim >= shape.len() {
+        return Err(Error::Sim(format!("concatenation along dim {dim} of rank-{} blocks", shape.len())));
+    }
+    // Each part must then fit its place ([`put_block`] checks); the total must not overflow.
+    shape[dim] = parts
+        .iter()
+        .try_fold(0usize, |a, p| p.shape().get(dim).and_then(|&d| a.checked_add(d)))
+        .ok_or_else(|| Error::Sim(format!("concatenating {} blocks along dim {dim} overflows", parts.len())))?;
+    if ir::shape::checked_bytes(&shape, first.dtype()).is_none() {
+        return Err(Error::Sim(ir::shape::too_large(&shape, first.dtype())));
+    }
     let mut out = zeros_like(&shape, first);
     let mut off = vec![0; shape.len()];
     for p in parts {
@@ -146,15 +181,18 @@ pub fn concat(parts: &[Tensor], dim: usize) -> Result<Tensor> {
     Ok(out)
 }
 
-/// `n` equal pieces along `dim`.
-pub fn split(t: &Tensor, dim: usize, n: usize) -> Vec<Tensor> {
+/// `n` equal pieces along `dim` (`n` must divide the dim: a remainder would be dropped).
+pub fn split(t: &Tensor, dim: usize, n: usize) -> Result<Vec<Tensor>> {
     let mut size = t.shape().to_vec();
+    if dim >= size.len() || n == 0 || !size[dim].is_multiple_of(n) {
+        return Err(Error::Sim(format!("cannot split shape {size:?} into {n} equal pieces along dim {dim}")));
+    }
     size[dim] /= n;
     (0..n)
         .map(|i| {
             let mut off = vec![0; size.len()];
             off[dim] = i * size[dim];
-            block(t, &off, &size)
+            checked_block(t, &off, &size)
         })
         .collect()
 }
@@ -173,7 +211,7 @@ fn reduce(parts: &[&Tensor], op: ReduceKind) -> Result<Tensor> {
 pub fn local_block(global: &Tensor, spec: &ShardingSpec, mesh: &DeviceMesh, rank: usize) -> Result<Tensor> {
     spec.check(global.shape(), mesh)?;
     let local = spec.local_shape(global.shape(), mesh);
-    let b = block(global, &spec.offsets(global.shape(), mesh, rank), &local);
+    let b = checked_block(global, &spec.offsets(global.shape(), mesh, rank), &local)?;
     if mesh.index_in_group(rank, spec.partial()) == 0 { Ok(b) } else { Ok(zeros_like(&local, global)) }
 }
 
@@ -248,6 +286,9 @@ fn differs(a: &Tensor, b: &Tensor, tol: f32) -> Option<String> {
 
 /// Executes one collective on every rank's block (index = rank) and returns the new blocks.
 pub fn apply(c: &Collective, locals: &[Tensor], mesh: &DeviceMesh) -> Result<Vec<Tensor>> {
+    if locals.len() != mesh.size() {
+        return Err(Error::Sim(format!("{} blocks for {} ranks", locals.len(), mesh.size())));
+    }
     let axes = c.axes();
     let n = mesh.group_size(axes);
     let mut out: Vec<Option<Tensor>> = vec![None; locals.len()];
@@ -260,14 +301,17 @@ pub fn apply(c: &Collective, locals: &[Tensor], mesh: &DeviceMesh) -> Result<Vec
                 }
                 Collective::AllReduce { op, .. } => reduce(&members, *op)?,
                 Collective::ReduceScatter { dim, .. } => {
-                    split(&reduce(&members, ReduceKind::Sum)?, *dim, n).swap_remove(i)
+                    split(&reduce(&members, ReduceKind::Sum)?, *dim, n)?.swap_remove(i)
                 }
                 Collective::AllToAll { split_dim, concat_dim, .. } => {
-                    let pieces: Vec<Tensor> = members.iter().map(|t| split(t, *split_dim, n).swap_remove(i)).collect();
+                    let pieces = members
+                        .iter()
+                        .map(|t| split(t, *split_dim, n).map(|mut p| p.swap_remove(i)))
+                        .collect::<Result<Vec<Tensor>>>()?;
                     concat(&pieces, *concat_dim)?
                 }
                 Collective::Broadcast { .. } => members[0].clone(),
-                Collective::Slice { dim, .. } => split(members[i], *dim, n).swap_remove(i),
+                Collective::Slice { dim, .. } => split(members[i], *dim, n)?.swap_remove(i),
                 Collective::MakePartial { .. } => {
                     if i == 0 {
                         members[0].clone()

@@ -24,11 +24,24 @@ pub struct ImportOptions {
     /// only fill the model's dynamic dims, and only when the rank agrees: a feed whose static dims
     /// disagree with the model is reported when it is fed, not silently re-shaped into the graph.
     pub feed_shapes: BTreeMap<String, Vec<usize>>,
+    /// Ceiling on the bytes of any one constant the importer materialises: folded shape
+    /// computations, `ConstantOfShape` fills, `Range`s. A few bytes of ONNX can ask for terabytes
+    /// this way; past the ceiling the import fails naming the node, before allocating. Shapes
+    /// that stay metadata (inputs, activations, weight-free parameters) are not bounded by it.
+    pub max_constant_bytes: usize,
 }
+
+/// Default of [`ImportOptions::max_constant_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_CONSTANT_BYTES: usize = 1 << 30;
 
 impl Default for ImportOptions {
     fn default() -> Self {
-        ImportOptions { input_shapes: BTreeMap::new(), load_weights: true, feed_shapes: BTreeMap::new() }
+        ImportOptions {
+            input_shapes: BTreeMap::new(),
+            load_weights: true,
+            feed_shapes: BTreeMap::new(),
+            max_constant_bytes: DEFAULT_MAX_CONSTANT_BYTES,
+        }
     }
 }
 
@@ -84,15 +97,27 @@ pub fn import_bytes(
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
         .map(|o| o.version)
         .unwrap_or(if model.opset_import.is_empty() { 1 } else { 18 });
+    let mut inits = HashMap::with_capacity(graph.initializer.len());
+    for t in &graph.initializer {
+        // Two initializers of one name: which one a reader gets would be an accident of order.
+        if inits.insert(t.name.clone(), t).is_some() {
+            return Err(ImportError::BadTensor {
+                tensor: t.name.clone(),
+                message: "two initializers have this name".into(),
+            });
+        }
+    }
     let mut imp = Importer {
         g: Graph::new(name),
         vals: HashMap::new(),
+        producers: HashMap::new(),
         materialized: HashMap::new(),
-        inits: graph.initializer.iter().map(|t| (t.name.clone(), t)).collect(),
+        inits,
         opset,
         cpu: CpuContext::new(1).map_err(|e| ImportError::Internal(format!("cannot start the constant folder: {e}")))?,
         base_dir,
         load_weights: opts.load_weights,
+        max_constant_bytes: opts.max_constant_bytes,
         weight_slots: HashSet::new(),
         used: HashSet::new(),
     };
@@ -125,12 +150,18 @@ enum V {
 struct Importer<'a> {
     g: Graph,
     vals: HashMap<String, V>,
-    materialized: HashMap<usize, Value>,
+    /// Who defined each value name (a node's name; `None` for a graph input): ONNX names are
+    /// assigned once, and a second writer is an error rather than a silent "last writer wins".
+    producers: HashMap<String, Option<String>>,
+    /// Graph values of constants already added, by the constant's address. The `Rc` is held so
+    /// the address cannot be reused by another constant while the entry exists.
+    materialized: HashMap<usize, (Rc<Tensor>, Value)>,
     inits: HashMap<String, &'a TensorProto>,
     opset: i64,
     cpu: CpuContext,
     base_dir: Option<&'a Path>,
     load_weights: bool,
+    max_constant_bytes: usize,
     /// Values read as a weight operand (Conv/Gemm/BN/LN parameters, MatMul B).
     weight_slots: HashSet<String>,
     /// Every value some node or graph output reads.
@@ -181,29 +212,35 @@ fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
     Ok(a as usize)
 }
 
+/// Pads of `auto_pad` (`SAME_UPPER`, `SAME_LOWER` or `VALID`) for one 2-D window. Arithmetic is
+/// checked: the kernel comes from a weight's shape and the dilations from attributes.
 fn same_pads(
     auto_pad: &str,
     input: [usize; 2],
     kernel: [usize; 2],
     strides: [usize; 2],
     dil: [usize; 2],
-) -> Option<[usize; 4]> {
+) -> Result<[usize; 4], String> {
     let mut p = [0; 4];
     match auto_pad {
         "SAME_UPPER" | "SAME_LOWER" => {
             for i in 0..2 {
+                let overflow = || format!("auto_pad={auto_pad}: kernel {kernel:?} with dilations {dil:?} overflows");
+                if kernel[i] == 0 || input[i] == 0 {
+                    return Err(format!("auto_pad={auto_pad} needs a non-empty kernel and input"));
+                }
                 let out = input[i].div_ceil(strides[i].max(1));
-                let ext = (kernel[i] - 1) * dil[i] + 1;
-                let total = ((out - 1) * strides[i] + ext).saturating_sub(input[i]);
+                let ext = (kernel[i] - 1).checked_mul(dil[i]).and_then(|e| e.checked_add(1)).ok_or_else(overflow)?;
+                let total = ((out - 1) * strides[i]).checked_add(ext).ok_or_else(overflow)?.saturating_sub(input[i]);
                 let small = total / 2;
                 let (b, e) = if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
                 p[i] = b;
                 p[i + 2] = e;
             }
-            Some(p)
+            Ok(p)
         }
-        "VALID" => Some(p),
-        _ => None,
+        "VALID" => Ok(p),
+        _ => Err(format!("auto_pad={auto_pad} is not supported")),
     }
 }
 
@@ -306,7 +343,20 @@ impl<'a> Importer<'a> {
                     s
                 }
             };
-            let v = self.g.input(&vi.name, TensorMeta::new(dtype, shape));
+            let meta = TensorMeta::new(dtype, shape);
+            if meta.checked_bytes().is_none() {
+                return Err(ImportError::BadTensor {
+                    tensor: format!("input {}", vi.name),
+                    message: ir::shape::too_large(&meta.shape, meta.dtype),
+                });
+            }
+            if self.producers.insert(vi.name.clone(), None).is_some() {
+                return Err(ImportError::BadTensor {
+                    tensor: format!("input {}", vi.name),
+                    message: "the graph declares two inputs of this name".into(),
+                });
+            }
+            let v = self.g.input(&vi.name, meta);
             self.vals.insert(vi.name.clone(), V::G(v));
         }
         Ok(())
@@ -322,6 +372,9 @@ impl<'a> Importer<'a> {
         };
         let v = if t.data_type == 1 {
             let shape = proto_shape(t).map_err(|e| e.to_string())?;
+            if ir::shape::checked_bytes(&shape, DType::F32).is_none() {
+                return Err(format!("initializer {name}: {}", ir::shape::too_large(&shape, DType::F32)));
+            }
             let data =
                 if self.load_weights { tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())? } else { None };
             V::G(self.g.param(name, TensorMeta::new(DType::F32, shape), data))
@@ -345,11 +398,11 @@ impl<'a> Importer<'a> {
             V::G(x) => *x,
             V::C(t) => {
                 let key = Rc::as_ptr(t) as usize;
-                if let Some(x) = self.materialized.get(&key) {
+                if let Some((_, x)) = self.materialized.get(&key) {
                     return *x;
                 }
                 let x = self.g.constant(name, (**t).clone());
-                self.materialized.insert(key, x);
+                self.materialized.insert(key, (t.clone(), x));
                 x
             }
         }
@@ -362,11 +415,28 @@ impl<'a> Importer<'a> {
         }
     }
 
+    /// Checks, before allocating it, that a constant of `meta` stays under the ceiling of
+    /// [`ImportOptions::max_constant_bytes`].
+    fn constant_fits(&self, meta: &TensorMeta) -> Result<(), String> {
+        match meta.checked_bytes() {
+            None => Err(format!("constant: {}", ir::shape::too_large(&meta.shape, meta.dtype))),
+            Some(b) if b > self.max_constant_bytes => Err(format!(
+                "the constant {meta} would take {b} bytes, more than the {} allowed for a constant computed at \
+                 import (--max-constant-bytes)",
+                self.max_constant_bytes
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Adds `op` on `ins`, or evaluates it now when every input is a constant.
     fn emit(&mut self, name: &str, op: Op, ins: &[V]) -> Result<Vec<V>, String> {
         let metas: Vec<TensorMeta> = ins.iter().map(|v| self.meta(v)).collect();
-        op.infer(&metas)?;
+        let outs = op.infer(&metas)?;
         if ins.iter().all(|v| matches!(v, V::C(_))) {
+            for m in &outs {
+                self.constant_fits(m)?;
+            }
             let ts: Vec<&Tensor> = ins
                 .iter()
                 .map(|v| match v {
@@ -410,6 +480,22 @@ impl<'a> Importer<'a> {
         for (k, out) in node.output.iter().enumerate() {
             if out.is_empty() {
                 continue;
+            }
+            // ONNX assigns every name once; a second writer would silently win.
+            let clash = if self.inits.contains_key(out) {
+                Some("an initializer".to_string())
+            } else {
+                self.producers.insert(out.clone(), Some(name.clone())).map(|p| match p {
+                    Some(p) => format!("node {p}"),
+                    None => "a graph input".to_string(),
+                })
+            };
+            if let Some(other) = clash {
+                return Err(ImportError::Node {
+                    node: name,
+                    op_type: node.op_type.clone(),
+                    message: format!("output {k} ({out}) is already defined by {other}"),
+                });
             }
             match outs.get(k) {
                 Some(Some(v)) => {
@@ -475,7 +561,13 @@ impl<'a> Importer<'a> {
                     }
                 }
                 let x = self.need(n, 0)?;
-                let m = self.meta(&x);
+                // The all-true mask has the input's size, which may be an activation far larger
+                // than any constant: built only when something reads it.
+                if !n.node.output.get(1).is_some_and(|o| self.used.contains(o)) {
+                    return one(x);
+                }
+                let m = TensorMeta::new(DType::Bool, self.meta(&x).shape);
+                self.constant_fits(&m)?;
                 let mask = V::C(Rc::new(Tensor::bool(m.shape.clone(), vec![true; m.numel()])));
                 Ok(vec![Some(x), Some(mask)])
             }
@@ -510,13 +602,19 @@ impl<'a> Importer<'a> {
                     None => Tensor::scalar_f32(0.0),
                 };
                 let out = n.node.output.first().cloned().unwrap_or_default();
+                let meta = TensorMeta::new(value.dtype(), shape.clone());
                 if value.dtype() == DType::F32 && self.weight_slots.contains(&out) {
                     // Topology-only models stand weights in with a fill: keep them as weight-free
-                    // parameters so planning counts them, without materialising them.
-                    let p = self.g.param(&out, TensorMeta::new(DType::F32, shape), None);
+                    // parameters so planning counts them, without materialising them (so no
+                    // ceiling, only a size that does not overflow).
+                    if meta.checked_bytes().is_none() {
+                        return Err(ir::shape::too_large(&meta.shape, meta.dtype));
+                    }
+                    let p = self.g.param(&out, meta, None);
                     return one(V::G(p));
                 }
-                let count: usize = shape.iter().product();
+                self.constant_fits(&meta)?;
+                let count = meta.numel();
                 let t = match value.data() {
                     ir::Data::F32(v) => Tensor::f32(shape, vec![*v.first().ok_or("empty value")?; count]),
                     ir::Data::F64(v) => Tensor::f64(shape, vec![*v.first().ok_or("empty value")?; count]),
@@ -547,13 +645,24 @@ impl<'a> Importer<'a> {
                     }
                 };
                 let (a, b, d) = (get(self, 0)?, get(self, 1)?, get(self, 2)?);
+                for (t, what) in [(&a, "start"), (&b, "limit"), (&d, "delta")] {
+                    if t.numel() != 1 {
+                        return Err(format!("{what} must be a scalar, got {}", t.meta()));
+                    }
+                }
+                // The count is bounded before anything is allocated.
                 let t = match a.dtype() {
                     DType::F32 => {
                         let (a, b, d) = (a.to_f32_vec()[0], b.to_f32_vec()[0], d.to_f32_vec()[0]);
                         if d == 0.0 {
                             return Err("delta is 0".into());
                         }
-                        let cnt = ((b - a) / d).ceil().max(0.0) as usize;
+                        let cnt = ((b as f64 - a as f64) / d as f64).ceil().max(0.0);
+                        if !cnt.is_finite() {
+                            return Err(format!("range({a}, {b}, {d}) has no finite length"));
+                        }
+                        let cnt = cnt as usize;
+                        self.constant_fits(&TensorMeta::new(DType::F32, [cnt]))?;
                         Tensor::f32(vec![cnt], (0..cnt).map(|i| a + i as f32 * d).collect())
                     }
                     _ => {
@@ -561,8 +670,14 @@ impl<'a> Importer<'a> {
                         if d == 0 {
                             return Err("delta is 0".into());
                         }
-                        let cnt = ((b - a) as f64 / d as f64).ceil().max(0.0) as usize;
-                        Tensor::i64(vec![cnt], (0..cnt as i64).map(|i| a + i * d).collect())
+                        // ceil((b - a) / d) in i128: the difference of two i64s does not wrap.
+                        let (span, d128) = (b as i128 - a as i128, d as i128);
+                        let (q, r) = (span / d128, span % d128);
+                        let cnt = (q + i128::from(r != 0 && (r > 0) == (d128 > 0))).max(0);
+                        let cnt = usize::try_from(cnt).map_err(|_| format!("range({a}, {b}, {d}) is too long"))?;
+                        self.constant_fits(&TensorMeta::new(DType::I64, [cnt]))?;
+                        // Every element lies between a and b, so it fits in an i64.
+                        Tensor::i64(vec![cnt], (0..cnt).map(|i| (a as i128 + i as i128 * d128) as i64).collect())
                     }
                 };
                 one(V::C(Rc::new(t)))
@@ -870,7 +985,8 @@ impl<'a> Importer<'a> {
                     }
                 }
                 if let Some(i) = infer {
-                    let known: usize = shape.iter().product();
+                    let known = ir::shape::checked_numel(&shape)
+                        .ok_or_else(|| format!("target shape {spec:?}: the product of its dims overflows"))?;
                     if known == 0 || !m.numel().is_multiple_of(known) {
                         return Err(format!("cannot reshape {:?} to {spec:?}", m.shape));
                     }
@@ -914,6 +1030,9 @@ impl<'a> Importer<'a> {
                     let r = m.rank() + a.len();
                     let mut a = a.iter().map(|&x| norm_axis(x, r)).collect::<Result<Vec<_>, _>>()?;
                     a.sort();
+                    if a.windows(2).any(|w| w[0] == w[1]) {
+                        return Err(format!("axes {a:?} name an axis twice"));
+                    }
                     let mut src = m.shape.iter();
                     (0..r).map(|i| if a.contains(&i) { 1 } else { *src.next().unwrap_or(&1) }).collect()
                 };
@@ -952,21 +1071,36 @@ impl<'a> Importer<'a> {
                 let axis = norm_axis(n.int("axis", 0), m.rank())?;
                 let d = m.shape[axis];
                 let given = if self.opset >= 13 { self.const_ints(n, 1, "split")? } else { n.ints("split") };
+                let outs = n.node.output.len();
                 let sizes: Vec<usize> = match given {
-                    Some(s) => s
-                        .iter()
-                        .map(|&x| usize::try_from(x).map_err(|_| format!("bad split {s:?}")))
-                        .collect::<Result<_, _>>()?,
+                    Some(s) => {
+                        if s.len() != outs {
+                            return Err(format!("split {s:?} has {} sizes for {outs} outputs", s.len()));
+                        }
+                        s.iter()
+                            .map(|&x| usize::try_from(x).map_err(|_| format!("bad split {s:?}")))
+                            .collect::<Result<_, _>>()?
+                    }
                     None => {
-                        let k = match n.attr("num_outputs") {
-                            Some(a) => a.i as usize,
-                            None => n.node.output.len(),
-                        };
+                        if let Some(a) = n.attr("num_outputs")
+                            && a.i != outs as i64
+                        {
+                            return Err(format!("num_outputs={} but the node has {outs} outputs", a.i));
+                        }
+                        let k = outs;
                         if k == 0 {
                             return Err("splits into zero outputs".into());
                         }
+                        // Equal chunks, the last one smaller; every chunk non-empty (ONNX), so
+                        // more outputs than elements is an error, not empty outputs.
                         let chunk = d.div_ceil(k);
-                        (0..k).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
+                        if k > d || (k - 1) * chunk >= d {
+                            return Err(format!(
+                                "cannot split dim {axis} of size {d} into {k} non-empty chunks (more outputs than \
+                                 elements, or chunks of {chunk} leave the last ones empty)"
+                            ));
+                        }
+                        (0..k).map(|i| chunk.min(d - i * chunk)).collect()
                     }
                 };
                 Ok(self.emit(&nm, Op::Split { axis, sizes }, &[x])?.into_iter().map(Some).collect())
@@ -1023,6 +1157,15 @@ impl<'a> Importer<'a> {
             "Gather" => {
                 let (x, idx) = (self.need(n, 0)?, self.need(n, 1)?);
                 let axis = norm_axis(n.int("axis", 0), self.meta(&x).rank())?;
+                // Constant indices are checked now, naming the node, rather than at run time.
+                if let V::C(t) = &idx
+                    && let Some(v) = t.as_i64()
+                {
+                    let d = self.meta(&x).shape[axis] as i64;
+                    if let Some(bad) = v.iter().find(|&&i| i < -d || i >= d) {
+                        return Err(format!("index {bad} is out of range for axis {axis} of size {d}"));
+                    }
+                }
                 one(self.emit1(&nm, Op::Gather { axis }, &[x, idx])?)
             }
             "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceSumSquare" | "ReduceL1"
@@ -1110,7 +1253,7 @@ impl<'a> Importer<'a> {
     ) -> Result<[usize; 4], String> {
         let auto = n.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
         if auto != "NOTSET" && !auto.is_empty() {
-            return same_pads(&auto, input, k, strides, dil).ok_or_else(|| format!("auto_pad={auto} is not supported"));
+            return same_pads(&auto, input, k, strides, dil);
         }
         match n.ints("pads") {
             None => Ok([0; 4]),

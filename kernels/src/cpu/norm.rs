@@ -102,9 +102,12 @@ pub(crate) fn softmax(ctx: &CpuContext, x: &Tensor, axis: usize, log: bool) -> R
     let op = if log { "log_softmax" } else { "softmax" };
     let xv = floats(op, x)?;
     let s = x.shape();
-    let len = s[axis];
-    let inner: usize = s[axis + 1..].iter().product();
-    let block = len * inner;
+    // A tensor's shape is representable (ir::shape), so these products fit; checked anyway,
+    // with the axis, so a bad call is an error and never a wrapped block size.
+    let bad = |message: String| Error::BadInput { op, message };
+    let len = *s.get(axis).ok_or_else(|| bad(format!("axis {axis} out of range for {s:?}")))?;
+    let block = ir::shape::checked_numel(&s[axis..]).ok_or_else(|| bad(format!("shape {s:?} overflows")))?;
+    let inner = if len == 0 { 0 } else { block / len };
     let mut out = vec![0.0; xv.len()];
     if block == 0 {
         return tensor(op, s, F::data(out));

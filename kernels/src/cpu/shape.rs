@@ -41,20 +41,37 @@ fn collapse(dims: &[usize], st: &[isize]) -> (Vec<usize>, Vec<isize>) {
     (d, s)
 }
 
-/// `out[i0, i1, ..] = x[base + i0 * st[0] + i1 * st[1] + ..]` over `dims`. Every index reached
-/// must lie in `x` (callers derive `dims`/`st` from checked shapes).
+/// `out[i0, i1, ..] = x[base + i0 * st[0] + i1 * st[1] + ..]` over `dims`. Callers derive
+/// `dims`/`st` from inferred shapes; the output size and the range of indices reached are still
+/// checked here (in i128, O(rank)), so a walk that would leave `x` is an error, never a panic.
 fn strided<T: Copy + Send + Sync + Default>(
     ctx: &CpuContext,
+    op: &'static str,
     x: &[T],
     base: isize,
     dims: &[usize],
     st: &[isize],
-) -> Vec<T> {
-    let n: usize = dims.iter().product();
-    let mut out = vec![T::default(); n];
+) -> Result<Vec<T>, Error> {
+    let bad = |message: String| Error::BadInput { op, message };
+    let n = ir::shape::checked_numel(dims)
+        .filter(|_| ir::shape::checked_bytes(dims, ir::DType::Bool).is_some())
+        .ok_or_else(|| bad(format!("output shape {dims:?} overflows")))?;
     if n == 0 {
-        return out;
+        return Ok(Vec::new());
     }
+    let (mut lo, mut hi) = (base as i128, base as i128);
+    for (&d, &k) in dims.iter().zip(st) {
+        let reach = (d as i128 - 1) * k as i128;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    if lo < 0 || hi >= x.len() as i128 {
+        return Err(bad(format!("a walk over {dims:?} reads outside its input of {} elements", x.len())));
+    }
+    let mut out = vec![T::default(); n];
     let (cd, cs) = collapse(dims, st);
     let len = *cd.last().expect("collapse keeps one dim");
     let s = *cs.last().expect("collapse keeps one dim");
@@ -72,7 +89,7 @@ fn strided<T: Copy + Send + Sync + Default>(
             }
         }
     });
-    out
+    Ok(out)
 }
 
 /// Output dim `i` is input dim `perm[i]`.
@@ -81,7 +98,7 @@ pub(crate) fn transpose(ctx: &CpuContext, x: &Tensor, perm: &[usize]) -> Result<
     let ist = strides(s);
     let dims: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
     let st: Vec<isize> = perm.iter().map(|&p| ist[p] as isize).collect();
-    let data = each_dtype!(x.data(), v => strided(ctx, v, 0, &dims, &st));
+    let data = each_dtype!(x.data(), v => strided(ctx, "transpose", v, 0, &dims, &st)?);
     tensor("transpose", &dims, data)
 }
 
@@ -90,11 +107,14 @@ pub(crate) fn expand(ctx: &CpuContext, x: &Tensor, shape: &[usize]) -> Result<Te
     let s = x.shape();
     let ist = strides(s);
     let r = shape.len();
+    if s.len() > r {
+        return Err(Error::BadInput { op: "expand", message: format!("cannot expand {s:?} to fewer dims {shape:?}") });
+    }
     let mut st = vec![0isize; r];
     for i in 0..s.len() {
         st[i + r - s.len()] = if s[i] == 1 { 0 } else { ist[i] as isize };
     }
-    let data = each_dtype!(x.data(), v => strided(ctx, v, 0, shape, &st));
+    let data = each_dtype!(x.data(), v => strided(ctx, "expand", v, 0, shape, &st)?);
     tensor("expand", shape, data)
 }
 
@@ -116,7 +136,7 @@ pub(crate) fn slice(ctx: &CpuContext, x: &Tensor, axes: &[SliceAxis], out_shape:
         }
         st[d] = step[d] as isize * ist[d] as isize;
     }
-    let data = each_dtype!(x.data(), v => strided(ctx, v, base, out_shape, &st));
+    let data = each_dtype!(x.data(), v => strided(ctx, "slice", v, base, out_shape, &st)?);
     tensor("slice", out_shape, data)
 }
 
