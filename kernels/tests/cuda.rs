@@ -458,6 +458,12 @@ fn convolutions_and_their_gradients() {
         ([3, 4, 6, 6], [5, 4, 1, 1], conv_attrs([1, 1], [0; 4], [1, 1], 1)),
         ([1, 4, 6, 6], [4, 2, 1, 1], conv_attrs([1, 1], [0; 4], [1, 1], 2)),
         ([2, 2, 7, 7], [3, 2, 2, 2], conv_attrs([3, 3], [0; 4], [1, 1], 1)),
+        // Maps smaller than the padded kernel (ConvNeXt's last stage: 2x2 under a 7x7
+        // depthwise kernel, padding 3), pads wider than the map, whole taps outside the image.
+        ([2, 4, 2, 2], [4, 1, 7, 7], conv_attrs([1, 1], [3, 3, 3, 3], [1, 1], 4)),
+        ([1, 2, 3, 2], [2, 2, 3, 5], conv_attrs([2, 3], [4, 4, 4, 4], [1, 1], 1)),
+        ([1, 1, 2, 3], [2, 1, 3, 3], conv_attrs([1, 1], [3, 2, 1, 4], [2, 3], 1)),
+        ([1, 1, 4, 1], [1, 1, 1, 3], conv_attrs([1, 1], [0, 5, 0, 5], [1, 1], 1)),
     ];
     let cpu_ctx = CpuContext::new(1).unwrap();
     for (k, (xs, ws, a)) in cases.iter().enumerate() {
@@ -492,6 +498,8 @@ fn pooling_and_its_gradients() {
         PoolAttrs { ceil_mode: true, count_include_pad: true, ..pool_attrs([2, 3], [2, 2], [0, 1, 1, 0]) },
         PoolAttrs { dilations: [2, 1], ..pool_attrs([2, 2], [1, 1], [1, 0, 0, 1]) },
         pool_attrs([2, 2], [2, 2], [0; 4]),
+        // Windows larger than the map.
+        pool_attrs([11, 13], [1, 2], [5, 6, 5, 6]),
     ];
     let cpu_ctx = CpuContext::new(1).unwrap();
     let mut x = rnd(&[2, 3, 9, 10], 3).as_f32().unwrap().to_vec();

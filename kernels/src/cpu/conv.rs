@@ -88,6 +88,11 @@ fn im2col_row(
         let src = &plane[iy as usize * w..(iy as usize + 1) * w];
         out[..xlo].fill(0.0);
         out[xhi..].fill(0.0);
+        // No column of this kernel tap lands in the image (a map narrower than the padded
+        // kernel): `xlo + offx` may then be negative, so nothing may be computed from it.
+        if xlo == xhi {
+            continue;
+        }
         if a.strides[1] == 1 {
             let s = (xlo as isize + offx) as usize;
             out[xlo..xhi].copy_from_slice(&src[s..s + (xhi - xlo)]);

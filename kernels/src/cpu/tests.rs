@@ -368,6 +368,149 @@ fn conv_matches_naive() {
     }
 }
 
+/// The convolution's two gradients by direct accumulation over every in-image tap: `dx`
+/// (`[N, C, H, W]`) and `dw` (`[M, C/group, kh, kw]`) for output gradient `dy`.
+fn naive_conv_grads(x: &Tensor, w: &Tensor, dy: &Tensor, a: &ConvAttrs) -> (Tensor, Tensor) {
+    let (xs, ws, out) = (x.shape(), w.shape(), dy.shape());
+    let (xv, wv, dyv) = (x.as_f32().unwrap(), w.as_f32().unwrap(), dy.as_f32().unwrap());
+    let (c, h, wd) = (xs[1], xs[2], xs[3]);
+    let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let mg = m / a.group;
+    let mut dx = vec![0f32; xv.len()];
+    let mut dw = vec![0f32; wv.len()];
+    for n in 0..out[0] {
+        for oc in 0..m {
+            let g = oc / mg;
+            for oy in 0..out[2] {
+                for ox in 0..out[3] {
+                    let d = dyv[((n * m + oc) * out[2] + oy) * out[3] + ox];
+                    for ic in 0..cg {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let iy = (oy * a.strides[0] + i * a.dilations[0]) as isize - a.pads[0] as isize;
+                                let ix = (ox * a.strides[1] + j * a.dilations[1]) as isize - a.pads[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                let xi = ((n * c + g * cg + ic) * h + iy as usize) * wd + ix as usize;
+                                let wi = ((oc * cg + ic) * kh + i) * kw + j;
+                                dx[xi] += d * wv[wi];
+                                dw[wi] += d * xv[xi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (Tensor::f32(xs.to_vec(), dx), Tensor::f32(ws.to_vec(), dw))
+}
+
+/// Maps smaller than the kernel's padded span (ConvNeXt's last stage: a 2x2 map under a 7x7
+/// depthwise kernel with padding 3), pads wider than the map, strides and dilations that leave
+/// whole kernel rows or columns outside the image: the forward pass and both gradients (whose
+/// weight gradient shares the forward im2col) against the naive references, on both paths.
+#[test]
+fn conv_small_maps_under_big_kernels() {
+    let cases = [
+        // (x shape, w shape, strides, pads, dilations, group)
+        ([1, 2, 2, 2], [3, 2, 7, 7], [1, 1], [3, 3, 3, 3], [1, 1], 1),
+        ([2, 4, 2, 2], [4, 1, 7, 7], [1, 1], [3, 3, 3, 3], [1, 1], 4),
+        ([1, 1, 1, 1], [2, 1, 5, 5], [1, 1], [2, 2, 2, 2], [1, 1], 1),
+        ([1, 2, 3, 2], [2, 2, 3, 5], [2, 3], [4, 4, 4, 4], [1, 1], 1),
+        ([1, 1, 2, 3], [2, 1, 3, 3], [1, 1], [3, 2, 1, 4], [2, 3], 1),
+        ([1, 1, 4, 1], [1, 1, 1, 3], [1, 1], [0, 5, 0, 5], [1, 1], 1),
+        ([1, 2, 2, 2], [2, 2, 2, 2], [3, 3], [2, 2, 2, 2], [1, 1], 1),
+        ([2, 3, 3, 3], [3, 3, 7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
+        ([1, 2, 1, 4], [2, 1, 1, 3], [1, 2], [0, 3, 0, 3], [1, 2], 2),
+    ];
+    for (i, (xs, ws, strides, pads, dilations, group)) in cases.into_iter().enumerate() {
+        let x = rnd(xs, 200 + i as u64);
+        let w = rnd(ws, 300 + i as u64);
+        let b = rnd([ws[0]], 400 + i as u64);
+        let a = ConvAttrs { strides, pads, dilations, group };
+        let want = naive_conv(&x, &w, Some(&b), &a);
+        let dy = rnd(want.shape().to_vec(), 500 + i as u64);
+        let (want_dx, want_dw) = naive_conv_grads(&x, &w, &dy, &a);
+        for ctx in [ctx1(), ctx2()] {
+            same(&eval(&ctx, &Op::Conv(a.clone()), &[&x, &w, &b]).unwrap()[0], &want);
+            let dx = eval(&ctx, &Op::ConvInputGrad { attrs: a.clone(), shape: xs.to_vec() }, &[&dy, &w]).unwrap();
+            same(&dx[0], &want_dx);
+            let dw = eval(&ctx, &Op::ConvWeightGrad { attrs: a.clone(), shape: ws.to_vec() }, &[&x, &dy]).unwrap();
+            same(&dw[0], &want_dw);
+        }
+    }
+}
+
+/// Pooling windows larger than the map (padding up to kernel - 1 on each side, strides):
+/// max and average pooling against direct window walks, and their gradients by the identities
+/// `<dy, maxpool(x)> = <maxpool_grad(x, dy), x>` (each output is its window's argmax cell) and
+/// `<dy, avgpool(x)> = <avgpool_grad(dy), x>` (average pooling is linear).
+#[test]
+fn pooling_small_maps_under_big_windows() {
+    let cases = [
+        // (x shape, kernel, strides, pads)
+        ([1, 2, 2, 2], [7, 7], [1, 1], [3, 3, 3, 3]),
+        ([2, 1, 1, 3], [5, 3], [2, 1], [4, 2, 4, 2]),
+        ([1, 1, 3, 2], [3, 6], [3, 2], [2, 5, 2, 5]),
+        ([1, 3, 2, 2], [2, 2], [4, 4], [1, 1, 1, 1]),
+    ];
+    for (i, (xs, kernel, strides, pads)) in cases.into_iter().enumerate() {
+        let x = rnd(xs, 600 + i as u64);
+        let xv = x.as_f32().unwrap();
+        for include_pad in [false, true] {
+            let a = PoolAttrs { count_include_pad: include_pad, ..pool(kernel, strides, pads) };
+            let (h, w) = (xs[2], xs[3]);
+            let out = Op::MaxPool(a.clone()).infer(&[x.meta()]).unwrap().remove(0).shape;
+            let (oh, ow) = (out[2], out[3]);
+            let (mut mx, mut avg) = (vec![0f32; out.iter().product()], vec![0f32; out.iter().product()]);
+            for p in 0..xs[0] * xs[1] {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let (mut best, mut sum, mut cells, mut padded) = (f32::NEG_INFINITY, 0f32, 0, 0);
+                        for ky in 0..kernel[0] {
+                            for kx in 0..kernel[1] {
+                                let y = (oy * strides[0] + ky) as isize - pads[0] as isize;
+                                let xx = (ox * strides[1] + kx) as isize - pads[1] as isize;
+                                if y < (h + pads[2]) as isize && xx < (w + pads[3]) as isize {
+                                    padded += 1;
+                                }
+                                if y < 0 || xx < 0 || y >= h as isize || xx >= w as isize {
+                                    continue;
+                                }
+                                let v = xv[(p * h + y as usize) * w + xx as usize];
+                                best = best.max(v);
+                                sum += v;
+                                cells += 1;
+                            }
+                        }
+                        let o = (p * oh + oy) * ow + ox;
+                        mx[o] = best;
+                        let div = if include_pad { padded } else { cells };
+                        avg[o] = if div == 0 { 0.0 } else { sum / div as f32 };
+                    }
+                }
+            }
+            let dy = rnd(out.clone(), 700 + i as u64);
+            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum::<f64>();
+            for ctx in [ctx1(), ctx2()] {
+                let y = eval(&ctx, &Op::MaxPool(a.clone()), &[&x]).unwrap().remove(0);
+                close(&y, &out, &mx);
+                let y = eval(&ctx, &Op::AveragePool(a.clone()), &[&x]).unwrap().remove(0);
+                close(&y, &out, &avg);
+                let dx = eval(&ctx, &Op::MaxPoolGrad(a.clone()), &[&x, &dy]).unwrap().remove(0);
+                let (l, r) = (dot(dy.as_f32().unwrap(), &mx), dot(dx.as_f32().unwrap(), xv));
+                assert!((l - r).abs() <= 1e-5 * (1.0 + l.abs()), "case {i}: max pool adjoint {l} vs {r}");
+                let dx = eval(&ctx, &Op::AveragePoolGrad { attrs: a.clone(), shape: xs.to_vec() }, &[&dy])
+                    .unwrap()
+                    .remove(0);
+                let (l, r) = (dot(dy.as_f32().unwrap(), &avg), dot(dx.as_f32().unwrap(), xv));
+                assert!((l - r).abs() <= 1e-5 * (1.0 + l.abs()), "case {i}: average pool adjoint {l} vs {r}");
+            }
+        }
+    }
+}
+
 fn pool(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4]) -> PoolAttrs {
     PoolAttrs { kernel, strides, pads, dilations: [1, 1], ceil_mode: false, count_include_pad: false }
 }
