@@ -344,9 +344,13 @@ impl Graph {
         self.g.node_count()
     }
 
-    /// Total elements and bytes of all parameters.
+    /// Total elements and bytes of all parameters (saturating: each is representable, their sum
+    /// need not be).
     pub fn param_stats(&self) -> (usize, usize) {
-        self.params.iter().map(|&p| &self.g[p].outputs[0]).fold((0, 0), |(n, b), m| (n + m.numel(), b + m.bytes()))
+        self.params
+            .iter()
+            .map(|&p| &self.g[p].outputs[0])
+            .fold((0, 0), |(n, b), m| (n.saturating_add(m.numel()), b.saturating_add(m.bytes())))
     }
 
     /// Finds the node with this name.

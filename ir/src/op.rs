@@ -704,8 +704,9 @@ impl Op {
                 if x.len() != 4 {
                     return Err(format!("{n}: only 2-D pooling (4-D input) is supported, got {x:?}"));
                 }
-                let (oh, ow) =
-                    a.out_hw(x[2], x[3]).ok_or_else(|| format!("{n}: {} (input {x:?})", a.why_no_output(x[2], x[3])))?;
+                let (oh, ow) = a
+                    .out_hw(x[2], x[3])
+                    .ok_or_else(|| format!("{n}: {} (input {x:?})", a.why_no_output(x[2], x[3])))?;
                 one(TensorMeta::new(ins[0].dtype, vec![x[0], x[1], oh, ow]))
             }
             GlobalAveragePool | GlobalMaxPool => {

@@ -130,7 +130,10 @@ fn removing_dead_nodes_keeps_indices_and_frees_names() {
     }
     g.set_output("y", keep);
     let before: Vec<(ir::NodeIndex, String)> =
-        g.g.node_indices().filter(|&n| !g.node(n).name.starts_with("dead")).map(|n| (n, g.node(n).name.clone())).collect();
+        g.g.node_indices()
+            .filter(|&n| !g.node(n).name.starts_with("dead"))
+            .map(|n| (n, g.node(n).name.clone()))
+            .collect();
     assert_eq!(g.remove_dead(), 50);
     let after: Vec<(ir::NodeIndex, String)> = g.g.node_indices().map(|n| (n, g.node(n).name.clone())).collect();
     assert_eq!(before, after);

@@ -6,9 +6,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use ir::autodiff::Optimizer;
 
-/// Parses `NAME=DIMS` bindings into the importer's options.
-pub fn import_options(inputs: &[String], load_weights: bool) -> Result<tracer::ImportOptions> {
-    let mut opts = tracer::ImportOptions { load_weights, ..Default::default() };
+/// Parses `NAME=DIMS` bindings into the importer's options, with the ceiling on constants
+/// computed at import (`--max-constant-bytes`).
+pub fn import_options(
+    inputs: &[String],
+    load_weights: bool,
+    max_constant_bytes: usize,
+) -> Result<tracer::ImportOptions> {
+    let mut opts = tracer::ImportOptions { load_weights, max_constant_bytes, ..Default::default() };
     for s in inputs {
         let (name, dims) = tracer::parse_input_binding(s).map_err(anyhow::Error::msg)?;
         // The element count must fit with room for 8-byte elements: larger counts wrap in the

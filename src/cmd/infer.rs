@@ -17,6 +17,10 @@ pub struct InferArgs {
     /// Bind an input's shape, e.g. `input_ids=2x128` (default: the shapes of the feeds).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
+    /// Largest constant the importer may compute (folded shape arithmetic, ConstantOfShape,
+    /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
+    #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
+    pub max_constant_bytes: usize,
     /// Directory for the outputs (`DIR/<output name>.npy`); created if missing.
     #[arg(long, default_value = "out")]
     pub out: PathBuf,
@@ -42,7 +46,7 @@ pub struct InferArgs {
 /// Runs `autopar infer`.
 pub fn run(a: &InferArgs) -> Result<()> {
     let feeds = common::read_feeds(&a.feeds)?;
-    let mut opts = common::import_options(&a.inputs, true)?;
+    let mut opts = common::import_options(&a.inputs, true, a.max_constant_bytes)?;
     // The feeds fill the model's dynamic dims, so a dynamic model needs no --input.
     for (name, t) in &feeds {
         opts.feed_shapes.insert(name.clone(), t.shape().to_vec());

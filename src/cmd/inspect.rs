@@ -17,6 +17,10 @@ pub struct InspectArgs {
     /// Bind an input's shape, e.g. `input_ids=2x128` (fills dynamic dims; may override static ones).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
+    /// Largest constant the importer may compute (folded shape arithmetic, ConstantOfShape,
+    /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
+    #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
+    pub max_constant_bytes: usize,
     /// Print the imported graph in autopar's IR text form.
     #[arg(long)]
     pub graph: bool,
@@ -63,7 +67,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     }
     let Some(path) = &a.model else { bail!("a model file is required (or --ops)") };
     // Inspection never needs weights: import shapes only.
-    let opts = common::import_options(&a.inputs, false)?;
+    let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let g = common::load_model(path, &opts)?;
     if a.graph {
         print!("{}", g.to_text());

@@ -42,6 +42,10 @@ pub struct PlanArgs {
     /// Bind an input's shape, e.g. `input_ids=8x1024` (the global batch).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
+    /// Largest constant the importer may compute (folded shape arithmetic, ConstantOfShape,
+    /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
+    #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
+    pub max_constant_bytes: usize,
     /// Solver time limit in seconds (shared by the auto plan and the baselines it is compared with).
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = common::parse_seconds)]
     pub time_limit: Duration,
@@ -100,7 +104,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if let Some(f) = &a.mesh_profile {
         mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
     }
-    let opts = common::import_options(&a.inputs, false)?;
+    let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
     let loss = match &a.loss {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,

@@ -33,6 +33,10 @@ pub struct StrategiesArgs {
     /// Bind an input's shape, e.g. `input_ids=2x128`.
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
+    /// Largest constant the importer may compute (folded shape arithmetic, ConstantOfShape,
+    /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
+    #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
+    pub max_constant_bytes: usize,
     /// List the strategies of the training graph (forward, loss, backward, optimizer update) for
     /// this loss (`mse:OUT:TARGET`, `ce:OUT:LABELS`, `ce-next:OUT:IDS`); without it, the forward
     /// graph only.
@@ -57,7 +61,7 @@ pub fn run(a: &StrategiesArgs) -> Result<()> {
     if let Some(f) = &a.mesh_profile {
         mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
     }
-    let opts = common::import_options(&a.inputs, false)?;
+    let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
     let graph = match &a.loss {
         Some(spec) => {

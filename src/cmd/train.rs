@@ -20,6 +20,10 @@ pub struct TrainArgs {
     /// Bind an input's shape, e.g. `input_ids=2x128` (default: the shapes of the feeds).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
+    /// Largest constant the importer may compute (folded shape arithmetic, ConstantOfShape,
+    /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
+    #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
+    pub max_constant_bytes: usize,
     /// The loss: `mse:OUTPUT:TARGET` (mean squared error), `ce:OUTPUT:LABELS` (cross-entropy,
     /// class dim last, i64 labels) or `ce-next:OUTPUT:INPUT_IDS` (next-token LM loss).
     #[arg(long, value_name = "SPEC")]
@@ -66,7 +70,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     let loss: LossSpec = a.loss.parse().map_err(anyhow::Error::msg)?;
     let opt = a.opt.optimizer()?;
     let feeds = common::read_feeds(&a.feeds)?;
-    let mut opts = common::import_options(&a.inputs, true)?;
+    let mut opts = common::import_options(&a.inputs, true, a.max_constant_bytes)?;
     for (name, t) in &feeds {
         opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
     }

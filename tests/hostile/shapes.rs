@@ -124,3 +124,20 @@ fn split_with_more_outputs_than_elements() {
     );
     inspect_fails("split", m, &["split_many", "more outputs than elements"]);
 }
+
+#[test]
+fn the_constant_ceiling_is_a_flag() {
+    let dir = tempdir();
+    let path = dir.path().join("fill.onnx");
+    let m = onnx::model(
+        vec![onnx::node("fill_small", "ConstantOfShape", &["shape"], &["y"])],
+        vec![onnx::ints("shape", &[1], &[1000])],
+        vec![],
+        vec![out("y")],
+    );
+    std::fs::write(&path, m).expect("writing the model");
+    let path = path.to_str().expect("a UTF-8 path");
+    ok(&["inspect", path]);
+    ok(&["inspect", path, "--max-constant-bytes", "4000"]);
+    fails(&["inspect", path, "--max-constant-bytes", "3999"], &["fill_small", "4000 bytes", "3999"]);
+}

@@ -268,6 +268,41 @@ impl<'a> Importer<'a> {
     }
 
     fn declare_inputs(&mut self, graph: &pb::GraphProto, opts: &ImportOptions) -> Result<(), ImportError> {
+        use pb::tensor_shape_proto::dimension::Value::DimValue;
+        let tensor_type = |vi: &pb::ValueInfoProto| match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(pb::type_proto::Value::TensorType(tt)) => Some(tt.clone()),
+            _ => None,
+        };
+        for vi in &graph.input {
+            let bad = |message: String| ImportError::BadTensor { tensor: format!("input {}", vi.name), message };
+            let Some(tt) = tensor_type(vi) else { continue };
+            let dims: Vec<Option<i64>> = tt
+                .shape
+                .iter()
+                .flat_map(|s| &s.dim)
+                .map(|d| match d.value {
+                    Some(DimValue(v)) => Some(v),
+                    _ => None,
+                })
+                .collect();
+            if let Some(v) = dims.iter().flatten().find(|&&v| v < 0) {
+                return Err(bad(format!("declares dim {v}: dims cannot be negative")));
+            }
+            // An input that names an initializer takes the initializer's value (the convention of
+            // ONNX IR < 4); its declared type must then be the initializer's, not another.
+            if let Some(t) = self.inits.get(&vi.name) {
+                let same_rank = tt.shape.is_none() || dims.len() == t.dims.len();
+                let same_dims = same_rank && dims.iter().zip(&t.dims).all(|(d, &td)| d.is_none_or(|d| d == td || d == 0));
+                if tt.elem_type != t.data_type || !same_dims {
+                    return Err(bad(format!(
+                        "declares {} {dims:?} but the initializer of this name is {} {:?}",
+                        dtype_name(tt.elem_type),
+                        dtype_name(t.data_type),
+                        t.dims
+                    )));
+                }
+            }
+        }
         let real: Vec<_> = graph.input.iter().filter(|i| !self.inits.contains_key(&i.name)).collect();
         for name in opts.input_shapes.keys() {
             if !real.iter().any(|i| &i.name == name) {
@@ -657,11 +692,12 @@ impl<'a> Importer<'a> {
                         if d == 0.0 {
                             return Err("delta is 0".into());
                         }
-                        let cnt = ((b as f64 - a as f64) / d as f64).ceil().max(0.0);
-                        if !cnt.is_finite() {
+                        // In f32 as ONNX defines it; infinite or NaN spans are errors, not saturated.
+                        let span = (b - a) / d;
+                        if !span.is_finite() {
                             return Err(format!("range({a}, {b}, {d}) has no finite length"));
                         }
-                        let cnt = cnt as usize;
+                        let cnt = span.ceil().max(0.0) as usize;
                         self.constant_fits(&TensorMeta::new(DType::F32, [cnt]))?;
                         Tensor::f32(vec![cnt], (0..cnt).map(|i| a + i as f32 * d).collect())
                     }

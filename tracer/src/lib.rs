@@ -22,7 +22,7 @@ mod import;
 mod proto;
 pub mod shards;
 
-pub use import::{ImportOptions, import_bytes, import_file, parse_input_binding};
+pub use import::{DEFAULT_MAX_CONSTANT_BYTES, ImportOptions, import_bytes, import_file, parse_input_binding};
 pub use proto::{MAX_MODEL_BYTES, dtype_name, read_tensor_file, tensor_from_proto};
 pub use shards::InitializerIndex;
 

@@ -44,11 +44,23 @@ fn attr_ints(name: &str, ints: &[i64]) -> pb::AttributeProto {
 }
 
 fn ints(name: &str, dims: &[i64], v: &[i64]) -> pb::TensorProto {
-    pb::TensorProto { name: name.into(), dims: dims.to_vec(), data_type: 7, int64_data: v.to_vec(), ..Default::default() }
+    pb::TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn floats(name: &str, dims: &[i64], v: &[f32]) -> pb::TensorProto {
-    pb::TensorProto { name: name.into(), dims: dims.to_vec(), data_type: 1, float_data: v.to_vec(), ..Default::default() }
+    pb::TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn model(
@@ -209,7 +221,12 @@ fn conv_with_huge_padding_is_an_error_naming_the_node() {
             &["x", "w"],
             &["y"],
             vec![
-                pb::AttributeProto { name: "auto_pad".into(), r#type: 3, s: b"SAME_UPPER".to_vec(), ..Default::default() },
+                pb::AttributeProto {
+                    name: "auto_pad".into(),
+                    r#type: 3,
+                    s: b"SAME_UPPER".to_vec(),
+                    ..Default::default()
+                },
                 attr_ints("dilations", &[i64::MAX, 1]),
             ],
         )],
@@ -249,16 +266,13 @@ fn a_name_written_twice_is_an_error_naming_both_writers() {
         vec!["y"],
     );
     fails(&twice, &["second", "first", "output 0 (y)"]);
-    let shadows_init = model(
-        vec![node("n", "Relu", &["x"], &["w"], vec![])],
-        vec![floats("w", &[3], &[1.0; 3])],
-        x(),
-        vec!["w"],
-    );
+    let shadows_init =
+        model(vec![node("n", "Relu", &["x"], &["w"], vec![])], vec![floats("w", &[3], &[1.0; 3])], x(), vec!["w"]);
     fails(&shadows_init, &["node n", "an initializer"]);
     let shadows_input = model(vec![node("n", "Relu", &["x"], &["x"], vec![])], vec![], x(), vec!["x"]);
     fails(&shadows_input, &["node n", "a graph input"]);
-    let same_node = model(vec![node("n", "Split", &["x"], &["a", "a"], vec![])], vec![], vec![vi("x", 1, &[4])], vec!["a"]);
+    let same_node =
+        model(vec![node("n", "Split", &["x"], &["a", "a"], vec![])], vec![], vec![vi("x", 1, &[4])], vec!["a"]);
     fails(&same_node, &["node n", "output 1 (a)", "node n"]);
     let two_inits = model(
         vec![node("n", "Add", &["x", "w"], &["y"], vec![])],
@@ -267,7 +281,12 @@ fn a_name_written_twice_is_an_error_naming_both_writers() {
         vec!["y"],
     );
     fails(&two_inits, &["tensor w", "two initializers"]);
-    let two_inputs = model(vec![node("n", "Relu", &["x"], &["y"], vec![])], vec![], vec![vi("x", 1, &[3]), vi("x", 1, &[4])], vec!["y"]);
+    let two_inputs = model(
+        vec![node("n", "Relu", &["x"], &["y"], vec![])],
+        vec![],
+        vec![vi("x", 1, &[3]), vi("x", 1, &[4])],
+        vec!["y"],
+    );
     fails(&two_inputs, &["input x", "two inputs"]);
 }
 
@@ -277,7 +296,10 @@ fn split_outputs_must_match_the_elements() {
         model(vec![node("cut", "Split", ins, outs, attrs)], inits, vec![vi("x", 1, &[2, 4])], vec![outs[0]])
     };
     fails(&split(&["a", "b", "c"], vec![], &["x"], vec![]), &["cut", "more outputs than elements"]);
-    fails(&split(&["a", "b"], vec![ints("s", &[3], &[1, 1, 0])], &["x", "s"], vec![]), &["cut", "3 sizes for 2 outputs"]);
+    fails(
+        &split(&["a", "b"], vec![ints("s", &[3], &[1, 1, 0])], &["x", "s"], vec![]),
+        &["cut", "3 sizes for 2 outputs"],
+    );
     fails(&split(&["a", "b"], vec![], &["x"], vec![attr_int("num_outputs", 3)]), &["cut", "num_outputs=3"]);
     // Equal chunks whose last ones would be empty: 4 into 3 chunks of 2.
     fails(&split(&["a", "b", "c"], vec![], &["x"], vec![attr_int("axis", 1)]), &["cut", "chunks of 2"]);
@@ -339,15 +361,14 @@ fn temporary_constants_are_never_confused() {
         vec!["a", "b", "c"],
     );
     let g = import(&bytes).unwrap();
-    let mut divisors: Vec<f32> = g
-        .g
-        .node_indices()
-        .filter(|&n| matches!(g.node(n).op, Op::Binary(ir::BinaryOp::Div)))
-        .map(|n| match &g.node(g.node_inputs(n)[1].node).op {
-            Op::Constant(t) => t.as_f32().unwrap()[0],
-            op => panic!("divisor is {}", op.name()),
-        })
-        .collect();
+    let mut divisors: Vec<f32> =
+        g.g.node_indices()
+            .filter(|&n| matches!(g.node(n).op, Op::Binary(ir::BinaryOp::Div)))
+            .map(|n| match &g.node(g.node_inputs(n)[1].node).op {
+                Op::Constant(t) => t.as_f32().unwrap()[0],
+                op => panic!("divisor is {}", op.name()),
+            })
+            .collect();
     divisors.sort_by(f32::total_cmp);
     assert_eq!(divisors, vec![2.0, 3.0, 4.0]);
 }
@@ -356,11 +377,22 @@ fn temporary_constants_are_never_confused() {
 fn a_175b_model_plans_weight_free_under_the_default_ceiling() {
     let c = tracer::generate::GptConfig { layers: 96, hidden: 12288, heads: 96, seq: 2048, vocab: 50257, batch: 1 };
     let bytes = tracer::generate::gpt(&c).unwrap();
-    let g = import_bytes(&bytes, "gpt", "gpt", None, &ImportOptions { load_weights: false, ..Default::default() })
-        .unwrap();
+    let g =
+        import_bytes(&bytes, "gpt", "gpt", None, &ImportOptions { load_weights: false, ..Default::default() }).unwrap();
     let (params, bytes) = g.param_stats();
     assert_eq!(params, c.parameters());
     assert!(params > 174_000_000_000, "{params}");
     assert_eq!(bytes, params * DType::F32.size());
     assert!(g.param_data.is_empty());
+}
+
+#[test]
+fn declared_inputs_are_checked() {
+    let relu = || vec![node("r", "Relu", &["x"], &["y"], vec![])];
+    fails(&model(relu(), vec![], vec![vi("x", 1, &[2, -3])], vec!["y"]), &["input x", "dim -3"]);
+    // An input that names an initializer takes its value, and must declare its type.
+    let w = || floats("x", &[3], &[1.0; 3]);
+    assert!(import(&model(relu(), vec![w()], vec![vi("x", 1, &[3])], vec!["y"])).is_ok());
+    fails(&model(relu(), vec![w()], vec![vi("x", 1, &[4])], vec!["y"]), &["input x", "initializer"]);
+    fails(&model(relu(), vec![w()], vec![vi("x", 7, &[3])], vec!["y"]), &["input x", "int64"]);
 }
