@@ -292,7 +292,8 @@ impl<'a> Importer<'a> {
             // ONNX IR < 4); its declared type must then be the initializer's, not another.
             if let Some(t) = self.inits.get(&vi.name) {
                 let same_rank = tt.shape.is_none() || dims.len() == t.dims.len();
-                let same_dims = same_rank && dims.iter().zip(&t.dims).all(|(d, &td)| d.is_none_or(|d| d == td || d == 0));
+                let same_dims =
+                    same_rank && dims.iter().zip(&t.dims).all(|(d, &td)| d.is_none_or(|d| d == td || d == 0));
                 if tt.elem_type != t.data_type || !same_dims {
                     return Err(bad(format!(
                         "declares {} {dims:?} but the initializer of this name is {} {:?}",
