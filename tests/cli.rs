@@ -392,8 +392,9 @@ fn weight_free_model_cannot_run() {
 #[test]
 fn io_errors_are_not_repeated() {
     let dir = tempdir();
-    let line = fails(&["inspect", &dir.path().display().to_string()], &["cannot read"]);
-    assert_eq!(line.matches("os error").count(), 1, "{line}");
+    // A directory is refused before any read, so no OS error is quoted at all.
+    let line = fails(&["inspect", &dir.path().display().to_string()], &["cannot read", "not a regular file"]);
+    assert!(line.matches("os error").count() <= 1, "{line}");
     let line = fails(&["infer", &model("mlp.onnx"), "--feed", "x=no/such/x.npy"], &["no/such/x.npy"]);
     assert_eq!(line.matches("os error").count(), 1, "{line}");
 }
@@ -731,7 +732,7 @@ fn autoparallelize_and_explain() {
         &["plan", &m, "--mesh", "2x2", "--memory", "1KiB", "--loss", "mse:y:t", "-o", &plan],
         &["no plan fits 1.00 KiB per rank", "use --memory"],
     );
-    fails(&["plan", &m, "--mesh", "2x2", "--memory", "lots", "-o", &plan], &["--memory lots"]);
+    fails(&["plan", &m, "--mesh", "2x2", "--memory", "lots", "-o", &plan], &["'lots'", "--memory"]);
     fails(
         &["plan", &m, "--mesh", "2x2", "--memory", "1GiB", "--strategy", "fsdp", "-o", &plan],
         &["unknown strategy `fsdp`"],

@@ -1053,11 +1053,8 @@ impl<'a> Importer<'a> {
                         None => m.shape.iter().copied().filter(|&d| d != 1).collect(),
                         Some(a) => {
                             let a = a.iter().map(|&x| norm_axis(x, m.rank())).collect::<Result<Vec<_>, _>>()?;
-                            if let Some(&bad) = a.iter().find(|&&i| m.shape[i] != 1) {
-                                return Err(format!(
-                                    "cannot squeeze dim {bad} of size {} in {:?}",
-                                    m.shape[bad], m.shape
-                                ));
+                            if let Some(&bad) = a.iter().find(|&&i| m.shape.get(i) != Some(&1)) {
+                                return Err(format!("cannot squeeze dim {bad} of {:?}: not of size 1", m.shape));
                             }
                             m.shape.iter().enumerate().filter(|(i, _)| !a.contains(i)).map(|(_, &d)| d).collect()
                         }
@@ -1106,7 +1103,7 @@ impl<'a> Importer<'a> {
                 let x = self.need(n, 0)?;
                 let m = self.meta(&x);
                 let axis = norm_axis(n.int("axis", 0), m.rank())?;
-                let d = m.shape[axis];
+                let d = *m.shape.get(axis).ok_or("cannot split a scalar")?;
                 let given = if self.opset >= 13 { self.const_ints(n, 1, "split")? } else { n.ints("split") };
                 let outs = n.node.output.len();
                 let sizes: Vec<usize> = match given {
