@@ -521,6 +521,7 @@ fn fuzz_child(target: &'static str, mutate: Mutator, exec: Exec) {
     let seeds = corpus(target);
     let mut rng = Rng(seed ^ hash(target.as_bytes()));
     let mut pool: Vec<Vec<u8>> = seeds.clone();
+    let largest = seeds.iter().map(Vec::len).max().unwrap_or(0);
     let mut kinds: HashSet<String> = HashSet::new();
     let mut sites: HashSet<String> = HashSet::new();
     let (mut execs, mut accepted, mut slowest) = (0u64, 0u64, (Duration::ZERO, 0usize));
@@ -572,8 +573,9 @@ fn fuzz_child(target: &'static str, mutate: Mutator, exec: Exec) {
                 "ok".to_string()
             }
         };
-        // A new kind of outcome: keep the input to mutate further.
-        if kinds.insert(kind) && !pool.contains(&input) {
+        // A new kind of outcome: keep the input to mutate further (unless it has grown past
+        // twice the largest seed: splices and duplications would make every later run slower).
+        if kinds.insert(kind) && input.len() <= 2 * largest && !pool.contains(&input) {
             if pool.len() < 512 {
                 pool.push(input);
             } else {
