@@ -23,6 +23,7 @@
 //! - `AUTOPAR_FUZZ_SEED`: the random seed (default: from the clock; printed);
 //! - `AUTOPAR_FUZZ_INPUT_SECS`: the per-input time cap (default 10);
 //! - `AUTOPAR_FUZZ_MAX_BYTES`: the allocation cap, single and live total (default 1 GiB);
+//! - `AUTOPAR_FUZZ_SHOW_KINDS`: print each new kind of outcome (for tuning the mutators);
 //! - `AUTOPAR_FUZZ_REPLAY=FILE` (an absolute path): run only FILE through each selected target,
 //!   once, and report (`cargo test --workspace --test fuzz fuzz_onnx -- --nocapture` with it set
 //!   replays one ONNX input).
@@ -353,7 +354,10 @@ impl Worker {
 fn error_kind(e: &str) -> String {
     let mut out = String::new();
     let mut quoted = false;
-    for c in e.chars().take(160) {
+    for c in e.chars().take(4096) {
+        if out.len() >= 120 {
+            break;
+        }
         match c {
             '`' | '"' | '\'' => {
                 quoted = !quoted;
@@ -409,7 +413,7 @@ fn fuzz(target: &'static str, mutate: Mutator, exec: Exec) {
     let mut findings: BTreeMap<String, (String, String, PathBuf)> = BTreeMap::new();
     let (mut execs, mut accepted, mut children) = (0u64, 0u64, 0u64);
     let mut last_line = String::new();
-    while children == 0 || (t0.elapsed().as_secs_f64() < secs && children < 100 && findings.len() < 30) {
+    while children == 0 || (t0.elapsed().as_secs_f64() < secs && children < 1000 && findings.len() < 30) {
         let left = (secs - t0.elapsed().as_secs_f64()).max(0.0);
         let _ = std::fs::remove_file(dir.join("execs"));
         let _ = std::fs::remove_file(dir.join("current"));
@@ -521,6 +525,8 @@ fn fuzz_child(target: &'static str, mutate: Mutator, exec: Exec) {
     let seeds = corpus(target);
     let mut rng = Rng(seed ^ hash(target.as_bytes()));
     let mut pool: Vec<Vec<u8>> = seeds.clone();
+    let largest = seeds.iter().map(Vec::len).max().unwrap_or(0);
+    let show_kinds = std::env::var("AUTOPAR_FUZZ_SHOW_KINDS").is_ok();
     let mut kinds: HashSet<String> = HashSet::new();
     let mut sites: HashSet<String> = HashSet::new();
     let (mut execs, mut accepted, mut slowest) = (0u64, 0u64, (Duration::ZERO, 0usize));
@@ -572,8 +578,12 @@ fn fuzz_child(target: &'static str, mutate: Mutator, exec: Exec) {
                 "ok".to_string()
             }
         };
-        // A new kind of outcome: keep the input to mutate further.
-        if kinds.insert(kind) && !pool.contains(&input) {
+        // A new kind of outcome: keep the input to mutate further (unless it has grown past
+        // twice the largest seed: splices and duplications would make every later run slower).
+        if show_kinds && !kinds.contains(&kind) {
+            println!("new kind: {kind}");
+        }
+        if kinds.insert(kind) && input.len() <= 2 * largest && !pool.contains(&input) {
             if pool.len() < 512 {
                 pool.push(input);
             } else {
