@@ -587,3 +587,61 @@ impl Plan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_ids_have_one_spelling() {
+        let v = |n: usize, s: usize| Value::new(NodeIndex::new(n), s);
+        assert_eq!(parse_id("%5"), Some(Id { value: v(5, 0), copy: None }));
+        assert_eq!(parse_id("%5.2@17"), Some(Id { value: v(5, 2), copy: Some(17) }));
+        assert_eq!(parse_id("%0@0"), Some(Id { value: v(0, 0), copy: Some(0) }));
+        for bad in ["5", "%", "%05", "%5.0", "%+5", "%5.", "%5@", "%5@x", "%5@01", "%-1", "%5.1.2", " %5"] {
+            assert_eq!(parse_id(bad), None, "{bad}");
+        }
+    }
+
+    /// Every one-step transform the layout converter emits (and so every collective a planner's
+    /// program holds) turns its spec into the converter's `after`, as [`spec_after`] computes it.
+    #[test]
+    fn spec_after_agrees_with_the_converter() {
+        for shape in [vec![2usize, 2], vec![2, 2, 2]] {
+            let mesh = DeviceMesh::uniform(&shape).unwrap();
+            let tensor = [8usize, 8, 4];
+            let target: ShardingSpec = if shape.len() == 2 { "R R R | P01" } else { "R R R | P012" }.parse().unwrap();
+            let mut seen: HashSet<ShardingSpec> = HashSet::new();
+            let mut todo = vec![ShardingSpec::replicated(3), target.clone()];
+            let mut steps = 0;
+            while let Some(spec) = todo.pop() {
+                if !seen.insert(spec.clone()) {
+                    continue;
+                }
+                for st in sharding::convert::neighbours(&spec, &target, &tensor, 4, &mesh) {
+                    assert_eq!(
+                        spec_after(&st.collective, &spec, &mesh).as_ref(),
+                        Ok(&st.after),
+                        "{} on `{spec}`",
+                        st.collective
+                    );
+                    steps += 1;
+                    todo.push(st.after);
+                }
+            }
+            assert!(steps > 100, "only {steps} transforms on {shape:?}");
+        }
+        // What the converter never emits is refused.
+        let mesh = DeviceMesh::uniform(&[2, 2]).unwrap();
+        let s: ShardingSpec = "S01 R".parse().unwrap();
+        let gather = |axes: Vec<usize>, dim| Collective::AllGather { axes, dim };
+        assert!(spec_after(&gather(vec![0], 0), &s, &mesh).unwrap_err().contains("innermost"));
+        assert!(spec_after(&gather(vec![1, 1], 0), &s, &mesh).unwrap_err().contains("twice"));
+        assert!(spec_after(&gather(vec![2], 0), &s, &mesh).unwrap_err().contains("does not exist"));
+        assert!(spec_after(&gather(vec![1], 2), &s, &mesh).unwrap_err().contains("dim 2"));
+        let max = Collective::AllReduce { axes: vec![0], op: ReduceKind::Max };
+        assert!(spec_after(&max, &"R R | P0".parse().unwrap(), &mesh).is_err());
+        let slice = Collective::Slice { axes: vec![0], dim: 1 };
+        assert!(spec_after(&slice, &s, &mesh).unwrap_err().contains("not replicated"));
+    }
+}
