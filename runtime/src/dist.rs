@@ -113,6 +113,9 @@ pub(crate) enum Kernel {
 }
 
 /// One compiled instruction.
+// Instructions are compiled once and walked every step: the op variant stays inline rather than
+// boxed (one indirection per instruction per step for a few hundred bytes per instruction).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub(crate) enum Exec {
     /// A parameter or optimizer state: its storage becomes the slot's value.

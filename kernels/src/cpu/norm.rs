@@ -107,7 +107,7 @@ pub(crate) fn softmax(ctx: &CpuContext, x: &Tensor, axis: usize, log: bool) -> R
     let bad = |message: String| Error::BadInput { op, message };
     let len = *s.get(axis).ok_or_else(|| bad(format!("axis {axis} out of range for {s:?}")))?;
     let block = ir::shape::checked_numel(&s[axis..]).ok_or_else(|| bad(format!("shape {s:?} overflows")))?;
-    let inner = if len == 0 { 0 } else { block / len };
+    let inner = block.checked_div(len).unwrap_or(0);
     let mut out = vec![0.0; xv.len()];
     if block == 0 {
         return tensor(op, s, F::data(out));
