@@ -206,7 +206,7 @@ impl N<'_> {
 fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
-    if a < 0 || a >= r.max(1) {
+    if a < 0 || a >= r {
         return Err(format!("axis {axis} is out of range for rank {rank}"));
     }
     Ok(a as usize)
