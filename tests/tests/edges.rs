@@ -289,19 +289,15 @@ fn check_links(b: &Built, groups: &Groups) -> Result<usize> {
         let local = |sp: usize, t: usize| node.costs[t] as i128 + at(main, par, sp, t);
         match l.why {
             Why::Tie => {
-                for sp in 0..k[par] {
+                for (sp, &to) in l.map.iter().enumerate() {
                     let allowed: Vec<usize> = (0..k[c]).filter(|&t| at(main, par, sp, t) < FORBIDDEN as i128).collect();
-                    ensure!(
-                        allowed == [l.map[sp]],
-                        "tie {c} <- {par} at {sp}: maps to {} but {allowed:?} allowed",
-                        l.map[sp]
-                    );
+                    ensure!(allowed == [to], "tie {c} <- {par} at {sp}: maps to {to} but {allowed:?} allowed");
                 }
             }
             Why::Cheapest => {
-                for sp in 0..k[par] {
+                for (sp, &to) in l.map.iter().enumerate() {
                     let best = (0..k[c]).min_by_key(|&t| (local(sp, t), node.usages[t], t));
-                    ensure!(best == Some(l.map[sp]), "cheapest {c} <- {par} at {sp}: {} but {best:?}", l.map[sp]);
+                    ensure!(best == Some(to), "cheapest {c} <- {par} at {sp}: {to} but {best:?}");
                 }
             }
             Why::Proven => {
@@ -313,8 +309,7 @@ fn check_links(b: &Built, groups: &Groups) -> Result<usize> {
                     .map(|(i, e)| (i, if e.nodes.0 == c { e.nodes.1 } else { e.nodes.0 }))
                     .collect();
                 let mut worst: HashMap<(usize, usize), i128> = HashMap::new();
-                for sp in 0..k[par] {
-                    let a = l.map[sp];
+                for (sp, &a) in l.map.iter().enumerate() {
                     for t in (0..k[c]).filter(|&t| t != a) {
                         ensure!(
                             !memory || node.usages[a] <= node.usages[t],
@@ -379,23 +374,19 @@ fn check_folded(b: &Built, f: &Folding) -> Result<()> {
         let (a, c) = e.nodes;
         let ((ga, ma), (gc, mc)) = (of[a], of[c]);
         if ga == gc {
-            for s in 0..kf[ga] {
-                node_want[ga][s] += e.cost_from(a, ma[s], mc[s], &k) as u128;
+            for (s, (&sa, &sc)) in ma.iter().zip(mc).enumerate() {
+                node_want[ga][s] += e.cost_from(a, sa, sc, &k) as u128;
             }
             continue;
         }
         let (lo, hi) = (ga.min(gc), ga.max(gc));
         let m = edge_want.entry((lo, hi)).or_insert_with(|| vec![0; kf[lo] * kf[hi]]);
-        for sa in 0..kf[ga] {
-            for sc in 0..kf[gc] {
+        for (sa, &xa) in ma.iter().enumerate() {
+            for (sc, &xc) in mc.iter().enumerate() {
                 let at = if ga == lo { sa * kf[hi] + sc } else { sc * kf[hi] + sa };
                 // Read from the second end half the time: both must agree.
-                let c = if (sa + sc) % 2 == 0 {
-                    e.cost_from(a, ma[sa], mc[sc], &k)
-                } else {
-                    e.cost_from(c, mc[sc], ma[sa], &k)
-                };
-                m[at] += c as u128;
+                let cost = if (sa + sc) % 2 == 0 { e.cost_from(a, xa, xc, &k) } else { e.cost_from(c, xc, xa, &k) };
+                m[at] += cost as u128;
             }
         }
     }
@@ -407,13 +398,8 @@ fn check_folded(b: &Built, f: &Folding) -> Result<()> {
             "folded node {gi} (members {:?}) has a forbidden strategy",
             groups[gi].iter().map(|m| m.node).collect::<Vec<_>>()
         );
-        for s in 0..kf[gi] {
-            ensure!(
-                node.costs[s] == clamp(want[s]),
-                "folded node {gi} at {s}: {} but members sum to {}",
-                node.costs[s],
-                want[s]
-            );
+        for (s, (&have, &sum)) in node.costs.iter().zip(want).enumerate() {
+            ensure!(have == clamp(sum), "folded node {gi} at {s}: {have} but members sum to {sum}");
         }
     }
     let have: BTreeSet<(usize, usize)> = fp.edges.iter().map(|e| e.nodes).collect();
