@@ -155,6 +155,33 @@ pub struct Groups {
     /// Nodes whose decision is shared with the same node of another repeated layer (members of
     /// tied groups beyond the first layer's).
     pub tied: usize,
+    /// Every node whose strategy was made a function of a neighbour's (before repeated layers
+    /// are tied), in the order they were attached: the groups are these links' trees.
+    pub links: Vec<Link>,
+}
+
+/// One node made to follow a neighbour: when `parent` takes strategy `s`, `child` takes `map[s]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// The following node.
+    pub child: usize,
+    /// The node it follows (an endpoint of an edge with `child`).
+    pub parent: usize,
+    /// The child's strategy for each of the parent's.
+    pub map: Vec<usize>,
+    /// Why the map loses nothing, or what it gives up.
+    pub why: Why,
+}
+
+/// Why a [`Link`] was made (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// An exact tie: each of the parent's strategies allows exactly one of the child's.
+    Tie,
+    /// A follow op whose response is proven at least as good as any other ([`Merge::Proven`]).
+    Proven,
+    /// A follow op with its cheapest response ([`Merge::Cheapest`]).
+    Cheapest,
 }
 
 /// Mesh axes of size > 1.
@@ -296,6 +323,7 @@ impl Built {
         // Cost of the edge between a at sa and b at sb.
         let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> u64 { e.cost_from(a, sa, sb, &k) };
         let mut forest = Forest::new(n);
+        let mut links = Vec::new();
         // Exact ties: b's strategy is a function of a's (one allowed entry per row).
         for e in &self.problem.edges {
             let (u, v) = e.nodes;
@@ -308,8 +336,9 @@ impl Built {
                     })
                     .collect();
                 if let Some(f) = f
-                    && forest.attach(b, a, f)
+                    && forest.attach(b, a, f.clone())
                 {
+                    links.push(Link { child: b, parent: a, map: f, why: Why::Tie });
                     break;
                 }
             }
@@ -332,19 +361,24 @@ impl Built {
                     .map(|&i| &self.problem.edges[i])
                     .filter(|o| o.nodes.0 != o.nodes.1)
                     .collect();
-                let f = if how.merge == Merge::Cheapest {
-                    Some(cheapest_response(&self.problem, &k, &self.problem.edges[main], u, v))
+                let (f, why) = if how.merge == Merge::Cheapest {
+                    (Some(cheapest_response(&self.problem, &k, &self.problem.edges[main], u, v)), Why::Cheapest)
                 } else {
-                    proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds)
+                    (
+                        proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds),
+                        Why::Proven,
+                    )
                 };
-                if let Some(f) = f {
-                    forest.attach(v, u, f);
+                if let Some(f) = f
+                    && forest.attach(v, u, f.clone())
+                {
+                    links.push(Link { child: v, parent: u, map: f, why });
                 }
             }
         }
         let trees = forest.trees(&k);
         if !how.tie_layers {
-            return Groups { groups: trees.into_iter().filter(|t| t.len() > 1).collect(), tied: 0 };
+            return Groups { groups: trees.into_iter().filter(|t| t.len() > 1).collect(), tied: 0, links };
         }
         // Repeated layers: trees whose members have the same layer patterns, ops, shapes,
         // strategy lists and maps share one decision.
@@ -395,7 +429,7 @@ impl Built {
             }
         }
         groups.extend(trees.into_iter().enumerate().filter(|(t, m)| !in_tie[*t] && m.len() > 1).map(|(_, m)| m));
-        Groups { groups, tied }
+        Groups { groups, tied, links }
     }
 }
 

@@ -372,3 +372,97 @@ fn compress_time(p: &Problem, cap: u64) -> (Vec<u64>, Vec<Piece>, Vec<usize>, Ve
     piece_start.push(pieces.len());
     (steps, pieces, piece_start, pusage)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{Edge, Node};
+    use rand::{Rng, SeedableRng};
+
+    /// A random problem whose edges join nodes of different strategy counts in both
+    /// orientations (`u > v` as well as `u < v`), with parallel edges and self-loops.
+    fn random(rng: &mut rand::rngs::SmallRng, n: usize) -> Problem {
+        let nodes: Vec<Node> = (0..n)
+            .map(|_| {
+                let k = rng.random_range(1..=5);
+                let start = rng.random_range(0..6);
+                Node::new(
+                    (start, start + rng.random_range(1..5)),
+                    (0..k).map(|_| rng.random_range(0..50)).collect(),
+                    (0..k).map(|_| rng.random_range(0..10)).collect(),
+                )
+            })
+            .collect();
+        let edges = (0..3 * n)
+            .map(|_| {
+                let (a, b) = (rng.random_range(0..n), rng.random_range(0..n));
+                let kk = nodes[a].strategies() * nodes[b].strategies();
+                Edge { nodes: (a, b), costs: (0..kk).map(|_| rng.random_range(0..40)).collect() }
+            })
+            .collect();
+        Problem { name: "random".into(), nodes, edges, usage_limit: Some(rng.random_range(5..40)) }
+    }
+
+    /// The compiled matrices are the problem's edges seen from each end: every adjacency row
+    /// is the sum of the parallel edges' entries read through [`Edge::cost_from`] (self-loops
+    /// in the node costs), and whole solutions cost what [`Problem::evaluate`] says. Edge
+    /// orientation and unequal strategy counts are where a row-major index goes wrong.
+    #[test]
+    fn matrices_are_the_edges_seen_from_each_end() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        for case in 0..200 {
+            let n = rng.random_range(2..8);
+            let p = random(&mut rng, n);
+            let m = Model::new(&p);
+            let k: Vec<usize> = p.nodes.iter().map(Node::strategies).collect();
+            for i in 0..n {
+                let mut own: Vec<f64> = p.nodes[i].costs.iter().map(|&c| c as f64).collect();
+                for e in p.edges.iter().filter(|e| e.nodes == (i, i)) {
+                    for (s, c) in own.iter_mut().enumerate() {
+                        *c += e.cost_from(i, s, s, &k) as f64;
+                    }
+                }
+                assert_eq!(m.costs(i), &own[..], "case {case}: node {i}");
+                for a in m.adj(i) {
+                    let j = a.other;
+                    for sj in 0..k[j] {
+                        let want: Vec<f64> = (0..k[i])
+                            .map(|si| {
+                                p.edges
+                                    .iter()
+                                    .filter(|e| e.nodes == (i, j) || e.nodes == (j, i))
+                                    .map(|e| e.cost_from(i, si, sj, &k) as f64)
+                                    .sum()
+                            })
+                            .collect();
+                        assert_eq!(m.row(i, a, sj), &want[..], "case {case}: edge {i}-{j} at {sj}");
+                    }
+                }
+            }
+            let r = crate::reduce::reduce(&p);
+            for _ in 0..10 {
+                let x: Vec<usize> = k.iter().map(|&ki| rng.random_range(0..ki)).collect();
+                assert_eq!(m.total_cost(&x), p.evaluate(&x).unwrap().cost as f64, "case {case}");
+                let y: Vec<usize> = r.problem.nodes.iter().map(|nd| rng.random_range(0..nd.strategies())).collect();
+                assert_eq!(
+                    r.problem.evaluate(&y).unwrap().cost,
+                    p.evaluate(&r.expand(&y)).unwrap().cost,
+                    "case {case}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cost_from_reads_either_end() {
+        // Node 0 has 2 strategies, node 1 has 3: entry (s0, s1) is 10 * s0 + s1.
+        let e = Edge { nodes: (0, 1), costs: vec![0, 1, 2, 10, 11, 12] };
+        let k = [2, 3];
+        for s0 in 0..2 {
+            for s1 in 0..3 {
+                assert_eq!(e.cost_from(0, s0, s1, &k), (10 * s0 + s1) as u64);
+                assert_eq!(e.cost_from(1, s1, s0, &k), (10 * s0 + s1) as u64);
+            }
+        }
+    }
+}
