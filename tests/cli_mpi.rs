@@ -109,6 +109,10 @@ fn mpi_runs_equal_single_device() {
                         continue;
                     }
                 };
+                // As `autopar plan` records it: absolute, with the hash `run` checks.
+                let index = tracer::InitializerIndex::open(&path).unwrap();
+                let files = std::iter::once(path.as_path()).chain(index.external_files());
+                plan.model.source_hash = Some(codegen::ModelInfo::file_hash(files).unwrap());
                 plan.model.source = Some(path.display().to_string());
                 let pfile = dir.path().join(format!("{}-{}x{}-{}.json", c.model, shape[0], shape[1], b.name()));
                 std::fs::write(&pfile, plan.to_json()).unwrap();

@@ -82,12 +82,14 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    /// The hash recorded in [`ModelInfo::source_hash`]: FNV-1a (64-bit) over the bytes of
-    /// `files` one after the other (the model file, then its external data files in a fixed
-    /// order), written `fnv1a64:<16 hex digits>`. Only regular files are read.
+    /// The hash recorded in [`ModelInfo::source_hash`]: SHA-256 of the bytes of `files` one
+    /// after the other (the model file, then its external data files in a fixed order), written
+    /// `sha256:<64 hex digits>`. Only regular files are read. (A cryptographic hash because it is
+    /// also fast: about 1.5 GB/s with the SHA instructions of current x86 and ARM cores.)
     pub fn file_hash<'a>(files: impl IntoIterator<Item = &'a std::path::Path>) -> std::io::Result<String> {
+        use sha2::Digest;
         use std::io::Read;
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut h = sha2::Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         for path in files {
             let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
@@ -97,10 +99,11 @@ impl ModelInfo {
                 if n == 0 {
                     break;
                 }
-                h = buf[..n].iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+                h.update(&buf[..n]);
             }
         }
-        Ok(format!("fnv1a64:{h:016x}"))
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("sha256:{hex}"))
     }
 }
 

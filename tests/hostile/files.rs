@@ -216,7 +216,7 @@ fn plans_record_the_model_absolute_and_hashed() {
     assert!(Path::new(source).is_absolute(), "{source}");
     assert_eq!(Path::new(source), m.canonicalize().unwrap());
     let hash = plan["model"]["source_hash"].as_str().unwrap();
-    assert!(hash.starts_with("fnv1a64:") && hash.len() == 24, "{hash}");
+    assert!(hash.starts_with("sha256:") && hash.len() == 71, "{hash}");
     // A relative model path on the command line is recorded absolute too.
     let q = s(&dir.path().join("q.json"));
     ok_in(
