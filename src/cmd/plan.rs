@@ -42,6 +42,10 @@ pub struct PlanArgs {
     /// Bind an input's shape, e.g. `input_ids=8x1024` (the global batch).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
+    /// Parameters not to train (repeatable; exact initializer names), as `train --freeze`: no
+    /// gradient, no update, no optimizer state.
+    #[arg(long = "freeze", value_name = "PARAM")]
+    pub freeze: Vec<String>,
     /// Largest constant the importer may compute (folded shape arithmetic, ConstantOfShape,
     /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
     #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
@@ -116,7 +120,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if progress {
         eprintln!("building the training graph ({loss}) ...");
     }
-    let tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: vec![] })?;
+    let tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: a.freeze.clone() })?;
     if progress {
         eprintln!(
             "planning {} nodes on mesh {mesh} with {} per rank (solver limit {} s) ...",

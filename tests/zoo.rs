@@ -1,0 +1,292 @@
+//! The model zoo (issue 16): every model in `tests/data/zoo` through the whole pipeline, as a user
+//! runs it, with the `autopar` binary:
+//!
+//! 1. `inspect`: the file imports (ops, parameter count);
+//! 2. `infer` = PyTorch's outputs (`<output>.npy`), max relative error <= 1e-4 (`--expect`);
+//! 3. `train` 3 SGD steps = PyTorch's 3 losses (`losses.json`, relative 1e-4), with `--freeze` for
+//!    the initializers PyTorch does not train;
+//! 4. `plan --mesh 2x2 --memory 1GiB` is made;
+//! 5. `run` of that plan on 4 threads = `train`'s losses (relative 1e-5).
+//!
+//! The test prints the table (model, exporter, ops, params, each check) and compares each model's
+//! first failing stage with `tests/data/zoo/expected.txt`, which lists every model that does not
+//! pass all five with the stage it stops at and why. It fails when a model stops earlier than
+//! listed (a regression), stops later or passes while listed (the list must stay honest: update it),
+//! or when the list names a model the zoo lacks. `ZOO_FILTER=substring` runs only matching models
+//! and skips the checks that need all of them. `BLESS=1` rewrites `expected.txt` from this run
+//! (each model's first failing stage and its error), for a change that moves models on.
+//!
+//! The models, their inputs and PyTorch's references are made by `scripts/zoo/export.py` (see
+//! `scripts/zoo/README.md`); this test needs only the committed files.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Relative tolerance of `train` against PyTorch's losses.
+const TRAIN_RTOL: f64 = 1e-4;
+/// Relative tolerance of `run` against `train`.
+const RUN_RTOL: f64 = 1e-5;
+/// The pipeline's stages, in order.
+const STAGES: [&str; 5] = ["inspect", "infer", "train", "plan", "run"];
+
+fn zoo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/zoo")
+}
+
+/// Runs the binary in `dir`; `Ok(stdout)` on success, `Err(last stderr line)` otherwise.
+fn autopar(dir: &Path, args: &[String]) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("AUTOPAR_LOG")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .map_err(|e| format!("cannot run autopar: {e}"))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("panicked") {
+        return Err(format!("PANIC: {}", err.lines().find(|l| l.contains("panicked")).unwrap_or("")));
+    }
+    if !out.status.success() {
+        let line = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no message)");
+        return Err(line.trim().to_string());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The per-step losses of `train --json` / `run --json` (lines with a `step` and a `loss`).
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("step").is_some())
+        .filter_map(|v| v.get("loss").and_then(Value::as_f64))
+        .collect()
+}
+
+fn max_rel(ours: &[f64], reference: &[f64]) -> f64 {
+    ours.iter().zip(reference).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0, f64::max)
+}
+
+/// One model's outcome: the first stage that failed (with its message), and a cell per stage.
+struct Outcome {
+    failed: Option<(usize, String)>,
+    cells: Vec<String>,
+    ops: String,
+    params: String,
+}
+
+fn check(name: &str, model: &Value) -> Outcome {
+    let dir = zoo().join(name);
+    let work = std::env::temp_dir().join(format!("autopar-zoo-{}-{name}", std::process::id()));
+    let _ = std::fs::create_dir_all(&work);
+    let spec: Value = std::fs::read_to_string(dir.join("losses.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null);
+    let onnx = dir.join("model.onnx").display().to_string();
+    let loss = spec["loss"].as_str().unwrap_or_default().to_string();
+    let target = loss.split(':').nth(2).unwrap_or_default().to_string();
+    let lr = spec["optimizer"]["lr"].as_f64().unwrap_or(0.01).to_string();
+    let feeds: Vec<(String, String)> = spec["feeds"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), dir.join(v.as_str().unwrap_or("")).display().to_string())).collect())
+        .unwrap_or_default();
+    let feed_args = |with_target: bool| -> Vec<String> {
+        feeds
+            .iter()
+            .filter(|(k, _)| with_target || *k != target || loss.starts_with("ce-next"))
+            .flat_map(|(k, f)| ["--feed".to_string(), format!("{k}={f}")])
+            .collect()
+    };
+    let freeze: Vec<String> = spec["freeze"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).flat_map(|p| ["--freeze".to_string(), p.to_string()]).collect())
+        .unwrap_or_default();
+    let train_opts: Vec<String> =
+        ["--loss", &loss, "--optimizer", "sgd", "--lr", &lr].iter().map(|s| s.to_string()).collect();
+
+    let mut out = Outcome { failed: None, cells: vec![], ops: "-".into(), params: "-".into() };
+    let mut fail = |out: &mut Outcome, stage: usize, why: String| {
+        out.cells.push("✗".into());
+        out.failed = Some((stage, why));
+    };
+
+    // 1. inspect
+    match autopar(&work, &["inspect".into(), onnx.clone(), "--json".into()]) {
+        Ok(s) => {
+            let v: Value = serde_json::from_str(&s).unwrap_or(Value::Null);
+            out.ops = v["ops"].as_object().map_or(0, |m| m.len()).to_string();
+            out.params = v["params"].as_u64().map_or("-".into(), |p| p.to_string());
+            out.cells.push("✓".into());
+        }
+        Err(e) => {
+            fail(&mut out, 0, e);
+            return out;
+        }
+    }
+    // 2. infer = PyTorch
+    let mut args = vec!["infer".to_string(), onnx.clone()];
+    args.extend(feed_args(false));
+    for o in model["outputs"].as_array().into_iter().flatten() {
+        let o = o["name"].as_str().unwrap_or_default();
+        args.extend(["--expect".to_string(), format!("{o}={}", dir.join(format!("{o}.npy")).display())]);
+    }
+    args.push("--json".into());
+    match autopar(&work, &args) {
+        Ok(s) => {
+            let v: Value = serde_json::from_str(&s).unwrap_or(Value::Null);
+            let worst = v["checks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["max_rel_error"].as_f64())
+                .fold(0.0, f64::max);
+            out.cells.push(format!("✓ {worst:.0e}"));
+        }
+        Err(e) => {
+            fail(&mut out, 1, e);
+            return out;
+        }
+    }
+    // 3. train = PyTorch's losses
+    let mut args = vec!["train".to_string(), onnx.clone()];
+    args.extend(feed_args(true));
+    args.extend(train_opts.clone());
+    args.extend(freeze.clone());
+    args.extend(["--steps", "3", "--json"].map(String::from));
+    let reference: Vec<f64> = spec["losses"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+    let trained = match autopar(&work, &args) {
+        Ok(s) => {
+            let l = losses(&s);
+            let err = max_rel(&l, &reference);
+            if l.len() != reference.len() || err > TRAIN_RTOL {
+                fail(&mut out, 2, format!("losses {l:?} against PyTorch's {reference:?} (max rel {err:.1e})"));
+                return out;
+            }
+            out.cells.push(format!("✓ {err:.0e}"));
+            l
+        }
+        Err(e) => {
+            fail(&mut out, 2, e);
+            return out;
+        }
+    };
+    // 4. plan 2x2
+    let plan = work.join("plan.json").display().to_string();
+    let mut args =
+        vec!["plan".to_string(), onnx.clone(), "--mesh".into(), "2x2".into(), "--memory".into(), "1GiB".into()];
+    args.extend(train_opts);
+    args.extend(freeze);
+    args.extend(["-o".to_string(), plan.clone()]);
+    if let Err(e) = autopar(&work, &args) {
+        fail(&mut out, 3, e);
+        return out;
+    }
+    out.cells.push("✓".into());
+    // 5. run = train
+    let mut args = vec!["run".to_string(), plan];
+    args.extend(feed_args(true));
+    args.extend(["--steps", "3", "--json"].map(String::from));
+    match autopar(&work, &args) {
+        Ok(s) => {
+            let l = losses(&s);
+            let err = max_rel(&l, &trained);
+            if l.len() != trained.len() || err > RUN_RTOL {
+                fail(&mut out, 4, format!("run's losses {l:?} against train's {trained:?} (max rel {err:.1e})"));
+            } else {
+                out.cells.push(format!("✓ {err:.0e}"));
+            }
+        }
+        Err(e) => fail(&mut out, 4, e),
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    out
+}
+
+/// `tests/data/zoo/expected.txt`: model -> (stage it stops at, why).
+fn expected() -> BTreeMap<String, (String, String)> {
+    let text = std::fs::read_to_string(zoo().join("expected.txt")).expect("tests/data/zoo/expected.txt");
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut f = l.splitn(3, char::is_whitespace);
+            let model = f.next().unwrap_or_default().to_string();
+            let stage = f.next().unwrap_or_default().trim().to_string();
+            assert!(STAGES.contains(&stage.as_str()), "expected.txt: {model}: unknown stage {stage:?}");
+            (model, (stage, f.next().unwrap_or_default().trim().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn zoo_models_import_infer_train_plan_and_run() {
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(zoo().join("manifest.json")).expect("manifest.json"))
+            .expect("JSON");
+    let filter = std::env::var("ZOO_FILTER").ok();
+    let expected = expected();
+    let mut table = String::from(
+        "| model | exporter | ops | params | inspect | infer | train | plan 2x2 | run = train |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let (mut problems, mut passed, mut seen) = (vec![], 0, vec![]);
+    let mut blessed = String::from(
+        "# Zoo models that do not pass every stage of tests/zoo.rs (BLESS=1 rewrites this file):\n\
+         # MODEL  STAGE-IT-STOPS-AT  WHY (the error it gives)\n",
+    );
+    for m in manifest["models"].as_array().expect("models") {
+        let name = m["name"].as_str().expect("name");
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        seen.push(name.to_string());
+        let o = check(name, m);
+        let mut cells = o.cells.clone();
+        cells.resize(STAGES.len(), "·".into());
+        let _ = writeln!(
+            table,
+            "| {name} | {} | {} | {} | {} |",
+            m["exporter"].as_str().unwrap_or("?"),
+            o.ops,
+            o.params,
+            cells.join(" | ")
+        );
+        let got = o.failed.as_ref().map(|(s, _)| STAGES[*s]);
+        if let Some((stage, why)) = &o.failed {
+            eprintln!("{name}: stops at {}: {why}", STAGES[*stage]);
+            let why = why.strip_prefix("error: ").unwrap_or(why).replace(&zoo().display().to_string(), "zoo");
+            let _ = writeln!(blessed, "{name}  {}  {why}", STAGES[*stage]);
+        } else {
+            passed += 1;
+        }
+        let want = expected.get(name).map(|(s, _)| s.as_str());
+        if got != want {
+            let rank = |s: Option<&str>| s.map_or(STAGES.len(), |s| STAGES.iter().position(|x| *x == s).unwrap_or(0));
+            let how = if rank(got) < rank(want) { "REGRESSION" } else { "better than listed: update expected.txt" };
+            problems.push(format!(
+                "{name}: stops at {} but expected.txt says {} ({how})",
+                got.unwrap_or("nothing (passes)"),
+                want.unwrap_or("nothing (passes)")
+            ));
+        }
+    }
+    if std::env::var("BLESS").is_ok_and(|b| b == "1") && filter.is_none() {
+        std::fs::write(zoo().join("expected.txt"), &blessed).expect("writing expected.txt");
+        problems.clear();
+    }
+    if filter.is_none() {
+        for name in expected.keys() {
+            if !seen.contains(name) {
+                problems.push(format!("expected.txt names {name}, which the zoo does not have"));
+            }
+        }
+    }
+    // Past libtest's capture, so a plain `cargo test` shows the table.
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "\n{table}\nzoo: {passed} of {} models pass every stage", seen.len());
+    assert!(problems.is_empty(), "zoo:\n{}", problems.join("\n"));
+}
