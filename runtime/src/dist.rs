@@ -235,7 +235,10 @@ impl ParamSource for BTreeMap<String, Tensor> {
         size: &[usize],
     ) -> Result<Option<Tensor>, String> {
         match self.get(name) {
-            Some(t) if &t.meta() == meta => Ok(Some(sim::block(t, offsets, size))),
+            // The offsets come from a plan: a block outside the tensor is an error, not a panic.
+            Some(t) if &t.meta() == meta => {
+                sim::checked_block(t, offsets, size).map(Some).map_err(|e| format!("parameter {name}: {e}"))
+            }
             Some(t) => Err(format!("parameter {name} is {} but the plan needs {meta}", t.meta())),
             None => Ok(None),
         }

@@ -129,7 +129,7 @@ impl<'a> NcclHost<'a> {
         let all = all.reshaped(vec![n, t.numel()]).map_err(|e| self.bad(e.to_string()))?;
         (0..n)
             .map(|j| {
-                let row = sim::block(&all, &[j, 0], &[1, t.numel()]);
+                let row = sim::checked_block(&all, &[j, 0], &[1, t.numel()]).map_err(|e| self.bad(e.to_string()))?;
                 row.reshaped(t.shape().to_vec()).map_err(|e| self.bad(e.to_string()))
             })
             .collect()

@@ -102,7 +102,9 @@ pub fn write_id_file(path: &Path, id: &NcclId) -> Result<(), Error> {
 pub fn read_id_file(path: &Path, timeout: Duration) -> Result<NcclId, Error> {
     let start = Instant::now();
     loop {
-        match std::fs::read(path) {
+        // Only a regular file of at most an id's size is read: a path naming a device or a FIFO,
+        // or a huge file, is an error rather than an endless read.
+        match ir::files::read_regular(path, ID_BYTES as u64) {
             Ok(bytes) if bytes.len() == ID_BYTES => return NcclId::from_bytes(&bytes),
             Ok(bytes) => {
                 return Err(Error::Rendezvous(format!(
