@@ -98,6 +98,11 @@ fn checked_header(path: &Path, r: &mut impl Read, total: u64, what: &str) -> Res
     let data = total.saturating_sub(head.len() as u64);
     for shape in header_shapes(&text) {
         let shape = shape.map_err(|m| fmt(format!("header shape: {m}")))?;
+        // Readers compute strides as products of the trailing dims, which a zero dim elsewhere
+        // does not bound: the product of the non-zero dims must fit too.
+        if shape.iter().filter(|&&d| d != 0).try_fold(1u64, |a, &d| a.checked_mul(d)).is_none() {
+            return Err(fmt(format!("shape {shape:?} is too large (its dims' product overflows)")));
+        }
         let n = shape
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))

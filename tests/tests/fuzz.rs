@@ -1258,3 +1258,25 @@ fn harness_catches_panics_and_caps_allocations() {
     w.tx.send(vec![0]).unwrap();
     assert!(matches!(w.rx.recv().unwrap(), Outcome::Ok), "the cap did not refuse");
 }
+
+/// Every finding the fuzzer made (`tests/data/fuzz/crashes/<target>/`, see its NOTICE.md) stays
+/// fixed: each file runs once through its target and must end in acceptance or a clean error,
+/// never a panic.
+#[test]
+fn recorded_findings_stay_fixed() {
+    let targets: [(&str, Exec); 2] = [("onnx", exec_onnx), ("npy", exec_npy)];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/fuzz/crashes");
+    let mut ran = 0;
+    for (target, exec) in targets {
+        let Ok(dir) = std::fs::read_dir(root.join(target)) else { continue };
+        let mut files: Vec<PathBuf> = dir.map(|e| e.unwrap().path()).filter(|p| p.is_file()).collect();
+        files.sort();
+        for f in files {
+            let input = std::fs::read(&f).unwrap();
+            let outcome = std::panic::catch_unwind(|| exec(&input));
+            assert!(outcome.is_ok(), "{}: the {target} target panicked again", f.display());
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "no recorded findings under {}", root.display());
+}
