@@ -12,6 +12,9 @@ use tract_onnx::pb::{self, AttributeProto, NodeProto, TensorProto};
 use crate::proto::{dtype_name, proto_shape, tensor_from_proto};
 use crate::{ImportError, SUPPORTED_OPS};
 
+mod conv;
+mod resize;
+
 /// Options of an import.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
@@ -251,7 +254,7 @@ impl<'a> Importer<'a> {
                 self.used.insert(i.clone());
             }
             let slots: &[usize] = match n.op_type.as_str() {
-                "Conv" | "Gemm" | "LayerNormalization" => &[1, 2],
+                "Conv" | "ConvTranspose" | "Gemm" | "LayerNormalization" => &[1, 2],
                 "BatchNormalization" => &[1, 2, 3, 4],
                 "MatMul" => &[1],
                 _ => &[],
@@ -866,56 +869,8 @@ impl<'a> Importer<'a> {
                 };
                 one(self.emit1(&nm, op, &ins)?)
             }
-            "Conv" => {
-                let (x, w) = (self.need(n, 0)?, self.need(n, 1)?);
-                let (xm, wm) = (self.meta(&x), self.meta(&w));
-                if xm.rank() != 4 || wm.rank() != 4 {
-                    return Err(format!("only 2-D convolution is supported (input {xm}, weight {wm})"));
-                }
-                let k = [wm.shape[2], wm.shape[3]];
-                let (strides, dil) = (self.pair(n, "strides")?, self.pair(n, "dilations")?);
-                let pads = self.pads(n, [xm.shape[2], xm.shape[3]], k, strides, dil)?;
-                let group = n.int("group", 1);
-                if group < 1 {
-                    return Err(format!("group={group} must be >= 1"));
-                }
-                let mut ins = vec![x, w];
-                if let Some(b) = self.opt(n, 2)? {
-                    ins.push(b);
-                }
-                one(self.emit1(
-                    &nm,
-                    Op::Conv(ConvAttrs { strides, pads, dilations: dil, group: group as usize }),
-                    &ins,
-                )?)
-            }
-            "MaxPool" | "AveragePool" => {
-                let x = self.need(n, 0)?;
-                let xm = self.meta(&x);
-                let k = n.ints("kernel_shape").ok_or("kernel_shape is required")?;
-                if xm.rank() != 4 || k.len() != 2 {
-                    return Err(format!("only 2-D pooling is supported (input {xm}, kernel {k:?})"));
-                }
-                if k.iter().any(|&d| d < 1) {
-                    return Err(format!("bad kernel_shape {k:?}"));
-                }
-                let k = [k[0] as usize, k[1] as usize];
-                if op_type == "MaxPool" && n.int("storage_order", 0) != 0 {
-                    return Err("storage_order=1 is not supported".into());
-                }
-                let (strides, dil) = (self.pair(n, "strides")?, self.pair(n, "dilations")?);
-                let pads = self.pads(n, [xm.shape[2], xm.shape[3]], k, strides, dil)?;
-                let a = PoolAttrs {
-                    kernel: k,
-                    strides,
-                    pads,
-                    dilations: dil,
-                    ceil_mode: n.int("ceil_mode", 0) != 0,
-                    count_include_pad: n.int("count_include_pad", 0) != 0,
-                };
-                let op = if op_type == "MaxPool" { Op::MaxPool(a) } else { Op::AveragePool(a) };
-                one(self.emit1(&nm, op, &[x])?)
-            }
+            "Conv" => one(self.conv(n)?),
+            "MaxPool" | "AveragePool" => one(self.pool(n, op_type == "MaxPool")?),
             "GlobalAveragePool" => {
                 let x = self.need(n, 0)?;
                 one(self.emit1(&nm, Op::GlobalAveragePool, &[x])?)
@@ -1265,6 +1220,11 @@ impl<'a> Importer<'a> {
                 }
                 one(self.emit1(&nm, Op::Pad { pads, value }, &[x])?)
             }
+            "ConvTranspose" => one(self.conv_transpose(n)?),
+            "Resize" => one(self.resize(n)?),
+            "Upsample" => one(self.upsample(n)?),
+            "DepthToSpace" => one(self.pixel_shuffle(n, true)?),
+            "SpaceToDepth" => one(self.pixel_shuffle(n, false)?),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }
