@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
 
-use ir::{BinaryOp, ConvAttrs, DType, Graph, Op, PoolAttrs, ReduceOp, SliceAxis, Tensor, TensorMeta, UnaryOp, Value};
+use ir::{BinaryOp, DType, Graph, Op, ReduceOp, SliceAxis, Tensor, TensorMeta, UnaryOp, Value};
 use kernels::cpu::CpuContext;
 use prost::Message;
 use tract_onnx::pb::{self, AttributeProto, NodeProto, TensorProto};
@@ -213,38 +213,6 @@ fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
         return Err(format!("axis {axis} is out of range for rank {rank}"));
     }
     Ok(a as usize)
-}
-
-/// Pads of `auto_pad` (`SAME_UPPER`, `SAME_LOWER` or `VALID`) for one 2-D window. Arithmetic is
-/// checked: the kernel comes from a weight's shape and the dilations from attributes.
-fn same_pads(
-    auto_pad: &str,
-    input: [usize; 2],
-    kernel: [usize; 2],
-    strides: [usize; 2],
-    dil: [usize; 2],
-) -> Result<[usize; 4], String> {
-    let mut p = [0; 4];
-    match auto_pad {
-        "SAME_UPPER" | "SAME_LOWER" => {
-            for i in 0..2 {
-                let overflow = || format!("auto_pad={auto_pad}: kernel {kernel:?} with dilations {dil:?} overflows");
-                if kernel[i] == 0 || input[i] == 0 {
-                    return Err(format!("auto_pad={auto_pad} needs a non-empty kernel and input"));
-                }
-                let out = input[i].div_ceil(strides[i].max(1));
-                let ext = (kernel[i] - 1).checked_mul(dil[i]).and_then(|e| e.checked_add(1)).ok_or_else(overflow)?;
-                let total = ((out - 1) * strides[i]).checked_add(ext).ok_or_else(overflow)?.saturating_sub(input[i]);
-                let small = total / 2;
-                let (b, e) = if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
-                p[i] = b;
-                p[i + 2] = e;
-            }
-            Ok(p)
-        }
-        "VALID" => Ok(p),
-        _ => Err(format!("auto_pad={auto_pad} is not supported")),
-    }
 }
 
 impl<'a> Importer<'a> {
@@ -1226,35 +1194,6 @@ impl<'a> Importer<'a> {
             "DepthToSpace" => one(self.pixel_shuffle(n, true)?),
             "SpaceToDepth" => one(self.pixel_shuffle(n, false)?),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
-        }
-    }
-
-    fn pair(&self, n: &N, k: &str) -> Result<[usize; 2], String> {
-        match n.ints(k) {
-            None => Ok([1, 1]),
-            Some(v) if v.len() == 2 && v.iter().all(|&x| x >= 1) => Ok([v[0] as usize, v[1] as usize]),
-            Some(v) => Err(format!("{k}={v:?} must be two values >= 1")),
-        }
-    }
-
-    fn pads(
-        &self,
-        n: &N,
-        input: [usize; 2],
-        k: [usize; 2],
-        strides: [usize; 2],
-        dil: [usize; 2],
-    ) -> Result<[usize; 4], String> {
-        let auto = n.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
-        if auto != "NOTSET" && !auto.is_empty() {
-            return same_pads(&auto, input, k, strides, dil);
-        }
-        match n.ints("pads") {
-            None => Ok([0; 4]),
-            Some(p) if p.len() == 4 && p.iter().all(|&x| x >= 0) => {
-                Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])
-            }
-            Some(p) => Err(format!("pads={p:?} must be four values >= 0")),
         }
     }
 }
