@@ -763,7 +763,11 @@ fn resize_and_its_gradient() {
     ];
     for (mode, coord, nearest_mode, exclude_outside) in forms {
         // Upsampling both axes, downsampling one, and a single resized middle axis.
-        for axes in [axes((10, 2.0), (7, 1.75)), axes((3, 0.6), (8, 2.0)), vec![ResizeAxis { axis: 1, size: 5, scale: 5.0 / 3.0 }]] {
+        for axes in [
+            axes((10, 2.0), (7, 1.75)),
+            axes((3, 0.6), (8, 2.0)),
+            vec![ResizeAxis { axis: 1, size: 5, scale: 5.0 / 3.0 }],
+        ] {
             let a = ResizeAttrs { axes, mode, coord, nearest_mode, cubic_a: -0.75, exclude_outside };
             check(&ctx, Op::Resize(a.clone()), &[&x]);
             let y = a.out_shape(x.shape()).unwrap();

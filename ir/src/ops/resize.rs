@@ -141,7 +141,9 @@ pub fn coord_name(c: CoordTransform) -> &'static str {
 /// The coordinate transformation named `s` (ONNX spelling).
 pub fn coord_from_name(s: &str) -> Option<CoordTransform> {
     use CoordTransform::*;
-    [HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric].into_iter().find(|c| coord_name(*c) == s)
+    [HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric]
+        .into_iter()
+        .find(|c| coord_name(*c) == s)
 }
 
 /// Name of a nearest mode in ONNX and in the text form.

@@ -44,7 +44,8 @@ fn axis_map(
         let start: Vec<i64> = start.iter().map(|&v| v as i64).collect();
         let index: Vec<i64> = index.iter().map(|&v| v as i64).collect();
         let weight: Vec<f32> = weight.iter().map(|&v| v as f32).collect();
-        let (sd, id, wd) = (ctx.upload_slice(op, &start)?, ctx.upload_slice(op, &index)?, ctx.upload_slice(op, &weight)?);
+        let (sd, id, wd) =
+            (ctx.upload_slice(op, &start)?, ctx.upload_slice(op, &index)?, ctx.upload_slice(op, &weight)?);
         let a = [outer, shape[axis], out_len, inner].map(|v| v as i64);
         launch!(ctx, op, Family::Resize, "axis_map", grid(n);
             &mut out.s, &x.s, &sd.s, &id.s, &wd.s, &a[0], &a[1], &a[2], &a[3])?;

@@ -103,9 +103,7 @@ impl Importer<'_> {
         let (x, w) = (self.need(n, 0)?, self.need(n, 1)?);
         let (xm, wm) = (self.meta(&x), self.meta(&w));
         if xm.rank() != wm.rank() || !(3..=4).contains(&xm.rank()) {
-            return Err(format!(
-                "only 1-D and 2-D convolution are supported (input {xm}, weight {wm}; 3-D is not)"
-            ));
+            return Err(format!("only 1-D and 2-D convolution are supported (input {xm}, weight {wm}; 3-D is not)"));
         }
         let k = xm.rank() - 2;
         let kernel = wm.shape[2..].to_vec();
@@ -174,9 +172,12 @@ impl Importer<'_> {
         match k {
             2 => self.emit1(
                 &nm,
-                pool([kernel[0], kernel[1]], [strides[0], strides[1]], [pads[0], pads[1], pads[2], pads[3]], [
-                    dil[0], dil[1],
-                ]),
+                pool(
+                    [kernel[0], kernel[1]],
+                    [strides[0], strides[1]],
+                    [pads[0], pads[1], pads[2], pads[3]],
+                    [dil[0], dil[1]],
+                ),
                 &[x],
             ),
             1 => {
@@ -190,9 +191,12 @@ impl Importer<'_> {
                 // Separable: (H, W) first on [N, C*D, H, W], then D on [N, C, D, OH*OW].
                 let cd = s[1].checked_mul(s[2]).ok_or("channels * depth overflows")?;
                 let x = self.reshape_to(&format!("{nm}.hw_in"), x, vec![s[0], cd, s[3], s[4]])?;
-                let op = pool([kernel[1], kernel[2]], [strides[1], strides[2]], [pads[1], pads[2], pads[4], pads[5]], [
-                    dil[1], dil[2],
-                ]);
+                let op = pool(
+                    [kernel[1], kernel[2]],
+                    [strides[1], strides[2]],
+                    [pads[1], pads[2], pads[4], pads[5]],
+                    [dil[1], dil[2]],
+                );
                 let y = self.emit1(&format!("{nm}.hw"), op, &[x])?;
                 let (oh, ow) = (self.meta(&y).shape[2], self.meta(&y).shape[3]);
                 let y = self.reshape_to(&format!("{nm}.d_in"), y, vec![s[0], s[1], s[2], oh * ow])?;
@@ -243,10 +247,15 @@ impl Importer<'_> {
         }
         let output_shape = match n.ints("output_shape") {
             Some(v) if v.len() == k && v.iter().all(|&d| d >= 0) => Some(v.iter().map(|&d| d as usize).collect()),
-            Some(v) if v.len() == k + 2 && v.iter().all(|&d| d >= 0) => Some(v[2..].iter().map(|&d| d as usize).collect()),
+            Some(v) if v.len() == k + 2 && v.iter().all(|&d| d >= 0) => {
+                Some(v[2..].iter().map(|&d| d as usize).collect())
+            }
             Some(v) => return Err(format!("output_shape={v:?} must have {k} values >= 0")),
             None if same => Some(
-                (0..k).map(|i| input[i].checked_mul(strides[i])).collect::<Option<Vec<usize>>>().ok_or_else(overflow)?,
+                (0..k)
+                    .map(|i| input[i].checked_mul(strides[i]))
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or_else(overflow)?,
             ),
             None => None,
         };
@@ -258,8 +267,11 @@ impl Importer<'_> {
                 let mut p = vec![0; 2 * k];
                 for i in 0..k {
                     let total = full[i].saturating_sub(out[i]);
-                    let (b, e) =
-                        if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+                    let (b, e) = if auto == "SAME_UPPER" {
+                        (total / 2, total - total / 2)
+                    } else {
+                        (total - total / 2, total / 2)
+                    };
                     p[i] = b;
                     p[i + k] = e;
                 }
@@ -282,7 +294,8 @@ impl Importer<'_> {
             let (s, ws) = (&xm.shape, &wm.shape);
             let x = self.reshape_to(&format!("{nm}.x2d"), x, vec![s[0], s[1], 1, s[2]])?;
             let w = self.reshape_to(&format!("{nm}.w2d"), w, vec![ws[0], ws[1], 1, ws[2]])?;
-            let attrs = ConvAttrs { strides: lift(&strides, 1), pads: lift_pads(&pads), dilations: lift(&dil, 1), group };
+            let attrs =
+                ConvAttrs { strides: lift(&strides, 1), pads: lift_pads(&pads), dilations: lift(&dil, 1), group };
             (x, w, attrs, vec![s[0], c_out, 1, out[0]])
         } else {
             let attrs = ConvAttrs {
@@ -294,7 +307,8 @@ impl Importer<'_> {
             (x, w, attrs, vec![xm.shape[0], c_out, out[0], out[1]])
         };
         let named = |s: &str| if bias.is_none() && k == 2 { nm.clone() } else { format!("{nm}.{s}") };
-        let mut y = self.emit1(&named("2d"), Op::ConvInputGrad { attrs, shape: shape.clone() }, &[x, w])
+        let mut y = self
+            .emit1(&named("2d"), Op::ConvInputGrad { attrs, shape: shape.clone() }, &[x, w])
             .map_err(|e| format!("{e} (output_padding must be below the stride)"))?;
         if let Some(b) = bias {
             let bm = self.meta(&b);
