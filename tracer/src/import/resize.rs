@@ -14,6 +14,16 @@ use ir::{CoordTransform, NearestMode, Op, ResizeAttrs, ResizeAxis, ResizeMode};
 impl Importer<'_> {
     /// A constant float input (`None` when absent or empty, the ONNX convention for "not given").
     fn const_floats(&mut self, n: &N, i: usize, what: &str) -> Result<Option<Vec<f32>>, String> {
+        // A float initializer would become a trainable parameter: read its data instead.
+        if let Some(name) = n.input(i)
+            && !self.vals.contains_key(name)
+            && let Some(t) = self.inits.get(name).copied()
+        {
+            let t = super::tensor_from_proto(t, self.base_dir)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{what} (input {i}) is an initializer without data"))?;
+            return Ok((t.numel() > 0).then(|| t.to_f32_vec()));
+        }
         match self.opt(n, i)? {
             None => Ok(None),
             Some(V::C(t)) if t.numel() == 0 => Ok(None),
