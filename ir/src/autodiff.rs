@@ -29,6 +29,8 @@ use crate::op::*;
 use crate::tensor::{DType, Tensor, TensorMeta};
 use crate::{NodeIndex, VerifyErrors};
 
+mod conv;
+
 /// The loss a training graph minimises, as written on the command line (`--loss SPEC`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LossSpec {
@@ -388,14 +390,14 @@ fn differentiable(op: &Op) -> bool {
         | Op::SoftmaxGrad { .. }
         | Op::LayerNormGrad { .. }
         | Op::LrnGrad { .. }
-        | Op::ConvInputGrad { .. }
         | Op::ConvWeightGrad { .. }
         | Op::MaxPoolGrad(_)
         | Op::AveragePoolGrad { .. }
         | Op::GatherGrad { .. }
         | Op::SliceGrad { .. }
         | Op::SgdUpdate { .. }
-        | Op::AdamWUpdate { .. } => false,
+        | Op::AdamWUpdate { .. }
+        | Op::ResizeGrad { .. } => false,
         _ => true,
     }
 }
@@ -809,6 +811,11 @@ fn vjp(
                 .map(|d| SliceAxis { axis: d, start: pads[d] as i64, len: shape[d], step: 1 })
                 .collect();
             out[0] = Some(if axes.is_empty() { dy } else { b.op("dx", Op::Slice { axes }, &[dy])? });
+        }
+        Op::ConvInputGrad { attrs, .. } => conv::conv_input_grad(b, &attrs, ins, dy, want, &mut out)?,
+        Op::Resize(attrs) => {
+            let shape = sh(b, 0);
+            out[0] = Some(b.op("dx", Op::ResizeGrad { attrs, shape }, &[dy])?);
         }
         _ => return Err(no_rule(b)),
     }

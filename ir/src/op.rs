@@ -6,6 +6,7 @@
 //! bounds are clamped. ONNX ops that are only views under static shapes (`Flatten`, `Squeeze`,
 //! `Unsqueeze`) become [`Op::Reshape`]; `Dropout` in inference becomes [`Op::Identity`].
 
+use crate::ops::resize::ResizeAttrs;
 use crate::tensor::{DType, Tensor, TensorMeta};
 
 /// Elementwise ops with one input.
@@ -442,6 +443,16 @@ pub enum Op {
         /// Decoupled weight decay.
         weight_decay: f32,
     },
+    /// Resampling of some axes by nearest, linear or cubic interpolation (ONNX `Resize`,
+    /// `Upsample`; see [`crate::ops::resize`]).
+    Resize(ResizeAttrs),
+    /// Gradient of [`Op::Resize`]: input dy; output the forward input's shape `shape`.
+    ResizeGrad {
+        /// The forward resize's attributes.
+        attrs: ResizeAttrs,
+        /// Shape of the forward input.
+        shape: Vec<usize>,
+    },
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -553,6 +564,8 @@ impl Op {
             SliceGrad { .. } => "slice_grad",
             SgdUpdate { .. } => "sgd_update",
             AdamWUpdate { .. } => "adamw_update",
+            Resize(_) => "resize",
+            ResizeGrad { .. } => "resize_grad",
         }
     }
 
@@ -896,6 +909,8 @@ impl Op {
                     .ok_or_else(|| format!("{n}: padding {pads:?} of {:?} overflows a dim", x.shape))?;
                 one(TensorMeta { shape: s, dtype: x.dtype })
             }
+            Resize(a) => a.infer(n, ins),
+            ResizeGrad { attrs, shape } => attrs.infer_grad(n, shape, ins),
             _ => self.infer_training(ins),
         }
     }
@@ -1064,6 +1079,8 @@ impl Op {
             GatherGrad { .. } | SliceGrad { .. } => numel(ins.last()),
             SgdUpdate { .. } => mul(&[4, out_n]),
             AdamWUpdate { .. } => mul(&[12, out_n]),
+            Resize(a) => a.flops(out_n),
+            ResizeGrad { attrs, .. } => attrs.flops(numel(ins.first())),
             _ => 0,
         }
     }

@@ -21,6 +21,7 @@ use std::fmt::Write;
 
 use crate::graph::{Graph, Value};
 use crate::op::*;
+use crate::ops::resize::{ResizeAttrs, ResizeAxis};
 use crate::tensor::{DType, Data, Tensor, TensorMeta};
 
 /// A text-form parse error with its line.
@@ -163,7 +164,51 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
             ("epsilon", Attr::Float(*epsilon)),
             ("weight_decay", Attr::Float(*weight_decay)),
         ],
+        Resize(a) => resize_attrs(a),
+        ResizeGrad { attrs, shape } => {
+            let mut v = resize_attrs(attrs);
+            v.push(("shape", us(shape)));
+            v
+        }
     }
+}
+
+fn resize_attrs(a: &ResizeAttrs) -> Vec<(&'static str, Attr)> {
+    use crate::ops::resize::{coord_name, mode_name, nearest_name};
+    vec![
+        ("axes", Attr::Ints(a.axes.iter().flat_map(|x| [x.axis as i64, x.size as i64]).collect())),
+        ("scales", Attr::Tensor(Tensor::f64([a.axes.len()], a.axes.iter().map(|x| x.scale).collect()))),
+        ("mode", Attr::Str(mode_name(a.mode).into())),
+        ("coord", Attr::Str(coord_name(a.coord).into())),
+        ("nearest_mode", Attr::Str(nearest_name(a.nearest_mode).into())),
+        ("cubic_a", Attr::Float(a.cubic_a)),
+        ("exclude_outside", Attr::Bool(a.exclude_outside)),
+    ]
+}
+
+fn parse_resize(a: &mut Attrs) -> Result<ResizeAttrs, String> {
+    use crate::ops::resize::{coord_from_name, mode_from_name, nearest_from_name};
+    let pairs = a.usizes("axes")?;
+    let scales = match a.take("scales")? {
+        Attr::Tensor(t) => t.as_f64().map(|v| v.to_vec()),
+        _ => None,
+    }
+    .ok_or("resize: scales must be an f64 tensor")?;
+    if !pairs.len().is_multiple_of(2) || pairs.len() / 2 != scales.len() {
+        return Err("resize: axes must be (axis, size) pairs, one per scale".into());
+    }
+    let axes = pairs.chunks(2).zip(scales).map(|(p, scale)| ResizeAxis { axis: p[0], size: p[1], scale }).collect();
+    let mode = a.string("mode")?;
+    let coord = a.string("coord")?;
+    let nearest = a.string("nearest_mode")?;
+    Ok(ResizeAttrs {
+        axes,
+        mode: mode_from_name(&mode).ok_or(format!("resize: unknown mode {mode}"))?,
+        coord: coord_from_name(&coord).ok_or(format!("resize: unknown coord {coord}"))?,
+        nearest_mode: nearest_from_name(&nearest).ok_or(format!("resize: unknown nearest_mode {nearest}"))?,
+        cubic_a: a.float("cubic_a")?,
+        exclude_outside: a.bool("exclude_outside")?,
+    })
 }
 
 fn slice_axes(axes: &[SliceAxis]) -> Attr {
@@ -348,6 +393,8 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
                 epsilon: a.float("epsilon")?,
                 weight_decay: a.float("weight_decay")?,
             },
+            "resize" => Op::Resize(parse_resize(&mut a)?),
+            "resize_grad" => Op::ResizeGrad { attrs: parse_resize(&mut a)?, shape: a.usizes("shape")? },
             _ => return Err(format!("unknown op {name}")),
         }
     };

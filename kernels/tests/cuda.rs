@@ -744,3 +744,34 @@ fn every_device_test_on_a_cpu_emulated_device() {
     assert!(!out.contains("skipped: no CUDA device"), "device tests skipped on the emulated device:\n{out}");
     println!("{}", out.lines().filter(|l| l.starts_with("test result")).collect::<Vec<_>>().join("\n"));
 }
+
+#[test]
+fn resize_and_its_gradient() {
+    use ir::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[2, 3, 5, 4], 1);
+    let axes = |h: (usize, f64), w: (usize, f64)| {
+        vec![ResizeAxis { axis: 2, size: h.0, scale: h.1 }, ResizeAxis { axis: 3, size: w.0, scale: w.1 }]
+    };
+    let forms = [
+        (ResizeMode::Nearest, CoordTransform::Asymmetric, NearestMode::Floor, false),
+        (ResizeMode::Nearest, CoordTransform::HalfPixel, NearestMode::RoundPreferCeil, false),
+        (ResizeMode::Linear, CoordTransform::HalfPixel, NearestMode::RoundPreferFloor, false),
+        (ResizeMode::Linear, CoordTransform::AlignCorners, NearestMode::RoundPreferFloor, false),
+        (ResizeMode::Linear, CoordTransform::PytorchHalfPixel, NearestMode::RoundPreferFloor, false),
+        (ResizeMode::Cubic, CoordTransform::HalfPixel, NearestMode::RoundPreferFloor, true),
+    ];
+    for (mode, coord, nearest_mode, exclude_outside) in forms {
+        // Upsampling both axes, downsampling one, and a single resized middle axis.
+        for axes in [
+            axes((10, 2.0), (7, 1.75)),
+            axes((3, 0.6), (8, 2.0)),
+            vec![ResizeAxis { axis: 1, size: 5, scale: 5.0 / 3.0 }],
+        ] {
+            let a = ResizeAttrs { axes, mode, coord, nearest_mode, cubic_a: -0.75, exclude_outside };
+            check(&ctx, Op::Resize(a.clone()), &[&x]);
+            let y = a.out_shape(x.shape()).unwrap();
+            check(&ctx, Op::ResizeGrad { attrs: a, shape: x.shape().to_vec() }, &[&rnd(&y, 2)]);
+        }
+    }
+}

@@ -322,6 +322,11 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
             r(dims, vec![])
         }
         SoftmaxGrad { axis, .. } => r(elementwise(ins, outs, &[*axis]), vec![vec![1]]),
+        // Linear in its input; every axis but the resized ones splits as elementwise.
+        Resize(a) | ResizeGrad { attrs: a, .. } => {
+            let skip: Vec<usize> = a.axes.iter().map(|x| x.axis).collect();
+            r(elementwise(ins, outs, &skip), vec![vec![0]])
+        }
         Reshape { .. } => r(reshape_dims(&ins[0].shape, &outs[0].shape), vec![vec![0]]),
         Transpose { perm } => {
             let dims = perm
@@ -516,7 +521,8 @@ pub fn local_op(op: &Op, local_ins: &[TensorMeta], local_outs: &[Vec<usize>]) ->
         Op::ConvInputGrad { shape, .. }
         | Op::ConvWeightGrad { shape, .. }
         | Op::AveragePoolGrad { shape, .. }
-        | Op::SliceGrad { shape, .. } => *shape = local_outs[0].clone(),
+        | Op::SliceGrad { shape, .. }
+        | Op::ResizeGrad { shape, .. } => *shape = local_outs[0].clone(),
         // With a split gathered axis (`MaskedScatter`) the local table has the local rows.
         Op::GatherGrad { shape, .. } => *shape = local_outs[0].clone(),
         Op::Split { sizes, axis } => {

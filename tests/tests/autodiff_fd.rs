@@ -12,7 +12,7 @@
 //! in the case lists below: `UnaryGrad` (every differentiable unary op; `Neg` differentiates to a
 //! `Neg`, so `unary_grad_kernels` checks that kernel directly), `SoftmaxGrad` (`log` false and
 //! true), `LayerNormGrad`, `LrnGrad`, `ConvInputGrad`, `ConvWeightGrad`, `MaxPoolGrad`,
-//! `AveragePoolGrad`, `GatherGrad` (scatter-add, with repeated and negative indices) and
+//! `AveragePoolGrad`, `ResizeGrad`, `GatherGrad` (scatter-add, with repeated and negative indices) and
 //! `SliceGrad` (non-unit and negative steps; unit-step slices differentiate to a `Pad`), plus the
 //! compositions: un-broadcasting (`ReduceSum` + `Reshape`), `Where` masks for `Max`/`Min`,
 //! `Expand` for reductions, `Concat`/`Split`, `Slice` for `Pad`, fan-out accumulation, and the
@@ -588,6 +588,62 @@ fn conv_two_threads() {
             let bias = c.param("bias", &[ws[0]], SMOOTH);
             c.op(Op::Conv(attrs), &[x, w, bias])
         });
+    }
+    s.finish();
+}
+
+/// `ConvInputGrad` as a forward op (ONNX `ConvTranspose` imports as one): its gradients are a
+/// `Conv` of dy (input) and a `ConvWeightGrad` with image and output gradient swapped (weight).
+#[test]
+fn conv_transpose() {
+    let mut s = Suite::new("conv_transpose");
+    type Case<'a> = (&'a str, &'a [usize], &'a [usize], Vec<usize>, ConvAttrs);
+    let cases: [Case; 4] = [
+        ("3x3_stride1", &[1, 2, 3, 3], &[2, 3, 3, 3], vec![1, 3, 5, 5], conv_attrs([1, 1], [0; 4], [1, 1], 1)),
+        // Stride 2 with output_padding 1 (an output row and column no window covers) and pads.
+        ("stride2_pad1_outpad1", &[2, 2, 3, 3], &[2, 2, 3, 3], vec![2, 2, 6, 6], conv_attrs([2, 2], [1; 4], [1, 1], 1)),
+        ("group2_dilation2", &[1, 4, 3, 2], &[4, 1, 2, 2], vec![1, 2, 5, 4], conv_attrs([1, 1], [0; 4], [2, 2], 2)),
+        // A 1-D transposed convolution as autopar imports it: unit height.
+        ("1d_stride3", &[2, 2, 1, 4], &[2, 3, 1, 2], vec![2, 3, 1, 11], conv_attrs([1, 3], [0; 4], [1, 1], 1)),
+    ];
+    for (name, xs, ws, shape, attrs) in cases {
+        s.case(name, |c| {
+            let x = c.param("x", xs, SMOOTH);
+            let w = c.param("w", ws, SMOOTH);
+            c.op(Op::ConvInputGrad { attrs, shape }, &[x, w])
+        });
+    }
+    s.finish();
+}
+
+/// `Resize` (gradient op `ResizeGrad`) in every mode, up and down, one and two axes.
+#[test]
+fn resize() {
+    use ir::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};
+    let mut s = Suite::new("resize");
+    let forms = [
+        ("nearest_floor_asymmetric", ResizeMode::Nearest, CoordTransform::Asymmetric, NearestMode::Floor, false),
+        ("nearest_half_pixel", ResizeMode::Nearest, CoordTransform::HalfPixel, NearestMode::RoundPreferFloor, false),
+        ("linear_half_pixel", ResizeMode::Linear, CoordTransform::HalfPixel, NearestMode::RoundPreferFloor, false),
+        (
+            "linear_align_corners",
+            ResizeMode::Linear,
+            CoordTransform::AlignCorners,
+            NearestMode::RoundPreferFloor,
+            false,
+        ),
+        ("cubic_exclude_outside", ResizeMode::Cubic, CoordTransform::HalfPixel, NearestMode::RoundPreferFloor, true),
+    ];
+    for (name, mode, coord, nearest_mode, exclude_outside) in forms {
+        let two = vec![ResizeAxis { axis: 2, size: 5, scale: 5.0 / 3.0 }, ResizeAxis { axis: 3, size: 2, scale: 0.5 }];
+        let one = vec![ResizeAxis { axis: 1, size: 6, scale: 3.0 }];
+        for (tag, axes) in [("hw", two), ("c", one)] {
+            let a = ResizeAttrs { axes, mode, coord, nearest_mode, cubic_a: -0.75, exclude_outside };
+            s.case(&format!("{name}/{tag}"), |c| {
+                let x = c.param("x", &[1, 2, 3, 4], SMOOTH);
+                c.op(Op::Resize(a), &[x])
+            });
+        }
     }
     s.finish();
 }

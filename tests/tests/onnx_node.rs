@@ -198,6 +198,8 @@ fn static_slots(op_type: &str) -> &'static [usize] {
         "Dropout" => &[1, 2],
         "ConstantOfShape" => &[0],
         "Range" => &[0, 1, 2],
+        "Resize" => &[1, 2, 3],
+        "Upsample" => &[1],
         _ => &[],
     }
 }

@@ -4,13 +4,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
 
-use ir::{BinaryOp, ConvAttrs, DType, Graph, Op, PoolAttrs, ReduceOp, SliceAxis, Tensor, TensorMeta, UnaryOp, Value};
+use ir::{BinaryOp, DType, Graph, Op, ReduceOp, SliceAxis, Tensor, TensorMeta, UnaryOp, Value};
 use kernels::cpu::CpuContext;
 use prost::Message;
 use tract_onnx::pb::{self, AttributeProto, NodeProto, TensorProto};
 
 use crate::proto::{dtype_name, proto_shape, tensor_from_proto};
 use crate::{ImportError, SUPPORTED_OPS};
+
+mod conv;
+mod resize;
 
 /// Options of an import.
 #[derive(Clone, Debug)]
@@ -212,38 +215,6 @@ fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
     Ok(a as usize)
 }
 
-/// Pads of `auto_pad` (`SAME_UPPER`, `SAME_LOWER` or `VALID`) for one 2-D window. Arithmetic is
-/// checked: the kernel comes from a weight's shape and the dilations from attributes.
-fn same_pads(
-    auto_pad: &str,
-    input: [usize; 2],
-    kernel: [usize; 2],
-    strides: [usize; 2],
-    dil: [usize; 2],
-) -> Result<[usize; 4], String> {
-    let mut p = [0; 4];
-    match auto_pad {
-        "SAME_UPPER" | "SAME_LOWER" => {
-            for i in 0..2 {
-                let overflow = || format!("auto_pad={auto_pad}: kernel {kernel:?} with dilations {dil:?} overflows");
-                if kernel[i] == 0 || input[i] == 0 {
-                    return Err(format!("auto_pad={auto_pad} needs a non-empty kernel and input"));
-                }
-                let out = input[i].div_ceil(strides[i].max(1));
-                let ext = (kernel[i] - 1).checked_mul(dil[i]).and_then(|e| e.checked_add(1)).ok_or_else(overflow)?;
-                let total = ((out - 1) * strides[i]).checked_add(ext).ok_or_else(overflow)?.saturating_sub(input[i]);
-                let small = total / 2;
-                let (b, e) = if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
-                p[i] = b;
-                p[i + 2] = e;
-            }
-            Ok(p)
-        }
-        "VALID" => Ok(p),
-        _ => Err(format!("auto_pad={auto_pad} is not supported")),
-    }
-}
-
 impl<'a> Importer<'a> {
     fn scan(&mut self, graph: &pb::GraphProto) {
         for n in &graph.node {
@@ -251,7 +222,7 @@ impl<'a> Importer<'a> {
                 self.used.insert(i.clone());
             }
             let slots: &[usize] = match n.op_type.as_str() {
-                "Conv" | "Gemm" | "LayerNormalization" => &[1, 2],
+                "Conv" | "ConvTranspose" | "Gemm" | "LayerNormalization" => &[1, 2],
                 "BatchNormalization" => &[1, 2, 3, 4],
                 "MatMul" => &[1],
                 _ => &[],
@@ -866,56 +837,8 @@ impl<'a> Importer<'a> {
                 };
                 one(self.emit1(&nm, op, &ins)?)
             }
-            "Conv" => {
-                let (x, w) = (self.need(n, 0)?, self.need(n, 1)?);
-                let (xm, wm) = (self.meta(&x), self.meta(&w));
-                if xm.rank() != 4 || wm.rank() != 4 {
-                    return Err(format!("only 2-D convolution is supported (input {xm}, weight {wm})"));
-                }
-                let k = [wm.shape[2], wm.shape[3]];
-                let (strides, dil) = (self.pair(n, "strides")?, self.pair(n, "dilations")?);
-                let pads = self.pads(n, [xm.shape[2], xm.shape[3]], k, strides, dil)?;
-                let group = n.int("group", 1);
-                if group < 1 {
-                    return Err(format!("group={group} must be >= 1"));
-                }
-                let mut ins = vec![x, w];
-                if let Some(b) = self.opt(n, 2)? {
-                    ins.push(b);
-                }
-                one(self.emit1(
-                    &nm,
-                    Op::Conv(ConvAttrs { strides, pads, dilations: dil, group: group as usize }),
-                    &ins,
-                )?)
-            }
-            "MaxPool" | "AveragePool" => {
-                let x = self.need(n, 0)?;
-                let xm = self.meta(&x);
-                let k = n.ints("kernel_shape").ok_or("kernel_shape is required")?;
-                if xm.rank() != 4 || k.len() != 2 {
-                    return Err(format!("only 2-D pooling is supported (input {xm}, kernel {k:?})"));
-                }
-                if k.iter().any(|&d| d < 1) {
-                    return Err(format!("bad kernel_shape {k:?}"));
-                }
-                let k = [k[0] as usize, k[1] as usize];
-                if op_type == "MaxPool" && n.int("storage_order", 0) != 0 {
-                    return Err("storage_order=1 is not supported".into());
-                }
-                let (strides, dil) = (self.pair(n, "strides")?, self.pair(n, "dilations")?);
-                let pads = self.pads(n, [xm.shape[2], xm.shape[3]], k, strides, dil)?;
-                let a = PoolAttrs {
-                    kernel: k,
-                    strides,
-                    pads,
-                    dilations: dil,
-                    ceil_mode: n.int("ceil_mode", 0) != 0,
-                    count_include_pad: n.int("count_include_pad", 0) != 0,
-                };
-                let op = if op_type == "MaxPool" { Op::MaxPool(a) } else { Op::AveragePool(a) };
-                one(self.emit1(&nm, op, &[x])?)
-            }
+            "Conv" => one(self.conv(n)?),
+            "MaxPool" | "AveragePool" => one(self.pool(n, op_type == "MaxPool")?),
             "GlobalAveragePool" => {
                 let x = self.need(n, 0)?;
                 one(self.emit1(&nm, Op::GlobalAveragePool, &[x])?)
@@ -1265,36 +1188,12 @@ impl<'a> Importer<'a> {
                 }
                 one(self.emit1(&nm, Op::Pad { pads, value }, &[x])?)
             }
+            "ConvTranspose" => one(self.conv_transpose(n)?),
+            "Resize" => one(self.resize(n)?),
+            "Upsample" => one(self.upsample(n)?),
+            "DepthToSpace" => one(self.pixel_shuffle(n, true)?),
+            "SpaceToDepth" => one(self.pixel_shuffle(n, false)?),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
-        }
-    }
-
-    fn pair(&self, n: &N, k: &str) -> Result<[usize; 2], String> {
-        match n.ints(k) {
-            None => Ok([1, 1]),
-            Some(v) if v.len() == 2 && v.iter().all(|&x| x >= 1) => Ok([v[0] as usize, v[1] as usize]),
-            Some(v) => Err(format!("{k}={v:?} must be two values >= 1")),
-        }
-    }
-
-    fn pads(
-        &self,
-        n: &N,
-        input: [usize; 2],
-        k: [usize; 2],
-        strides: [usize; 2],
-        dil: [usize; 2],
-    ) -> Result<[usize; 4], String> {
-        let auto = n.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
-        if auto != "NOTSET" && !auto.is_empty() {
-            return same_pads(&auto, input, k, strides, dil);
-        }
-        match n.ints("pads") {
-            None => Ok([0; 4]),
-            Some(p) if p.len() == 4 && p.iter().all(|&x| x >= 0) => {
-                Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])
-            }
-            Some(p) => Err(format!("pads={p:?} must be four values >= 0")),
         }
     }
 }

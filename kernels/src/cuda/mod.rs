@@ -87,6 +87,8 @@ mod optim;
 #[cfg(feature = "cuda")]
 mod reduce;
 #[cfg(feature = "cuda")]
+mod resize;
+#[cfg(feature = "cuda")]
 mod shape;
 #[cfg(feature = "cuda")]
 mod tensor;
