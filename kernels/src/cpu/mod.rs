@@ -36,6 +36,7 @@ pub(crate) mod k32 {
     pub(crate) mod linalg;
     pub(crate) mod norm;
     pub(crate) mod reduce;
+    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
@@ -59,6 +60,7 @@ pub(crate) mod k64 {
     pub(crate) mod linalg;
     pub(crate) mod norm;
     pub(crate) mod reduce;
+    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
@@ -289,6 +291,8 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
             float!(grad::adamw_update(inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay))?
         }
+        Op::BatchNormTrain { epsilon } => vec![float!(batch_norm::batch_norm_train(ctx, inputs, *epsilon))?],
+        Op::BatchNormTrainGrad { epsilon } => float!(batch_norm::batch_norm_train_grad(ctx, inputs, *epsilon))?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

@@ -92,6 +92,8 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
         Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
             optim::adamw_update(ctx, inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay)?
         }
+        Op::BatchNormTrain { epsilon } => vec![norm::batch_norm_train(ctx, inputs, *epsilon)?],
+        Op::BatchNormTrainGrad { epsilon } => norm::batch_norm_train_grad(ctx, inputs, *epsilon)?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
