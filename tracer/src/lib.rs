@@ -108,6 +108,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Unsqueeze",
     "Where",
     "Xor",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "MeanVarianceNormalization",
+    "LpNormalization",
+    "RMSNormalization",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or
