@@ -275,11 +275,18 @@ pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGr
             return Err(AutodiffError::UnknownParam { name: f.clone() });
         }
     }
+    // A parameter the loss does not read is not trained: its gradient would be zero, and weight
+    // decay would still move it where PyTorch skips it (no `.grad`). Training-mode BatchNorm's
+    // running statistics are such (state the batch-statistics forward does not read).
     let trainable: Vec<(String, NodeIndex)> = g
         .params
         .iter()
         .filter_map(|&p| match &g.node(p).op {
-            Op::Param { name } if !opts.frozen.contains(name) && g.node(p).outputs[0].dtype == DType::F32 => {
+            Op::Param { name }
+                if !opts.frozen.contains(name)
+                    && g.node(p).outputs[0].dtype == DType::F32
+                    && !g.users(Value::new(p, 0)).is_empty() =>
+            {
                 Some((name.clone(), p))
             }
             _ => None,
@@ -389,6 +396,7 @@ fn differentiable(op: &Op) -> bool {
         | Op::UnaryGrad(_)
         | Op::SoftmaxGrad { .. }
         | Op::LayerNormGrad { .. }
+        | Op::BatchNormTrainGrad { .. }
         | Op::LrnGrad { .. }
         | Op::ConvWeightGrad { .. }
         | Op::MaxPoolGrad(_)
@@ -709,6 +717,13 @@ fn vjp(
                 let s = sh(b, 2);
                 out[2] = Some(b.sum_to("dbias", g3[2], &s)?);
             }
+        }
+        Op::BatchNormTrain { epsilon } => {
+            // The full gradient, through the batch mean and variance (one fused op).
+            let g3 = b.ops("d", Op::BatchNormTrainGrad { epsilon }, &[ins[0], ins[1], dy])?;
+            out[0] = Some(g3[0]);
+            out[1] = Some(g3[1]);
+            out[2] = Some(g3[2]);
         }
         Op::Lrn { size, alpha, beta, bias } => {
             out[0] = Some(b.op("dx", Op::LrnGrad { size, alpha, beta, bias }, &[ins[0], dy])?)

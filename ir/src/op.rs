@@ -453,6 +453,20 @@ pub enum Op {
         /// Shape of the forward input.
         shape: Vec<usize>,
     },
+    /// Training-mode batch norm (ONNX `BatchNormalization` with `training_mode=1`): inputs X
+    /// `[N, C, ...]`, scale `[C]`, bias `[C]`; each channel is normalised with the batch's mean
+    /// and population variance over every dim but dim 1. Running statistics are state, not
+    /// inputs (see `ops/norm.rs`).
+    BatchNormTrain {
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Gradient of [`Op::BatchNormTrain`] through the batch mean and variance: inputs x, scale,
+    /// dy; outputs dx, dscale and dbias (`[C]`).
+    BatchNormTrainGrad {
+        /// Added to the variance.
+        epsilon: f32,
+    },
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -480,7 +494,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferErr
     broadcast(a, b)
 }
 
-fn want_inputs(op: &str, ins: &[TensorMeta], lo: usize, hi: usize) -> Result<(), InferError> {
+pub(crate) fn want_inputs(op: &str, ins: &[TensorMeta], lo: usize, hi: usize) -> Result<(), InferError> {
     if ins.len() < lo || ins.len() > hi {
         if lo == hi {
             return Err(format!("{op} takes {lo} inputs, got {}", ins.len()));
@@ -505,7 +519,7 @@ fn want_float(op: &str, m: &TensorMeta) -> Result<(), InferError> {
 }
 
 /// The one float type of `ins`: every input floating-point, all of the same type.
-fn float_of(op: &str, ins: &[TensorMeta]) -> Result<DType, InferError> {
+pub(crate) fn float_of(op: &str, ins: &[TensorMeta]) -> Result<DType, InferError> {
     let dt = ins.first().map(|m| m.dtype).unwrap_or(DType::F32);
     for m in ins {
         want_float(op, m)?;
@@ -566,6 +580,8 @@ impl Op {
             AdamWUpdate { .. } => "adamw_update",
             Resize(_) => "resize",
             ResizeGrad { .. } => "resize_grad",
+            BatchNormTrain { .. } => "batchnorm_train",
+            BatchNormTrainGrad { .. } => "batchnorm_train_grad",
         }
     }
 
@@ -579,7 +595,7 @@ impl Op {
     pub fn num_outputs(&self) -> usize {
         match self {
             Op::Split { sizes, .. } => sizes.len(),
-            Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } => 3,
+            Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } | Op::BatchNormTrainGrad { .. } => 3,
             Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
             _ => 1,
         }
@@ -911,6 +927,7 @@ impl Op {
             }
             Resize(a) => a.infer(n, ins),
             ResizeGrad { attrs, shape } => attrs.infer_grad(n, shape, ins),
+            BatchNormTrain { .. } => crate::ops::norm::infer_batch_norm_train(n, ins),
             _ => self.infer_training(ins),
         }
     }
@@ -1027,6 +1044,7 @@ impl Op {
                 }
                 Ok(vec![ins[0].clone(); 3])
             }
+            BatchNormTrainGrad { .. } => crate::ops::norm::infer_batch_norm_train_grad(n, ins),
             _ => unreachable!("infer_training called for forward op {n}"),
         }
     }
@@ -1075,6 +1093,8 @@ impl Op {
             UnaryGrad(_) => mul(&[4, out_n]),
             SoftmaxGrad { .. } => mul(&[4, out_n]),
             LayerNormGrad { .. } => mul(&[12, out_n]),
+            BatchNormTrain { .. } => mul(&[10, out_n]),
+            BatchNormTrainGrad { .. } => mul(&[14, out_n]),
             LrnGrad { size, .. } => mul(&[(*size as u64).saturating_mul(2).saturating_add(8), out_n]),
             GatherGrad { .. } | SliceGrad { .. } => numel(ins.last()),
             SgdUpdate { .. } => mul(&[4, out_n]),

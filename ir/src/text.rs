@@ -108,7 +108,9 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
             ("group", Attr::Int(a.group as i64)),
         ],
         MaxPool(a) | AveragePool(a) => pool(a),
-        BatchNorm { epsilon } => vec![("epsilon", Attr::Float(*epsilon))],
+        BatchNorm { epsilon } | BatchNormTrain { epsilon } | BatchNormTrainGrad { epsilon } => {
+            vec![("epsilon", Attr::Float(*epsilon))]
+        }
         LayerNorm { axis, epsilon } => vec![("axis", Attr::Int(*axis as i64)), ("epsilon", Attr::Float(*epsilon))],
         Lrn { size, alpha, beta, bias } => vec![
             ("size", Attr::Int(*size as i64)),
@@ -336,6 +338,8 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
             "maxpool" => Op::MaxPool(pool(&mut a)?),
             "avgpool" => Op::AveragePool(pool(&mut a)?),
             "batchnorm" => Op::BatchNorm { epsilon: a.float("epsilon")? },
+            "batchnorm_train" => Op::BatchNormTrain { epsilon: a.float("epsilon")? },
+            "batchnorm_train_grad" => Op::BatchNormTrainGrad { epsilon: a.float("epsilon")? },
             "layernorm" => Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.float("epsilon")? },
             "lrn" => Op::Lrn {
                 size: a.usize("size")?,

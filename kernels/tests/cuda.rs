@@ -366,6 +366,13 @@ fn normalisations() {
     let img = rnd(&[2, 5, 4, 3], 10);
     let c = |s| rnd(&[5], s);
     check(&ctx, Op::BatchNorm { epsilon: 1e-5 }, &[&img, &c(11), &c(12), &c(13), &pos(&[5], 14)]);
+    // Training batch norm: statistics over N and the spatial dims (2-D, 3-D, 4-D; a channel
+    // longer than a block; a batch of one).
+    for (shape, s) in [(&[2, 5, 4, 3][..], 20), (&[6, 5][..], 24), (&[3, 5, 300][..], 28), (&[1, 5, 7][..], 32)] {
+        let x = rnd(shape, s);
+        check(&ctx, Op::BatchNormTrain { epsilon: 1e-5 }, &[&x, &c(s + 1), &c(s + 2)]);
+        check(&ctx, Op::BatchNormTrainGrad { epsilon: 1e-3 }, &[&x, &c(s + 1), &rnd(shape, s + 3)]);
+    }
     for size in [1, 2, 3, 5] {
         let (alpha, beta, bias) = (1e-2, 0.75, 1.5);
         check(&ctx, Op::Lrn { size, alpha, beta, bias }, &[&img]);

@@ -19,6 +19,8 @@
 //! zeros, the output is partial) and the softmax over a split axis (all-reduce of the row max and
 //! of the row sum of exponentials, as Megatron's vocabulary-parallel cross-entropy does).
 
+mod norm;
+
 use crate::collective::{Collective, ReduceKind};
 use crate::mesh::{DeviceMesh, DeviceProfile};
 use crate::spec::ShardingSpec;
@@ -298,6 +300,8 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
             }
             r(dims, vec![])
         }
+        BatchNormTrain { .. } => r(norm::batch_norm_train_dims(ins, outs), vec![]),
+        BatchNormTrainGrad { .. } => r(norm::batch_norm_train_dims(ins, outs), vec![vec![2]]),
         LayerNorm { axis, .. } => {
             let skip: Vec<usize> = (*axis..ins[0].rank()).collect();
             r(elementwise(ins, outs, &skip), vec![])

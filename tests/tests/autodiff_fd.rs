@@ -11,8 +11,9 @@
 //! The gradient ops of the IR are exercised through the forward ops whose VJP emits them, named
 //! in the case lists below: `UnaryGrad` (every differentiable unary op; `Neg` differentiates to a
 //! `Neg`, so `unary_grad_kernels` checks that kernel directly), `SoftmaxGrad` (`log` false and
-//! true), `LayerNormGrad`, `LrnGrad`, `ConvInputGrad`, `ConvWeightGrad`, `MaxPoolGrad`,
-//! `AveragePoolGrad`, `ResizeGrad`, `GatherGrad` (scatter-add, with repeated and negative indices) and
+//! true), `LayerNormGrad`, `BatchNormTrainGrad`, `LrnGrad`, `ConvInputGrad`, `ConvWeightGrad`,
+//! `MaxPoolGrad`, `AveragePoolGrad`, `ResizeGrad`, `GatherGrad` (scatter-add, with repeated and
+//! negative indices) and
 //! `SliceGrad` (non-unit and negative steps; unit-step slices differentiate to a `Pad`), plus the
 //! compositions: un-broadcasting (`ReduceSum` + `Reshape`), `Where` masks for `Max`/`Min`,
 //! `Expand` for reductions, `Concat`/`Split`, `Slice` for `Pad`, fan-out accumulation, and the
@@ -707,6 +708,24 @@ fn batchnorm() {
             let mean = c.param("mean", &[ch], Init::U(-1.0, 1.0));
             let var = c.param("var", &[ch], POS);
             c.op(Op::BatchNorm { epsilon: 1e-5 }, &[x, scale, bias, mean, var])
+        });
+    }
+    s.finish();
+}
+
+/// `BatchNormTrain` (gradient op `BatchNormTrainGrad`): batch statistics, so the gradient runs
+/// through the per-channel mean and variance; 2-D, 3-D and 4-D inputs, one and several spatial
+/// positions, and a batch of one.
+#[test]
+fn batchnorm_train() {
+    let mut s = Suite::new("batchnorm_train");
+    for xs in [&[2, 3, 2, 2][..], &[4, 3], &[2, 2, 3], &[1, 2, 5]] {
+        s.case(&format!("{xs:?}"), |c| {
+            let ch = xs[1];
+            let x = c.param("x", xs, SMOOTH);
+            let scale = c.param("scale", &[ch], Init::U(0.5, 1.5));
+            let bias = c.param("bias", &[ch], SMOOTH);
+            c.op(Op::BatchNormTrain { epsilon: 1e-5 }, &[x, scale, bias])
         });
     }
     s.finish();

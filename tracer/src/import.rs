@@ -14,6 +14,7 @@ use crate::{ImportError, SUPPORTED_OPS};
 
 mod conv;
 mod resize;
+mod norm;
 
 /// Options of an import.
 #[derive(Clone, Debug)]
@@ -847,13 +848,12 @@ impl<'a> Importer<'a> {
                 let x = self.need(n, 0)?;
                 one(self.emit1(&nm, Op::GlobalMaxPool, &[x])?)
             }
-            "BatchNormalization" => {
-                if n.int("training_mode", 0) != 0 {
-                    return Err("training_mode=1 is not supported; export the model in eval mode".into());
-                }
-                let ins = (0..5).map(|i| self.need(n, i)).collect::<Result<Vec<_>, _>>()?;
-                one(self.emit1(&nm, Op::BatchNorm { epsilon: n.float("epsilon", 1e-5) }, &ins)?)
-            }
+            "BatchNormalization" => self.batch_normalization(n),
+            "InstanceNormalization" => self.instance_normalization(n),
+            "GroupNormalization" => self.group_normalization(n),
+            "MeanVarianceNormalization" => self.mean_variance_normalization(n),
+            "LpNormalization" => self.lp_normalization(n),
+            "RMSNormalization" => self.rms_normalization(n),
             "LayerNormalization" => {
                 let x = self.need(n, 0)?;
                 let axis = norm_axis(n.int("axis", -1), self.meta(&x).rank())?;

@@ -113,6 +113,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Resize",
     "SpaceToDepth",
     "Upsample",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "MeanVarianceNormalization",
+    "LpNormalization",
+    "RMSNormalization",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or

@@ -2,4 +2,5 @@
 //! kernels share. An op family added here gets one arm per giant match in `op.rs` (name,
 //! inference, FLOPs), `text.rs` and `autodiff.rs`, each delegating to its file.
 
+pub(crate) mod norm;
 pub mod resize;

@@ -37,6 +37,7 @@ pub(crate) mod k32 {
     pub(crate) mod norm;
     pub(crate) mod reduce;
     pub(crate) mod resize;
+    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
@@ -61,6 +62,7 @@ pub(crate) mod k64 {
     pub(crate) mod norm;
     pub(crate) mod reduce;
     pub(crate) mod resize;
+    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
@@ -293,6 +295,8 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         }
         Op::Resize(a) => vec![float!(resize::resize(ctx, a, inputs[0], &outs[0].shape))?],
         Op::ResizeGrad { attrs, shape } => vec![float!(resize::resize_grad(ctx, attrs, inputs[0], shape))?],
+        Op::BatchNormTrain { epsilon } => vec![float!(batch_norm::batch_norm_train(ctx, inputs, *epsilon))?],
+        Op::BatchNormTrainGrad { epsilon } => float!(batch_norm::batch_norm_train_grad(ctx, inputs, *epsilon))?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

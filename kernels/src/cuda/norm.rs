@@ -1,5 +1,5 @@
 //! Normalisations and their gradients: Softmax / LogSoftmax (+ grad), LayerNorm (+ grad),
-//! BatchNorm (inference), LRN (+ grad).
+//! BatchNorm (inference, and training with batch statistics + grad), LRN (+ grad).
 //!
 //! Same statistics as the CPU kernels: row max in f32 (NaN ignored, a non-finite max shifts by
 //! 0), sums and layer-norm moments in f64, LRN windows `[c - floor((size-1)/2),
@@ -219,6 +219,63 @@ extern "C" __global__ void lrn_grad(float* out, const float* x, const float* dy,
         out[i] = dy[i] * powf(sk, -beta) - 2.f * alpha * beta / (float)size * x[i] * acc;
     }
 }
+
+// Training batch norm: one block per channel ch of x [n, c, sp]; stats[2ch] = batch mean,
+// stats[2ch+1] = 1/sqrt(population var + eps), moments in f64 as the CPU computes them.
+extern "C" __global__ void bn_train_stats(float* stats, const float* x, i64 n, i64 c, i64 sp, float eps) {
+    __shared__ double sh[RB];
+    i64 ch = blockIdx.x, m = n * sp;
+    double s = 0.0;
+    for (i64 k = threadIdx.x; k < m; k += blockDim.x) s += (double)x[((k / sp) * c + ch) * sp + k % sp];
+    double mean = block_sum(s, sh) / (double)(m > 0 ? m : 1);
+    double q = 0.0;
+    for (i64 k = threadIdx.x; k < m; k += blockDim.x) {
+        double t = (double)x[((k / sp) * c + ch) * sp + k % sp] - mean;
+        q += t * t;
+    }
+    double var = block_sum(q, sh) / (double)(m > 0 ? m : 1);
+    if (threadIdx.x == 0) { stats[2 * ch] = (float)mean; stats[2 * ch + 1] = (float)(1.0 / sqrt(var + (double)eps)); }
+}
+
+extern "C" __global__ void bn_train_apply(float* out, const float* x, const float* stats, const float* scale,
+                                          const float* bias, i64 total, i64 c, i64 sp) {
+    FOR_EACH(i, total) {
+        i64 ch = (i / sp) % c;
+        float mul = stats[2 * ch + 1] * scale[ch];
+        float add = bias[ch] - stats[2 * ch] * mul;
+        out[i] = x[i] * mul + add;
+    }
+}
+
+// One block per channel: dbias = sum(dy), dscale = sum(dy * xhat), summed in f64.
+extern "C" __global__ void bn_train_grad_sums(float* dscale, float* dbias, const float* stats, const float* x,
+                                              const float* dy, i64 n, i64 c, i64 sp) {
+    __shared__ double sh[RB];
+    i64 ch = blockIdx.x, m = n * sp;
+    float mean = stats[2 * ch], inv = stats[2 * ch + 1];
+    double sg = 0.0, sgx = 0.0;
+    for (i64 k = threadIdx.x; k < m; k += blockDim.x) {
+        i64 j = ((k / sp) * c + ch) * sp + k % sp;
+        sg += (double)dy[j];
+        sgx += (double)dy[j] * (double)((x[j] - mean) * inv);
+    }
+    sg = block_sum(sg, sh);
+    sgx = block_sum(sgx, sh);
+    if (threadIdx.x == 0) { dbias[ch] = (float)sg; dscale[ch] = (float)sgx; }
+}
+
+// dx = scale * inv / M * (M * dy - dbias - xhat * dscale).
+extern "C" __global__ void bn_train_grad_dx(float* dx, const float* stats, const float* scale, const float* dscale,
+                                            const float* dbias, const float* x, const float* dy, i64 total, i64 c,
+                                            i64 sp, i64 m) {
+    float mf = (float)(m > 0 ? m : 1);
+    FOR_EACH(i, total) {
+        i64 ch = (i / sp) % c;
+        float mean = stats[2 * ch], inv = stats[2 * ch + 1];
+        float xhat = (x[i] - mean) * inv;
+        dx[i] = scale[ch] * inv / mf * (mf * dy[i] - dbias[ch] - xhat * dscale[ch]);
+    }
+}
 "#;
 
 /// Rows at least this long are handled by a block per row.
@@ -385,4 +442,57 @@ pub(crate) fn lrn(
         }
     }
     Ok(CudaTensor::from_f32(s, out))
+}
+
+/// Training-mode batch norm: each channel (dim 1) normalised with the batch's statistics.
+pub(crate) fn batch_norm_train(ctx: &CudaContext, inputs: &[&CudaTensor], eps: f32) -> Result<CudaTensor, Error> {
+    let op = "batchnorm_train";
+    let x = inputs[0];
+    let (v, scale, bias) = (x.f32s(op)?, inputs[1].f32s(op)?, inputs[2].f32s(op)?);
+    let s = x.shape();
+    let (total, c) = (x.numel(), s[1]);
+    let a = [s[0], c, s[2..].iter().product()].map(|v| v as i64);
+    let mut stats = ctx.alloc::<f32>(op, 2 * c)?;
+    let mut out = ctx.alloc::<f32>(op, total)?;
+    if c > 0 {
+        launch!(ctx, op, Family::Norm, "bn_train_stats", per_block(op, c)?;
+            &mut stats.s, &v.s, &a[0], &a[1], &a[2], &eps)?;
+    }
+    if total > 0 {
+        let t = total as i64;
+        launch!(ctx, op, Family::Norm, "bn_train_apply", grid(total);
+            &mut out.s, &v.s, &stats.s, &scale.s, &bias.s, &t, &a[1], &a[2])?;
+    }
+    Ok(CudaTensor::from_f32(s, out))
+}
+
+/// Gradient of training-mode batch norm through the batch statistics: dx, dscale, dbias.
+pub(crate) fn batch_norm_train_grad(
+    ctx: &CudaContext,
+    inputs: &[&CudaTensor],
+    eps: f32,
+) -> Result<Vec<CudaTensor>, Error> {
+    let op = "batchnorm_train_grad";
+    let x = inputs[0];
+    let (xv, scale, dv) = (x.f32s(op)?, inputs[1].f32s(op)?, inputs[2].f32s(op)?);
+    let s = x.shape();
+    let (total, c) = (x.numel(), s[1]);
+    let sp: usize = s[2..].iter().product();
+    let a = [s[0], c, sp, s[0] * sp].map(|v| v as i64);
+    let mut stats = ctx.alloc::<f32>(op, 2 * c)?;
+    let mut dscale = ctx.alloc::<f32>(op, c)?;
+    let mut dbias = ctx.alloc::<f32>(op, c)?;
+    let mut dx = ctx.alloc::<f32>(op, total)?;
+    if c > 0 {
+        launch!(ctx, op, Family::Norm, "bn_train_stats", per_block(op, c)?;
+            &mut stats.s, &xv.s, &a[0], &a[1], &a[2], &eps)?;
+        launch!(ctx, op, Family::Norm, "bn_train_grad_sums", per_block(op, c)?;
+            &mut dscale.s, &mut dbias.s, &stats.s, &xv.s, &dv.s, &a[0], &a[1], &a[2])?;
+    }
+    if total > 0 {
+        let t = total as i64;
+        launch!(ctx, op, Family::Norm, "bn_train_grad_dx", grid(total);
+            &mut dx.s, &stats.s, &scale.s, &dscale.s, &dbias.s, &xv.s, &dv.s, &t, &a[1], &a[2], &a[3])?;
+    }
+    Ok(vec![CudaTensor::from_f32(s, dx), CudaTensor::from_f32(&[c], dscale), CudaTensor::from_f32(&[c], dbias)])
 }

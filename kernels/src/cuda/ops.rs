@@ -94,6 +94,8 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
         }
         Op::Resize(a) => vec![resize::resize(ctx, a, inputs[0], out0())?],
         Op::ResizeGrad { attrs, shape } => vec![resize::resize_grad(ctx, attrs, inputs[0], shape)?],
+        Op::BatchNormTrain { epsilon } => vec![norm::batch_norm_train(ctx, inputs, *epsilon)?],
+        Op::BatchNormTrainGrad { epsilon } => norm::batch_norm_train_grad(ctx, inputs, *epsilon)?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
