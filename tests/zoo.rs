@@ -110,7 +110,7 @@ fn check(name: &str, model: &Value) -> Outcome {
         ["--loss", &loss, "--optimizer", "sgd", "--lr", &lr].iter().map(|s| s.to_string()).collect();
 
     let mut out = Outcome { failed: None, cells: vec![], ops: "-".into(), params: "-".into() };
-    let mut fail = |out: &mut Outcome, stage: usize, why: String| {
+    let fail = |out: &mut Outcome, stage: usize, why: String| {
         out.cells.push("✗".into());
         out.failed = Some((stage, why));
     };

@@ -206,7 +206,11 @@ fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) 
         if frozen.contains(&name.as_str()) {
             continue;
         }
-        let ad_t = rep.outputs.get(&format!("grad/{name}")).with_context(|| format!("no grad/{name}"))?;
+        let Some(ad_t) = rep.outputs.get(&format!("grad/{name}")) else {
+            // A parameter nothing reads is not trained (no gradient output); any other must have one.
+            ensure!(name == "unused", "no grad/{name}");
+            continue;
+        };
         ensure!(ad_t.shape() == p.shape(), "grad/{name} is {:?}, param {:?}", ad_t.shape(), p.shape());
         let ad_all = ad_t.as_f32().context("grad is f32")?;
         let base = p.as_f32().context("param is f32")?.to_vec();
@@ -1006,7 +1010,7 @@ fn compositions() {
 }
 
 /// Fan-out (a parameter read by several ops gets the sum of the gradients), an unused parameter
-/// (an exactly zero gradient) and a frozen parameter (no gradient output).
+/// (not trained: no gradient output) and a frozen parameter (no gradient output).
 #[test]
 fn fan_out_unused_frozen() -> Result<()> {
     let ctx = CpuContext::new(1)?;
@@ -1028,9 +1032,9 @@ fn fan_out_unused_frozen() -> Result<()> {
     let r = check(&ctx, "fan_out", c, y, &[])?;
     println!("fan_out: max rel err {:.2e}", r.worst);
     ensure!(r.failures.is_empty(), "{}", r.failures.join("\n"));
-    let unused = &r.grads["unused"];
-    ensure!(unused.shape() == [2, 2], "grad/unused is {:?}", unused.shape());
-    ensure!(unused.to_f32_vec().iter().all(|&v| v == 0.0), "grad/unused is not zero: {:?}", unused.to_f32_vec());
+    // A parameter nothing reads is not trained (PyTorch leaves its `.grad` None, so neither the
+    // update nor weight decay touches it): no gradient output at all.
+    ensure!(!r.grads.contains_key("unused"), "the unused parameter has a gradient output");
     ensure!(r.grads["a"].to_f32_vec().iter().any(|&v| v != 0.0), "grad/a is zero");
 
     let (c, y) = build("frozen")?;

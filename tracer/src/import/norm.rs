@@ -30,13 +30,6 @@ impl Importer<'_> {
         self.emit1(&name, Op::Binary(b), &[x, y])
     }
 
-    fn reshape_to(&mut self, name: String, x: V, shape: Vec<usize>) -> Result<V, String> {
-        if self.meta(&x).shape == shape {
-            return Ok(x);
-        }
-        self.emit1(&name, Op::Reshape { shape }, &[x])
-    }
-
     /// `y * scale + bias` with `[K]` scale and bias applied along dim 1 of `y` (`[N, K, ...]`);
     /// a constant unit scale or zero bias is skipped.
     fn channel_affine(&mut self, nm: &str, y: V, scale: V, bias: V) -> Result<V, String> {
@@ -55,7 +48,7 @@ impl Importer<'_> {
                 continue;
             }
             let what = if is_scale { "scale" } else { "bias" };
-            let c = self.reshape_to(format!("{nm}.{what}.c"), v, cshape.clone())?;
+            let c = self.reshape_to(&format!("{nm}.{what}.c"), v, cshape.clone())?;
             let b = if is_scale { BinaryOp::Mul } else { BinaryOp::Add };
             y = self.bin(format!("{nm}.{what}"), b, y, c)?;
         }
@@ -107,7 +100,7 @@ impl Importer<'_> {
         let mut outs = vec![Some(y)];
         for (k, (batch, running)) in [(mean_k, rmean), (var_k, rvar)].into_iter().enumerate() {
             let what = if k == 0 { "running_mean" } else { "running_var" };
-            let batch = self.reshape_to(format!("{nm}.{what}.batch"), batch, vec![xs[1]])?;
+            let batch = self.reshape_to(&format!("{nm}.{what}.batch"), batch, vec![xs[1]])?;
             let a = self.bin(format!("{nm}.{what}.old"), BinaryOp::Mul, running, scalar(momentum))?;
             let b = self.bin(format!("{nm}.{what}.new"), BinaryOp::Mul, batch, scalar(1.0 - momentum))?;
             outs.push(Some(self.bin(format!("{nm}.{what}"), BinaryOp::Add, a, b)?));
@@ -135,14 +128,14 @@ impl Importer<'_> {
         }
         let g = g as usize;
         let rest: usize = xs[1..].iter().product::<usize>() / g;
-        let xr = self.reshape_to(format!("{nm}.grouped"), x, vec![xs[0], g, rest])?;
+        let xr = self.reshape_to(&format!("{nm}.grouped"), x, vec![xs[0], g, rest])?;
         let y = self.instance_stats_norm(&nm, xr, n.float("epsilon", 1e-5))?;
         // Opset 18 scales per group, opset 21 per channel.
         if self.opset < 21 {
             let y = self.channel_affine(&nm, y, scale, bias)?;
-            return Ok(vec![Some(self.reshape_to(format!("{nm}.ungrouped"), y, xs)?)]);
+            return Ok(vec![Some(self.reshape_to(&format!("{nm}.ungrouped"), y, xs)?)]);
         }
-        let y = self.reshape_to(format!("{nm}.ungrouped"), y, xs)?;
+        let y = self.reshape_to(&format!("{nm}.ungrouped"), y, xs)?;
         Ok(vec![Some(self.channel_affine(&nm, y, scale, bias)?)])
     }
 
