@@ -30,13 +30,13 @@ pub(crate) mod k32 {
     pub(crate) type F = f32;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f32::consts;
+    pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
     pub(crate) mod linalg;
     pub(crate) mod norm;
     pub(crate) mod reduce;
-    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
@@ -54,13 +54,13 @@ pub(crate) mod k64 {
     pub(crate) type F = f64;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f64::consts;
+    pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
     pub(crate) mod linalg;
     pub(crate) mod norm;
     pub(crate) mod reduce;
-    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
