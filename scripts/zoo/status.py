@@ -113,8 +113,6 @@ def analyse(model, supported):
             dtypes[dtype_of(attrs["to"])].append(f"Cast {n.name}")
         if n.op_type == "Constant" and "value" in attrs and dtype_of(attrs["value"].data_type) not in STORED_OK:
             dtypes[dtype_of(attrs["value"].data_type)].append(f"Constant {n.name}")
-        if n.op_type == "BatchNormalization" and attrs.get("training_mode", 0):
-            forms["BatchNormalization training_mode=1 (batch statistics)"].append(n.name)
         if n.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool"):
             k = attrs.get("kernel_shape")
             if k is None and n.op_type in ("Conv", "ConvTranspose"):

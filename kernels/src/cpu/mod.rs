@@ -30,6 +30,7 @@ pub(crate) mod k32 {
     pub(crate) type F = f32;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f32::consts;
+    pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -37,7 +38,6 @@ pub(crate) mod k32 {
     pub(crate) mod norm;
     pub(crate) mod reduce;
     pub(crate) mod resize;
-    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {
@@ -55,6 +55,7 @@ pub(crate) mod k64 {
     pub(crate) type F = f64;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f64::consts;
+    pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -62,7 +63,6 @@ pub(crate) mod k64 {
     pub(crate) mod norm;
     pub(crate) mod reduce;
     pub(crate) mod resize;
-    pub(crate) mod batch_norm;
 
     /// The elements of `t`, which must be of this instantiation's type.
     pub(crate) fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [F], Error> {

@@ -123,7 +123,7 @@ impl Importer<'_> {
             return Err(format!("input {xs:?} needs a spatial dim after N and C"));
         }
         let g = n.int("num_groups", 0);
-        if g <= 0 || xs[1] % g as usize != 0 {
+        if g <= 0 || !xs[1].is_multiple_of(g as usize) {
             return Err(format!("num_groups={g} does not divide the {} channels", xs[1]));
         }
         let g = g as usize;
