@@ -121,7 +121,8 @@ fn lm() -> Result<(Graph, LossSpec, Optimizer)> {
     Ok((g, loss, Optimizer::Sgd { lr: 0.1, momentum: 0.9, weight_decay: 0.01 }))
 }
 
-/// Convolutions (with and without bias, grouped), batch norm, pooling, LRN, global pooling, gemm.
+/// Convolutions (with and without bias, grouped, transposed), batch norm, pooling, resize, LRN,
+/// global pooling, gemm.
 fn cnn() -> Result<(Graph, LossSpec, Optimizer)> {
     let mut g = Graph::new("cnn");
     let x = g.input("x", f32m(&[4, 4, 8, 8]));
@@ -138,6 +139,21 @@ fn cnn() -> Result<(Graph, LossSpec, Optimizer)> {
     let h = op(&mut g, "c2", Op::Conv(conv_attrs([1; 4], 1)), &[h, w2])?;
     let wd = param(&mut g, "dw.w", &[8, 1, 3, 3]);
     let h = op(&mut g, "depthwise", Op::Conv(conv_attrs([1; 4], 8)), &[h, wd])?;
+    // A transposed convolution (ONNX ConvTranspose) up 2x, then a linear Resize down 2x.
+    let wt = param(&mut g, "deconv.w", &[8, 8, 2, 2]);
+    let deconv =
+        Op::ConvInputGrad { attrs: ConvAttrs { strides: [2, 2], ..conv_attrs([0; 4], 1) }, shape: vec![4, 8, 8, 8] };
+    let h = op(&mut g, "deconv", deconv, &[h, wt])?;
+    let down = |axis| ir::ResizeAxis { axis, size: 4, scale: 0.5 };
+    let resize = ir::ResizeAttrs {
+        axes: vec![down(2), down(3)],
+        mode: ir::ResizeMode::Linear,
+        coord: ir::CoordTransform::HalfPixel,
+        nearest_mode: ir::NearestMode::RoundPreferFloor,
+        cubic_a: -0.75,
+        exclude_outside: false,
+    };
+    let h = op(&mut g, "resize", Op::Resize(resize), &[h])?;
     let h = op(&mut g, "avgpool", Op::AveragePool(pool(2)), &[h])?;
     let h = op(&mut g, "lrn", Op::Lrn { size: 3, alpha: 0.5, beta: 0.75, bias: 1.0 }, &[h])?;
     let gmax = op(&mut g, "gmp", Op::GlobalMaxPool, &[h])?;
