@@ -29,6 +29,8 @@ use crate::op::*;
 use crate::tensor::{DType, Tensor, TensorMeta};
 use crate::{NodeIndex, VerifyErrors};
 
+mod activation;
+
 /// The loss a training graph minimises, as written on the command line (`--loss SPEC`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LossSpec {
@@ -381,7 +383,7 @@ fn forward_has_param(g: &Graph, name: &str) -> bool {
 fn differentiable(op: &Op) -> bool {
     match op {
         Op::Unary(u) => unary_differentiable(*u),
-        Op::Binary(b) => !b.is_comparison() && !b.is_logical(),
+        Op::Binary(b) => !b.is_comparison() && !b.is_logical() && !b.is_bitwise(),
         Op::Cast { to } => *to == DType::F32,
         Op::State { .. }
         | Op::UnaryGrad(_)
@@ -395,7 +397,8 @@ fn differentiable(op: &Op) -> bool {
         | Op::GatherGrad { .. }
         | Op::SliceGrad { .. }
         | Op::SgdUpdate { .. }
-        | Op::AdamWUpdate { .. } => false,
+        | Op::AdamWUpdate { .. }
+        | Op::Hardmax { .. } => false,
         _ => true,
     }
 }
@@ -610,6 +613,7 @@ fn vjp(
                         out[1] = Some(b.sum_to("db", t, &sc)?);
                     }
                 }
+                BinaryOp::PRelu => activation::prelu_vjp(b, a, c, dy, [w(0), w(1)], &mut out)?,
                 BinaryOp::Max | BinaryOp::Min => {
                     // The first operand wins ties.
                     let cmp = if op == BinaryOp::Max { BinaryOp::GreaterOrEqual } else { BinaryOp::LessOrEqual };

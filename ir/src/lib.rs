@@ -31,6 +31,7 @@ pub mod autodiff;
 pub mod files;
 mod graph;
 mod op;
+pub mod ops;
 pub mod passes;
 pub mod shape;
 mod tensor;

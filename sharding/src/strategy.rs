@@ -322,6 +322,8 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
             r(dims, vec![])
         }
         SoftmaxGrad { axis, .. } => r(elementwise(ins, outs, &[*axis]), vec![vec![1]]),
+        // Every dim but the axis splits; along the axis the argmax needs the whole row.
+        Hardmax { axis } => r(elementwise(ins, outs, &[*axis]), vec![]),
         Reshape { .. } => r(reshape_dims(&ins[0].shape, &outs[0].shape), vec![vec![0]]),
         Transpose { perm } => {
             let dims = perm

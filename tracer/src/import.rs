@@ -10,6 +10,8 @@ use prost::Message;
 use tract_onnx::pb::{self, AttributeProto, NodeProto, TensorProto};
 
 use crate::proto::{dtype_name, proto_shape, tensor_from_proto};
+
+mod activation;
 use crate::{ImportError, SUPPORTED_OPS};
 
 /// Options of an import.
@@ -1265,6 +1267,7 @@ impl<'a> Importer<'a> {
                 }
                 one(self.emit1(&nm, Op::Pad { pads, value }, &[x])?)
             }
+            t if activation::OPS.contains(&t) => self.translate_activation(n, t),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }

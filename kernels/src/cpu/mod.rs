@@ -30,6 +30,7 @@ pub(crate) mod k32 {
     pub(crate) type F = f32;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f32::consts;
+    pub(crate) mod activation;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -53,6 +54,7 @@ pub(crate) mod k64 {
     pub(crate) type F = f64;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f64::consts;
+    pub(crate) mod activation;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -289,6 +291,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
             float!(grad::adamw_update(inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay))?
         }
+        Op::Hardmax { axis } => vec![float!(activation::hardmax(ctx, inputs[0], *axis))?],
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
