@@ -30,6 +30,7 @@ use crate::tensor::{DType, Tensor, TensorMeta};
 use crate::{NodeIndex, VerifyErrors};
 
 mod conv;
+mod activation;
 
 /// The loss a training graph minimises, as written on the command line (`--loss SPEC`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -390,7 +391,7 @@ fn forward_has_param(g: &Graph, name: &str) -> bool {
 fn differentiable(op: &Op) -> bool {
     match op {
         Op::Unary(u) => unary_differentiable(*u),
-        Op::Binary(b) => !b.is_comparison() && !b.is_logical(),
+        Op::Binary(b) => !b.is_comparison() && !b.is_logical() && !b.is_bitwise(),
         Op::Cast { to } => *to == DType::F32,
         Op::State { .. }
         | Op::UnaryGrad(_)
@@ -405,7 +406,8 @@ fn differentiable(op: &Op) -> bool {
         | Op::SliceGrad { .. }
         | Op::SgdUpdate { .. }
         | Op::AdamWUpdate { .. }
-        | Op::ResizeGrad { .. } => false,
+        | Op::ResizeGrad { .. }
+        | Op::Hardmax { .. } => false,
         _ => true,
     }
 }
@@ -620,6 +622,7 @@ fn vjp(
                         out[1] = Some(b.sum_to("db", t, &sc)?);
                     }
                 }
+                BinaryOp::PRelu => activation::prelu_vjp(b, a, c, dy, [w(0), w(1)], &mut out)?,
                 BinaryOp::Max | BinaryOp::Min => {
                     // The first operand wins ties.
                     let cmp = if op == BinaryOp::Max { BinaryOp::GreaterOrEqual } else { BinaryOp::LessOrEqual };

@@ -9,8 +9,9 @@
 use crate::ops::resize::ResizeAttrs;
 use crate::tensor::{DType, Tensor, TensorMeta};
 
-/// Elementwise ops with one input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Elementwise ops with one input. The activations and math functions after `Sign` (their
+/// attributes, inference and text form) live in [`crate::ops::activation`].
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
     /// max(x, 0)
     Relu,
@@ -48,6 +49,86 @@ pub enum UnaryOp {
     Cos,
     /// sign(x) in {-1, 0, 1}
     Sign,
+    /// max(0, min(1, alpha x + beta))
+    HardSigmoid {
+        /// Slope.
+        alpha: f32,
+        /// Offset.
+        beta: f32,
+    },
+    /// x · max(0, min(1, x / 6 + 1/2))
+    HardSwish,
+    /// x for x >= 0, alpha x below.
+    LeakyRelu {
+        /// Slope of the negative side.
+        alpha: f32,
+    },
+    /// x for x > 0, alpha (e^x - 1) otherwise.
+    Elu {
+        /// Scale of the negative side.
+        alpha: f32,
+    },
+    /// gamma x for x > 0, gamma alpha (e^x - 1) otherwise.
+    Selu {
+        /// Scale of the negative side.
+        alpha: f32,
+        /// Overall scale.
+        gamma: f32,
+    },
+    /// max(0, x) + min(0, alpha (e^(x / alpha) - 1))
+    Celu {
+        /// Scale (and inverse input scale) of the negative side.
+        alpha: f32,
+    },
+    /// ln(1 + e^x)
+    Softplus,
+    /// x / (1 + |x|)
+    Softsign,
+    /// x · tanh(softplus(x))
+    Mish,
+    /// x for x > alpha, 0 otherwise.
+    ThresholdedRelu {
+        /// Threshold.
+        alpha: f32,
+    },
+    /// x + bias for x < -lambd, x - bias for x > lambd, 0 between.
+    Shrink {
+        /// Shift towards zero.
+        bias: f32,
+        /// Half-width of the zeroed band.
+        lambd: f32,
+    },
+    /// Round to nearest, ties to even.
+    Round,
+    /// x is NaN (bool output).
+    IsNaN,
+    /// x is infinite with a sign it detects (bool output).
+    IsInf {
+        /// -inf counts.
+        negative: bool,
+        /// +inf counts.
+        positive: bool,
+    },
+    /// tan
+    Tan,
+    /// arccos
+    Acos,
+    /// arcsin
+    Asin,
+    /// arctan
+    Atan,
+    /// sinh
+    Sinh,
+    /// cosh
+    Cosh,
+    /// arsinh
+    Asinh,
+    /// arcosh
+    Acosh,
+    /// artanh
+    Atanh,
+    /// Bitwise complement (i64).
+    BitwiseNot,
 }
 
 /// Elementwise ops with two broadcast inputs.
@@ -83,6 +164,15 @@ pub enum BinaryOp {
     Or,
     /// logical xor (bool)
     Xor,
+    /// x for x >= 0, slope · x below: inputs x and the slope, which broadcasts to x
+    /// (unidirectionally: the output has x's shape).
+    PRelu,
+    /// bitwise and (i64)
+    BitwiseAnd,
+    /// bitwise or (i64)
+    BitwiseOr,
+    /// bitwise xor (i64)
+    BitwiseXor,
 }
 
 impl BinaryOp {
@@ -94,6 +184,10 @@ impl BinaryOp {
     /// True for ops defined only on bool.
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    }
+    /// True for ops defined only on integers.
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor)
     }
 }
 
@@ -467,6 +561,11 @@ pub enum Op {
         /// Added to the variance.
         epsilon: f32,
     },
+    /// One-hot of the first maximum along an axis (ONNX Hardmax, opset 13+ form).
+    Hardmax {
+        /// Axis.
+        axis: usize,
+    },
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -582,6 +681,7 @@ impl Op {
             ResizeGrad { .. } => "resize_grad",
             BatchNormTrain { .. } => "batchnorm_train",
             BatchNormTrainGrad { .. } => "batchnorm_train_grad",
+            Hardmax { .. } => "hardmax",
         }
     }
 
@@ -635,12 +735,18 @@ impl Op {
                             return Err(format!("{n}: input must be numeric, got bool"));
                         }
                     }
+                    u if crate::ops::activation::is_activation(*u) => {
+                        return one(crate::ops::activation::infer(n, *u, &ins[0])?);
+                    }
                     _ => want_float(n, &ins[0])?,
                 }
                 one(ins[0].clone())
             }
             Binary(b) => {
                 want_inputs(n, ins, 2, 2)?;
+                if matches!(b, BinaryOp::PRelu) || b.is_bitwise() {
+                    return one(crate::ops::activation::infer_binary(n, *b, &ins[0], &ins[1])?);
+                }
                 if ins[0].dtype != ins[1].dtype {
                     return Err(format!("{n}: input dtypes differ ({} vs {})", ins[0].dtype, ins[1].dtype));
                 }
@@ -791,7 +897,7 @@ impl Op {
                 }
                 one(ins[0].clone())
             }
-            Softmax { axis } | LogSoftmax { axis } => {
+            Softmax { axis } | LogSoftmax { axis } | Hardmax { axis } => {
                 want_inputs(n, ins, 1, 1)?;
                 want_float(n, &ins[0])?;
                 if *axis >= ins[0].rank() {
@@ -1079,6 +1185,7 @@ impl Op {
             MaxPool(a) | AveragePool(a) => mul(&[window(a), out_n]),
             GlobalAveragePool | GlobalMaxPool | Reduce { .. } => numel(ins.first()),
             Unary(_) | Binary(_) | Where => out_n,
+            Hardmax { .. } => mul(&[2, out_n]),
             Softmax { .. } | LogSoftmax { .. } => mul(&[5, out_n]),
             LayerNorm { .. } | BatchNorm { .. } => mul(&[8, out_n]),
             Lrn { size, .. } => mul(&[(*size as u64).saturating_add(4), out_n]),
@@ -1166,13 +1273,14 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
         Sin => "sin",
         Cos => "cos",
         Sign => "sign",
+        _ => crate::ops::activation::name(u),
     }
 }
 
 /// True for unary ops with a [`Op::UnaryGrad`] (the others are piecewise constant or boolean).
 pub fn unary_differentiable(u: UnaryOp) -> bool {
     use UnaryOp::*;
-    !matches!(u, Not | Floor | Ceil | Sign)
+    !matches!(u, Not | Floor | Ceil | Sign | Round | IsNaN | IsInf { .. } | BitwiseNot)
 }
 
 /// True when [`Op::UnaryGrad`] of `u` reads the forward output `y` instead of the input `x`:
@@ -1204,13 +1312,19 @@ pub fn unary_grad_name(u: UnaryOp) -> &'static str {
         Sin => "sin_grad",
         Cos => "cos_grad",
         Sign => "sign_grad",
+        _ => crate::ops::activation::grad_name(u),
     }
 }
 
 /// Every unary op, for parsing and listing.
-pub const UNARY_OPS: [UnaryOp; 18] = {
+pub const UNARY_OPS: [UnaryOp; 42] = {
     use UnaryOp::*;
-    [Relu, Gelu, GeluTanh, Tanh, Erf, Sigmoid, Exp, Log, Sqrt, Neg, Reciprocal, Abs, Not, Floor, Ceil, Sin, Cos, Sign]
+    let a = crate::ops::activation::OPS;
+    [
+        Relu, Gelu, GeluTanh, Tanh, Erf, Sigmoid, Exp, Log, Sqrt, Neg, Reciprocal, Abs, Not, Floor, Ceil, Sin, Cos,
+        Sign, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+        a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23],
+    ]
 };
 
 /// Text-form name of a binary op.
@@ -1232,13 +1346,37 @@ pub fn binary_name(b: BinaryOp) -> &'static str {
         And => "and",
         Or => "or",
         Xor => "xor",
+        PRelu => "prelu",
+        BitwiseAnd => "bitwise_and",
+        BitwiseOr => "bitwise_or",
+        BitwiseXor => "bitwise_xor",
     }
 }
 
 /// Every binary op, for parsing and listing.
-pub const BINARY_OPS: [BinaryOp; 15] = {
+pub const BINARY_OPS: [BinaryOp; 19] = {
     use BinaryOp::*;
-    [Add, Sub, Mul, Div, Pow, Max, Min, Equal, Less, LessOrEqual, Greater, GreaterOrEqual, And, Or, Xor]
+    [
+        Add,
+        Sub,
+        Mul,
+        Div,
+        Pow,
+        Max,
+        Min,
+        Equal,
+        Less,
+        LessOrEqual,
+        Greater,
+        GreaterOrEqual,
+        And,
+        Or,
+        Xor,
+        PRelu,
+        BitwiseAnd,
+        BitwiseOr,
+        BitwiseXor,
+    ]
 };
 
 /// Text-form name of a reduction.

@@ -93,7 +93,8 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
     match op {
         Input { name } | Param { name } => vec![("name", Attr::Str(name.clone()))],
         Constant(t) => vec![("value", Attr::Tensor(t.clone()))],
-        Unary(_) | Binary(_) | Where | Identity | MatMul | GlobalAveragePool | GlobalMaxPool => vec![],
+        Unary(u) | UnaryGrad(u) => unary_attrs(*u),
+        Binary(_) | Where | Identity | MatMul | GlobalAveragePool | GlobalMaxPool => vec![],
         Cast { to } => vec![("to", Attr::DType(*to))],
         Gemm { alpha, beta, trans_a, trans_b } => vec![
             ("alpha", Attr::Float(*alpha)),
@@ -128,7 +129,6 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
         Reduce { axes, keepdims, .. } => vec![("axes", us(axes)), ("keepdims", Attr::Bool(*keepdims))],
         Pad { pads, value } => vec![("pads", us(pads)), ("value", Attr::Float(*value))],
         State { name } => vec![("name", Attr::Str(name.clone()))],
-        UnaryGrad(_) => vec![],
         SoftmaxGrad { axis, .. } => vec![("axis", Attr::Int(*axis as i64))],
         LayerNormGrad { axis, epsilon } => {
             vec![("axis", Attr::Int(*axis as i64)), ("epsilon", Attr::Float(*epsilon))]
@@ -172,7 +172,34 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
             v.push(("shape", us(shape)));
             v
         }
+        Hardmax { axis } => vec![("axis", Attr::Int(*axis as i64))],
     }
+}
+
+/// The attributes of a unary op (the activations of [`crate::ops::activation`] carry some).
+fn unary_attrs(u: UnaryOp) -> Vec<(&'static str, Attr)> {
+    use crate::ops::activation::{Param, params};
+    params(u)
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k,
+                match v {
+                    Param::F32(x) => Attr::Float(x),
+                    Param::Bool(b) => Attr::Bool(b),
+                },
+            )
+        })
+        .collect()
+}
+
+/// `u` with its attributes read from `a`.
+fn unary_from(u: UnaryOp, a: &mut Attrs) -> Result<UnaryOp, String> {
+    use crate::ops::activation::{Param, with_params};
+    with_params(u, |k, kind| match kind {
+        Param::F32(_) => a.float(k).map(Param::F32),
+        Param::Bool(_) => a.bool(k).map(Param::Bool),
+    })
 }
 
 fn resize_attrs(a: &ResizeAttrs) -> Vec<(&'static str, Attr)> {
@@ -299,9 +326,9 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
         })
     };
     let op = if let Some(u) = UNARY_OPS.iter().find(|u| unary_name(**u) == name) {
-        Op::Unary(*u)
+        Op::Unary(unary_from(*u, &mut a)?)
     } else if let Some(u) = UNARY_OPS.iter().find(|u| unary_differentiable(**u) && unary_grad_name(**u) == name) {
-        Op::UnaryGrad(*u)
+        Op::UnaryGrad(unary_from(*u, &mut a)?)
     } else if let Some(b) = BINARY_OPS.iter().find(|b| binary_name(**b) == name) {
         Op::Binary(*b)
     } else if let Some(r) = REDUCE_OPS.iter().find(|r| reduce_name(**r) == name) {
@@ -358,6 +385,7 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
             "slice" => Op::Slice { axes: parse_slice_axes(a.ints("axes")?)? },
             "pad" => Op::Pad { pads: a.usizes("pads")?, value: a.float("value")? },
             "state" => Op::State { name: a.string("name")? },
+            "hardmax" => Op::Hardmax { axis: a.usize("axis")? },
             "softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: false },
             "log_softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: true },
             "layernorm_grad" => Op::LayerNormGrad { axis: a.usize("axis")?, epsilon: a.float("epsilon")? },

@@ -209,7 +209,7 @@ fn unary_ops() {
     special[..6].copy_from_slice(&[0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.5]);
     let special = Tensor::f32(vec![7, 33], special);
     for u in ir::UNARY_OPS {
-        if u == UnaryOp::Not {
+        if matches!(u, UnaryOp::Not | UnaryOp::BitwiseNot) {
             continue;
         }
         let input = if matches!(u, UnaryOp::Log | UnaryOp::Sqrt) { pos(&[7, 33], 11) } else { x.clone() };
@@ -240,7 +240,8 @@ fn binary_ops_broadcast() {
     for (k, (sa, sb)) in shapes.iter().enumerate() {
         let (a, b) = (rnd(sa, 20 + k as u64), rnd(sb, 40 + k as u64));
         for op in ir::BINARY_OPS {
-            if op.is_logical() {
+            // PRelu's slope must broadcast to x: tested in `activation_family`.
+            if op.is_logical() || op.is_bitwise() || op == BinaryOp::PRelu {
                 continue;
             }
             let (a, b) = if op == BinaryOp::Pow { (pos(sa, 1), rnd(sb, 2)) } else { (a.clone(), b.clone()) };
@@ -248,7 +249,7 @@ fn binary_ops_broadcast() {
         }
         let (ia, ib) = (ints(sa, 60 + k as u64, -20, 20), ints(sb, 70 + k as u64, 1, 6));
         for op in ir::BINARY_OPS {
-            if !op.is_logical() {
+            if !op.is_logical() && op != BinaryOp::PRelu {
                 check(&ctx, Op::Binary(op), &[&ia, &ib]);
             }
         }
@@ -609,6 +610,64 @@ fn gradients_and_optimizer_updates() {
         check(&ctx, adamw.clone(), &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![t])]);
     }
     both_reject(&ctx, adamw, &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![0])]);
+}
+
+#[test]
+fn activation_family() {
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[6, 35], 31);
+    // Wider values, the kinks of the piecewise ops, and the non-finite ones.
+    let mut sv: Vec<f32> = x.as_f32().unwrap().iter().map(|v| v * 5.0).collect();
+    sv[..10].copy_from_slice(&[0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.0, -3.0, 0.5, -0.5, 2.5]);
+    let special = Tensor::f32(vec![6, 35], sv);
+    use UnaryOp::*;
+    let with_attrs = [
+        HardSigmoid { alpha: 0.3, beta: 0.4 },
+        LeakyRelu { alpha: 0.2 },
+        Elu { alpha: 0.7 },
+        Selu { alpha: 1.5, gamma: 2.0 },
+        Celu { alpha: 2.0 },
+        ThresholdedRelu { alpha: 0.25 },
+        Shrink { bias: 0.1, lambd: 0.3 },
+        IsInf { negative: false, positive: true },
+        IsInf { negative: true, positive: false },
+    ];
+    let dy = rnd(&[6, 35], 32);
+    for u in ir::ops::activation::OPS.into_iter().chain(with_attrs) {
+        if u == BitwiseNot {
+            continue;
+        }
+        let input = if u == Acosh { pos(&[6, 35], 33) } else { x.clone() };
+        check(&ctx, Op::Unary(u), &[&input]);
+        check(&ctx, Op::Unary(u), &[&special]);
+        if ir::unary_differentiable(u) {
+            check(&ctx, Op::UnaryGrad(u), &[&input, &dy]);
+        }
+    }
+    check(&ctx, Op::Unary(BitwiseNot), &[&Tensor::i64(vec![5], vec![-3, 0, 7, i64::MIN, i64::MAX])]);
+    both_reject(&ctx, Op::Unary(BitwiseNot), &[&x]);
+    both_reject(&ctx, Op::Unary(Softplus), &[&ints(&[3], 1, 0, 5)]);
+    // PRelu: a per-channel slope, a scalar one, a full one; a slope x would broadcast to fails.
+    let x4 = rnd(&[2, 3, 4, 5], 34);
+    for slope in [rnd(&[3, 1, 1], 35), rnd(&[], 36), rnd(&[2, 3, 4, 5], 37), rnd(&[5], 38)] {
+        check(&ctx, Op::Binary(BinaryOp::PRelu), &[&x4, &slope]);
+    }
+    both_reject(&ctx, Op::Binary(BinaryOp::PRelu), &[&rnd(&[5], 1), &rnd(&[2, 5], 2)]);
+    let (ia, ib) = (ints(&[4, 1, 3], 39, -1000, 1000), ints(&[5, 1], 40, -1000, 1000));
+    for op in [BinaryOp::BitwiseAnd, BinaryOp::BitwiseOr, BinaryOp::BitwiseXor] {
+        check(&ctx, Op::Binary(op), &[&ia, &ib]);
+        both_reject(&ctx, Op::Binary(op), &[&rnd(&[3], 1), &rnd(&[3], 2)]);
+    }
+    // Hardmax along every axis, with ties (the first maximum wins) and an empty tensor.
+    let mut tv = rnd(&[3, 4, 5], 41).as_f32().unwrap().to_vec();
+    tv[5] = tv[0].max(tv[5]);
+    tv[0] = tv[5];
+    let tied = Tensor::f32(vec![3, 4, 5], tv);
+    for axis in 0..3 {
+        check(&ctx, Op::Hardmax { axis }, &[&tied]);
+    }
+    check(&ctx, Op::Hardmax { axis: 1 }, &[&Tensor::f32(vec![2, 0], vec![])]);
+    both_reject(&ctx, Op::Hardmax { axis: 3 }, &[&tied]);
 }
 
 /// True in the child process that runs this suite on the emulated device.

@@ -331,6 +331,8 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
             let skip: Vec<usize> = a.axes.iter().map(|x| x.axis).collect();
             r(elementwise(ins, outs, &skip), vec![vec![0]])
         }
+        // Every dim but the axis splits; along the axis the argmax needs the whole row.
+        Hardmax { axis } => r(elementwise(ins, outs, &[*axis]), vec![]),
         Reshape { .. } => r(reshape_dims(&ins[0].shape, &outs[0].shape), vec![vec![0]]),
         Transpose { perm } => {
             let dims = perm

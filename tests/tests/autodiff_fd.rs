@@ -326,16 +326,62 @@ fn pool(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], ceil_mode: bo
 // ---------------------------------------------------------------------------------------------
 // Elementwise ops.
 
-const UNARY: [UnaryOp; 14] = {
+const UNARY: [UnaryOp; 34] = {
     use UnaryOp::*;
-    [Relu, Gelu, GeluTanh, Tanh, Erf, Sigmoid, Exp, Log, Sqrt, Neg, Reciprocal, Abs, Sin, Cos]
+    [
+        Relu,
+        Gelu,
+        GeluTanh,
+        Tanh,
+        Erf,
+        Sigmoid,
+        Exp,
+        Log,
+        Sqrt,
+        Neg,
+        Reciprocal,
+        Abs,
+        Sin,
+        Cos,
+        // The activation family, with attributes other than ONNX's defaults where it has them.
+        HardSigmoid { alpha: 0.3, beta: 0.4 },
+        HardSwish,
+        LeakyRelu { alpha: 0.2 },
+        Elu { alpha: 0.7 },
+        Selu { alpha: 1.5, gamma: 1.2 },
+        Celu { alpha: 2.0 },
+        Softplus,
+        Softsign,
+        Mish,
+        ThresholdedRelu { alpha: 0.3 },
+        Shrink { bias: 0.1, lambd: 0.3 },
+        Tan,
+        Acos,
+        Asin,
+        Atan,
+        Sinh,
+        Cosh,
+        Asinh,
+        Acosh,
+        Atanh,
+    ]
 };
 
+/// Inputs away from each op's kinks and inside its domain. Grid(0.05) values are multiples of 0.1
+/// plus 0.05: never within 0.05 of 0, ±0.3 (Shrink, ThresholdedRelu) or HardSigmoid's ramp ends
+/// (-4/3 and 2).
 fn unary_domain(u: UnaryOp) -> Init {
+    use UnaryOp::*;
     match u {
-        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Reciprocal => Init::U(0.3, 2.0),
-        UnaryOp::Relu | UnaryOp::Abs => Init::Grid(0.05),
-        UnaryOp::Exp => Init::U(-1.5, 1.5),
+        Log | Sqrt | Reciprocal => Init::U(0.3, 2.0),
+        Relu | Abs | HardSigmoid { .. } | LeakyRelu { .. } | Elu { .. } | Selu { .. } | Celu { .. } => Init::Grid(0.05),
+        ThresholdedRelu { .. } | Shrink { .. } => Init::Grid(0.05),
+        Exp => Init::U(-1.5, 1.5),
+        // Across both ends of the ramp at ±3.
+        HardSwish => Init::U(-4.5, 4.5),
+        Tan => Init::U(-1.2, 1.2),
+        Acos | Asin | Atanh => Init::U(-0.9, 0.9),
+        Acosh => Init::U(1.2, 3.0),
         _ => SMOOTH,
     }
 }
@@ -428,6 +474,22 @@ fn binary() {
         let a = c.param("a", &[2, 3], SMOOTH);
         c.op(Op::Binary(Mul), &[a, a])
     });
+    s.finish();
+}
+
+/// PRelu: gradients to x and to the slope, which broadcasts to x (per channel, scalar, full).
+#[test]
+fn prelu() {
+    let mut s = Suite::new("prelu");
+    let slopes: [(&str, &[usize]); 4] =
+        [("channel", &[3, 1]), ("trailing", &[4]), ("scalar", &[]), ("full", &[2, 3, 4])];
+    for (name, ss) in slopes {
+        s.case(&format!("prelu/{name}"), |c| {
+            let x = c.param("x", &[2, 3, 4], Init::Grid(0.05));
+            let slope = c.param("slope", ss, Init::U(0.05, 0.5));
+            c.op(Op::Binary(BinaryOp::PRelu), &[x, slope])
+        });
+    }
     s.finish();
 }
 

@@ -10,6 +10,8 @@ use prost::Message;
 use tract_onnx::pb::{self, AttributeProto, NodeProto, TensorProto};
 
 use crate::proto::{dtype_name, proto_shape, tensor_from_proto};
+
+mod activation;
 use crate::{ImportError, SUPPORTED_OPS};
 
 mod conv;
@@ -1193,6 +1195,7 @@ impl<'a> Importer<'a> {
             "Upsample" => one(self.upsample(n)?),
             "DepthToSpace" => one(self.pixel_shuffle(n, true)?),
             "SpaceToDepth" => one(self.pixel_shuffle(n, false)?),
+            t if activation::OPS.contains(&t) => self.translate_activation(n, t),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }

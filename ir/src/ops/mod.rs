@@ -4,3 +4,4 @@
 
 pub(crate) mod norm;
 pub mod resize;
+pub mod activation;

@@ -169,6 +169,9 @@ where
 
 /// Applies a unary op.
 pub(crate) fn unary(ctx: &CpuContext, u: UnaryOp, x: &Tensor) -> Result<Tensor, Error> {
+    if ir::ops::activation::is_activation(u) {
+        return super::activation::unary(ctx, u, x);
+    }
     let op = ir::unary_name(u);
     if let Some(v) = F::view(x) {
         return tensor(op, x.shape(), F::data(float_unary(ctx, op, u, v)?));
@@ -228,6 +231,7 @@ fn float_unary(ctx: &CpuContext, op: &'static str, u: UnaryOp, v: &[F]) -> Resul
             x
         }),
         UnaryOp::Not => return Err(bad(op, "not takes bool")),
+        _ => return Err(bad(op, "an activation reached the basic unary kernel")),
     }
     Ok(out)
 }
@@ -339,6 +343,9 @@ fn pow_i64(a: i64, b: i64) -> i64 {
 /// Applies a binary op with numpy broadcasting.
 pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, Error> {
     use BinaryOp::*;
+    if op == PRelu || op.is_bitwise() {
+        return super::activation::binary(ctx, op, a, b, out);
+    }
     let name = ir::binary_name(op);
     let (ash, bsh) = (a.shape(), b.shape());
     // Macros rather than closures taking `fn` pointers: each op's body must be monomorphised into
@@ -366,6 +373,7 @@ pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out
             Greater => m!(x, y, Bool, |a: F, b: F| a > b),
             GreaterOrEqual => m!(x, y, Bool, |a: F, b: F| a >= b),
             And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
+            PRelu | BitwiseAnd | BitwiseOr | BitwiseXor => unreachable!("dispatched above"),
         }
     } else {
         match (a.data(), b.data()) {
@@ -388,6 +396,7 @@ pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out
                 Greater => m!(x, y, Bool, |a: i64, b: i64| a > b),
                 GreaterOrEqual => m!(x, y, Bool, |a: i64, b: i64| a >= b),
                 And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
+                PRelu | BitwiseAnd | BitwiseOr | BitwiseXor => unreachable!("dispatched above"),
             },
             (Data::Bool(x), Data::Bool(y)) => {
                 let c = |f: fn(bool, bool) -> bool| Data::Bool(map2(ctx, x, ash, y, bsh, out, f));

@@ -19,6 +19,9 @@ fn bad(op: &'static str, message: String) -> Error {
 
 /// `dx = dy * f'(x)`; `x` is the forward output for the ops of `ir::unary_grad_from_output`.
 pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) -> Result<Tensor, Error> {
+    if ir::ops::activation::is_activation(u) {
+        return super::activation::unary_grad(ctx, u, x, dy);
+    }
     let op = ir::unary_grad_name(u);
     let (xv, dv) = (floats(op, x)?, floats(op, dy)?);
     use super::consts::{FRAC_1_SQRT_2, PI};
@@ -71,9 +74,7 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
         }),
         UnaryOp::Sin => apply!(F::cos),
         UnaryOp::Cos => apply!(|x: F| -x.sin()),
-        UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign => {
-            return Err(bad(op, "op has no gradient kernel".into()));
-        }
+        _ => return Err(bad(op, "op has no gradient kernel".into())),
     }
     tensor(op, x.shape(), F::data(out))
 }

@@ -31,6 +31,7 @@ pub(crate) mod k32 {
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f32::consts;
     pub(crate) mod batch_norm;
+    pub(crate) mod activation;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -56,6 +57,7 @@ pub(crate) mod k64 {
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f64::consts;
     pub(crate) mod batch_norm;
+    pub(crate) mod activation;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -297,6 +299,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::ResizeGrad { attrs, shape } => vec![float!(resize::resize_grad(ctx, attrs, inputs[0], shape))?],
         Op::BatchNormTrain { epsilon } => vec![float!(batch_norm::batch_norm_train(ctx, inputs, *epsilon))?],
         Op::BatchNormTrainGrad { epsilon } => float!(batch_norm::batch_norm_train_grad(ctx, inputs, *epsilon))?,
+        Op::Hardmax { axis } => vec![float!(activation::hardmax(ctx, inputs[0], *axis))?],
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

@@ -25,9 +25,11 @@ pub(crate) enum Family {
     Optim,
     /// Resize's per-axis linear maps.
     Resize,
+    /// The activation family: newer activations, math functions, PRelu, bitwise ops, Hardmax.
+    Activation,
 }
 
-const FAMILIES: usize = 7;
+const FAMILIES: usize = 8;
 
 impl Family {
     fn index(self) -> usize {
@@ -42,6 +44,7 @@ impl Family {
             Family::Conv => super::conv::SRC,
             Family::Optim => super::optim::SRC,
             Family::Resize => super::resize::SRC,
+            Family::Activation => super::activation::SRC,
         }
     }
 }
@@ -553,6 +556,7 @@ inline double __longlong_as_double(long long) { return 0.0; }
             Family::Conv,
             Family::Optim,
             Family::Resize,
+            Family::Activation,
         ] {
             let path = dir.join(format!("{fam:?}.cpp"));
             std::fs::write(&path, format!("{SHIM}\n{PRELUDE}\n{}", fam.source())).unwrap();

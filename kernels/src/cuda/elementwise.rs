@@ -218,12 +218,15 @@ fn unary_code(u: UnaryOp) -> i32 {
         Sin => 14,
         Cos => 15,
         Sign => 16,
-        Not => -1,
+        _ => -1,
     }
 }
 
 /// Applies a unary op.
 pub(crate) fn unary(ctx: &CudaContext, u: UnaryOp, x: &CudaTensor) -> Result<CudaTensor, Error> {
+    if ir::ops::activation::is_activation(u) {
+        return super::activation::unary(ctx, u, x);
+    }
     let op = ir::unary_name(u);
     let n = x.numel();
     let n64 = n as i64;
@@ -271,6 +274,7 @@ fn binary_code(b: BinaryOp) -> i32 {
         Pow | GreaterOrEqual => 4,
         Max => 5,
         Min => 6,
+        PRelu | BitwiseAnd | BitwiseOr | BitwiseXor => -1,
     }
 }
 
@@ -295,6 +299,9 @@ pub(crate) fn binary(
     y: &CudaTensor,
     out_shape: &[usize],
 ) -> Result<CudaTensor, Error> {
+    if b == BinaryOp::PRelu || b.is_bitwise() {
+        return super::activation::binary(ctx, b, x, y, out_shape);
+    }
     let op = ir::binary_name(b);
     let n: usize = out_shape.iter().product();
     let n64 = n as i64;

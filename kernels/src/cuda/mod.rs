@@ -69,6 +69,8 @@ macro_rules! launch {
 }
 
 #[cfg(feature = "cuda")]
+mod activation;
+#[cfg(feature = "cuda")]
 mod conv;
 #[cfg(feature = "cuda")]
 mod device;

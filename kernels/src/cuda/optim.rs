@@ -90,12 +90,15 @@ fn grad_code(u: UnaryOp) -> Option<i32> {
         Abs => 11,
         Sin => 12,
         Cos => 13,
-        Not | Floor | Ceil | Sign => return None,
+        _ => return None,
     })
 }
 
 /// `dx = dy * f'(x)`; `x` is the forward output for the ops of `ir::unary_grad_from_output`.
 pub(crate) fn unary_grad(ctx: &CudaContext, u: UnaryOp, x: &CudaTensor, dy: &CudaTensor) -> Result<CudaTensor, Error> {
+    if ir::ops::activation::is_activation(u) {
+        return super::activation::unary_grad(ctx, u, x, dy);
+    }
     let op = ir::unary_grad_name(u);
     let (xv, dv) = (x.f32s(op)?, dy.f32s(op)?);
     let code = grad_code(u).ok_or_else(|| Error::BadInput { op, message: "op has no gradient kernel".into() })?;
