@@ -31,6 +31,7 @@ pub mod autodiff;
 pub mod files;
 mod graph;
 mod op;
+pub mod ops;
 pub mod passes;
 pub mod shape;
 mod tensor;
@@ -39,6 +40,7 @@ mod verify;
 
 pub use graph::{Edge, Graph, GraphError, Node, Value};
 pub use op::*;
+pub use ops::index::{IndexOp, ScatterReduction};
 pub use petgraph::stable_graph::NodeIndex;
 pub use tensor::{DType, Data, ShapeDataMismatch, Tensor, TensorMeta, extend_fast, to_vec_fast};
 pub use text::ParseError;

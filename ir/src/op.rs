@@ -82,6 +82,11 @@ pub enum BinaryOp {
     Or,
     /// logical xor (bool)
     Xor,
+    /// Remainder with the divisor's sign (Python's `%`, ONNX `Mod` with `fmod=0`); integer
+    /// division by zero is an error.
+    Mod,
+    /// Remainder with the dividend's sign (C's `fmod`, ONNX `Mod` with `fmod=1`).
+    Fmod,
 }
 
 impl BinaryOp {
@@ -442,6 +447,9 @@ pub enum Op {
         /// Decoupled weight decay.
         weight_decay: f32,
     },
+    /// An op of the indexing family (gathers, scatters, triangles, cumulative sums, arg-reductions,
+    /// top-k): see [`crate::ops::index`].
+    Index(crate::IndexOp),
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -553,6 +561,7 @@ impl Op {
             SliceGrad { .. } => "slice_grad",
             SgdUpdate { .. } => "sgd_update",
             AdamWUpdate { .. } => "adamw_update",
+            Index(x) => x.name(),
         }
     }
 
@@ -568,6 +577,7 @@ impl Op {
             Op::Split { sizes, .. } => sizes.len(),
             Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } => 3,
             Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
+            Op::Index(x) => x.num_outputs(),
             _ => 1,
         }
     }
@@ -896,6 +906,7 @@ impl Op {
                     .ok_or_else(|| format!("{n}: padding {pads:?} of {:?} overflows a dim", x.shape))?;
                 one(TensorMeta { shape: s, dtype: x.dtype })
             }
+            Index(x) => x.infer(ins),
             _ => self.infer_training(ins),
         }
     }
@@ -1046,6 +1057,8 @@ impl Op {
             MaxPool(a) | AveragePool(a) => mul(&[window(a), out_n]),
             GlobalAveragePool | GlobalMaxPool | Reduce { .. } => numel(ins.first()),
             Unary(_) | Binary(_) | Where => out_n,
+            Index(crate::IndexOp::CumSum { .. }) => out_n,
+            Index(crate::IndexOp::ArgMax { .. } | crate::IndexOp::ArgMin { .. }) => numel(ins.first()),
             Softmax { .. } | LogSoftmax { .. } => mul(&[5, out_n]),
             LayerNorm { .. } | BatchNorm { .. } => mul(&[8, out_n]),
             Lrn { size, .. } => mul(&[(*size as u64).saturating_add(4), out_n]),
@@ -1195,13 +1208,15 @@ pub fn binary_name(b: BinaryOp) -> &'static str {
         And => "and",
         Or => "or",
         Xor => "xor",
+        Mod => "mod",
+        Fmod => "fmod",
     }
 }
 
 /// Every binary op, for parsing and listing.
-pub const BINARY_OPS: [BinaryOp; 15] = {
+pub const BINARY_OPS: [BinaryOp; 17] = {
     use BinaryOp::*;
-    [Add, Sub, Mul, Div, Pow, Max, Min, Equal, Less, LessOrEqual, Greater, GreaterOrEqual, And, Or, Xor]
+    [Add, Sub, Mul, Div, Pow, Max, Min, Equal, Less, LessOrEqual, Greater, GreaterOrEqual, And, Or, Xor, Mod, Fmod]
 };
 
 /// Text-form name of a reduction.

@@ -12,6 +12,8 @@ use tract_onnx::pb::{self, AttributeProto, NodeProto, TensorProto};
 use crate::proto::{dtype_name, proto_shape, tensor_from_proto};
 use crate::{ImportError, SUPPORTED_OPS};
 
+mod index;
+
 /// Options of an import.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
@@ -1265,6 +1267,8 @@ impl<'a> Importer<'a> {
                 }
                 one(self.emit1(&nm, Op::Pad { pads, value }, &[x])?)
             }
+            "Trilu" | "ScatterND" | "CumSum" | "ArgMax" | "ArgMin" | "Mod" | "GatherND" | "Tile" | "GatherElements"
+            | "ScatterElements" | "TopK" | "OneHot" | "EyeLike" | "Einsum" => self.translate_index(n),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }

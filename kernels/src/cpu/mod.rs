@@ -12,6 +12,7 @@
 //! measurement that chose it) with `Parallelism::Rayon(threads)` inside the pool.
 
 mod float;
+pub(crate) mod index;
 pub(crate) mod shape;
 #[cfg(test)]
 mod tests;
@@ -289,6 +290,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
             float!(grad::adamw_update(inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay))?
         }
+        Op::Index(x) => index::eval(x, inputs, &outs.iter().map(|m| m.shape.clone()).collect::<Vec<_>>())?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

@@ -23,9 +23,12 @@ pub(crate) enum Family {
     Conv,
     /// Unary gradients and optimizer updates.
     Optim,
+    /// The indexing family: triangles, gathers and scatters by index, cumulative sums,
+    /// arg-reductions, top-k.
+    Index,
 }
 
-const FAMILIES: usize = 6;
+const FAMILIES: usize = 7;
 
 impl Family {
     fn index(self) -> usize {
@@ -39,6 +42,7 @@ impl Family {
             Family::Shape => super::shape::SRC,
             Family::Conv => super::conv::SRC,
             Family::Optim => super::optim::SRC,
+            Family::Index => super::index::SRC,
         }
     }
 }
@@ -542,7 +546,15 @@ inline double __longlong_as_double(long long) { return 0.0; }
         assert!(v.status.success());
         let dir = std::env::temp_dir().join(format!("autopar-cuda-src-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for fam in [Family::Elementwise, Family::Reduce, Family::Norm, Family::Shape, Family::Conv, Family::Optim] {
+        for fam in [
+            Family::Elementwise,
+            Family::Reduce,
+            Family::Norm,
+            Family::Shape,
+            Family::Conv,
+            Family::Optim,
+            Family::Index,
+        ] {
             let path = dir.join(format!("{fam:?}.cpp"));
             std::fs::write(&path, format!("{SHIM}\n{PRELUDE}\n{}", fam.source())).unwrap();
             let out = std::process::Command::new("c++")

@@ -2,7 +2,7 @@
 
 use super::device::CudaContext;
 use super::tensor::CudaTensor;
-use super::{conv, elementwise, linalg, norm, optim, reduce, shape};
+use super::{conv, elementwise, index, linalg, norm, optim, reduce, shape};
 use crate::Error;
 use ir::{Op, ReduceOp, TensorMeta};
 
@@ -92,6 +92,7 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
         Op::AdamWUpdate { lr, beta1, beta2, epsilon, weight_decay } => {
             optim::adamw_update(ctx, inputs, *lr, *beta1, *beta2, *epsilon, *weight_decay)?
         }
+        Op::Index(x) => index::eval(ctx, x, inputs, &outs)?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
