@@ -29,8 +29,9 @@ use crate::op::*;
 use crate::tensor::{DType, Tensor, TensorMeta};
 use crate::{NodeIndex, VerifyErrors};
 
-mod conv;
 mod activation;
+mod conv;
+mod index;
 
 /// The loss a training graph minimises, as written on the command line (`--loss SPEC`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -391,7 +392,10 @@ fn forward_has_param(g: &Graph, name: &str) -> bool {
 fn differentiable(op: &Op) -> bool {
     match op {
         Op::Unary(u) => unary_differentiable(*u),
-        Op::Binary(b) => !b.is_comparison() && !b.is_logical() && !b.is_bitwise(),
+        Op::Binary(b) => {
+            !b.is_comparison() && !b.is_logical() && !b.is_bitwise() && !matches!(b, BinaryOp::Mod | BinaryOp::Fmod)
+        }
+        Op::Index(x) => x.differentiable(),
         Op::Cast { to } => *to == DType::F32,
         Op::State { .. }
         | Op::UnaryGrad(_)
@@ -539,6 +543,7 @@ fn vjp(
             out[0] = Some(b.op("dx", Op::Concat { axis: *axis }, &parts)?);
             return Ok(out);
         }
+        Op::Index(x) => return index::vjp(b, n, x, ins, dys, want),
         // Every other op has one output.
         _ if dys.len() > 1 => return Err(no_rule(b)),
         _ => {}

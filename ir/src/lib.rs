@@ -40,6 +40,7 @@ mod verify;
 
 pub use graph::{Edge, Graph, GraphError, Node, Value};
 pub use op::*;
+pub use ops::index::{IndexOp, ScatterReduction};
 pub use ops::resize::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};
 pub use petgraph::stable_graph::NodeIndex;
 pub use tensor::{DType, Data, ShapeDataMismatch, Tensor, TensorMeta, extend_fast, to_vec_fast};

@@ -173,6 +173,11 @@ pub enum BinaryOp {
     BitwiseOr,
     /// bitwise xor (i64)
     BitwiseXor,
+    /// Remainder with the divisor's sign (Python's `%`, ONNX `Mod` with `fmod=0`); integer
+    /// division by zero is an error.
+    Mod,
+    /// Remainder with the dividend's sign (C's `fmod`, ONNX `Mod` with `fmod=1`).
+    Fmod,
 }
 
 impl BinaryOp {
@@ -566,6 +571,9 @@ pub enum Op {
         /// Axis.
         axis: usize,
     },
+    /// An op of the indexing family (gathers, scatters, triangles, cumulative sums, arg-reductions,
+    /// top-k): see [`crate::ops::index`].
+    Index(crate::IndexOp),
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -682,6 +690,7 @@ impl Op {
             BatchNormTrain { .. } => "batchnorm_train",
             BatchNormTrainGrad { .. } => "batchnorm_train_grad",
             Hardmax { .. } => "hardmax",
+            Index(x) => x.name(),
         }
     }
 
@@ -697,6 +706,7 @@ impl Op {
             Op::Split { sizes, .. } => sizes.len(),
             Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } | Op::BatchNormTrainGrad { .. } => 3,
             Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
+            Op::Index(x) => x.num_outputs(),
             _ => 1,
         }
     }
@@ -1034,6 +1044,7 @@ impl Op {
             Resize(a) => a.infer(n, ins),
             ResizeGrad { attrs, shape } => attrs.infer_grad(n, shape, ins),
             BatchNormTrain { .. } => crate::ops::norm::infer_batch_norm_train(n, ins),
+            Index(x) => x.infer(ins),
             _ => self.infer_training(ins),
         }
     }
@@ -1186,6 +1197,8 @@ impl Op {
             GlobalAveragePool | GlobalMaxPool | Reduce { .. } => numel(ins.first()),
             Unary(_) | Binary(_) | Where => out_n,
             Hardmax { .. } => mul(&[2, out_n]),
+            Index(crate::IndexOp::CumSum { .. }) => out_n,
+            Index(crate::IndexOp::ArgMax { .. } | crate::IndexOp::ArgMin { .. }) => numel(ins.first()),
             Softmax { .. } | LogSoftmax { .. } => mul(&[5, out_n]),
             LayerNorm { .. } | BatchNorm { .. } => mul(&[8, out_n]),
             Lrn { size, .. } => mul(&[(*size as u64).saturating_add(4), out_n]),
@@ -1350,11 +1363,13 @@ pub fn binary_name(b: BinaryOp) -> &'static str {
         BitwiseAnd => "bitwise_and",
         BitwiseOr => "bitwise_or",
         BitwiseXor => "bitwise_xor",
+        Mod => "mod",
+        Fmod => "fmod",
     }
 }
 
 /// Every binary op, for parsing and listing.
-pub const BINARY_OPS: [BinaryOp; 19] = {
+pub const BINARY_OPS: [BinaryOp; 21] = {
     use BinaryOp::*;
     [
         Add,
@@ -1376,6 +1391,8 @@ pub const BINARY_OPS: [BinaryOp; 19] = {
         BitwiseAnd,
         BitwiseOr,
         BitwiseXor,
+        Mod,
+        Fmod,
     ]
 };
 

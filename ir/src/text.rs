@@ -21,6 +21,7 @@ use std::fmt::Write;
 
 use crate::graph::{Graph, Value};
 use crate::op::*;
+use crate::ops::index::{IndexOp, ScatterReduction};
 use crate::ops::resize::{ResizeAttrs, ResizeAxis};
 use crate::tensor::{DType, Data, Tensor, TensorMeta};
 
@@ -173,7 +174,57 @@ fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
             v
         }
         Hardmax { axis } => vec![("axis", Attr::Int(*axis as i64))],
+        Index(x) => index_attrs(x),
     }
+}
+/// Attributes of an indexing-family op (`tril`/`triu` name their side).
+fn index_attrs(op: &IndexOp) -> Vec<(&'static str, Attr)> {
+    let int = |x: usize| Attr::Int(x as i64);
+    let red = |r: &ScatterReduction| Attr::Str(r.name().into());
+    match op {
+        IndexOp::Trilu { k, .. } => vec![("k", Attr::Int(*k))],
+        IndexOp::ScatterNd { reduction } => vec![("reduction", red(reduction))],
+        IndexOp::GatherNd { batch_dims } => vec![("batch_dims", int(*batch_dims))],
+        IndexOp::GatherElements { axis } => vec![("axis", int(*axis))],
+        IndexOp::ScatterElements { axis, reduction } => vec![("axis", int(*axis)), ("reduction", red(reduction))],
+        IndexOp::CumSum { axis, exclusive, reverse } => {
+            vec![("axis", int(*axis)), ("exclusive", Attr::Bool(*exclusive)), ("reverse", Attr::Bool(*reverse))]
+        }
+        IndexOp::ArgMax { axis, keepdims, select_last } | IndexOp::ArgMin { axis, keepdims, select_last } => {
+            vec![("axis", int(*axis)), ("keepdims", Attr::Bool(*keepdims)), ("select_last", Attr::Bool(*select_last))]
+        }
+        IndexOp::TopK { axis, k, largest } => {
+            vec![("axis", int(*axis)), ("k", int(*k)), ("largest", Attr::Bool(*largest))]
+        }
+    }
+}
+
+/// Parses an indexing-family op named `name` (one of [`IndexOp::NAMES`]).
+fn index_from(name: &str, a: &mut Attrs) -> Result<IndexOp, String> {
+    let red = |a: &mut Attrs| -> Result<ScatterReduction, String> {
+        let s = a.string("reduction")?;
+        ScatterReduction::from_name(&s).ok_or_else(|| format!("{name}: unknown reduction {s:?}"))
+    };
+    Ok(match name {
+        "tril" | "triu" => IndexOp::Trilu { upper: name == "triu", k: a.int("k")? },
+        "scatter_nd" => IndexOp::ScatterNd { reduction: red(a)? },
+        "gather_nd" => IndexOp::GatherNd { batch_dims: a.usize("batch_dims")? },
+        "gather_elements" => IndexOp::GatherElements { axis: a.usize("axis")? },
+        "scatter_elements" => IndexOp::ScatterElements { axis: a.usize("axis")?, reduction: red(a)? },
+        "cumsum" => {
+            IndexOp::CumSum { axis: a.usize("axis")?, exclusive: a.bool("exclusive")?, reverse: a.bool("reverse")? }
+        }
+        "argmax" | "argmin" => {
+            let (axis, keepdims, select_last) = (a.usize("axis")?, a.bool("keepdims")?, a.bool("select_last")?);
+            if name == "argmax" {
+                IndexOp::ArgMax { axis, keepdims, select_last }
+            } else {
+                IndexOp::ArgMin { axis, keepdims, select_last }
+            }
+        }
+        "topk" => IndexOp::TopK { axis: a.usize("axis")?, k: a.usize("k")?, largest: a.bool("largest")? },
+        _ => return Err(format!("unknown op {name}")),
+    })
 }
 
 /// The attributes of a unary op (the activations of [`crate::ops::activation`] carry some).
@@ -427,6 +478,7 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
             },
             "resize" => Op::Resize(parse_resize(&mut a)?),
             "resize_grad" => Op::ResizeGrad { attrs: parse_resize(&mut a)?, shape: a.usizes("shape")? },
+            _ if IndexOp::NAMES.contains(&name) => Op::Index(index_from(name, &mut a)?),
             _ => return Err(format!("unknown op {name}")),
         }
     };

@@ -585,6 +585,74 @@ fn gather_and_its_gradient() {
 }
 
 #[test]
+fn indexing_family() {
+    use ir::{IndexOp, ScatterReduction as R};
+    let Some(ctx) = device() else { return };
+    let x = rnd(&[3, 5, 4], 1);
+    let i = ints(&[3, 5, 4], 2, -9, 9);
+    let b = bools(&[3, 5, 4], 3);
+    for (upper, k) in [(false, 0), (true, 0), (false, -2), (true, 3)] {
+        for t in [&x, &i, &b] {
+            check(&ctx, Op::Index(IndexOp::Trilu { upper, k }), &[t]);
+        }
+    }
+    for axis in 0..3 {
+        for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
+            check(&ctx, Op::Index(IndexOp::CumSum { axis, exclusive, reverse }), &[&x]);
+            check(&ctx, Op::Index(IndexOp::CumSum { axis, exclusive, reverse }), &[&i]);
+        }
+        for (keepdims, select_last) in [(false, false), (true, true)] {
+            check(&ctx, Op::Index(IndexOp::ArgMax { axis, keepdims, select_last }), &[&x]);
+            check(&ctx, Op::Index(IndexOp::ArgMin { axis, keepdims, select_last }), &[&i]);
+        }
+        for largest in [true, false] {
+            let k = x.shape()[axis] - 1;
+            check(&ctx, Op::Index(IndexOp::TopK { axis, k, largest }), &[&x]);
+            check(&ctx, Op::Index(IndexOp::TopK { axis, k, largest }), &[&i]);
+        }
+    }
+    // Ties and NaN order the same way on both.
+    let ties = Tensor::f32(vec![2, 4], vec![1.0, f32::NAN, 1.0, 0.0, 2.0, 2.0, 2.0, 2.0]);
+    check(&ctx, Op::Index(IndexOp::TopK { axis: 1, k: 3, largest: true }), &[&ties]);
+    check(&ctx, Op::Index(IndexOp::ArgMax { axis: 1, keepdims: false, select_last: true }), &[&ties]);
+    // Gathers by tuples (with a batch dim) and by elements, negative indices included.
+    let nd = Tensor::i64(vec![2, 2], vec![0, -1, 2, 3]);
+    check(&ctx, Op::Index(IndexOp::GatherNd { batch_dims: 0 }), &[&x, &nd]);
+    check(
+        &ctx,
+        Op::Index(IndexOp::GatherNd { batch_dims: 1 }),
+        &[&i, &Tensor::i64(vec![3, 2, 1], vec![0, 4, -1, 2, 3, 3])],
+    );
+    let ge = ints(&[3, 2, 4], 4, -5, 5);
+    check(&ctx, Op::Index(IndexOp::GatherElements { axis: 1 }), &[&x, &ge]);
+    check(&ctx, Op::Index(IndexOp::GatherElements { axis: 1 }), &[&b, &ge]);
+    // Scatters, duplicate targets included, with every reduction.
+    let rows = Tensor::i64(vec![3, 1], vec![1, -3, 1]);
+    for red in [R::None, R::Add, R::Mul, R::Max, R::Min] {
+        check(&ctx, Op::Index(IndexOp::ScatterNd { reduction: red }), &[&x, &rows, &rnd(&[3, 5, 4], 5)]);
+        check(&ctx, Op::Index(IndexOp::ScatterNd { reduction: red }), &[&i, &rows, &ints(&[3, 5, 4], 6, -3, 3)]);
+        let se = ints(&[3, 2, 4], 7, -5, 5);
+        check(&ctx, Op::Index(IndexOp::ScatterElements { axis: 1, reduction: red }), &[&x, &se, &rnd(&[3, 2, 4], 8)]);
+    }
+    let cells = Tensor::i64(vec![2, 3], vec![0, 1, 2, 2, -1, 0]);
+    check(&ctx, Op::Index(IndexOp::ScatterNd { reduction: R::None }), &[&b, &cells, &bools(&[2], 9)]);
+    // An out-of-range index is the same error on both.
+    both_reject(&ctx, Op::Index(IndexOp::GatherNd { batch_dims: 0 }), &[&x, &Tensor::i64(vec![1, 1], vec![3])]);
+    both_reject(
+        &ctx,
+        Op::Index(IndexOp::ScatterElements { axis: 0, reduction: R::Add }),
+        &[&x, &Tensor::i64(vec![1, 1, 1], vec![-4]), &rnd(&[1, 1, 1], 10)],
+    );
+    // Remainders of both signs, and integer division by zero.
+    for op in [BinaryOp::Mod, BinaryOp::Fmod] {
+        check(&ctx, Op::Binary(op), &[&ints(&[4, 6], 11, -20, 20), &ints(&[6], 12, 1, 7)]);
+        check(&ctx, Op::Binary(op), &[&ints(&[4, 6], 13, -20, 20), &ints(&[6], 14, -7, -1)]);
+        check(&ctx, Op::Binary(op), &[&rnd(&[4, 6], 15), &pos(&[6], 16)]);
+        both_reject(&ctx, Op::Binary(op), &[&ints(&[2], 17, 1, 5), &Tensor::i64(vec![2], vec![3, 0])]);
+    }
+}
+
+#[test]
 fn gradients_and_optimizer_updates() {
     let Some(ctx) = device() else { return };
     let x = rnd(&[5, 13], 1);

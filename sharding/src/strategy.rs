@@ -28,6 +28,8 @@ use crate::{Error, Result};
 use ir::{Graph, NodeIndex, Op, ReduceOp, TensorMeta};
 use serde::Serialize;
 
+mod index;
+
 /// How one input relates to a logical dim.
 #[derive(Clone, Debug, PartialEq)]
 pub enum InMap {
@@ -433,6 +435,7 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
             let linear = if matches!(rop, ReduceOp::Sum | ReduceOp::Mean) { vec![vec![0]] } else { vec![] };
             r(dims, linear)
         }
+        Index(x) => index::rule(x, ins, outs),
     }
 }
 

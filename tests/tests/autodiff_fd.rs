@@ -1109,3 +1109,80 @@ fn fan_out_unused_frozen() -> Result<()> {
     ensure!(r.outputs.iter().any(|o| o == "grad/a"), "grad/a missing: {:?}", r.outputs);
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// The indexing family (`ir::IndexOp`): gradients built from the family's own ops.
+
+/// `Trilu` (gradient: the same triangle), `CumSum` (the reverse cumulative sum), `GatherND` and
+/// `GatherElements` (scatter-add into zeros, repeated and negative indices), `ScatterND` and
+/// `ScatterElements` with reduction none (data: masked where written; updates: gathered) and add,
+/// and `TopK` (the values' gradient scattered back to their indices), plus non-differentiable
+/// ops (`ArgMax`, `Mod`) on and off the parameter's path.
+#[test]
+fn indexing_family() {
+    use ir::{IndexOp, ScatterReduction as R};
+    let mut s = Suite::new("indexing");
+    let ix = |op: IndexOp| Op::Index(op);
+    for (upper, k) in [(false, 0), (true, 1), (false, -1)] {
+        s.case(&format!("trilu/upper{upper}_k{k}"), |c| {
+            let x = c.param("x", &[2, 3, 4], SMOOTH);
+            c.op(ix(IndexOp::Trilu { upper, k }), &[x])
+        });
+    }
+    for (axis, exclusive, reverse) in [(1, false, false), (1, true, false), (0, false, true), (0, true, true)] {
+        s.case(&format!("cumsum/axis{axis}_excl{exclusive}_rev{reverse}"), |c| {
+            let x = c.param("x", &[3, 4], SMOOTH);
+            c.op(ix(IndexOp::CumSum { axis, exclusive, reverse }), &[x])
+        });
+    }
+    type NdCase<'a> = (&'a str, &'a [usize], &'a [usize], &'a [i64]);
+    let nds: [NdCase; 2] =
+        [("rows_repeated", &[4, 3], &[3, 1], &[1, -1, 1]), ("cells", &[4, 3], &[2, 2], &[0, 1, 3, -1])];
+    for (name, xs, is, idx) in nds {
+        s.case(&format!("gather_nd/{name}"), |c| {
+            let x = c.param("x", xs, SMOOTH);
+            let i = c.constant("indices", Tensor::i64(is, idx.to_vec()));
+            c.op(ix(IndexOp::GatherNd { batch_dims: 0 }), &[x, i])
+        });
+    }
+    s.case("gather_elements/axis1_repeat_negative", |c| {
+        let x = c.param("x", &[3, 4], SMOOTH);
+        let i = c.constant("indices", Tensor::i64([3, 2], vec![0, 0, -1, 2, 3, 1]));
+        c.op(ix(IndexOp::GatherElements { axis: 1 }), &[x, i])
+    });
+    for red in [R::None, R::Add] {
+        s.case(&format!("scatter_nd/{}", red.name()), |c| {
+            let x = c.param("x", &[4, 3], SMOOTH);
+            let u = c.param("u", &[2, 3], SMOOTH);
+            let idx = if red == R::Add { vec![1, 1] } else { vec![1, -1] };
+            let i = c.constant("indices", Tensor::i64([2, 1], idx));
+            c.op(ix(IndexOp::ScatterNd { reduction: red }), &[x, i, u])
+        });
+        s.case(&format!("scatter_elements/{}", red.name()), |c| {
+            let x = c.param("x", &[3, 4], SMOOTH);
+            let u = c.param("u", &[3, 2], SMOOTH);
+            let idx = if red == R::Add { vec![0, 0, 1, -1, 2, 3] } else { vec![0, 2, 1, -1, 3, 2] };
+            let i = c.constant("indices", Tensor::i64([3, 2], idx));
+            c.op(ix(IndexOp::ScatterElements { axis: 1, reduction: red }), &[x, i, u])
+        });
+    }
+    for (axis, largest) in [(1, true), (0, false)] {
+        s.case(&format!("topk/axis{axis}_largest{largest}"), |c| {
+            // Distinct values: no perturbation reorders them.
+            let x = c.param("x", &[3, 5], Init::Grid(0.0));
+            let t = c.ops(ix(IndexOp::TopK { axis, k: 2, largest }), &[x])?;
+            Ok(t[0])
+        });
+    }
+    // An arg-max of the parameter and a remainder of constants: index paths, no gradient rule needed.
+    s.case("argmax_and_mod_paths", |c| {
+        let x = c.param("x", &[3, 4], Init::Grid(0.0));
+        let am = c.op(ix(IndexOp::ArgMax { axis: 1, keepdims: true, select_last: false }), &[x])?;
+        let two = c.constant("two", Tensor::i64(Vec::<usize>::new(), vec![2]));
+        let odd = c.op(Op::Binary(BinaryOp::Mod), &[am, two])?;
+        let f = c.op(Op::Cast { to: DType::F32 }, &[odd])?;
+        let scaled = c.op(Op::Binary(BinaryOp::Mul), &[x, f])?;
+        c.op(Op::Binary(BinaryOp::Add), &[scaled, x])
+    });
+    s.finish();
+}

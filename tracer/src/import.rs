@@ -15,8 +15,9 @@ mod activation;
 use crate::{ImportError, SUPPORTED_OPS};
 
 mod conv;
-mod resize;
+mod index;
 mod norm;
+mod resize;
 
 /// Options of an import.
 #[derive(Clone, Debug)]
@@ -1196,6 +1197,8 @@ impl<'a> Importer<'a> {
             "DepthToSpace" => one(self.pixel_shuffle(n, true)?),
             "SpaceToDepth" => one(self.pixel_shuffle(n, false)?),
             t if activation::OPS.contains(&t) => self.translate_activation(n, t),
+            "Trilu" | "ScatterND" | "CumSum" | "ArgMax" | "ArgMin" | "Mod" | "GatherND" | "Tile" | "GatherElements"
+            | "ScatterElements" | "TopK" | "OneHot" | "EyeLike" | "Einsum" => self.translate_index(n),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }

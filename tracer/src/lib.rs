@@ -147,6 +147,20 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "BitwiseOr",
     "BitwiseXor",
     "Hardmax",
+    "Trilu",
+    "ScatterND",
+    "CumSum",
+    "ArgMax",
+    "ArgMin",
+    "Mod",
+    "GatherND",
+    "Tile",
+    "GatherElements",
+    "ScatterElements",
+    "TopK",
+    "OneHot",
+    "EyeLike",
+    "Einsum",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or

@@ -1,7 +1,9 @@
-//! Op families kept in files of their own: attributes, shape inference and the helpers their
-//! kernels share. An op family added here gets one arm per giant match in `op.rs` (name,
-//! inference, FLOPs), `text.rs` and `autodiff.rs`, each delegating to its file.
+//! Op families kept in files of their own (issue 16): attributes, shape inference and the helpers
+//! their kernels share. An op family added here gets one short arm per giant match in `op.rs`
+//! (name, inference, FLOPs), `text.rs` and `autodiff.rs`, each delegating to its file; the family's
+//! other stages live in files of the same name in `autodiff/`, `tracer`, `sharding` and `kernels`.
 
+pub mod activation;
+pub mod index;
 pub(crate) mod norm;
 pub mod resize;
-pub mod activation;

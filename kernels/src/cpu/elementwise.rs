@@ -372,6 +372,11 @@ pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out
             LessOrEqual => m!(x, y, Bool, |a: F, b: F| a <= b),
             Greater => m!(x, y, Bool, |a: F, b: F| a > b),
             GreaterOrEqual => m!(x, y, Bool, |a: F, b: F| a >= b),
+            Mod => m!(x, y, Float, |a: F, b: F| {
+                let r = a % b;
+                if r != 0.0 && (r < 0.0) != (b < 0.0) { r + b } else { r }
+            }),
+            Fmod => m!(x, y, Float, |a: F, b: F| a % b),
             And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
             PRelu | BitwiseAnd | BitwiseOr | BitwiseXor => unreachable!("dispatched above"),
         }
@@ -395,6 +400,12 @@ pub(crate) fn binary(ctx: &CpuContext, op: BinaryOp, a: &Tensor, b: &Tensor, out
                 LessOrEqual => m!(x, y, Bool, |a: i64, b: i64| a <= b),
                 Greater => m!(x, y, Bool, |a: i64, b: i64| a > b),
                 GreaterOrEqual => m!(x, y, Bool, |a: i64, b: i64| a >= b),
+                Mod | Fmod if y.contains(&0) => return Err(bad(name, "integer division by zero")),
+                Mod => m!(x, y, I64, |a: i64, b: i64| {
+                    let r = a.wrapping_rem(b);
+                    if r != 0 && (r < 0) != (b < 0) { r.wrapping_add(b) } else { r }
+                }),
+                Fmod => m!(x, y, I64, i64::wrapping_rem),
                 And | Or | Xor => return Err(bad(name, "logical ops take bool inputs")),
                 PRelu | BitwiseAnd | BitwiseOr | BitwiseXor => unreachable!("dispatched above"),
             },

@@ -12,6 +12,7 @@
 //! measurement that chose it) with `Parallelism::Rayon(threads)` inside the pool.
 
 mod float;
+pub(crate) mod index;
 pub(crate) mod shape;
 #[cfg(test)]
 mod tests;
@@ -30,8 +31,8 @@ pub(crate) mod k32 {
     pub(crate) type F = f32;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f32::consts;
-    pub(crate) mod batch_norm;
     pub(crate) mod activation;
+    pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -56,8 +57,8 @@ pub(crate) mod k64 {
     pub(crate) type F = f64;
     pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
     pub(crate) use std::f64::consts;
-    pub(crate) mod batch_norm;
     pub(crate) mod activation;
+    pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
     pub(crate) mod grad;
@@ -300,6 +301,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::BatchNormTrain { epsilon } => vec![float!(batch_norm::batch_norm_train(ctx, inputs, *epsilon))?],
         Op::BatchNormTrainGrad { epsilon } => float!(batch_norm::batch_norm_train_grad(ctx, inputs, *epsilon))?,
         Op::Hardmax { axis } => vec![float!(activation::hardmax(ctx, inputs[0], *axis))?],
+        Op::Index(x) => index::eval(x, inputs, &outs.iter().map(|m| m.shape.clone()).collect::<Vec<_>>())?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

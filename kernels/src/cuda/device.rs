@@ -27,9 +27,12 @@ pub(crate) enum Family {
     Resize,
     /// The activation family: newer activations, math functions, PRelu, bitwise ops, Hardmax.
     Activation,
+    /// The indexing family: triangles, gathers and scatters by index, cumulative sums,
+    /// arg-reductions, top-k.
+    Index,
 }
 
-const FAMILIES: usize = 8;
+const FAMILIES: usize = 9;
 
 impl Family {
     fn index(self) -> usize {
@@ -45,6 +48,7 @@ impl Family {
             Family::Optim => super::optim::SRC,
             Family::Resize => super::resize::SRC,
             Family::Activation => super::activation::SRC,
+            Family::Index => super::index::SRC,
         }
     }
 }
@@ -557,6 +561,7 @@ inline double __longlong_as_double(long long) { return 0.0; }
             Family::Optim,
             Family::Resize,
             Family::Activation,
+            Family::Index,
         ] {
             let path = dir.join(format!("{fam:?}.cpp"));
             std::fs::write(&path, format!("{SHIM}\n{PRELUDE}\n{}", fam.source())).unwrap();

@@ -101,7 +101,13 @@ extern "C" __global__ void binary_f32(float* out, const float* a, const float* b
             case 3: r = x / y; break;
             case 4: r = pow_f(x, y); break;
             case 5: r = nan_max(x, y); break;
-            default: r = nan_min(x, y); break;
+            case 6: r = nan_min(x, y); break;
+            // Remainders: C's (fmod, 8) and the divisor's sign (mod, 7).
+            default: {
+                float m = fmodf(x, y);
+                r = (code == 7 && m != 0.f && ((m < 0.f) != (y < 0.f))) ? m + y : m;
+                break;
+            }
         }
         out[i] = r;
     }
@@ -121,7 +127,13 @@ extern "C" __global__ void binary_i64(i64* out, const i64* a, const i64* b, Stri
             case 3: r = (y == -1) ? wrap_sub(0, x) : x / y; break;
             case 4: r = pow_i(x, y); break;
             case 5: r = x > y ? x : y; break;
-            default: r = x < y ? x : y; break;
+            case 6: r = x < y ? x : y; break;
+            // Remainders: C's (fmod, 8) and the divisor's sign (mod, 7); y == -1 cannot overflow.
+            default: {
+                i64 m = (y == -1) ? 0 : x % y;
+                r = (code == 7 && m != 0 && ((m < 0) != (y < 0))) ? wrap_add(m, y) : m;
+                break;
+            }
         }
         out[i] = r;
     }
@@ -275,6 +287,8 @@ fn binary_code(b: BinaryOp) -> i32 {
         Max => 5,
         Min => 6,
         PRelu | BitwiseAnd | BitwiseOr | BitwiseXor => -1,
+        Mod => 7,
+        Fmod => 8,
     }
 }
 
@@ -335,7 +349,7 @@ pub(crate) fn binary(
                 }
                 Buf::Bool(out)
             } else {
-                if b == BinaryOp::Div && any_zero_i64(ctx, op, y)? {
+                if matches!(b, BinaryOp::Div | BinaryOp::Mod | BinaryOp::Fmod) && any_zero_i64(ctx, op, y)? {
                     return Err(bad(op, "integer division by zero"));
                 }
                 let mut out = ctx.alloc::<i64>(op, n)?;

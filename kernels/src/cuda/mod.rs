@@ -77,6 +77,8 @@ mod device;
 #[cfg(feature = "cuda")]
 mod elementwise;
 #[cfg(feature = "cuda")]
+mod index;
+#[cfg(feature = "cuda")]
 mod linalg;
 #[cfg(feature = "cuda")]
 pub mod nccl;

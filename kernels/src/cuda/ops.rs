@@ -2,7 +2,7 @@
 
 use super::device::CudaContext;
 use super::tensor::CudaTensor;
-use super::{activation, conv, elementwise, linalg, norm, optim, reduce, resize, shape};
+use super::{activation, conv, elementwise, index, linalg, norm, optim, reduce, resize, shape};
 use crate::Error;
 use ir::{Op, ReduceOp, TensorMeta};
 
@@ -97,6 +97,7 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
         Op::BatchNormTrain { epsilon } => vec![norm::batch_norm_train(ctx, inputs, *epsilon)?],
         Op::BatchNormTrainGrad { epsilon } => norm::batch_norm_train_grad(ctx, inputs, *epsilon)?,
         Op::Hardmax { axis } => vec![activation::hardmax(ctx, inputs[0], *axis)?],
+        Op::Index(x) => index::eval(ctx, x, inputs, &outs)?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
