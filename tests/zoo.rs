@@ -214,11 +214,12 @@ fn expected() -> BTreeMap<String, (String, String)> {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| {
-            let mut f = l.splitn(3, char::is_whitespace);
+            // MODEL, STAGE and WHY are separated by runs of spaces.
+            let mut f = l.split_whitespace();
             let model = f.next().unwrap_or_default().to_string();
-            let stage = f.next().unwrap_or_default().trim().to_string();
+            let stage = f.next().unwrap_or_default().to_string();
             assert!(STAGES.contains(&stage.as_str()), "expected.txt: {model}: unknown stage {stage:?}");
-            (model, (stage, f.next().unwrap_or_default().trim().to_string()))
+            (model, (stage, f.collect::<Vec<_>>().join(" ")))
         })
         .collect()
 }

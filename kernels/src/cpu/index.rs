@@ -81,6 +81,7 @@ pub(crate) fn elements_offsets(
 /// A scatter plan as the CUDA kernels run it: the distinct targets in first-seen order, and for
 /// each (`start[t]..start[t + 1]`) the update slices that land on it, in index order. With
 /// reduction none only the last one is kept (it is the one that stays).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn scatter_lists(targets: &[usize], reduction: ScatterReduction) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
     let mut slot: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
     let mut uniq = Vec::new();
