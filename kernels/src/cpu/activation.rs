@@ -16,13 +16,7 @@ fn bad(op: &'static str, message: String) -> Error {
 
 /// `min(max(t, 0), 1)`, NaN kept.
 fn clamp01(t: F) -> F {
-    if t < 0.0 {
-        0.0
-    } else if t > 1.0 {
-        1.0
-    } else {
-        t
-    }
+    t.clamp(0.0, 1.0)
 }
 
 /// `ln(1 + e^x)` without overflow.
