@@ -14,6 +14,11 @@
 //!   only; a `ConstantOfShape` that feeds a weight operand (the topology-only model convention)
 //!   becomes a weight-free parameter rather than a materialised fill.
 //!
+//! - convolution and pooling are 2-D in the IR: 1-D `Conv`/`ConvTranspose`/pooling get a unit
+//!   height, 3-D pooling is two separable 2-D pools, `ConvTranspose` is the IR's convolution
+//!   input gradient, `DepthToSpace`/`SpaceToDepth` are reshape-transpose-reshape, `Upsample` is a
+//!   `Resize` (see `import/conv.rs` and `import/resize.rs` for the forms and what is not supported).
+//!
 //! An ONNX op outside [`SUPPORTED_OPS`] is an error naming the node and its op type.
 #![warn(missing_docs)]
 

@@ -379,7 +379,7 @@ mod tests {
         let a = attrs(ResizeMode::Linear, CoordTransform::AlignCorners, 5, 2.5);
         let t = a.taps(0, 2);
         assert_eq!((t.index[0], t.weight[0]), (0, 1.0));
-        assert_eq!((t.index[9], t.weight[9]), (1, 1.0));
+        assert_eq!((t.index[8], t.weight[8]), (1, 1.0));
     }
 
     #[test]
