@@ -42,7 +42,7 @@ pub(crate) fn nd_offsets(
     let dst = strides(&data[batch_dims..]);
     let mut offs = Vec::with_capacity(tuples);
     for t in 0..tuples {
-        let mut off = if per_batch == 0 { 0 } else { (t / per_batch) * batch_block };
+        let mut off = t.checked_div(per_batch).map_or(0, |b| b * batch_block);
         for j in 0..q {
             let d = data[batch_dims + j];
             off += norm_index(op, idx[t * q + j], d, &format!("dim {}", batch_dims + j))? * dst[j];

@@ -75,8 +75,8 @@ pub(super) fn rule(op: &IndexOp, ins: &[TensorMeta], outs: &[TensorMeta]) -> Opt
                     dim(format!("i{d}"), i[d], at, Some(d))
                 })
                 .collect();
-            for j in batch_dims + q..x.len() {
-                dims.push(dim(format!("d{j}"), x[j], &[(0, j)], Some(lead + j - batch_dims - q)));
+            for (j, &xj) in x.iter().enumerate().skip(batch_dims + q) {
+                dims.push(dim(format!("d{j}"), xj, &[(0, j)], Some(lead + j - batch_dims - q)));
             }
             r(dims, vec![vec![0]])
         }
