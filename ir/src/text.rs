@@ -181,11 +181,9 @@ fn index_attrs(op: &IndexOp) -> Vec<(&'static str, Attr)> {
         IndexOp::CumSum { axis, exclusive, reverse } => {
             vec![("axis", int(*axis)), ("exclusive", Attr::Bool(*exclusive)), ("reverse", Attr::Bool(*reverse))]
         }
-        IndexOp::ArgMax { axis, keepdims, select_last } | IndexOp::ArgMin { axis, keepdims, select_last } => vec![
-            ("axis", int(*axis)),
-            ("keepdims", Attr::Bool(*keepdims)),
-            ("select_last", Attr::Bool(*select_last)),
-        ],
+        IndexOp::ArgMax { axis, keepdims, select_last } | IndexOp::ArgMin { axis, keepdims, select_last } => {
+            vec![("axis", int(*axis)), ("keepdims", Attr::Bool(*keepdims)), ("select_last", Attr::Bool(*select_last))]
+        }
         IndexOp::TopK { axis, k, largest } => {
             vec![("axis", int(*axis)), ("k", int(*k)), ("largest", Attr::Bool(*largest))]
         }

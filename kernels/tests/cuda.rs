@@ -610,7 +610,11 @@ fn indexing_family() {
     // Gathers by tuples (with a batch dim) and by elements, negative indices included.
     let nd = Tensor::i64(vec![2, 2], vec![0, -1, 2, 3]);
     check(&ctx, Op::Index(IndexOp::GatherNd { batch_dims: 0 }), &[&x, &nd]);
-    check(&ctx, Op::Index(IndexOp::GatherNd { batch_dims: 1 }), &[&i, &Tensor::i64(vec![3, 2, 1], vec![0, 4, -1, 2, 3, 3])]);
+    check(
+        &ctx,
+        Op::Index(IndexOp::GatherNd { batch_dims: 1 }),
+        &[&i, &Tensor::i64(vec![3, 2, 1], vec![0, 4, -1, 2, 3, 3])],
+    );
     let ge = ints(&[3, 2, 4], 4, -5, 5);
     check(&ctx, Op::Index(IndexOp::GatherElements { axis: 1 }), &[&x, &ge]);
     check(&ctx, Op::Index(IndexOp::GatherElements { axis: 1 }), &[&b, &ge]);

@@ -11,10 +11,8 @@ use tract_onnx::pb;
 
 fn vi(name: &str, elem: i32, dims: &[usize]) -> pb::ValueInfoProto {
     use pb::tensor_shape_proto::{Dimension, dimension::Value};
-    let dim = dims
-        .iter()
-        .map(|&d| Dimension { denotation: String::new(), value: Some(Value::DimValue(d as i64)) })
-        .collect();
+    let dim =
+        dims.iter().map(|&d| Dimension { denotation: String::new(), value: Some(Value::DimValue(d as i64)) }).collect();
     pb::ValueInfoProto {
         name: name.into(),
         r#type: Some(pb::TypeProto {
@@ -37,16 +35,17 @@ fn attr_i(name: &str, i: i64) -> pb::AttributeProto {
 }
 
 fn ints_init(name: &str, v: &[i64]) -> pb::TensorProto {
-    pb::TensorProto { name: name.into(), dims: vec![v.len() as i64], data_type: 7, int64_data: v.to_vec(), ..Default::default() }
+    pb::TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// A one-node model: float inputs `x{i}` of the given shapes, constant i64 inputs after them.
-fn one_node(
-    op: &str,
-    shapes: &[&[usize]],
-    consts: &[(&str, &[i64])],
-    attrs: Vec<pb::AttributeProto>,
-) -> Vec<u8> {
+fn one_node(op: &str, shapes: &[&[usize]], consts: &[(&str, &[i64])], attrs: Vec<pb::AttributeProto>) -> Vec<u8> {
     let mut inputs: Vec<String> = (0..shapes.len()).map(|i| format!("x{i}")).collect();
     inputs.extend(consts.iter().map(|(n, _)| n.to_string()));
     let node = pb::NodeProto {
@@ -164,9 +163,15 @@ fn einsum_rewrites_match_the_definition() {
     let y = run(&g, &[("x0".into(), seq(&[2, 3, 4], 0)), ("x1".into(), seq(&[4, 5], 1))].into());
     let want = einsum_ref(&["aij", "jk"], "aik", &[&seq(&[2, 3, 4], 0), &seq(&[4, 5], 1)]);
     assert_eq!(y.as_f32().unwrap(), &want[..]);
-    let e = import_bytes(&one_node("Einsum", &[&[3, 3]], &[], vec![attr_s("equation", "ii->i")]), "t", "t", None, &ImportOptions::default())
-        .unwrap_err()
-        .to_string();
+    let e = import_bytes(
+        &one_node("Einsum", &[&[3, 3]], &[], vec![attr_s("equation", "ii->i")]),
+        "t",
+        "t",
+        None,
+        &ImportOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("diagonals"), "{e}");
 }
 
@@ -183,10 +188,17 @@ fn tile_one_hot_and_eye_like() {
     assert_eq!(y.as_f32().unwrap(), &[&xv[..3], &xv[..3], &xv[3..], &xv[3..]].concat()[..]);
 
     // OneHot of float indices [1, -1, 5] with depth 3 on axis 0, values [off, on] = [2, 7].
-    let mut m = pb::ModelProto::decode(&one_node("OneHot", &[&[3]], &[("depth", &[3])], vec![attr_i("axis", 0)])[..]).unwrap();
+    let mut m =
+        pb::ModelProto::decode(&one_node("OneHot", &[&[3]], &[("depth", &[3])], vec![attr_i("axis", 0)])[..]).unwrap();
     let gr = m.graph.as_mut().unwrap();
     gr.node[0].input.push("values".into());
-    gr.initializer.push(pb::TensorProto { name: "values".into(), dims: vec![2], data_type: 7, int64_data: vec![2, 7], ..Default::default() });
+    gr.initializer.push(pb::TensorProto {
+        name: "values".into(),
+        dims: vec![2],
+        data_type: 7,
+        int64_data: vec![2, 7],
+        ..Default::default()
+    });
     let g = import(&m.encode_to_vec());
     let y = run(&g, &[("x0".into(), Tensor::f32([3], vec![1.0, -1.0, 5.0]))].into());
     assert_eq!((y.shape(), y.as_i64().unwrap()), (&[3, 3][..], &[2, 2, 2, 7, 2, 2, 2, 7, 2][..]));

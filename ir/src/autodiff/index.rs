@@ -6,10 +6,10 @@
 //! reduction are not differentiable ([`IndexOp::differentiable`] keeps them off gradient paths).
 
 use super::{AutodiffError, Builder};
+use crate::NodeIndex;
 use crate::graph::Value;
 use crate::op::Op;
 use crate::ops::index::{IndexOp, ScatterReduction};
-use crate::NodeIndex;
 
 /// Input gradients of node `n` (an [`Op::Index`]) given its output gradients, as `vjp` returns
 /// them: one entry per input, `None` where no gradient flows or none is wanted.

@@ -351,7 +351,11 @@ mod tests {
         assert_eq!(tk.infer(&[f(&[3, 4])]).unwrap(), vec![f(&[2, 4]), i(&[2, 4])]);
         assert!(tk.infer(&[f(&[1, 4])]).unwrap_err().contains("exceeds"));
         assert!(IndexOp::Trilu { upper: true, k: 0 }.infer(&[f(&[3])]).is_err());
-        assert!(IndexOp::CumSum { axis: 0, exclusive: false, reverse: false }.infer(&[TensorMeta::new(DType::Bool, [2])]).is_err());
+        assert!(
+            IndexOp::CumSum { axis: 0, exclusive: false, reverse: false }
+                .infer(&[TensorMeta::new(DType::Bool, [2])])
+                .is_err()
+        );
         let bad_idx = IndexOp::GatherElements { axis: 0 }.infer(&[f(&[3]), f(&[3])]).unwrap_err();
         assert!(bad_idx.contains("i64"), "{bad_idx}");
     }

@@ -66,7 +66,11 @@ pub(crate) fn elements_offsets(
     for (p, &i) in idx.iter().enumerate() {
         let mut off = 0;
         for k in 0..data.len() {
-            let c = if k == axis { norm_index(op, i, data[axis], &format!("axis {axis}"))? } else { p / is[k] % idx_shape[k] };
+            let c = if k == axis {
+                norm_index(op, i, data[axis], &format!("axis {axis}"))?
+            } else {
+                p / is[k] % idx_shape[k]
+            };
             off += c * ds[k];
         }
         offs.push(off);
@@ -77,6 +81,7 @@ pub(crate) fn elements_offsets(
 /// A scatter plan as the CUDA kernels run it: the distinct targets in first-seen order, and for
 /// each (`start[t]..start[t + 1]`) the update slices that land on it, in index order. With
 /// reduction none only the last one is kept (it is the one that stays).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn scatter_lists(targets: &[usize], reduction: ScatterReduction) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
     let mut slot: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
     let mut uniq = Vec::new();
@@ -193,7 +198,14 @@ fn ahead<T: PartialOrd + Copy>(a: T, b: T, largest: bool) -> bool {
     }
 }
 
-fn cumsum<T: Copy + Default>(v: &[T], shape: &[usize], axis: usize, excl: bool, rev: bool, add: fn(T, T) -> T) -> Vec<T> {
+fn cumsum<T: Copy + Default>(
+    v: &[T],
+    shape: &[usize],
+    axis: usize,
+    excl: bool,
+    rev: bool,
+    add: fn(T, T) -> T,
+) -> Vec<T> {
     let (outer, d, inner) = around(shape, axis);
     let mut o = vec![T::default(); v.len()];
     for a in 0..outer {
@@ -233,7 +245,13 @@ fn arg<T: PartialOrd + Copy>(v: &[T], shape: &[usize], axis: usize, largest: boo
     o
 }
 
-fn topk<T: PartialOrd + Copy + Default>(v: &[T], shape: &[usize], axis: usize, k: usize, largest: bool) -> (Vec<T>, Vec<i64>) {
+fn topk<T: PartialOrd + Copy + Default>(
+    v: &[T],
+    shape: &[usize],
+    axis: usize,
+    k: usize,
+    largest: bool,
+) -> (Vec<T>, Vec<i64>) {
     let (outer, d, inner) = around(shape, axis);
     let (mut vals, mut idx) = (vec![T::default(); outer * k * inner], vec![0i64; outer * k * inner]);
     let mut order: Vec<usize> = Vec::with_capacity(d);

@@ -194,8 +194,11 @@ fn scatter(
     if work == 0 {
         return Ok(out);
     }
-    let (t, s, k) =
-        (ctx.upload_slice(op, &to_i64(&uniq))?, ctx.upload_slice(op, &to_i64(&start))?, ctx.upload_slice(op, &to_i64(&src))?);
+    let (t, s, k) = (
+        ctx.upload_slice(op, &to_i64(&uniq))?,
+        ctx.upload_slice(op, &to_i64(&start))?,
+        ctx.upload_slice(op, &to_i64(&src))?,
+    );
     let (len64, w64) = (len as i64, work as i64);
     let cfg = grid(work);
     let fam = Family::Index;
@@ -292,8 +295,12 @@ pub(crate) fn eval(
             if lines > 0 {
                 let cfg = grid(lines);
                 match x.buf() {
-                    Buf::F32(v) => launch!(ctx, name, Family::Index, "arg_f32", cfg; &mut out.s, &v.s, &o, &d, &i, &lg, &last)?,
-                    Buf::I64(v) => launch!(ctx, name, Family::Index, "arg_i64", cfg; &mut out.s, &v.s, &o, &d, &i, &lg, &last)?,
+                    Buf::F32(v) => {
+                        launch!(ctx, name, Family::Index, "arg_f32", cfg; &mut out.s, &v.s, &o, &d, &i, &lg, &last)?
+                    }
+                    Buf::I64(v) => {
+                        launch!(ctx, name, Family::Index, "arg_i64", cfg; &mut out.s, &v.s, &o, &d, &i, &lg, &last)?
+                    }
                     Buf::Bool(_) => return Err(no_bool()),
                 }
             }

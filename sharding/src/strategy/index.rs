@@ -84,7 +84,8 @@ pub(super) fn rule(op: &IndexOp, ins: &[TensorMeta], outs: &[TensorMeta]) -> Opt
             let (x, i) = (&ins[0].shape, &ins[1].shape);
             let q = i[i.len() - 1];
             let lead = i.len() - 1;
-            let dims = (q..x.len()).map(|j| dim(format!("d{j}"), x[j], &[(0, j), (2, lead + j - q)], Some(j))).collect();
+            let dims =
+                (q..x.len()).map(|j| dim(format!("d{j}"), x[j], &[(0, j), (2, lead + j - q)], Some(j))).collect();
             r(dims, linear_scatter(reduction))
         }
     }

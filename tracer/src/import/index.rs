@@ -57,7 +57,8 @@ impl Importer<'_> {
                 let a = self.const_ints(n, 1, "axis")?.ok_or("axis is required")?;
                 let [a] = a[..] else { return Err(format!("axis must hold one value, got {a:?}")) };
                 let axis = norm_axis(a, self.meta(&x).rank())?;
-                let op = IndexOp::CumSum { axis, exclusive: n.int("exclusive", 0) != 0, reverse: n.int("reverse", 0) != 0 };
+                let op =
+                    IndexOp::CumSum { axis, exclusive: n.int("exclusive", 0) != 0, reverse: n.int("reverse", 0) != 0 };
                 one(self.emit1(&nm, Op::Index(op), &[x])?)
             }
             "ArgMax" | "ArgMin" => {
@@ -209,7 +210,10 @@ impl Importer<'_> {
             let s = self.meta(v).shape;
             for (l, &d) in t.iter().zip(&s) {
                 if *size.entry(*l).or_insert(d) != d {
-                    return Err(format!("{eq}: label {l} has sizes {} and {d} (broadcasting labels is not supported)", size[l]));
+                    return Err(format!(
+                        "{eq}: label {l} has sizes {} and {d} (broadcasting labels is not supported)",
+                        size[l]
+                    ));
                 }
             }
         }
@@ -217,12 +221,14 @@ impl Importer<'_> {
         // Sums the labels of operand `i` that neither the output nor the other operand has.
         let mut reduced = vec![];
         for (i, (t, v)) in terms.iter().zip(&ops).enumerate() {
-            let other: Vec<char> = terms.iter().enumerate().filter(|(j, _)| *j != i).flat_map(|(_, t)| t.clone()).collect();
+            let other: Vec<char> =
+                terms.iter().enumerate().filter(|(j, _)| *j != i).flat_map(|(_, t)| t.clone()).collect();
             let axes: Vec<usize> = (0..t.len()).filter(|&d| !out.contains(&t[d]) && !other.contains(&t[d])).collect();
             if axes.is_empty() {
                 reduced.push((t.clone(), v.clone()));
             } else {
-                let keep: Vec<char> = t.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &l)| l).collect();
+                let keep: Vec<char> =
+                    t.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &l)| l).collect();
                 let op = Op::Reduce { op: ReduceOp::Sum, axes, keepdims: false };
                 reduced.push((keep, self.emit1(&format!("{nm}.sum{i}"), op, std::slice::from_ref(v))?));
             }
@@ -245,7 +251,11 @@ impl Importer<'_> {
             let p = self.emit1(&format!("{nm}.unflat"), Op::Reshape { shape: dims(&labels) }, &[p])?;
             (labels, p)
         };
-        let perm: Vec<usize> = out.iter().map(|l| labels.iter().position(|m| m == l)).collect::<Option<_>>().ok_or_else(|| format!("{eq}: an output label is missing from the inputs"))?;
+        let perm: Vec<usize> = out
+            .iter()
+            .map(|l| labels.iter().position(|m| m == l))
+            .collect::<Option<_>>()
+            .ok_or_else(|| format!("{eq}: an output label is missing from the inputs"))?;
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             // Reshape to fix a rank-0 result's or a reduce's shape only when they differ.
             let want = dims(&out);
@@ -297,7 +307,8 @@ fn parse_einsum(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<char>>, Vec<char>)
     let mut ell = 0usize;
     for (t, &r) in terms.iter().zip(ranks) {
         if t.contains("...") {
-            ell = ell.max(r.checked_sub(named(t)).ok_or_else(|| format!("{eq}: term {t} has more labels than its rank"))?);
+            ell = ell
+                .max(r.checked_sub(named(t)).ok_or_else(|| format!("{eq}: term {t} has more labels than its rank"))?);
         }
     }
     let expand = |t: &str, rank: Option<usize>| -> Result<Vec<char>, String> {
@@ -329,8 +340,11 @@ fn parse_einsum(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<char>>, Vec<char>)
         None => {
             // Implicit output: the ellipsis dims, then the labels used once, alphabetically.
             let all: Vec<char> = parsed.iter().flatten().copied().collect();
-            let mut once: Vec<char> =
-                all.iter().copied().filter(|c| c.is_ascii_alphabetic() && all.iter().filter(|d| *d == c).count() == 1).collect();
+            let mut once: Vec<char> = all
+                .iter()
+                .copied()
+                .filter(|c| c.is_ascii_alphabetic() && all.iter().filter(|d| *d == c).count() == 1)
+                .collect();
             once.sort();
             let mut dots: Vec<char> = (0..ell).map(|i| char::from(b'0' + i as u8)).collect();
             dots.extend(once);
