@@ -202,6 +202,34 @@ fn shapes() -> Result<(Graph, LossSpec, Optimizer)> {
     Ok((g, loss, Optimizer::AdamW { lr: 1e-3, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.0 }))
 }
 
+/// The indexing family (`ir::IndexOp`) and the scatters, gathers and cumulative sums its
+/// gradients emit. Indexed dims have at least 4 elements: random indices are drawn below 4.
+fn indexing() -> Result<(Graph, LossSpec, Optimizer)> {
+    use ir::{IndexOp, ScatterReduction as R};
+    let mut g = Graph::new("indexing");
+    let ix = |o: IndexOp| Op::Index(o);
+    let x = param(&mut g, "x", &[8, 4]);
+    let u = param(&mut g, "u", &[8, 4]);
+    let t = op(&mut g, "tril", ix(IndexOp::Trilu { upper: false, k: 0 }), &[x])?;
+    let c = op(&mut g, "cumsum", ix(IndexOp::CumSum { axis: 1, exclusive: false, reverse: true }), &[t])?;
+    let ie = g.constant("ie", Tensor::i64(vec![8, 4], (0..32).map(|i| (i * 5 % 4) as i64).collect()));
+    let ge = op(&mut g, "gather_elements", ix(IndexOp::GatherElements { axis: 1 }), &[c, ie])?;
+    let se = ix(IndexOp::ScatterElements { axis: 1, reduction: R::None });
+    let se = op(&mut g, "scatter_elements", se, &[ge, ie, u])?;
+    let rows = g.constant("rows", Tensor::i64(vec![3, 1], vec![1, 6, 1]));
+    let gn = op(&mut g, "gather_nd", ix(IndexOp::GatherNd { batch_dims: 0 }), &[se, rows])?;
+    let sn = op(&mut g, "scatter_nd", ix(IndexOp::ScatterNd { reduction: R::Add }), &[x, rows, gn])?;
+    let sn = op(&mut g, "sum", Op::Binary(BinaryOp::Add), &[sn, se])?;
+    let tk = g.add_op("topk", ix(IndexOp::TopK { axis: 1, k: 2, largest: true }), &[sn])?;
+    let am = op(&mut g, "argmax", ix(IndexOp::ArgMax { axis: 1, keepdims: true, select_last: false }), &[sn])?;
+    let am = op(&mut g, "cast", Op::Cast { to: DType::F32 }, &[am])?;
+    let y = op(&mut g, "scale", Op::Binary(BinaryOp::Mul), &[tk[0], am])?;
+    let y = op(&mut g, "mean", Op::Reduce { op: ReduceOp::Mean, axes: vec![0], keepdims: false }, &[y])?;
+    g.set_output("y", y);
+    let loss = LossSpec::Mse { output: "y".into(), target: "t".into() };
+    Ok((g, loss, Optimizer::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 }))
+}
+
 /// Random inputs for a node: f32 in [0.2, 1.2) (positive: valid for sqrt/log/var), i64 indices
 /// within the gathered axis, the AdamW step 2, random booleans.
 fn random_inputs(rng: &mut Rng, o: &Op, ins: &[TensorMeta]) -> Vec<Tensor> {
@@ -435,7 +463,7 @@ fn every_claimed_strategy_is_correct() -> Result<()> {
     for shape in [[1, 2], [2, 2], [2, 4]] {
         let mesh = DeviceMesh::uniform(&shape)?;
         let mut on_mesh = 0;
-        for build in [block, lm, cnn, shapes] {
+        for build in [block, lm, cnn, shapes, indexing] {
             let (g, loss, opt) = build()?;
             let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: vec![] })?;
             ir::verify(&tg.graph).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -486,6 +514,14 @@ fn every_claimed_strategy_is_correct() -> Result<()> {
         "relu_grad",
         "gelu",
         "global_avgpool",
+        "tril",
+        "cumsum",
+        "gather_elements",
+        "scatter_elements",
+        "gather_nd",
+        "scatter_nd",
+        "topk",
+        "argmax",
     ] {
         ensure!(counts.get(k).copied().unwrap_or(0) > 0, "no strategies validated for `{k}`");
     }
