@@ -17,6 +17,9 @@
 //! An ONNX op outside [`SUPPORTED_OPS`] is an error naming the node and its op type.
 #![warn(missing_docs)]
 
+mod dtype;
+mod fold;
+mod functions;
 pub mod generate;
 mod import;
 mod proto;
@@ -108,6 +111,14 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Unsqueeze",
     "Where",
     "Xor",
+    "ConcatFromSequence",
+    "SequenceAt",
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceErase",
+    "SequenceInsert",
+    "SequenceLength",
+    "SplitToSequence",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or
