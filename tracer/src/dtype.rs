@@ -42,8 +42,13 @@ pub(crate) mod code {
     pub const BFLOAT16: i32 = 16;
 }
 
-/// The autopar type an ONNX element type is held as; `None` for types autopar does not hold
-/// (string, complex, 8-bit and 4-bit floats, ...).
+/// The autopar type an ONNX element type (`TensorProto.DataType` code) is held as: i64 for every
+/// integer type, f32 for float16, bfloat16, float32 and float64, bool for bool; `None` for the
+/// types autopar does not hold (string, complex, 8-bit and 4-bit floats, ...).
+pub fn held_dtype(c: i32) -> Option<DType> {
+    held_as(c)
+}
+
 pub(crate) fn held_as(c: i32) -> Option<DType> {
     use code::*;
     match c {
@@ -94,7 +99,9 @@ pub(crate) fn decode_raw(c: i32, r: &[u8]) -> Result<Data, String> {
         UINT16 => Data::I64(r.chunks_exact(2).map(|x| b2(x) as i64).collect()),
         INT8 => Data::I64(r.iter().map(|&x| x as i8 as i64).collect()),
         UINT8 => Data::I64(r.iter().map(|&x| x as i64).collect()),
-        UINT64 => Data::I64(r.chunks_exact(8).map(|x| u64_to_i64(u64::from_le_bytes(b8(x)))).collect::<Result<_, _>>()?),
+        UINT64 => {
+            Data::I64(r.chunks_exact(8).map(|x| u64_to_i64(u64::from_le_bytes(b8(x)))).collect::<Result<_, _>>()?)
+        }
         BOOL => Data::Bool(r.iter().map(|&b| b != 0).collect()),
         c => return Err(format!("element type code {c} has no raw decoding")),
     })
@@ -120,10 +127,9 @@ pub(crate) fn decode_fields(t: &tract_onnx::pb::TensorProto) -> Result<(usize, D
         UINT8 => (ints.len(), Data::I64(ints.iter().map(|&x| x as u8 as i64).collect())),
         BOOL => (ints.len(), Data::Bool(ints.iter().map(|&x| x != 0).collect())),
         UINT32 => (t.uint64_data.len(), Data::I64(t.uint64_data.iter().map(|&x| x as u32 as i64).collect())),
-        UINT64 => (
-            t.uint64_data.len(),
-            Data::I64(t.uint64_data.iter().map(|&x| u64_to_i64(x)).collect::<Result<_, _>>()?),
-        ),
+        UINT64 => {
+            (t.uint64_data.len(), Data::I64(t.uint64_data.iter().map(|&x| u64_to_i64(x)).collect::<Result<_, _>>()?))
+        }
         c => return Err(format!("element type code {c} has no field decoding")),
     })
 }

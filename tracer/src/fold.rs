@@ -24,7 +24,7 @@
 use ir::{Data, Tensor};
 use tract_onnx::pb::{self, NodeProto, TensorProto};
 use tract_onnx::prelude::{
-    DatumType, Framework, InferenceModelExt, IntoRunnable, TVec, TValue, Tensor as TTensor, tvec,
+    DatumType, Framework, InferenceModelExt, IntoRunnable, TValue, TVec, Tensor as TTensor, tvec,
 };
 
 /// Inputs with at most this many elements (other than the first) go to tract as constants: shape
@@ -169,12 +169,19 @@ pub(crate) fn evaluate(
         .map_err(tract)?;
     for (i, &k) in outs.iter().enumerate() {
         let fact = typed.output_fact(i).map_err(tract)?;
-        let shape = fact.shape.as_concrete().ok_or_else(|| {
-            format!("output {k} has shape {:?}, which is not known before running it", fact.shape)
-        })?;
+        let shape = fact
+            .shape
+            .as_concrete()
+            .ok_or_else(|| format!("output {k} has shape {:?}, which is not known before running it", fact.shape))?;
         // The bytes autopar will hold it in, whatever tract's type.
         let dt = fact.datum_type;
-        let elem: usize = if dt == DatumType::Bool { 1 } else if dt.is_float() { 4 } else { 8 };
+        let elem: usize = if dt == DatumType::Bool {
+            1
+        } else if dt.is_float() {
+            4
+        } else {
+            8
+        };
         let bytes = shape.iter().try_fold(elem, |a, &d| a.checked_mul(d));
         match bytes {
             Some(b) if b <= max_bytes => {}

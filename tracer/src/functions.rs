@@ -83,7 +83,8 @@ pub(crate) fn inline<'m>(model: &'m ModelProto, bytes: &[u8]) -> Result<Cow<'m, 
         let mut n = n.clone();
         if n.name.is_empty() {
             // The name the importer would give it, so errors inside its body name the call.
-            n.name = n.output.first().filter(|s| !s.is_empty()).cloned().unwrap_or_else(|| format!("{}_{i}", n.op_type));
+            n.name =
+                n.output.first().filter(|s| !s.is_empty()).cloned().unwrap_or_else(|| format!("{}_{i}", n.op_type));
         }
         expand(n, &funcs, 0, &mut calls, &mut out)?;
     }

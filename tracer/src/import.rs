@@ -142,6 +142,7 @@ pub fn import_bytes(
     }
     imp.g.remove_dead();
     ir::verify(&imp.g).map_err(|e| ImportError::Internal(e.to_string()))?;
+    crate::tied::warn_shared(&imp.g);
     Ok(imp.g)
 }
 

@@ -143,10 +143,7 @@ fn import(m: &pb::ModelProto, opts: &ImportOptions) -> Result<Graph, ImportError
 /// A causal mask as HF decoders build it: Trilu of a constant fill, used on a graph input.
 fn mask_model(fill: pb::TensorProto) -> pb::ModelProto {
     model(
-        vec![
-            node("Trilu", &["fill"], &["mask"], vec![int("upper", 1)]),
-            node("Add", &["x", "mask"], &["y"], vec![]),
-        ],
+        vec![node("Trilu", &["fill"], &["mask"], vec![int("upper", 1)]), node("Add", &["x", "mask"], &["y"], vec![])],
         vec![vi("x", 7, &[4, 4])],
         vec![vi("y", 7, &[4, 4])],
         vec![fill],
@@ -235,7 +232,8 @@ fn dynamo_split_model() -> pb::ModelProto {
         domain: "pkg.onnxscript.torch_lib".into(),
         ..node("aten_getitem", &["seq", i], &[out], vec![])
     };
-    let i64s = |name: &str, dims: &[i64], v: &[i64]| tensor(name, 7, dims, v.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let i64s =
+        |name: &str, dims: &[i64], v: &[i64]| tensor(name, 7, dims, v.iter().flat_map(|x| x.to_le_bytes()).collect());
     let mut m = model(
         vec![
             node("SplitToSequence", &["x", "two"], &["seq"], vec![int("axis", 1)]),
@@ -273,4 +271,30 @@ fn sequences_errors_name_the_node() {
     m.graph.as_mut().unwrap().initializer[1] = tensor("zero", 7, &[], 2i64.to_le_bytes().to_vec());
     let msg = import(&m, &ImportOptions::default()).unwrap_err().to_string();
     assert!(msg.contains("position 2 is out of range") && msg.contains("aten_getitem_a"), "{msg}");
+}
+
+#[test]
+fn parameters_in_the_same_role_of_several_nodes_are_reported() {
+    // One scale for two LayerNorms (an eval-mode export's merge) is reported; one table read by a
+    // Gather and a MatMul (GPT-2's tied embedding) is not.
+    let ones = tensor("ones", 1, &[4], f32s(&[1.0; 4]));
+    let table = tensor("table", 1, &[5, 4], f32s(&[0.5; 20]));
+    let m = model(
+        vec![
+            node("Gather", &["table", "ids"], &["e"], vec![]),
+            node("LayerNormalization", &["e", "ones"], &["h1"], vec![]),
+            node("LayerNormalization", &["h1", "ones"], &["h2"], vec![]),
+            node("Transpose", &["table"], &["table_t"], vec![]),
+            node("MatMul", &["h2", "table_t"], &["logits"], vec![]),
+        ],
+        vec![vi("ids", 7, &[2, 3])],
+        vec![vi("logits", 1, &[2, 3, 5])],
+        vec![ones, table],
+    );
+    let g = import(&m, &ImportOptions::default()).unwrap();
+    let shared = tracer::shared_parameters(&g);
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    assert_eq!((shared[0].name.as_str(), shared[0].slot, shared[0].nodes.len()), ("ones", 1, 2));
+    let text = shared[0].to_string();
+    assert!(text.contains("ones") && text.contains("LayerNormalization_h1"), "{text}");
 }

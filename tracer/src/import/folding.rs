@@ -55,11 +55,8 @@ impl Importer<'_> {
     /// is known (`Ok(None)` when one is not: the op is then unsupported). A fold that fails (an op
     /// tract lacks too, a result over `--max-constant-bytes`) is an error naming the node.
     pub(super) fn fold_unsupported(&mut self, n: &N) -> Result<Option<Vec<Option<V>>>, ImportError> {
-        let err = |message: String| ImportError::Node {
-            node: n.name.clone(),
-            op_type: n.node.op_type.clone(),
-            message,
-        };
+        let err =
+            |message: String| ImportError::Node { node: n.name.clone(), op_type: n.node.op_type.clone(), message };
         let Some(ins) = self.known_inputs(n).map_err(err)? else { return Ok(None) };
         let domain = if n.node.domain.is_empty() { String::new() } else { format!(" (domain {})", n.node.domain) };
         self.fold_known(n, &ins).map(Some).map_err(|m| {

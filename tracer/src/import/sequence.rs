@@ -40,11 +40,8 @@ impl Importer<'_> {
         if !SEQUENCE_OPS.contains(&n.node.op_type.as_str()) {
             return None;
         }
-        let err = |message: String| ImportError::Node {
-            node: n.name.clone(),
-            op_type: n.node.op_type.clone(),
-            message,
-        };
+        let err =
+            |message: String| ImportError::Node { node: n.name.clone(), op_type: n.node.op_type.clone(), message };
         Some(self.sequence_op(n).map_err(err).and_then(|out| {
             let name = n.node.output.first().filter(|s| !s.is_empty()).ok_or_else(|| err("has no output".into()))?;
             let clash = if self.inits.contains_key(name) {
@@ -72,9 +69,10 @@ impl Importer<'_> {
 
     fn seq(&self, n: &N, i: usize) -> Result<Rc<Vec<V>>, String> {
         let name = n.input(i).ok_or_else(|| format!("input {i} (a sequence) is missing"))?;
-        self.seqs.get(name).cloned().ok_or_else(|| {
-            format!("input {i} ({name}) is not a sequence whose structure is known at import")
-        })
+        self.seqs
+            .get(name)
+            .cloned()
+            .ok_or_else(|| format!("input {i} ({name}) is not a sequence whose structure is known at import"))
     }
 
     /// A constant position into a sequence of `len` (ONNX: negative counts from the end; an
@@ -136,7 +134,8 @@ impl Importer<'_> {
                     Some(V::C(t)) => {
                         let v = t.to_i64_vec();
                         let sizes: Vec<usize> = if t.shape().is_empty() {
-                            let c = usize::try_from(v[0]).ok().filter(|&c| c > 0).ok_or(format!("bad split {}", v[0]))?;
+                            let c =
+                                usize::try_from(v[0]).ok().filter(|&c| c > 0).ok_or(format!("bad split {}", v[0]))?;
                             (0..d.div_ceil(c)).map(|i| c.min(d - i * c)).collect()
                         } else {
                             v.iter()
