@@ -221,9 +221,9 @@ mod tests {
         assert_eq!(cast_constant(&f, code::INT32).unwrap().as_i64().unwrap(), &[-2, 2, 1, 0]);
         // f16 has 10 fraction bits: 1 + 1e-4 rounds to 1, 1/3 to 0.333251953125.
         let h = cast_constant(&f, code::FLOAT16).unwrap();
-        assert_eq!(h.as_f32().unwrap(), &[-2.69921875, 2.69921875, 1.0, 0.333251953125]);
+        assert_eq!(h.to_f64_vec(), [-2.69921875, 2.69921875, 1.0, 0.333251953125]);
         // bf16 has 7: 1/3 rounds to 0.333984375.
-        assert_eq!(cast_constant(&f, code::BFLOAT16).unwrap().as_f32().unwrap()[3], 0.333984375);
+        assert_eq!(cast_constant(&f, code::BFLOAT16).unwrap().to_f64_vec()[3], 0.333984375);
         assert_eq!(cast_constant(&f, code::BOOL).unwrap().as_bool().unwrap(), &[true, true, true, true]);
     }
 }

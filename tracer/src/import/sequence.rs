@@ -176,7 +176,8 @@ impl Importer<'_> {
                     for (k, p) in parts.iter_mut().enumerate() {
                         let mut shape = self.meta(p).shape;
                         shape.insert(axis.min(shape.len()), 1);
-                        *p = self.emit1(&format!("{nm}.unsqueeze{k}"), Op::Reshape { shape }, &[p.clone()])?;
+                        *p =
+                            self.emit1(&format!("{nm}.unsqueeze{k}"), Op::Reshape { shape }, std::slice::from_ref(p))?;
                     }
                     axis
                 } else {
