@@ -2,8 +2,7 @@
 //!
 //! The importer folds nodes whose inputs are all constants with autopar's own CPU kernels
 //! (`Importer::emit`). A node of an op autopar does not support (Trilu, Mod, ScatterND, CumSum,
-//! ...), or one whose translation refuses an attribute form, is still computable when every input
-//! is known at import: the causal masks, window masks and position tables of real models are
+//! ...) is still computable when every input is known at import: the causal masks, window masks and position tables of real models are
 //! built this way. [`evaluate`] runs such a node on tract, the independent ONNX evaluator the
 //! workspace already depends on for protobuf: a one-node ONNX model is built from the
 //! `NodeProto`, analysed by tract, and run.
@@ -167,6 +166,7 @@ pub(crate) fn evaluate(
         .model_for_proto_model(&model)
         .and_then(|m| m.into_typed())
         .map_err(tract)?;
+    let mut shapes = Vec::with_capacity(outs.len());
     for (i, &k) in outs.iter().enumerate() {
         let fact = typed.output_fact(i).map_err(tract)?;
         let shape = fact
@@ -193,10 +193,15 @@ pub(crate) fn evaluate(
                 ));
             }
         }
+        shapes.push(shape.to_vec());
     }
     let results = typed.into_runnable().and_then(|r| r.run(feeds)).map_err(tract)?;
     let mut out = vec![None; node.output.len()];
-    for (r, &k) in results.iter().zip(&outs) {
+    for ((r, &k), shape) in results.iter().zip(&outs).zip(&shapes) {
+        // The bound above holds only if the result has the shape tract announced.
+        if r.shape() != shape.as_slice() {
+            return Err(format!("tract computed output {k} of shape {:?}, having announced {shape:?}", r.shape()));
+        }
         out[k] = Some(from_tract(r)?);
     }
     Ok(out)

@@ -520,14 +520,11 @@ impl<'a> Importer<'a> {
                 domain: node.domain.clone(),
             })?
         } else {
-            match self.translate(&n) {
-                Ok(outs) => outs,
-                Err(message) => self.fold_refused(&n).ok_or_else(|| ImportError::Node {
-                    node: name.clone(),
-                    op_type: node.op_type.clone(),
-                    message,
-                })?,
-            }
+            self.translate(&n).map_err(|message| ImportError::Node {
+                node: name.clone(),
+                op_type: node.op_type.clone(),
+                message,
+            })?
         };
         for (k, out) in node.output.iter().enumerate() {
             if out.is_empty() {

@@ -13,8 +13,7 @@
 //!   `Gather`/`Slice`/`Concat`/`Unsqueeze` on shapes, `ConstantOfShape`, `Range`, `Cast`, ...),
 //!   and inputs that must be static (reshape targets, split sizes, slice bounds, expand shapes,
 //!   reduction axes, pads) are read from those constants into op attributes. Nodes of ops autopar
-//!   has no kernel for (Trilu, Mod, ScatterND, CumSum, ...), or whose attribute form it refuses,
-//!   are evaluated through tract's ONNX evaluator when all their inputs are known (`fold.rs`),
+//!   has no kernel for (Trilu, Mod, ScatterND, CumSum, ...) are evaluated through tract's ONNX evaluator when all their inputs are known (`fold.rs`),
 //!   within [`ImportOptions::max_constant_bytes`]; trainable parameters are never folded;
 //! - a model's local functions (`ModelProto.functions`, which the dynamo exporter writes) are
 //!   inlined before import (`functions.rs`), and tensor sequences whose structure is static

@@ -298,3 +298,35 @@ fn parameters_in_the_same_role_of_several_nodes_are_reported() {
     let text = shared[0].to_string();
     assert!(text.contains("ones") && text.contains("LayerNormalization_h1"), "{text}");
 }
+
+#[test]
+fn a_fold_past_the_ceiling_is_refused_before_it_runs() {
+    // Tile (no autopar kernel) of a 1-element constant: 3 times folds; 2^30 times (4 GiB) is
+    // refused from tract's announced shape, before running, naming the node. (tract 0.23 reads
+    // repeats past i32 as 0: such a Tile folds to an empty tensor, see the report.)
+    let tile = |reps: i64| {
+        model(
+            vec![
+                node(
+                    "Constant",
+                    &[],
+                    &["c"],
+                    vec![pb::AttributeProto {
+                        name: "value".into(),
+                        r#type: 4,
+                        t: Some(tensor("", 1, &[1], f32s(&[1.0]))),
+                        ..Default::default()
+                    }],
+                ),
+                node("Tile", &["c", "reps"], &["y"], vec![]),
+            ],
+            vec![],
+            vec![vi("y", 1, &[])],
+            vec![tensor("reps", 7, &[1], reps.to_le_bytes().to_vec())],
+        )
+    };
+    let g = import(&tile(3), &ImportOptions::default()).unwrap();
+    assert_eq!(constant_output(&g, 0).as_f32().unwrap(), &[1.0; 3]);
+    let msg = import(&tile(1 << 30), &ImportOptions::default()).unwrap_err().to_string();
+    assert!(msg.contains("Tile_y") && msg.contains("--max-constant-bytes"), "{msg}");
+}

@@ -67,13 +67,6 @@ impl Importer<'_> {
         })
     }
 
-    /// A supported op whose translation refused this node (an attribute form autopar does not
-    /// compute, say): its outputs as constants when every input is known and tract computes it.
-    pub(super) fn fold_refused(&mut self, n: &N) -> Option<Vec<Option<V>>> {
-        let ins = self.known_inputs(n).ok()??;
-        self.fold_known(n, &ins).ok()
-    }
-
     /// `Cast(to = code)` of `x`, held as `to`: exact on constants (wrapping to narrow integer
     /// types, rounding to half precision: [`crate::dtype::cast_constant`]); on computed values the
     /// cast to the held type, with a warning where that skips a rounding to half precision.
