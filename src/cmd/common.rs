@@ -37,6 +37,21 @@ pub fn load_model(path: &Path, opts: &tracer::ImportOptions) -> Result<ir::Graph
     Ok(g)
 }
 
+/// Warns (once, on stderr) about parameters read in the same role by several nodes, which an
+/// eval-mode export's merging of equal initializers leaves (issue 16 item 6): training such a
+/// file silently differs from training the PyTorch module. `inspect` lists them on stdout.
+pub fn warn_shared_parameters(g: &ir::Graph) {
+    let shared = tracer::shared_parameters(g);
+    if let Some(first) = shared.first() {
+        eprintln!(
+            "warning: {} parameter(s) are shared by nodes in the same role, e.g. {first} (`autopar inspect` lists \
+             them); {}",
+            shared.len(),
+            tracer::TIED_ADVICE
+        );
+    }
+}
+
 /// The largest plan.json read (a plan for a 48-layer GPT is a few megabytes).
 const MAX_PLAN_BYTES: u64 = 1 << 30;
 

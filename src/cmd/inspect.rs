@@ -102,6 +102,9 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             "outputs": outputs.iter().map(|(n, m)| serde_json::json!({"name": n, "type": m})).collect::<Vec<_>>(),
             "params": params, "param_bytes": param_bytes, "param_tensors": g.params.len(),
             "nodes": ops_total, "ops": per_op, "forward_flops": flops,
+            "shared_parameters": tracer::shared_parameters(&g).iter().map(|s| serde_json::json!({
+                "name": s.name, "op": s.op, "slot": s.slot, "nodes": s.nodes,
+            })).collect::<Vec<_>>(),
         });
         println!("{j}");
         return Ok(());
@@ -128,6 +131,14 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     for (op, c) in by_count {
         println!("  {op:<16} {c}");
+    }
+    let shared = tracer::shared_parameters(&g);
+    if !shared.is_empty() {
+        println!("shared   {} parameter(s) in the same role of several nodes:", shared.len());
+        for s in &shared {
+            println!("  {s}");
+        }
+        println!("  {}", tracer::TIED_ADVICE);
     }
     Ok(())
 }

@@ -110,6 +110,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     }
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
+    common::warn_shared_parameters(&forward);
     let loss = match &a.loss {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
         None => default_loss(&forward)?,

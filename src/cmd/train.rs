@@ -75,6 +75,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
     }
     let g = common::load_model(&a.model, &opts)?;
+    common::warn_shared_parameters(&g);
     let tg = ir::autodiff::training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: a.freeze.clone() })?;
     let tg = match a.precision {
         common::Precision::F32 => tg,

@@ -15,9 +15,11 @@ mod activation;
 use crate::{ImportError, SUPPORTED_OPS};
 
 mod conv;
+mod folding;
 mod index;
 mod norm;
 mod resize;
+mod sequence;
 
 /// Options of an import.
 #[derive(Clone, Debug)]
@@ -114,6 +116,7 @@ pub fn import_bytes(
             });
         }
     }
+    let nodes = crate::functions::inline(&model, bytes)?;
     let mut imp = Importer {
         g: Graph::new(name),
         vals: HashMap::new(),
@@ -127,10 +130,11 @@ pub fn import_bytes(
         max_constant_bytes: opts.max_constant_bytes,
         weight_slots: HashSet::new(),
         used: HashSet::new(),
+        seqs: HashMap::new(),
     };
-    imp.scan(graph);
+    imp.scan(graph, &nodes);
     imp.declare_inputs(graph, opts)?;
-    for (i, node) in graph.node.iter().enumerate() {
+    for (i, node) in nodes.iter().enumerate() {
         imp.node(i, node)?;
     }
     for o in &graph.output {
@@ -144,6 +148,7 @@ pub fn import_bytes(
     }
     imp.g.remove_dead();
     ir::verify(&imp.g).map_err(|e| ImportError::Internal(e.to_string()))?;
+    crate::tied::warn_shared(&imp.g);
     Ok(imp.g)
 }
 
@@ -173,15 +178,13 @@ struct Importer<'a> {
     weight_slots: HashSet<String>,
     /// Every value some node or graph output reads.
     used: HashSet<String>,
+    /// Tensor sequences whose structure is known at import, by name (see `sequence.rs`).
+    seqs: HashMap<String, Rc<Vec<V>>>,
 }
 
 fn elem_dtype(code: i32, what: &str) -> Result<DType, ImportError> {
-    match code {
-        1 => Ok(DType::F32),
-        7 => Ok(DType::I64),
-        9 => Ok(DType::Bool),
-        c => Err(ImportError::UnsupportedDType { tensor: what.to_string(), dtype: dtype_name(c) }),
-    }
+    crate::dtype::held_as(code)
+        .ok_or_else(|| ImportError::UnsupportedDType { tensor: what.to_string(), dtype: dtype_name(code) })
 }
 
 struct N<'a> {
@@ -220,8 +223,8 @@ fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
 }
 
 impl<'a> Importer<'a> {
-    fn scan(&mut self, graph: &pb::GraphProto) {
-        for n in &graph.node {
+    fn scan(&mut self, graph: &pb::GraphProto, nodes: &[NodeProto]) {
+        for n in nodes {
             for i in &n.input {
                 self.used.insert(i.clone());
             }
@@ -379,9 +382,13 @@ impl<'a> Importer<'a> {
             return Ok(v.clone());
         }
         let Some(t) = self.inits.get(name).copied() else {
+            if self.seqs.contains_key(name) {
+                return Err(format!("reads the tensor sequence {name} where a tensor is expected"));
+            }
             return Err(format!("reads {name}, which no node, input or initializer defines"));
         };
-        let v = if t.data_type == 1 {
+        // Float initializers of every precision are the trainable parameters (held as f32).
+        let v = if crate::dtype::is_float(t.data_type) {
             let shape = proto_shape(t).map_err(|e| e.to_string())?;
             if ir::shape::checked_bytes(&shape, DType::F32).is_none() {
                 return Err(format!("initializer {name}: {}", ir::shape::too_large(&shape, DType::F32)));
@@ -476,18 +483,23 @@ impl<'a> Importer<'a> {
         };
         let n = N { node, name: name.clone() };
         let ok_domain = node.domain.is_empty() || node.domain == "ai.onnx";
-        if !ok_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
-            return Err(ImportError::UnsupportedOp {
-                node: name,
+        if ok_domain && let Some(done) = self.sequence_node(&n) {
+            return done;
+        }
+        let outs = if !ok_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
+            // No translation, but its value may be known now: folded through tract.
+            self.fold_unsupported(&n)?.ok_or_else(|| ImportError::UnsupportedOp {
+                node: name.clone(),
                 op_type: node.op_type.clone(),
                 domain: node.domain.clone(),
-            });
-        }
-        let outs = self.translate(&n).map_err(|message| ImportError::Node {
-            node: name.clone(),
-            op_type: node.op_type.clone(),
-            message,
-        })?;
+            })?
+        } else {
+            self.translate(&n).map_err(|message| ImportError::Node {
+                node: name.clone(),
+                op_type: node.op_type.clone(),
+                message,
+            })?
+        };
         for (k, out) in node.output.iter().enumerate() {
             if out.is_empty() {
                 continue;
@@ -813,12 +825,16 @@ impl<'a> Importer<'a> {
             }
             "Cast" | "CastLike" => {
                 let x = self.need(n, 0)?;
+                let code = if op_type == "Cast" { n.int("to", 1) as i32 } else { 0 };
                 let to = if op_type == "Cast" {
-                    elem_dtype(n.int("to", 1) as i32, &format!("Cast target of {nm}")).map_err(|e| e.to_string())?
+                    elem_dtype(code, &format!("Cast target of {nm}")).map_err(|e| e.to_string())?
                 } else {
                     let t = self.need(n, 1)?;
                     self.meta(&t).dtype
                 };
+                if op_type == "Cast" {
+                    return one(self.cast(&nm, x, code, to)?);
+                }
                 if self.meta(&x).dtype == to {
                     return one(x);
                 }

@@ -4,12 +4,23 @@
 //! [`ir::Graph`] in which every shape is static and no node computes a shape:
 //! - graph inputs get their dims from the model, or from [`ImportOptions::input_shapes`]
 //!   (`--input NAME=2x128`); a dim left unbound is an error naming the input;
-//! - float initializers become trainable [`ir::Op::Param`]s (their data in `param_data`), other
-//!   initializers and `Constant` nodes become constants;
+//! - float initializers (of any precision) become trainable [`ir::Op::Param`]s (their data in
+//!   `param_data`), other initializers and `Constant` nodes become constants;
+//! - element types: every ONNX integer type is held as i64, float16/bfloat16/float64 as f32,
+//!   bool as bool; casts of constants are exact (wrapping, rounding to half precision); the table
+//!   and the limits are in `dtype.rs`;
 //! - every node whose inputs are all constant is evaluated at import (shape arithmetic: `Shape`,
 //!   `Gather`/`Slice`/`Concat`/`Unsqueeze` on shapes, `ConstantOfShape`, `Range`, `Cast`, ...),
 //!   and inputs that must be static (reshape targets, split sizes, slice bounds, expand shapes,
-//!   reduction axes, pads) are read from those constants into op attributes;
+//!   reduction axes, pads) are read from those constants into op attributes. Nodes of ops autopar
+//!   has no kernel for (Trilu, Mod, ScatterND, CumSum, ...) are evaluated through tract's ONNX evaluator when all their inputs are known (`fold.rs`),
+//!   within [`ImportOptions::max_constant_bytes`]; trainable parameters are never folded;
+//! - a model's local functions (`ModelProto.functions`, which the dynamo exporter writes) are
+//!   inlined before import (`functions.rs`), and tensor sequences whose structure is static
+//!   (`SplitToSequence` read by `SequenceAt` at constant positions, ...) become the tensor ops
+//!   they stand for (`import/sequence.rs`);
+//! - [`shared_parameters`] lists parameters read in the same role by several nodes (what an
+//!   eval-mode export's merging of equal initializers leaves), logged as a warning at import;
 //! - weight-free models (initializer data absent, external data file missing) import with shapes
 //!   only; a `ConstantOfShape` that feeds a weight operand (the topology-only model convention)
 //!   becomes a weight-free parameter rather than a materialised fill.
@@ -19,17 +30,24 @@
 //!   input gradient, `DepthToSpace`/`SpaceToDepth` are reshape-transpose-reshape, `Upsample` is a
 //!   `Resize` (see `import/conv.rs` and `import/resize.rs` for the forms and what is not supported).
 //!
-//! An ONNX op outside [`SUPPORTED_OPS`] is an error naming the node and its op type.
+//! An ONNX op outside [`SUPPORTED_OPS`] whose inputs are not all known at import is an error
+//! naming the node and its op type.
 #![warn(missing_docs)]
 
+mod dtype;
+mod fold;
+mod functions;
 pub mod generate;
 mod import;
 mod proto;
 pub mod shards;
+mod tied;
 
+pub use dtype::held_dtype;
 pub use import::{DEFAULT_MAX_CONSTANT_BYTES, ImportOptions, import_bytes, import_file, parse_input_binding};
 pub use proto::{MAX_MODEL_BYTES, dtype_name, read_tensor_file, tensor_from_proto};
 pub use shards::InitializerIndex;
+pub use tied::{SharedParameter, TIED_ADVICE, shared_parameters};
 
 use std::path::PathBuf;
 
@@ -166,6 +184,14 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "OneHot",
     "EyeLike",
     "Einsum",
+    "ConcatFromSequence",
+    "SequenceAt",
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceErase",
+    "SequenceInsert",
+    "SequenceLength",
+    "SplitToSequence",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or
@@ -230,7 +256,9 @@ pub enum ImportError {
         message: String,
     },
     /// A tensor has an element type autopar does not handle.
-    #[error("tensor {tensor}: element type {dtype} is not supported (f32, i64 and bool are)")]
+    #[error(
+        "tensor {tensor}: element type {dtype} is not supported (integer, float16, bfloat16, float32, float64 and bool are)"
+    )]
     UnsupportedDType {
         /// Tensor name.
         tensor: String,

@@ -8,7 +8,7 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
-use ir::{Data, Tensor};
+use ir::Tensor;
 use prost::Message;
 use tract_onnx::pb::TensorProto;
 
@@ -39,16 +39,6 @@ pub fn dtype_name(code: i32) -> String {
 /// The largest ONNX file (model or serialized tensor) read whole: protobuf's 2 GiB message limit,
 /// which ONNX keeps too (larger models hold their weights in external data files).
 pub const MAX_MODEL_BYTES: u64 = 2 << 30;
-
-/// Bytes per element of the ONNX element types autopar reads, by `TensorProto.DataType` code.
-fn elem_bytes(code: i32) -> Option<u64> {
-    match code {
-        1 | 6 => Some(4),
-        7 | 11 => Some(8),
-        9 => Some(1),
-        _ => None,
-    }
-}
 
 /// Where a tensor's external data is: a range of a regular file inside the model's directory.
 #[derive(Clone, Debug, PartialEq)]
@@ -196,7 +186,7 @@ pub(crate) fn proto_shape(t: &TensorProto) -> Result<Vec<usize>, ImportError> {
 
 /// Converts a tensor proto. Returns `Ok(None)` when the data is absent (a weight-free model):
 /// no inline data for a non-empty tensor, or an external data file that does not exist.
-/// int32 and float64 data are widened/narrowed to autopar's i64 and f32.
+/// Element types are held as [`crate::dtype`] describes (integers as i64, floats as f32).
 pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Option<Tensor>, ImportError> {
     let shape = dims(t)?;
     let bad = |m: String| ImportError::BadTensor { tensor: t.name.clone(), message: m };
@@ -207,7 +197,7 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Opt
         .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
     let external = t.data_location == Some(1) || !t.external_data.is_empty();
     let raw: Option<Vec<u8>> = if external {
-        let Some(size) = elem_bytes(t.data_type) else {
+        let Some(size) = crate::dtype::elem_bytes(t.data_type) else {
             return Err(ImportError::UnsupportedDType { tensor: t.name.clone(), dtype: dtype_name(t.data_type) });
         };
         let entries: Vec<(&str, &str)> = t.external_data.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
@@ -225,57 +215,29 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Opt
     } else {
         None
     };
-    let elem = |size: usize| -> Result<Option<&[u8]>, ImportError> {
-        match &raw {
-            Some(r) if r.len() == n * size => Ok(Some(r.as_slice())),
-            Some(r) => Err(bad(format!("raw data has {} bytes, shape {shape:?} needs {}", r.len(), n * size))),
-            None => Ok(None),
+    if crate::dtype::held_as(t.data_type).is_none() {
+        return Err(ImportError::UnsupportedDType { tensor: t.name.clone(), dtype: dtype_name(t.data_type) });
+    }
+    let data = match &raw {
+        Some(r) => {
+            let size = crate::dtype::elem_bytes(t.data_type)
+                .ok_or_else(|| bad(format!("{} has no raw encoding", dtype_name(t.data_type))))?
+                as usize;
+            if r.len() != n * size {
+                return Err(bad(format!("raw data has {} bytes, shape {shape:?} needs {}", r.len(), n * size)));
+            }
+            crate::dtype::decode_raw(t.data_type, r).map_err(bad)?
         }
-    };
-    let check = |len: usize| -> Result<bool, ImportError> {
-        if len == n {
-            Ok(true)
-        } else if len == 0 {
-            Ok(false)
-        } else {
-            Err(bad(format!("has {len} elements, shape {shape:?} needs {n}")))
+        None => {
+            let (len, data) = crate::dtype::decode_fields(t).map_err(bad)?;
+            if len != n && len != 0 {
+                return Err(bad(format!("has {len} elements, shape {shape:?} needs {n}")));
+            }
+            if len == 0 && n != 0 {
+                return Ok(None);
+            }
+            data
         }
-    };
-    let data = match t.data_type {
-        1 => match elem(4)? {
-            Some(r) => Data::F32(r.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-            None if check(t.float_data.len())? || n == 0 => Data::F32(t.float_data.clone()),
-            None => return Ok(None),
-        },
-        11 => match elem(8)? {
-            Some(r) => Data::F32(
-                r.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
-            ),
-            None if check(t.double_data.len())? || n == 0 => {
-                Data::F32(t.double_data.iter().map(|&x| x as f32).collect())
-            }
-            None => return Ok(None),
-        },
-        7 => match elem(8)? {
-            Some(r) => {
-                Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
-            }
-            None if check(t.int64_data.len())? || n == 0 => Data::I64(t.int64_data.clone()),
-            None => return Ok(None),
-        },
-        6 => match elem(4)? {
-            Some(r) => {
-                Data::I64(r.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect())
-            }
-            None if check(t.int32_data.len())? || n == 0 => Data::I64(t.int32_data.iter().map(|&x| x as i64).collect()),
-            None => return Ok(None),
-        },
-        9 => match elem(1)? {
-            Some(r) => Data::Bool(r.iter().map(|&b| b != 0).collect()),
-            None if check(t.int32_data.len())? || n == 0 => Data::Bool(t.int32_data.iter().map(|&x| x != 0).collect()),
-            None => return Ok(None),
-        },
-        code => return Err(ImportError::UnsupportedDType { tensor: t.name.clone(), dtype: dtype_name(code) }),
     };
     Tensor::new(shape, data).map(Some).map_err(|e| bad(e.to_string()))
 }
