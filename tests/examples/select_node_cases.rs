@@ -5,12 +5,14 @@
 //! ```
 //!
 //! A case is copied when every node of its `model.onnx` is a default-domain op in
-//! [`tracer::SUPPORTED_OPS`] and every tensor type the model declares (graph inputs and outputs,
-//! initializers, `Constant`/`ConstantOfShape` values, `Cast` targets) is float32, int64 or bool.
-//! Cases with supported ops but another element type are not copied; they are listed with their
-//! dtypes in the last section of the destination's `manifest.txt` ("not copied: dtype"), which
-//! this tool rewrites (the sections above it, written by hand, are kept) so the accounting stays
-//! complete. The destination's case folders are replaced; the suite's LICENSE and NOTICE are
+//! [`tracer::SUPPORTED_OPS`] (or calls a local function whose nodes all are: the importer inlines
+//! them) and every tensor type the model declares (graph inputs and outputs, initializers,
+//! `Constant`/`ConstantOfShape` values, `Cast` targets) is one autopar holds
+//! ([`tracer::held_dtype`]: every integer type as i64, float16/bfloat16/float64 as f32, bool).
+//! Every other case is listed with its reason in the last two sections of the destination's
+//! `manifest.txt`, "not copied: ops" (the ops autopar lacks) and "not copied: dtype" (the element
+//! types it does not hold), which this tool rewrites (the sections above them, written by hand,
+//! are kept), so every case of the suite is accounted for. The destination's case folders are replaced; the suite's LICENSE and NOTICE are
 //! copied alongside.
 
 use std::collections::BTreeSet;
@@ -21,16 +23,18 @@ use anyhow::{Context, Result, bail};
 use prost::Message;
 use tract_onnx::pb;
 
-/// Opens the manifest section this tool writes (everything after it is replaced).
-const NOT_COPIED_HEADER: &str = "# --- not copied: dtype";
+/// Opens the manifest sections this tool writes (everything from the first is replaced).
+const NOT_COPIED_PREFIX: &str = "# --- not copied:";
 
-/// Element types autopar handles: float32, int64, bool.
-const OK_DTYPES: [i32; 3] = [1, 7, 9];
+/// Element types autopar holds (see [`tracer::held_dtype`]).
+fn held(code: i32) -> bool {
+    tracer::held_dtype(code).is_some()
+}
 
 /// Why a case is not copied.
 enum Verdict {
     Copy,
-    Ops,
+    Ops(BTreeSet<String>),
     DType(BTreeSet<String>),
 }
 
@@ -58,11 +62,11 @@ fn dtype_name(code: i32) -> String {
 
 fn value_info_dtypes(vi: &pb::ValueInfoProto, bad: &mut BTreeSet<String>) {
     match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-        Some(pb::type_proto::Value::TensorType(tt)) if OK_DTYPES.contains(&tt.elem_type) => {}
+        Some(pb::type_proto::Value::TensorType(tt)) if held(tt.elem_type) => {}
         Some(pb::type_proto::Value::TensorType(tt)) => {
             bad.insert(dtype_name(tt.elem_type));
         }
-        None => {
+        _ => {
             bad.insert("non-tensor (sequence/optional)".into());
         }
     }
@@ -70,20 +74,18 @@ fn value_info_dtypes(vi: &pb::ValueInfoProto, bad: &mut BTreeSet<String>) {
 
 fn judge(model: &pb::ModelProto) -> Verdict {
     let Some(g) = model.graph.as_ref() else {
-        return Verdict::Ops;
+        return Verdict::Ops(BTreeSet::from(["(no graph)".to_string()]));
     };
-    let supported = |n: &pb::NodeProto| {
-        (n.domain.is_empty() || n.domain == "ai.onnx") && tracer::SUPPORTED_OPS.contains(&n.op_type.as_str())
-    };
-    if !g.node.iter().all(supported) {
-        return Verdict::Ops;
+    let missing = missing_ops(model, &g.node);
+    if !missing.is_empty() {
+        return Verdict::Ops(missing);
     }
     let mut bad = BTreeSet::new();
     for vi in g.input.iter().chain(&g.output) {
         value_info_dtypes(vi, &mut bad);
     }
     let tensor = |t: &pb::TensorProto, bad: &mut BTreeSet<String>| {
-        if !OK_DTYPES.contains(&t.data_type) {
+        if !held(t.data_type) {
             bad.insert(dtype_name(t.data_type));
         }
     };
@@ -98,7 +100,7 @@ fn judge(model: &pb::ModelProto) -> Verdict {
                         tensor(t, &mut bad);
                     }
                 }
-                ("Cast", "to") if !OK_DTYPES.contains(&(a.i as i32)) => {
+                ("Cast", "to") if !held(a.i as i32) => {
                     bad.insert(dtype_name(a.i as i32));
                 }
                 _ => {}
@@ -106,6 +108,37 @@ fn judge(model: &pb::ModelProto) -> Verdict {
         }
     }
     if bad.is_empty() { Verdict::Copy } else { Verdict::DType(bad) }
+}
+
+/// The ops of `nodes` autopar cannot import, looking through calls of the model's local functions
+/// (the importer inlines them) and into subgraph attributes (whose ops it never supports).
+fn missing_ops(model: &pb::ModelProto, nodes: &[pb::NodeProto]) -> BTreeSet<String> {
+    fn walk(model: &pb::ModelProto, nodes: &[pb::NodeProto], depth: usize, out: &mut BTreeSet<String>) {
+        for n in nodes {
+            let default = n.domain.is_empty() || n.domain == "ai.onnx";
+            let local = model.functions.iter().find(|f| {
+                f.name.as_deref() == Some(n.op_type.as_str()) && f.domain.as_deref().unwrap_or("") == n.domain
+            });
+            match local {
+                Some(f) if depth < 8 => walk(model, &f.node, depth + 1, out),
+                _ if default && tracer::SUPPORTED_OPS.contains(&n.op_type.as_str()) => {}
+                _ if default => {
+                    out.insert(n.op_type.clone());
+                }
+                _ => {
+                    out.insert(format!("{}:{}", n.domain, n.op_type));
+                }
+            }
+            for a in &n.attribute {
+                if let Some(sub) = &a.g {
+                    walk(model, &sub.node, depth + 1, out);
+                }
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(model, nodes, 0, &mut out);
+    out
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -142,7 +175,7 @@ fn main() -> Result<()> {
             fs::remove_dir_all(&p)?;
         }
     }
-    let (mut copied, mut by_ops, mut by_dtype) = (0, 0, Vec::new());
+    let (mut copied, mut by_ops, mut by_dtype) = (0, Vec::new(), Vec::new());
     for case in &cases {
         let name = case.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
         let bytes = fs::read(case.join("model.onnx"))?;
@@ -152,15 +185,20 @@ fn main() -> Result<()> {
                 copy_dir(case, &dst.join(&name))?;
                 copied += 1;
             }
-            Verdict::Ops => by_ops += 1,
+            Verdict::Ops(o) => by_ops.push((name, o)),
             Verdict::DType(d) => by_dtype.push((name, d)),
         }
     }
     for f in ["LICENSE", "NOTICE"] {
         fs::copy(src.join(f), dst.join(f)).with_context(|| format!("copying {f}"))?;
     }
-    // The manifest's last section lists the cases not copied; rewrite it, keep the rest.
-    let mut section = format!("{NOT_COPIED_HEADER} ({}) ---\n", by_dtype.len());
+    // The manifest's last sections list the cases not copied; rewrite them, keep the rest.
+    let mut section = format!("{NOT_COPIED_PREFIX} ops ({}) ---\n", by_ops.len());
+    for (name, o) in &by_ops {
+        let o: Vec<_> = o.iter().cloned().collect();
+        section += &format!("{name}  not-copied  unsupported op: {}\n", o.join(", "));
+    }
+    section += &format!("\n{NOT_COPIED_PREFIX} dtype ({}) ---\n", by_dtype.len());
     for (name, d) in &by_dtype {
         section += &format!(
             "{name}  not-copied  {} tensors are not supported\n",
@@ -169,7 +207,7 @@ fn main() -> Result<()> {
     }
     let manifest = dst.join("manifest.txt");
     let kept = match fs::read_to_string(&manifest) {
-        Ok(text) => match text.find(NOT_COPIED_HEADER) {
+        Ok(text) => match text.find(NOT_COPIED_PREFIX) {
             Some(at) => text[..at].to_string(),
             None => format!("{}\n\n", text.trim_end()),
         },
@@ -177,8 +215,9 @@ fn main() -> Result<()> {
     };
     fs::write(&manifest, kept + &section).with_context(|| format!("writing {}", manifest.display()))?;
     eprintln!(
-        "{} cases: {copied} copied, {by_ops} with unsupported ops, {} with unsupported dtypes",
+        "{} cases: {copied} copied, {} with unsupported ops, {} with unsupported dtypes",
         cases.len(),
+        by_ops.len(),
         by_dtype.len()
     );
     Ok(())

@@ -18,6 +18,7 @@ mod conv;
 mod folding;
 mod index;
 mod norm;
+mod pad;
 mod resize;
 mod sequence;
 
@@ -1175,9 +1176,6 @@ impl<'a> Importer<'a> {
                 let x = self.need(n, 0)?;
                 let m = self.meta(&x);
                 let mode = n.string("mode").unwrap_or_else(|| "constant".into());
-                if mode != "constant" {
-                    return Err(format!("mode={mode} is not supported (only constant)"));
-                }
                 let (raw, value, axes) = if self.opset >= 11 {
                     let p = self.const_ints(n, 1, "pads")?.ok_or("pads are required")?;
                     let v = match self.opt(n, 2)? {
@@ -1197,15 +1195,12 @@ impl<'a> Importer<'a> {
                 if raw.len() != 2 * axes.len() {
                     return Err(format!("{} pads for {} axes", raw.len(), axes.len()));
                 }
-                if raw.iter().any(|&p| p < 0) {
-                    return Err("negative pads are not supported".into());
-                }
                 let mut pads = vec![0; 2 * r];
                 for (i, &a) in axes.iter().enumerate() {
-                    pads[a] = raw[i] as usize;
-                    pads[a + r] = raw[i + axes.len()] as usize;
+                    pads[a] = raw[i];
+                    pads[a + r] = raw[i + axes.len()];
                 }
-                one(self.emit1(&nm, Op::Pad { pads, value }, &[x])?)
+                one(self.pad_modes(&nm, x, &mode, &pads, value)?)
             }
             "ConvTranspose" => one(self.conv_transpose(n)?),
             "Resize" => one(self.resize(n)?),
