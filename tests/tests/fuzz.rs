@@ -1148,7 +1148,10 @@ fn mutate_npy(r: &mut Rng, input: &[u8], pool: &[Vec<u8>]) -> Vec<u8> {
 // The targets.
 
 fn exec_onnx(bytes: &[u8]) -> Result<(), String> {
-    let mut opts = tracer::ImportOptions::default();
+    // The importer holds a constant it computes twice for a moment (the folded value and the
+    // graph's copy of it), so its ceiling must stay under half the allocation cap: a quarter.
+    let cap = CAP.load(Ordering::Relaxed);
+    let mut opts = tracer::ImportOptions { max_constant_bytes: cap / 4, ..Default::default() };
     // One input in eight binds its first graph input's shape, as `--input` does.
     let h = hash(bytes);
     if h.is_multiple_of(8)
