@@ -119,8 +119,26 @@ pub(crate) fn from_tract(t: &TTensor) -> Result<Tensor, String> {
 /// Evaluates `node` on tract with constant `inputs` (one per input slot of the node, `None` for
 /// an omitted optional input) under the default-domain `opset`. Returns one tensor per output
 /// slot (`None` for an omitted output). Refuses, before running, an output larger than
-/// `max_bytes` or of a shape tract cannot make concrete.
+/// `max_bytes` or of a shape tract cannot make concrete. A panic inside tract (a third-party
+/// evaluator handed an untrusted node) is caught and returned as the node's error.
 pub(crate) fn evaluate(
+    node: &NodeProto,
+    inputs: &[Option<&Tensor>],
+    opset: i64,
+    max_bytes: usize,
+) -> Result<Vec<Option<Tensor>>, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| evaluate_unguarded(node, inputs, opset, max_bytes)))
+        .unwrap_or_else(|payload| {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(format!("tract failed while folding it: {msg}"))
+        })
+}
+
+fn evaluate_unguarded(
     node: &NodeProto,
     inputs: &[Option<&Tensor>],
     opset: i64,
