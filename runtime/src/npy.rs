@@ -34,7 +34,9 @@ pub enum NpyError {
         message: String,
     },
     /// An element type autopar does not handle.
-    #[error("{path}: element type {descr} is not supported (use float32, float64, int64, int32 or bool)")]
+    #[error(
+        "{path}: element type {descr} is not supported (use float32, float64, bool or an integer type up to 32 bits, or int64)"
+    )]
     DType {
         /// File.
         path: PathBuf,
@@ -152,7 +154,8 @@ fn header_descr(text: &str) -> Option<String> {
     Some(body[..body.find(q)?].to_string())
 }
 
-/// Reads a C-order `.npy` file of float32, float64, int64, int32 (widened to int64) or bool.
+/// Reads a C-order `.npy` file of float32, float64, int64, bool, or a narrower integer type
+/// (int32, int16, int8, uint32, uint16, uint8: widened to int64, as autopar holds every integer).
 /// Only a regular file is read (see the module docs for the checks).
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
     let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
@@ -177,6 +180,11 @@ fn decode<R: std::io::Read>(path: &Path, f: npyz::NpyFile<R>, what: &str) -> Res
         "<f8" => Data::F64(f.into_vec::<f64>().map_err(|e| fmt(e.to_string()))?),
         "<i8" => Data::I64(f.into_vec::<i64>().map_err(|e| fmt(e.to_string()))?),
         "<i4" => Data::I64(f.into_vec::<i32>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
+        "<i2" => Data::I64(f.into_vec::<i16>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
+        "|i1" => Data::I64(f.into_vec::<i8>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
+        "|u1" => Data::I64(f.into_vec::<u8>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
+        "<u2" => Data::I64(f.into_vec::<u16>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
+        "<u4" => Data::I64(f.into_vec::<u32>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
         "|b1" => Data::Bool(f.into_vec::<bool>().map_err(|e| fmt(e.to_string()))?),
         other => return Err(NpyError::DType { path: path.to_path_buf(), descr: format!("{what}{other}") }),
     };
@@ -246,5 +254,45 @@ fn encode(t: &Tensor, w: impl Write) -> std::io::Result<()> {
         Data::F64(v) => put(v, &shape, w),
         Data::I64(v) => put(v, &shape, w),
         Data::Bool(v) => put(v, &shape, w),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version-1 `.npy` file of `descr` and `shape` holding `data` (little-endian bytes).
+    fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+        let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[test]
+    fn narrow_integers_widen_to_int64() {
+        let dir = std::env::temp_dir().join(format!("autopar-npy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cases: [(&str, Vec<u8>, Vec<i64>); 5] = [
+            ("|u1", vec![0, 7, 255], vec![0, 7, 255]),
+            ("|i1", vec![0x80, 0xff, 5], vec![-128, -1, 5]),
+            ("<i2", [-300i16, 2, 32767].iter().flat_map(|v| v.to_le_bytes()).collect(), vec![-300, 2, 32767]),
+            ("<u2", [65535u16, 0, 9].iter().flat_map(|v| v.to_le_bytes()).collect(), vec![65535, 0, 9]),
+            ("<u4", [u32::MAX, 1, 2].iter().flat_map(|v| v.to_le_bytes()).collect(), vec![u32::MAX as i64, 1, 2]),
+        ];
+        for (descr, bytes, want) in cases {
+            let path = dir.join(format!("{}.npy", descr.replace(['<', '|'], "")));
+            std::fs::write(&path, npy(descr, "(3,)", &bytes)).unwrap();
+            let t = read_npy(&path).unwrap_or_else(|e| panic!("{descr}: {e}"));
+            assert_eq!(t.shape(), &[3], "{descr}");
+            assert_eq!(t.data(), &Data::I64(want), "{descr}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
