@@ -15,6 +15,10 @@ use ir::{Op, Tensor};
 use super::{Importer, N, V, norm_axis};
 use crate::ImportError;
 
+/// The most tensors a sequence may hold (each is a value of the imported graph; an insert copies
+/// the sequence, so a chain of inserts costs the square of this).
+const MAX_SEQUENCE_LEN: usize = 1 << 14;
+
 /// The sequence ops the importer eliminates.
 pub(crate) const SEQUENCE_OPS: &[&str] = &[
     "ConcatFromSequence",
@@ -107,6 +111,9 @@ impl Importer<'_> {
             "SequenceInsert" => {
                 let s = self.seq(n, 0)?;
                 let t = self.need(n, 1)?;
+                if s.len() >= MAX_SEQUENCE_LEN {
+                    return Err(format!("would make a sequence of more than {MAX_SEQUENCE_LEN} tensors"));
+                }
                 let p = self.position(n, 2, s.len(), true)?.unwrap_or(s.len());
                 let mut s = (*s).clone();
                 s.insert(p, t);
@@ -128,16 +135,26 @@ impl Importer<'_> {
                 let axis = norm_axis(n.int("axis", 0), m.rank())?;
                 let d = m.shape[axis];
                 let split = self.opt(n, 1)?;
+                // Each element becomes an output of one Split node: bound their number before
+                // allocating (a declared dim can be huge).
+                let count = |k: usize| {
+                    if k > MAX_SEQUENCE_LEN {
+                        Err(format!("would make a sequence of {k} tensors (more than {MAX_SEQUENCE_LEN})"))
+                    } else {
+                        Ok(k)
+                    }
+                };
                 let (sizes, squeeze) = match split {
-                    None => (vec![1; d], n.int("keepdims", 1) == 0),
+                    None => (vec![1; count(d)?], n.int("keepdims", 1) == 0),
                     Some(V::G(_)) => return Err("split must be a constant after folding".into()),
                     Some(V::C(t)) => {
                         let v = t.to_i64_vec();
                         let sizes: Vec<usize> = if t.shape().is_empty() {
                             let c =
                                 usize::try_from(v[0]).ok().filter(|&c| c > 0).ok_or(format!("bad split {}", v[0]))?;
-                            (0..d.div_ceil(c)).map(|i| c.min(d - i * c)).collect()
+                            (0..count(d.div_ceil(c))?).map(|i| c.min(d - i * c)).collect()
                         } else {
+                            count(v.len())?;
                             v.iter()
                                 .map(|&s| usize::try_from(s).map_err(|_| format!("bad split {v:?}")))
                                 .collect::<Result<_, _>>()?
