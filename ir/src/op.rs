@@ -275,7 +275,7 @@ impl PoolAttrs {
     }
 
     /// Why [`PoolAttrs::out_hw`] has no answer for input spatial size `(h, w)`.
-    fn why_no_output(&self, h: usize, w: usize) -> String {
+    pub(crate) fn why_no_output(&self, h: usize, w: usize) -> String {
         for (i, x) in [h, w].into_iter().enumerate() {
             if self.kernel[i] == 0 || self.dilations[i] == 0 || self.strides[i] == 0 {
                 return "window, strides and dilations must be at least 1".into();
@@ -579,7 +579,7 @@ pub enum Op {
 /// Why an op cannot produce outputs for the given inputs.
 pub type InferError = String;
 
-fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferError> {
+pub(crate) fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferError> {
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
@@ -611,14 +611,14 @@ pub(crate) fn want_inputs(op: &str, ins: &[TensorMeta], lo: usize, hi: usize) ->
     Ok(())
 }
 
-fn want_dtype(op: &str, m: &TensorMeta, dt: DType, what: &str) -> Result<(), InferError> {
+pub(crate) fn want_dtype(op: &str, m: &TensorMeta, dt: DType, what: &str) -> Result<(), InferError> {
     if m.dtype != dt {
         return Err(format!("{op}: {what} must be {dt}, got {}", m.dtype));
     }
     Ok(())
 }
 
-fn want_float(op: &str, m: &TensorMeta) -> Result<(), InferError> {
+pub(crate) fn want_float(op: &str, m: &TensorMeta) -> Result<(), InferError> {
     if !m.dtype.is_float() {
         return Err(format!("{op}: input must be f32 or f64, got {}", m.dtype));
     }
@@ -736,315 +736,27 @@ impl Op {
                 want_inputs(n, ins, 0, 0)?;
                 one(t.meta())
             }
-            Unary(u) => {
-                want_inputs(n, ins, 1, 1)?;
-                match u {
-                    UnaryOp::Not => want_dtype(n, &ins[0], DType::Bool, "input")?,
-                    UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => {
-                        if ins[0].dtype == DType::Bool {
-                            return Err(format!("{n}: input must be numeric, got bool"));
-                        }
-                    }
-                    u if crate::ops::activation::is_activation(*u) => {
-                        return one(crate::ops::activation::infer(n, *u, &ins[0])?);
-                    }
-                    _ => want_float(n, &ins[0])?,
-                }
-                one(ins[0].clone())
-            }
-            Binary(b) => {
-                want_inputs(n, ins, 2, 2)?;
-                if matches!(b, BinaryOp::PRelu) || b.is_bitwise() {
-                    return one(crate::ops::activation::infer_binary(n, *b, &ins[0], &ins[1])?);
-                }
-                if ins[0].dtype != ins[1].dtype {
-                    return Err(format!("{n}: input dtypes differ ({} vs {})", ins[0].dtype, ins[1].dtype));
-                }
-                if b.is_logical() {
-                    want_dtype(n, &ins[0], DType::Bool, "inputs")?;
-                } else if ins[0].dtype == DType::Bool && !matches!(b, BinaryOp::Equal) {
-                    return Err(format!("{n}: inputs must be numeric, got bool"));
-                }
-                let shape = broadcast(&ins[0].shape, &ins[1].shape).map_err(|e| format!("{n}: {e}"))?;
-                let dtype = if b.is_comparison() { DType::Bool } else { ins[0].dtype };
-                one(TensorMeta { shape, dtype })
-            }
-            Where => {
-                want_inputs(n, ins, 3, 3)?;
-                want_dtype(n, &ins[0], DType::Bool, "condition")?;
-                if ins[1].dtype != ins[2].dtype {
-                    return Err(format!("{n}: branch dtypes differ ({} vs {})", ins[1].dtype, ins[2].dtype));
-                }
-                let s = broadcast(&ins[0].shape, &ins[1].shape).map_err(|e| format!("{n}: {e}"))?;
-                let s = broadcast(&s, &ins[2].shape).map_err(|e| format!("{n}: {e}"))?;
-                one(TensorMeta { shape: s, dtype: ins[1].dtype })
-            }
-            Cast { to } => {
-                want_inputs(n, ins, 1, 1)?;
-                one(TensorMeta { shape: ins[0].shape.clone(), dtype: *to })
-            }
-            Identity => {
-                want_inputs(n, ins, 1, 1)?;
-                one(ins[0].clone())
-            }
-            MatMul => {
-                want_inputs(n, ins, 2, 2)?;
-                let dt = float_of(n, ins)?;
-                matmul_shape(&ins[0].shape, &ins[1].shape).map(|s| vec![TensorMeta::new(dt, s)])
-            }
-            Gemm { trans_a, trans_b, .. } => {
-                want_inputs(n, ins, 2, 3)?;
-                let dt = float_of(n, ins)?;
-                let (a, b) = (&ins[0].shape, &ins[1].shape);
-                if a.len() != 2 || b.len() != 2 {
-                    return Err(format!("{n}: A and B must be 2-D, got {a:?} and {b:?}"));
-                }
-                let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
-                let (k2, nn) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
-                if k != k2 {
-                    return Err(format!(
-                        "{n}: inner dims differ: A{a:?} B{b:?} (trans_a={trans_a}, trans_b={trans_b})"
-                    ));
-                }
-                if let Some(c) = ins.get(2) {
-                    let bc = broadcast(&[m, nn], &c.shape).map_err(|e| format!("{n}: C: {e}"))?;
-                    if bc != [m, nn] {
-                        return Err(format!("{n}: C {:?} does not broadcast to [{m}, {nn}]", c.shape));
-                    }
-                }
-                one(TensorMeta::new(dt, vec![m, nn]))
-            }
-            Conv(a) => {
-                want_inputs(n, ins, 2, 3)?;
-                let dt = float_of(n, ins)?;
-                let (x, w) = (&ins[0].shape, &ins[1].shape);
-                if x.len() != 4 || w.len() != 4 {
-                    return Err(format!("{n}: only 2-D convolution (4-D X and W) is supported, got X{x:?} W{w:?}"));
-                }
-                if a.group == 0 || x[1] % a.group != 0 || w[0] % a.group != 0 || x[1] / a.group != w[1] {
-                    return Err(format!("{n}: channels do not match: X{x:?} W{w:?} group={}", a.group));
-                }
-                if let Some(b) = ins.get(2)
-                    && b.shape != [w[0]]
-                {
-                    return Err(format!("{n}: bias shape {:?} must be [{}]", b.shape, w[0]));
-                }
-                let pa = PoolAttrs {
-                    kernel: [w[2], w[3]],
-                    strides: a.strides,
-                    pads: a.pads,
-                    dilations: a.dilations,
-                    ceil_mode: false,
-                    count_include_pad: false,
-                };
-                let (oh, ow) = pa
-                    .out_hw(x[2], x[3])
-                    .ok_or_else(|| format!("{n}: {} (X{x:?} W{w:?})", pa.why_no_output(x[2], x[3])))?;
-                one(TensorMeta::new(dt, vec![x[0], w[0], oh, ow]))
-            }
-            MaxPool(a) | AveragePool(a) => {
-                want_inputs(n, ins, 1, 1)?;
-                want_float(n, &ins[0])?;
-                let x = &ins[0].shape;
-                if x.len() != 4 {
-                    return Err(format!("{n}: only 2-D pooling (4-D input) is supported, got {x:?}"));
-                }
-                let (oh, ow) = a
-                    .out_hw(x[2], x[3])
-                    .ok_or_else(|| format!("{n}: {} (input {x:?})", a.why_no_output(x[2], x[3])))?;
-                one(TensorMeta::new(ins[0].dtype, vec![x[0], x[1], oh, ow]))
-            }
-            GlobalAveragePool | GlobalMaxPool => {
-                want_inputs(n, ins, 1, 1)?;
-                want_float(n, &ins[0])?;
-                let x = &ins[0].shape;
-                if x.len() < 3 {
-                    return Err(format!("{n}: input must have spatial dims, got {x:?}"));
-                }
-                let mut s = x.clone();
-                for d in &mut s[2..] {
-                    *d = 1;
-                }
-                one(TensorMeta::new(ins[0].dtype, s))
-            }
-            BatchNorm { .. } => {
-                want_inputs(n, ins, 5, 5)?;
-                let x = &ins[0].shape;
-                if x.len() < 2 {
-                    return Err(format!("{n}: input must have a channel dim, got {x:?}"));
-                }
-                float_of(n, ins)?;
-                for (i, m) in ins.iter().enumerate() {
-                    if i > 0 && m.shape != [x[1]] {
-                        return Err(format!("{n}: input {i} shape {:?} must be [{}]", m.shape, x[1]));
-                    }
-                }
-                one(ins[0].clone())
-            }
-            LayerNorm { axis, .. } => {
-                want_inputs(n, ins, 2, 3)?;
-                let x = &ins[0].shape;
-                if *axis >= x.len() {
-                    return Err(format!("{n}: axis {axis} out of range for {x:?}"));
-                }
-                float_of(n, ins)?;
-                for (i, m) in ins.iter().enumerate() {
-                    if i > 0 && broadcast(&x[*axis..], &m.shape).ok().as_deref() != Some(&x[*axis..]) {
-                        return Err(format!(
-                            "{n}: input {i} shape {:?} does not broadcast to {:?}",
-                            m.shape,
-                            &x[*axis..]
-                        ));
-                    }
-                }
-                one(ins[0].clone())
-            }
-            Lrn { size, .. } => {
-                want_inputs(n, ins, 1, 1)?;
-                want_float(n, &ins[0])?;
-                if *size == 0 || ins[0].rank() < 2 {
-                    return Err(format!("{n}: needs size >= 1 and a channel dim"));
-                }
-                one(ins[0].clone())
-            }
-            Softmax { axis } | LogSoftmax { axis } | Hardmax { axis } => {
-                want_inputs(n, ins, 1, 1)?;
-                want_float(n, &ins[0])?;
-                if *axis >= ins[0].rank() {
-                    return Err(format!("{n}: axis {axis} out of range for {:?}", ins[0].shape));
-                }
-                one(ins[0].clone())
-            }
-            Reshape { shape } => {
-                want_inputs(n, ins, 1, 1)?;
-                if crate::shape::checked_numel(shape) != ins[0].checked_numel() {
-                    return Err(format!(
-                        "{n}: cannot reshape {:?} ({} elements) to {shape:?}",
-                        ins[0].shape,
-                        ins[0].numel()
-                    ));
-                }
-                one(TensorMeta { shape: shape.clone(), dtype: ins[0].dtype })
-            }
-            Transpose { perm } => {
-                want_inputs(n, ins, 1, 1)?;
-                let x = &ins[0].shape;
-                let mut seen = vec![false; x.len()];
-                if perm.len() != x.len() || perm.iter().any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true))
-                {
-                    return Err(format!("{n}: {perm:?} is not a permutation of the {} dims of {x:?}", x.len()));
-                }
-                one(TensorMeta { shape: perm.iter().map(|&p| x[p]).collect(), dtype: ins[0].dtype })
-            }
-            Expand { shape } => {
-                want_inputs(n, ins, 1, 1)?;
-                let s = broadcast(&ins[0].shape, shape).map_err(|e| format!("{n}: {e}"))?;
-                if &s != shape {
-                    return Err(format!("{n}: {:?} expanded by {shape:?} gives {s:?}", ins[0].shape));
-                }
-                one(TensorMeta { shape: s, dtype: ins[0].dtype })
-            }
-            Concat { axis } => {
-                if ins.is_empty() {
-                    return Err(format!("{n} needs at least one input"));
-                }
-                let f = &ins[0];
-                if *axis >= f.rank() {
-                    return Err(format!("{n}: axis {axis} out of range for {:?}", f.shape));
-                }
-                let mut s = f.shape.clone();
-                s[*axis] = 0;
-                for m in ins {
-                    let same = m.rank() == f.rank() && (0..f.rank()).all(|d| d == *axis || m.shape[d] == f.shape[d]);
-                    if !same || m.dtype != f.dtype {
-                        return Err(format!("{n}: input {} does not match {} along dims other than {axis}", m, f));
-                    }
-                    s[*axis] = s[*axis]
-                        .checked_add(m.shape[*axis])
-                        .ok_or_else(|| format!("{n}: the concatenated dim {axis} overflows"))?;
-                }
-                one(TensorMeta { shape: s, dtype: f.dtype })
-            }
-            Split { axis, sizes } => {
-                want_inputs(n, ins, 1, 1)?;
-                let x = &ins[0];
-                let total = sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b));
-                if *axis >= x.rank() || total != Some(x.shape[*axis]) {
-                    return Err(format!("{n}: sizes {sizes:?} on axis {axis} do not split {:?}", x.shape));
-                }
-                Ok(sizes
-                    .iter()
-                    .map(|&sz| {
-                        let mut s = x.shape.clone();
-                        s[*axis] = sz;
-                        TensorMeta { shape: s, dtype: x.dtype }
-                    })
-                    .collect())
-            }
-            Slice { axes } => {
-                want_inputs(n, ins, 1, 1)?;
-                let x = &ins[0];
-                let mut s = x.shape.clone();
-                for a in axes {
-                    if a.axis >= x.rank() || a.step == 0 {
-                        return Err(format!("{n}: bad axis {} or step {} for {:?}", a.axis, a.step, x.shape));
-                    }
-                    // In i128: a hostile length or step must not wrap the bounds check.
-                    let d = x.shape[a.axis] as i128;
-                    let last = a.start as i128 + (a.len as i128 - 1) * a.step as i128;
-                    if a.len > 0 && (a.start < 0 || a.start as i128 >= d || last < 0 || last >= d) {
-                        return Err(format!("{n}: slice {a:?} out of bounds for dim of size {d}"));
-                    }
-                    s[a.axis] = a.len;
-                }
-                one(TensorMeta { shape: s, dtype: x.dtype })
-            }
-            Gather { axis } => {
-                want_inputs(n, ins, 2, 2)?;
-                want_dtype(n, &ins[1], DType::I64, "indices")?;
-                let x = &ins[0].shape;
-                if *axis >= x.len() {
-                    return Err(format!("{n}: axis {axis} out of range for {x:?}"));
-                }
-                let mut s = x[..*axis].to_vec();
-                s.extend_from_slice(&ins[1].shape);
-                s.extend_from_slice(&x[*axis + 1..]);
-                one(TensorMeta { shape: s, dtype: ins[0].dtype })
-            }
-            Reduce { axes, keepdims, op } => {
-                want_inputs(n, ins, 1, 1)?;
-                let x = &ins[0];
-                if matches!(op, ReduceOp::Max | ReduceOp::Min) {
-                    // On bool, max is `any` and min is `all` (ONNX opset 20).
-                } else if matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
-                    if x.dtype == DType::Bool {
-                        return Err(format!("{n}: input must be numeric"));
-                    }
-                } else {
-                    want_float(n, x)?;
-                }
-                if axes.iter().any(|&a| a >= x.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
-                    return Err(format!("{n}: axes {axes:?} must be sorted, unique and < {}", x.rank()));
-                }
-                let s = reduced_shape(&x.shape, axes, *keepdims);
-                one(TensorMeta { shape: s, dtype: x.dtype })
-            }
-            Pad { pads, .. } => {
-                want_inputs(n, ins, 1, 1)?;
-                let x = &ins[0];
-                if pads.len() != 2 * x.rank() {
-                    return Err(format!("{n}: {} pads for rank {}", pads.len(), x.rank()));
-                }
-                let s = (0..x.rank())
-                    .map(|d| x.shape[d].checked_add(pads[d])?.checked_add(pads[d + x.rank()]))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| format!("{n}: padding {pads:?} of {:?} overflows a dim", x.shape))?;
-                one(TensorMeta { shape: s, dtype: x.dtype })
-            }
             Resize(a) => a.infer(n, ins),
             ResizeGrad { attrs, shape } => attrs.infer_grad(n, shape, ins),
             BatchNormTrain { .. } => crate::ops::norm::infer_batch_norm_train(n, ins),
             Index(x) => x.infer(ins),
+            Unary(_) | Binary(_) | Where | Cast { .. } | Identity => crate::ops::elementwise::infer(self, ins),
+            MatMul | Gemm { .. } => crate::ops::linalg::infer(self, ins),
+            Conv(_) | MaxPool(_) | AveragePool(_) | GlobalAveragePool | GlobalMaxPool => {
+                crate::ops::conv::infer(self, ins)
+            }
+            BatchNorm { .. } | LayerNorm { .. } | Lrn { .. } | Softmax { .. } | LogSoftmax { .. } | Hardmax { .. } => {
+                crate::ops::norm::infer(self, ins)
+            }
+            Reshape { .. }
+            | Transpose { .. }
+            | Expand { .. }
+            | Concat { .. }
+            | Split { .. }
+            | Slice { .. }
+            | Gather { .. }
+            | Pad { .. } => crate::ops::shape::infer(self, ins),
+            Reduce { .. } => crate::ops::reduce::infer(self, ins),
             _ => self.infer_training(ins),
         }
     }
@@ -1053,115 +765,15 @@ impl Op {
     fn infer_training(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
         use Op::*;
         let n = self.name();
-        let f32s = |ins: &[TensorMeta]| float_of(n, ins).map(|_| ());
-        let same = |a: &TensorMeta, b: &TensorMeta, what: &str| {
-            if a.shape != b.shape {
-                return Err(format!("{n}: {what} shapes differ: {:?} vs {:?}", a.shape, b.shape));
-            }
-            Ok(())
-        };
-        // The forward op's output shape for a forward input of `shape`, checked against dy.
-        let want_dy = |fwd: Op, fwd_ins: Vec<TensorMeta>, dy: &TensorMeta| -> Result<(), InferError> {
-            let y = fwd.infer(&fwd_ins).map_err(|e| format!("{n}: forward: {e}"))?;
-            if y[0].shape != dy.shape {
-                return Err(format!("{n}: dy is {:?} but the forward output is {:?}", dy.shape, y[0].shape));
-            }
-            Ok(())
-        };
-        // Gradients take the float type of their float inputs.
-        let dt = ins.iter().map(|m| m.dtype).find(|d| d.is_float()).unwrap_or(DType::F32);
-        let f = |s: &[usize]| TensorMeta::new(dt, s.to_vec());
         match self {
-            UnaryGrad(u) => {
-                want_inputs(n, ins, 2, 2)?;
-                f32s(ins)?;
-                if !unary_differentiable(*u) {
-                    return Err(format!("{n}: {} has no gradient op", unary_name(*u)));
-                }
-                same(&ins[0], &ins[1], "x and dy")?;
-                Ok(vec![ins[0].clone()])
-            }
-            SoftmaxGrad { axis, .. } => {
-                want_inputs(n, ins, 2, 2)?;
-                f32s(ins)?;
-                same(&ins[0], &ins[1], "y and dy")?;
-                if *axis >= ins[0].rank() {
-                    return Err(format!("{n}: axis {axis} out of range for {:?}", ins[0].shape));
-                }
-                Ok(vec![ins[0].clone()])
-            }
-            LayerNormGrad { axis, epsilon } => {
-                want_inputs(n, ins, 3, 3)?;
-                f32s(ins)?;
-                Op::LayerNorm { axis: *axis, epsilon: *epsilon }.infer(&ins[..2])?;
-                same(&ins[0], &ins[2], "x and dy")?;
-                let norm = f(&ins[0].shape[*axis..]);
-                Ok(vec![ins[0].clone(), norm.clone(), norm])
-            }
-            LrnGrad { size, alpha, beta, bias } => {
-                want_inputs(n, ins, 2, 2)?;
-                Op::Lrn { size: *size, alpha: *alpha, beta: *beta, bias: *bias }.infer(&ins[..1])?;
-                f32s(ins)?;
-                same(&ins[0], &ins[1], "x and dy")?;
-                Ok(vec![ins[0].clone()])
-            }
-            ConvInputGrad { attrs, shape } => {
-                want_inputs(n, ins, 2, 2)?;
-                f32s(ins)?;
-                want_dy(Op::Conv(attrs.clone()), vec![f(shape), ins[1].clone()], &ins[0])?;
-                Ok(vec![f(shape)])
-            }
-            ConvWeightGrad { attrs, shape } => {
-                want_inputs(n, ins, 2, 2)?;
-                f32s(ins)?;
-                want_dy(Op::Conv(attrs.clone()), vec![ins[0].clone(), f(shape)], &ins[1])?;
-                Ok(vec![f(shape)])
-            }
-            MaxPoolGrad(a) => {
-                want_inputs(n, ins, 2, 2)?;
-                f32s(ins)?;
-                want_dy(Op::MaxPool(a.clone()), vec![ins[0].clone()], &ins[1])?;
-                Ok(vec![ins[0].clone()])
-            }
-            AveragePoolGrad { attrs, shape } => {
-                want_inputs(n, ins, 1, 1)?;
-                f32s(ins)?;
-                want_dy(Op::AveragePool(attrs.clone()), vec![f(shape)], &ins[0])?;
-                Ok(vec![f(shape)])
-            }
-            GatherGrad { axis, shape } => {
-                want_inputs(n, ins, 2, 2)?;
-                want_float(n, &ins[1])?;
-                want_dy(Op::Gather { axis: *axis }, vec![f(shape), ins[0].clone()], &ins[1])?;
-                Ok(vec![f(shape)])
-            }
-            SliceGrad { axes, shape } => {
-                want_inputs(n, ins, 1, 1)?;
-                want_dy(Op::Slice { axes: axes.clone() }, vec![TensorMeta::new(ins[0].dtype, shape.clone())], &ins[0])?;
-                Ok(vec![TensorMeta::new(ins[0].dtype, shape.clone())])
-            }
-            SgdUpdate { momentum, .. } => {
-                let k = if *momentum != 0.0 { 3 } else { 2 };
-                want_inputs(n, ins, k, k)?;
-                f32s(ins)?;
-                for m in &ins[1..] {
-                    same(&ins[0], m, "parameter and gradient/state")?;
-                }
-                Ok(vec![ins[0].clone(); k - 1])
-            }
-            AdamWUpdate { .. } => {
-                want_inputs(n, ins, 5, 5)?;
-                f32s(&ins[..4])?;
-                for m in &ins[1..4] {
-                    same(&ins[0], m, "parameter and gradient/state")?;
-                }
-                want_dtype(n, &ins[4], DType::I64, "step")?;
-                if !ins[4].shape.is_empty() {
-                    return Err(format!("{n}: step must be a scalar, got {:?}", ins[4].shape));
-                }
-                Ok(vec![ins[0].clone(); 3])
-            }
             BatchNormTrainGrad { .. } => crate::ops::norm::infer_batch_norm_train_grad(n, ins),
+            UnaryGrad(_) => crate::ops::elementwise::infer_grad(self, ins),
+            SoftmaxGrad { .. } | LayerNormGrad { .. } | LrnGrad { .. } => crate::ops::norm::infer_grad(self, ins),
+            ConvInputGrad { .. } | ConvWeightGrad { .. } | MaxPoolGrad(_) | AveragePoolGrad { .. } => {
+                crate::ops::conv::infer_grad(self, ins)
+            }
+            GatherGrad { .. } | SliceGrad { .. } => crate::ops::shape::infer_grad(self, ins),
+            SgdUpdate { .. } | AdamWUpdate { .. } => crate::ops::training::infer_grad(self, ins),
             _ => unreachable!("infer_training called for forward op {n}"),
         }
     }

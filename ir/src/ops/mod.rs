@@ -4,6 +4,12 @@
 //! other stages live in files of the same name in `autodiff/`, `tracer`, `sharding` and `kernels`.
 
 pub mod activation;
+pub(crate) mod conv;
+pub(crate) mod elementwise;
 pub mod index;
+pub(crate) mod linalg;
 pub(crate) mod norm;
+pub(crate) mod reduce;
 pub mod resize;
+pub(crate) mod shape;
+pub(crate) mod training;
