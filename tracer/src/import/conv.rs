@@ -325,3 +325,24 @@ impl Importer<'_> {
         self.reshape_to(&nm, y, vec![shape[0], shape[1], shape[3]])
     }
 }
+
+impl Importer<'_> {
+    /// The conv family's arms of [`Importer::translate`].
+    pub(super) fn translate_conv(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        match op_type {
+            "Conv" => one(self.conv(n)?),
+            "MaxPool" | "AveragePool" => one(self.pool(n, op_type == "MaxPool")?),
+            "GlobalAveragePool" => {
+                let x = self.need(n, 0)?;
+                one(self.emit1(&nm, Op::GlobalAveragePool, &[x])?)
+            }
+            "GlobalMaxPool" => {
+                let x = self.need(n, 0)?;
+                one(self.emit1(&nm, Op::GlobalMaxPool, &[x])?)
+            }
+            other => Err(format!("{other} is not a conv op (importer bug)")),
+        }
+    }
+}

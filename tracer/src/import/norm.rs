@@ -199,3 +199,88 @@ impl Importer<'_> {
         Ok(vec![Some(self.bin(nm, BinaryOp::Mul, y, scale)?)])
     }
 }
+
+impl Importer<'_> {
+    /// The norm family's arms of [`Importer::translate`].
+    pub(super) fn translate_norm(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        match op_type {
+            "BatchNormalization" => self.batch_normalization(n),
+            "InstanceNormalization" => self.instance_normalization(n),
+            "GroupNormalization" => self.group_normalization(n),
+            "MeanVarianceNormalization" => self.mean_variance_normalization(n),
+            "LpNormalization" => self.lp_normalization(n),
+            "RMSNormalization" => self.rms_normalization(n),
+            "LayerNormalization" => {
+                let x = self.need(n, 0)?;
+                let axis = norm_axis(n.int("axis", -1), self.meta(&x).rank())?;
+                let mut ins = vec![x, self.need(n, 1)?];
+                if let Some(b) = self.opt(n, 2)? {
+                    ins.push(b);
+                }
+                let epsilon = n.float("epsilon", 1e-5);
+                let x = ins[0].clone();
+                let y = self.emit1(&nm, Op::LayerNorm { axis, epsilon }, &ins)?;
+                let wants = |k: usize| n.node.output.get(k).is_some_and(|o| self.used.contains(o));
+                if !wants(1) && !wants(2) {
+                    return one(y);
+                }
+                // The optional Mean and InvStdDev outputs, computed as ordinary ops when read.
+                let rank = self.meta(&x).rank();
+                let axes: Vec<usize> = (axis..rank).collect();
+                let mean = self.emit1(
+                    &format!("{nm}.mean"),
+                    Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keepdims: true },
+                    std::slice::from_ref(&x),
+                )?;
+                let centered = self.emit1(&format!("{nm}.centered"), Op::Binary(BinaryOp::Sub), &[x, mean.clone()])?;
+                let sq = self.emit1(&format!("{nm}.sq"), Op::Binary(BinaryOp::Mul), &[centered.clone(), centered])?;
+                let var =
+                    self.emit1(&format!("{nm}.var"), Op::Reduce { op: ReduceOp::Mean, axes, keepdims: true }, &[sq])?;
+                let eps = V::C(Rc::new(Tensor::scalar_f32(epsilon)));
+                let ve = self.emit1(&format!("{nm}.var_eps"), Op::Binary(BinaryOp::Add), &[var, eps])?;
+                let sd = self.emit1(&format!("{nm}.std"), Op::Unary(UnaryOp::Sqrt), &[ve])?;
+                let inv = self.emit1(&format!("{nm}.inv_std"), Op::Unary(UnaryOp::Reciprocal), &[sd])?;
+                Ok(vec![Some(y), Some(mean), Some(inv)])
+            }
+            "LRN" => {
+                let size = n.int("size", 0);
+                if size < 1 {
+                    return Err("size must be >= 1".into());
+                }
+                let op = Op::Lrn {
+                    size: size as usize,
+                    alpha: n.float("alpha", 1e-4),
+                    beta: n.float("beta", 0.75),
+                    bias: n.float("bias", 1.0),
+                };
+                {
+                    let x = self.need(n, 0)?;
+                    one(self.emit1(&nm, op, &[x])?)
+                }
+            }
+            "Softmax" | "LogSoftmax" => {
+                let x = self.need(n, 0)?;
+                let m = self.meta(&x);
+                let r = m.rank();
+                let mk = |axis| if op_type == "Softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
+                if self.opset >= 13 {
+                    let axis = norm_axis(n.int("axis", -1), r)?;
+                    return one(self.emit1(&nm, mk(axis), &[x])?);
+                }
+                // Before opset 13 the op flattens to 2-D at `axis` and normalises the second half.
+                let axis = norm_axis(n.int("axis", 1), r + 1).map_err(|_| format!("axis out of range for rank {r}"))?;
+                if axis + 1 == r {
+                    return one(self.emit1(&nm, mk(axis), &[x])?);
+                }
+                let outer: usize = m.shape[..axis].iter().product();
+                let inner: usize = m.shape[axis..].iter().product();
+                let flat = self.emit1(&format!("{nm}.flat"), Op::Reshape { shape: vec![outer, inner] }, &[x])?;
+                let y = self.emit1(&nm, mk(1), &[flat])?;
+                one(self.emit1(&format!("{nm}.unflat"), Op::Reshape { shape: m.shape.clone() }, &[y])?)
+            }
+            other => Err(format!("{other} is not a norm op (importer bug)")),
+        }
+    }
+}
