@@ -19,7 +19,15 @@
 //! zeros, the output is partial) and the softmax over a split axis (all-reduce of the row max and
 //! of the row sum of exponentials, as Megatron's vocabulary-parallel cross-entropy does).
 
+mod conv;
+mod elementwise;
+mod index;
+mod linalg;
 mod norm;
+mod reduce;
+mod resize;
+mod shape;
+mod training;
 
 use crate::collective::{Collective, ReduceKind};
 use crate::mesh::{DeviceMesh, DeviceProfile};
@@ -27,8 +35,6 @@ use crate::spec::ShardingSpec;
 use crate::{Error, Result};
 use ir::{Graph, NodeIndex, Op, ReduceOp, TensorMeta};
 use serde::Serialize;
-
-mod index;
 
 /// How one input relates to a logical dim.
 #[derive(Clone, Debug, PartialEq)]
@@ -179,262 +185,44 @@ fn elementwise(ins: &[TensorMeta], outs: &[TensorMeta], skip: &[usize]) -> Vec<L
 /// The sharding rule of an op for its input and output metas, or `None` when it has none.
 pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
     use Op::*;
-    let (ni, no) = (ins.len(), outs.len());
     let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
     match op {
         Input { .. } | Param { .. } | State { .. } | Constant(_) => r(elementwise(&[], outs, &[]), vec![]),
-        Unary(u) => {
-            let linear = if matches!(u, ir::UnaryOp::Neg) { vec![vec![0]] } else { vec![] };
-            r(elementwise(ins, outs, &[]), linear)
-        }
-        Binary(b) => {
-            use ir::BinaryOp::*;
-            let linear = match b {
-                Add | Sub => vec![vec![0, 1]],
-                Mul => vec![vec![0], vec![1]],
-                Div => vec![vec![0]],
-                _ => vec![],
-            };
-            r(elementwise(ins, outs, &[]), linear)
-        }
-        Where => r(elementwise(ins, outs, &[]), vec![vec![1, 2]]),
-        Identity | Cast { .. } => r(elementwise(ins, outs, &[]), vec![vec![0]]),
-        UnaryGrad(_) => r(elementwise(ins, outs, &[]), vec![vec![1]]),
-        SgdUpdate { .. } | AdamWUpdate { .. } => r(elementwise(ins, outs, &[]), vec![]),
-        Expand { .. } => r(elementwise(ins, outs, &[]), vec![vec![0]]),
-        MatMul => matmul_rule(ins, outs),
-        Gemm { trans_a, trans_b, .. } => {
-            let (a, b) = (&ins[0].shape, &ins[1].shape);
-            let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
-            let n = if *trans_b { b[0] } else { b[1] };
-            let out = &outs[0].shape;
-            let cmap = ins.get(2).map(|c| broadcast_map(out, &c.shape));
-            let mut dm = ldim("m", m, ni, no);
-            dm.ins[0] = InMap::Dim(usize::from(*trans_a));
-            dm.outs[0] = Some(0);
-            let mut dn = ldim("n", n, ni, no);
-            dn.ins[1] = InMap::Dim(usize::from(!*trans_b));
-            dn.outs[0] = Some(1);
-            let mut dk = ldim("k", k, ni, no);
-            dk.ins[0] = InMap::Dim(usize::from(!*trans_a));
-            dk.ins[1] = InMap::Dim(usize::from(*trans_b));
-            if let Some(cm) = &cmap {
-                dm.ins[2] = cm[0].map_or(InMap::Replicate, InMap::Dim);
-                dn.ins[2] = cm[1].map_or(InMap::Replicate, InMap::Dim);
-                dk.ins[2] = InMap::Partial;
-            }
-            let linear = if ni > 2 { vec![vec![0, 2], vec![1, 2]] } else { vec![vec![0], vec![1]] };
-            r(vec![dm, dn, dk], linear)
-        }
-        Conv(a) => {
-            let (x, w) = (&ins[0].shape, &ins[1].shape);
-            let mut dn = ldim("batch", x[0], ni, no);
-            dn.ins[0] = InMap::Dim(0);
-            dn.outs[0] = Some(0);
-            let mut dims = vec![dn];
-            if a.group == 1 {
-                let mut dm = ldim("out_ch", w[0], ni, no);
-                dm.ins[1] = InMap::Dim(0);
-                if ni > 2 {
-                    dm.ins[2] = InMap::Dim(0);
-                }
-                dm.outs[0] = Some(1);
-                let mut dc = ldim("in_ch", x[1], ni, no);
-                dc.ins[0] = InMap::Dim(1);
-                dc.ins[1] = InMap::Dim(1);
-                if ni > 2 {
-                    dc.ins[2] = InMap::Partial;
-                }
-                dims.extend([dm, dc]);
-            }
-            r(dims, if ni > 2 { vec![] } else { vec![vec![0], vec![1]] })
-        }
-        ConvInputGrad { attrs, .. } => {
-            let (dy, w) = (&ins[0].shape, &ins[1].shape);
-            let mut dn = ldim("batch", dy[0], ni, no);
-            dn.ins[0] = InMap::Dim(0);
-            dn.outs[0] = Some(0);
-            let mut dims = vec![dn];
-            if attrs.group == 1 {
-                let mut dm = ldim("out_ch", w[0], ni, no);
-                dm.ins[0] = InMap::Dim(1);
-                dm.ins[1] = InMap::Dim(0);
-                let mut dc = ldim("in_ch", w[1], ni, no);
-                dc.ins[1] = InMap::Dim(1);
-                dc.outs[0] = Some(1);
-                dims.extend([dm, dc]);
-            }
-            r(dims, vec![vec![0], vec![1]])
-        }
-        ConvWeightGrad { attrs, .. } => {
-            let (x, dy) = (&ins[0].shape, &ins[1].shape);
-            let mut dn = ldim("batch", x[0], ni, no);
-            dn.ins = vec![InMap::Dim(0), InMap::Dim(0)];
-            let mut dims = vec![dn];
-            if attrs.group == 1 {
-                let mut dm = ldim("out_ch", dy[1], ni, no);
-                dm.ins[1] = InMap::Dim(1);
-                dm.outs[0] = Some(0);
-                let mut dc = ldim("in_ch", x[1], ni, no);
-                dc.ins[0] = InMap::Dim(1);
-                dc.outs[0] = Some(1);
-                dims.extend([dm, dc]);
-            }
-            r(dims, vec![vec![0], vec![1]])
-        }
-        MaxPool(_) | AveragePool(_) | GlobalAveragePool | GlobalMaxPool => {
-            let linear = if matches!(op, AveragePool(_) | GlobalAveragePool) { vec![vec![0]] } else { vec![] };
-            r(channel_dims(ins, outs, &[0, 1]), linear)
-        }
-        MaxPoolGrad(_) => r(channel_dims(ins, outs, &[0, 1]), vec![vec![1]]),
-        AveragePoolGrad { .. } => r(channel_dims(ins, outs, &[0, 1]), vec![vec![0]]),
-        Lrn { .. } => r(elementwise(ins, outs, &[1]), vec![]),
-        LrnGrad { .. } => r(elementwise(ins, outs, &[1]), vec![vec![1]]),
-        BatchNorm { .. } => {
-            let mut dims = elementwise(&ins[..1], outs, &[]);
-            for l in &mut dims {
-                l.ins.resize(ni, InMap::Replicate);
-                if l.name == "d1" {
-                    for i in 1..ni {
-                        l.ins[i] = InMap::Dim(0);
-                    }
-                }
-            }
-            r(dims, vec![])
-        }
-        BatchNormTrain { .. } => r(norm::batch_norm_train_dims(ins, outs), vec![]),
-        BatchNormTrainGrad { .. } => r(norm::batch_norm_train_dims(ins, outs), vec![vec![2]]),
-        LayerNorm { axis, .. } => {
-            let skip: Vec<usize> = (*axis..ins[0].rank()).collect();
-            r(elementwise(ins, outs, &skip), vec![])
-        }
-        LayerNormGrad { axis, .. } => {
-            let skip: Vec<usize> = (*axis..ins[0].rank()).collect();
-            let mut dims = elementwise(&[ins[0].clone(), ins[2].clone()], &outs[..1], &skip);
-            for l in &mut dims {
-                l.ins = vec![l.ins[0].clone(), InMap::Replicate, l.ins[1].clone()];
-                l.outs = vec![l.outs[0], None, None];
-            }
-            r(dims, vec![])
-        }
-        Softmax { axis } | LogSoftmax { axis } => {
-            let mut dims = elementwise(ins, outs, &[]);
-            for l in &mut dims {
-                if l.name == format!("d{axis}") {
-                    l.special = Some(SpecialKind::SplitSoftmax);
-                    l.name = "vocab".into();
-                }
-            }
-            r(dims, vec![])
-        }
-        SoftmaxGrad { axis, .. } => r(elementwise(ins, outs, &[*axis]), vec![vec![1]]),
-        // Linear in its input; every axis but the resized ones splits as elementwise.
-        Resize(a) | ResizeGrad { attrs: a, .. } => {
-            let skip: Vec<usize> = a.axes.iter().map(|x| x.axis).collect();
-            r(elementwise(ins, outs, &skip), vec![vec![0]])
-        }
-        // Every dim but the axis splits; along the axis the argmax needs the whole row.
-        Hardmax { axis } => r(elementwise(ins, outs, &[*axis]), vec![]),
-        Reshape { .. } => r(reshape_dims(&ins[0].shape, &outs[0].shape), vec![vec![0]]),
-        Transpose { perm } => {
-            let dims = perm
-                .iter()
-                .enumerate()
-                .filter(|(d, _)| outs[0].shape[*d] > 1)
-                .map(|(d, &p)| {
-                    let mut l = ldim(format!("d{p}"), outs[0].shape[d], ni, no);
-                    l.ins[0] = InMap::Dim(p);
-                    l.outs[0] = Some(d);
-                    l
-                })
-                .collect();
-            r(dims, vec![vec![0]])
-        }
-        Concat { axis } => r(elementwise(ins, outs, &[*axis]), vec![(0..ni).collect()]),
-        Split { axis, .. } => {
-            let mut dims = elementwise(ins, &outs[..1], &[*axis]);
-            for l in &mut dims {
-                l.outs = vec![l.outs[0]; no];
-            }
-            r(dims, vec![vec![0]])
-        }
-        Slice { axes } | SliceGrad { axes, .. } => {
-            let skip: Vec<usize> = axes.iter().map(|a| a.axis).collect();
-            r(elementwise(ins, outs, &skip), vec![vec![0]])
-        }
-        Pad { pads, value } => {
-            let rank = outs[0].rank();
-            let skip: Vec<usize> = (0..rank).filter(|&d| pads[d] != 0 || pads[d + rank] != 0).collect();
-            r(elementwise(ins, outs, &skip), if *value == 0.0 { vec![vec![0]] } else { vec![] })
-        }
-        Gather { axis } => {
-            let (data, idx) = (&ins[0].shape, &ins[1].shape);
-            let mut dims = vec![];
-            for (d, &size) in data.iter().enumerate() {
-                let mut l = ldim(if d == *axis { "vocab".to_string() } else { format!("d{d}") }, size, ni, no);
-                l.ins[0] = InMap::Dim(d);
-                if d == *axis {
-                    l.special = Some(SpecialKind::MaskedGather);
-                } else {
-                    l.outs[0] = Some(if d < *axis { d } else { d - 1 + idx.len() });
-                }
-                dims.push(l);
-            }
-            for (d, &size) in idx.iter().enumerate() {
-                let mut l = ldim(format!("i{d}"), size, ni, no);
-                l.ins[1] = InMap::Dim(d);
-                l.outs[0] = Some(axis + d);
-                dims.push(l);
-            }
-            r(dims.into_iter().filter(|l| l.size > 1).collect(), vec![vec![0]])
-        }
-        GatherGrad { axis, shape } => {
-            let (idx, dy) = (&ins[0].shape, &ins[1].shape);
-            let mut dims = vec![];
-            for (d, &size) in shape.iter().enumerate() {
-                if d == *axis {
-                    let mut l = ldim("vocab", size, ni, no);
-                    l.outs[0] = Some(d);
-                    l.special = Some(SpecialKind::MaskedScatter);
-                    dims.push(l);
-                    continue;
-                }
-                let mut l = ldim(format!("d{d}"), size, ni, no);
-                l.ins[1] = InMap::Dim(if d < *axis { d } else { d - 1 + idx.len() });
-                l.outs[0] = Some(d);
-                dims.push(l);
-            }
-            for (d, &size) in idx.iter().enumerate() {
-                let mut l = ldim(format!("i{d}"), size, ni, no);
-                l.ins[0] = InMap::Dim(d);
-                l.ins[1] = InMap::Dim(axis + d);
-                dims.push(l);
-            }
-            debug_assert!(dy.len() == shape.len() - 1 + idx.len());
-            r(dims.into_iter().filter(|l| l.size > 1).collect(), vec![vec![1]])
-        }
-        Reduce { op: rop, axes, keepdims } => {
-            let x = &ins[0].shape;
-            let summing = matches!(rop, ReduceOp::Sum | ReduceOp::SumSquare | ReduceOp::L1);
-            let mut dims = vec![];
-            let mut o = 0;
-            for (d, &size) in x.iter().enumerate() {
-                let reduced = axes.contains(&d);
-                let out_dim = if reduced && !keepdims { None } else { Some(o) };
-                if !reduced || *keepdims {
-                    o += 1;
-                }
-                if size <= 1 || (reduced && !summing) {
-                    continue;
-                }
-                let mut l = ldim(format!("d{d}"), size, ni, no);
-                l.ins[0] = InMap::Dim(d);
-                l.outs[0] = if reduced { None } else { out_dim };
-                dims.push(l);
-            }
-            let linear = if matches!(rop, ReduceOp::Sum | ReduceOp::Mean) { vec![vec![0]] } else { vec![] };
-            r(dims, linear)
-        }
+        Unary(_) | Binary(_) | Where | Identity | Cast { .. } | UnaryGrad(_) => elementwise::rule(op, ins, outs),
+        SgdUpdate { .. } | AdamWUpdate { .. } => training::rule(op, ins, outs),
+        Expand { .. }
+        | Reshape { .. }
+        | Transpose { .. }
+        | Concat { .. }
+        | Split { .. }
+        | Slice { .. }
+        | SliceGrad { .. }
+        | Pad { .. }
+        | Gather { .. }
+        | GatherGrad { .. } => shape::rule(op, ins, outs),
+        MatMul | Gemm { .. } => linalg::rule(op, ins, outs),
+        Conv(_)
+        | ConvInputGrad { .. }
+        | ConvWeightGrad { .. }
+        | MaxPool(_)
+        | AveragePool(_)
+        | GlobalAveragePool
+        | GlobalMaxPool
+        | MaxPoolGrad(_)
+        | AveragePoolGrad { .. } => conv::rule(op, ins, outs),
+        Lrn { .. }
+        | LrnGrad { .. }
+        | BatchNorm { .. }
+        | BatchNormTrain { .. }
+        | BatchNormTrainGrad { .. }
+        | LayerNorm { .. }
+        | LayerNormGrad { .. }
+        | Softmax { .. }
+        | LogSoftmax { .. }
+        | SoftmaxGrad { .. }
+        | Hardmax { .. } => norm::rule(op, ins, outs),
+        Resize(_) | ResizeGrad { .. } => resize::rule(op, ins, outs),
+        Reduce { .. } => reduce::rule(op, ins, outs),
         Index(x) => index::rule(x, ins, outs),
     }
 }

@@ -1,0 +1,29 @@
+//! Sharding rules of the elementwise family ([`super::rule`] dispatches here).
+
+use super::*;
+
+/// The sharding rule of a elementwise op (see [`super::rule`]).
+pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
+    use Op::*;
+    let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
+    match op {
+        Unary(u) => {
+            let linear = if matches!(u, ir::UnaryOp::Neg) { vec![vec![0]] } else { vec![] };
+            r(elementwise(ins, outs, &[]), linear)
+        }
+        Binary(b) => {
+            use ir::BinaryOp::*;
+            let linear = match b {
+                Add | Sub => vec![vec![0, 1]],
+                Mul => vec![vec![0], vec![1]],
+                Div => vec![vec![0]],
+                _ => vec![],
+            };
+            r(elementwise(ins, outs, &[]), linear)
+        }
+        Where => r(elementwise(ins, outs, &[]), vec![vec![1, 2]]),
+        Identity | Cast { .. } => r(elementwise(ins, outs, &[]), vec![vec![0]]),
+        UnaryGrad(_) => r(elementwise(ins, outs, &[]), vec![vec![1]]),
+        _ => None,
+    }
+}

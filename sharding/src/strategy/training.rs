@@ -1,0 +1,13 @@
+//! Sharding rules of the training family ([`super::rule`] dispatches here).
+
+use super::*;
+
+/// The sharding rule of a training op (see [`super::rule`]).
+pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
+    use Op::*;
+    let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
+    match op {
+        SgdUpdate { .. } | AdamWUpdate { .. } => r(elementwise(ins, outs, &[]), vec![]),
+        _ => None,
+    }
+}
