@@ -15,6 +15,29 @@
 //! Analysis results (strategies, live intervals, costs, training phases) live in side tables
 //! keyed by [`NodeIndex`], never as fields on nodes.
 //!
+//! # Adding an op
+//!
+//! Ops come in families with the same name in every crate (`elementwise`, `activation`,
+//! `linalg`, `conv`, `norm`, `shape`, `reduce`, `resize`, `index`, `training`); an op's code
+//! lives in its family's file of each stage, and the big matches only dispatch to them:
+//!
+//! | stage | file | provides |
+//! |---|---|---|
+//! | IR | `ir/src/op.rs` | the [`Op`] variant (or a variant of the family's enum, as [`IndexOp`]), its name and text form |
+//! | inference | `ir/src/ops/<family>.rs` | output metas from input metas, every check an error naming the op, sizes checked ([`shape`]) |
+//! | gradient | `ir/src/autodiff.rs` (`vjp`; the newer families in `ir/src/autodiff/<family>.rs`) | input gradients from output gradients, built from existing ops |
+//! | import | `tracer/src/import/<family>.rs` | the ONNX node (attributes, opsets, constant operands) to IR ops, or a rewrite into existing ops |
+//! | sharding | `sharding/src/strategy/<family>.rs` | the op's logical dims (which input/output dims split together) and linear inputs |
+//! | kernels | `kernels/src/cpu/<family>.rs`, `kernels/src/cuda/<family>.rs` | the CPU kernel (f32/f64/i64/bool as the op allows) and the CUDA one |
+//!
+//! An op the importer can rewrite into existing ops (as `Einsum`, `GroupNormalization` or
+//! `Pad`'s edge modes are) needs the import file only. The tests a new op adds: its ONNX node
+//! suite cases (`tests/data/onnx-node`, selected by `tests/examples/select_node_cases.rs`), a
+//! finite-difference case per gradient (`tests/tests/autodiff_fd.rs`), its CUDA kernel against
+//! the CPU one on the emulated device (`kernels/tests/cuda.rs`), its strategies executed on
+//! simulated ranks (`tests/tests/strategies.rs`), and a generator in the kernel fuzz against
+//! tract (`tests/tests/kernel_fuzz.rs`).
+//!
 //! ```
 //! use ir::{Graph, Op, BinaryOp, DType, TensorMeta};
 //! let mut g = Graph::new("tiny");

@@ -20,6 +20,10 @@
 //! let path = conv.convert(&[8, 16, 32], 4, &from, &to).unwrap();
 //! assert!(path.cost > 0.0);
 //! ```
+//!
+//! Adding an op: its rule goes in `src/strategy/<family>.rs` (`strategy::rule` only dispatches):
+//! the logical dims its inputs and outputs share and which inputs it is linear in; the other
+//! stages and the tests to add are listed in `ir`'s crate docs ("Adding an op").
 #![warn(missing_docs)]
 
 pub mod collective;

@@ -32,6 +32,10 @@
 //!
 //! An ONNX op outside [`SUPPORTED_OPS`] whose inputs are not all known at import is an error
 //! naming the node and its op type.
+//!
+//! Adding an op: its import goes in `src/import/<family>.rs` (one method per family,
+//! `Importer::translate` only dispatches), its name at the end of [`SUPPORTED_OPS`]; the other
+//! stages and the tests to add are listed in `ir`'s crate docs ("Adding an op").
 #![warn(missing_docs)]
 
 mod dtype;

@@ -1,4 +1,5 @@
-//! Convolution and pooling (2-D in the IR; 1-D and 3-D forms are rewritten at import) and their gradients.
+//! Convolution and pooling (2-D in the IR; 1-D and 3-D forms are rewritten at import) and their
+//! gradients.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
 //! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in

@@ -1,4 +1,5 @@
-//! Elementwise ops: `Unary` (math; the activations delegate to `activation`), `Binary` with numpy broadcasting, `Where`, `Cast`, `Identity`, and `UnaryGrad`.
+//! Elementwise ops: `Unary` (math; the activations delegate to `activation`), `Binary` with numpy
+//! broadcasting, `Where`, `Cast`, `Identity`, and `UnaryGrad`.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
 //! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in

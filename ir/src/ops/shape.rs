@@ -1,4 +1,5 @@
-//! Data movement: `Reshape`, `Transpose`, `Expand`, `Concat`, `Split`, `Slice`, `Gather`, `Pad`, and the gradients `SliceGrad` and `GatherGrad`.
+//! Data movement: `Reshape`, `Transpose`, `Expand`, `Concat`, `Split`, `Slice`, `Gather`, `Pad`,
+//! and the gradients `SliceGrad` and `GatherGrad`.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
 //! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
