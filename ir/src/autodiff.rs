@@ -31,7 +31,13 @@ use crate::{NodeIndex, VerifyErrors};
 
 mod activation;
 mod conv;
+mod elementwise;
 mod index;
+mod linalg;
+mod norm;
+mod reduce;
+mod resize;
+mod shape;
 
 /// The loss a training graph minimises, as written on the command line (`--loss SPEC`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -516,10 +522,8 @@ fn vjp(
     want: &[bool],
 ) -> Result<Vec<Option<Value>>, AutodiffError> {
     let op = b.g.node(n).op.clone();
-    let y = Value::new(n, 0);
     let k = ins.len();
     let mut out: Vec<Option<Value>> = vec![None; k];
-    let w = |i: usize| want.get(i).copied().unwrap_or(false);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
     let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     // Single-output ops: the output gradient.
@@ -550,296 +554,31 @@ fn vjp(
     }
     let Some(dy) = dy else { return Ok(out) };
     match op {
-        Op::Identity => out[0] = Some(dy),
-        Op::Cast { to: DType::F32 } if b.g.meta(ins[0]).dtype == DType::F32 => out[0] = Some(dy),
-        Op::Cast { .. } => {}
-        Op::Unary(UnaryOp::Neg) => out[0] = Some(b.neg("dx", dy)?),
-        Op::Unary(u) if unary_differentiable(u) => {
-            let from = if unary_grad_from_output(u) { y } else { ins[0] };
-            out[0] = Some(b.op("dx", Op::UnaryGrad(u), &[from, dy])?)
+        Op::Identity | Op::Cast { .. } | Op::Unary(_) | Op::Binary(_) | Op::Where => {
+            elementwise::vjp(b, n, op, ins, dy, want, &mut out)?
         }
-        Op::Unary(_) => {}
-        Op::Binary(op) => {
-            let (a, c) = (ins[0], ins[1]);
-            let (sa, sc) = (sh(b, 0), sh(b, 1));
-            match op {
-                BinaryOp::Add => {
-                    if w(0) {
-                        out[0] = Some(b.sum_to("da", dy, &sa)?);
-                    }
-                    if w(1) {
-                        out[1] = Some(b.sum_to("db", dy, &sc)?);
-                    }
-                }
-                BinaryOp::Sub => {
-                    if w(0) {
-                        out[0] = Some(b.sum_to("da", dy, &sa)?);
-                    }
-                    if w(1) {
-                        let s = b.sum_to("db.sum", dy, &sc)?;
-                        out[1] = Some(b.neg("db", s)?);
-                    }
-                }
-                BinaryOp::Mul if a == c => {
-                    // x * x: one contribution, 2 x dy.
-                    let t = b.mul("dx.mul", dy, a)?;
-                    let t = b.scale("dx.2", t, 2.0)?;
-                    out[0] = Some(b.sum_to("dx", t, &sa)?);
-                }
-                BinaryOp::Mul => {
-                    if w(0) {
-                        let t = b.mul("da.mul", dy, c)?;
-                        out[0] = Some(b.sum_to("da", t, &sa)?);
-                    }
-                    if w(1) {
-                        let t = b.mul("db.mul", dy, a)?;
-                        out[1] = Some(b.sum_to("db", t, &sc)?);
-                    }
-                }
-                BinaryOp::Div => {
-                    if w(0) {
-                        let t = b.bin("da.div", BinaryOp::Div, dy, c)?;
-                        out[0] = Some(b.sum_to("da", t, &sa)?);
-                    }
-                    if w(1) {
-                        // d(a/c)/dc = -y/c
-                        let t = b.mul("db.mul", dy, y)?;
-                        let t = b.bin("db.div", BinaryOp::Div, t, c)?;
-                        let t = b.sum_to("db.sum", t, &sc)?;
-                        out[1] = Some(b.neg("db", t)?);
-                    }
-                }
-                BinaryOp::Pow => {
-                    if w(0) {
-                        // c * a^(c-1)
-                        let one = b.scalar("da.one", 1.0);
-                        let cm1 = b.bin("da.cm1", BinaryOp::Sub, c, one)?;
-                        let p = b.bin("da.pow", BinaryOp::Pow, a, cm1)?;
-                        let p = b.mul("da.c", p, c)?;
-                        let t = b.mul("da.mul", dy, p)?;
-                        out[0] = Some(b.sum_to("da", t, &sa)?);
-                    }
-                    if w(1) {
-                        // y * ln(a)
-                        let l = b.op("db.log", Op::Unary(UnaryOp::Log), &[a])?;
-                        let t = b.mul("db.y", y, l)?;
-                        let t = b.mul("db.mul", dy, t)?;
-                        out[1] = Some(b.sum_to("db", t, &sc)?);
-                    }
-                }
-                BinaryOp::PRelu => activation::prelu_vjp(b, a, c, dy, [w(0), w(1)], &mut out)?,
-                BinaryOp::Max | BinaryOp::Min => {
-                    // The first operand wins ties.
-                    let cmp = if op == BinaryOp::Max { BinaryOp::GreaterOrEqual } else { BinaryOp::LessOrEqual };
-                    let m = b.bin("mask", cmp, a, c)?;
-                    if w(0) {
-                        let t = b.mask("da.where", m, dy, true)?;
-                        out[0] = Some(b.sum_to("da", t, &sa)?);
-                    }
-                    if w(1) {
-                        let t = b.mask("db.where", m, dy, false)?;
-                        out[1] = Some(b.sum_to("db", t, &sc)?);
-                    }
-                }
-                _ => {}
-            }
-        }
-        Op::Where => {
-            let c = ins[0];
-            if w(1) {
-                let t = b.mask("da.where", c, dy, true)?;
-                let s = sh(b, 1);
-                out[1] = Some(b.sum_to("da", t, &s)?);
-            }
-            if w(2) {
-                let t = b.mask("db.where", c, dy, false)?;
-                let s = sh(b, 2);
-                out[2] = Some(b.sum_to("db", t, &s)?);
-            }
-        }
-        Op::MatMul => {
-            let (da, db) = matmul_vjp(b, ins[0], ins[1], dy, w(0), w(1))?;
-            out[0] = da;
-            out[1] = db;
-        }
-        Op::Gemm { alpha, beta, trans_a, trans_b } => {
-            let (a, bb) = (ins[0], ins[1]);
-            let gemm = |alpha, ta, tb| Op::Gemm { alpha, beta: 0.0, trans_a: ta, trans_b: tb };
-            if w(0) {
-                out[0] = Some(if trans_a {
-                    b.op("da", gemm(alpha, trans_b, true), &[bb, dy])?
-                } else {
-                    b.op("da", gemm(alpha, false, !trans_b), &[dy, bb])?
-                });
-            }
-            if w(1) {
-                out[1] = Some(if trans_b {
-                    b.op("db", gemm(alpha, true, trans_a), &[dy, a])?
-                } else {
-                    b.op("db", gemm(alpha, !trans_a, false), &[a, dy])?
-                });
-            }
-            if k > 2 && w(2) {
-                let s = sh(b, 2);
-                let t = b.sum_to("dc.sum", dy, &s)?;
-                out[2] = Some(b.scale("dc", t, beta)?);
-            }
-        }
-        Op::Conv(attrs) => {
-            if w(0) {
-                let shape = sh(b, 0);
-                out[0] = Some(b.op("dx", Op::ConvInputGrad { attrs: attrs.clone(), shape }, &[dy, ins[1]])?);
-            }
-            if w(1) {
-                let shape = sh(b, 1);
-                out[1] = Some(b.op("dw", Op::ConvWeightGrad { attrs, shape }, &[ins[0], dy])?);
-            }
-            if k > 2 && w(2) {
-                out[2] = Some(b.reduce_sum("db", dy, vec![0, 2, 3], false)?);
-            }
-        }
-        Op::MaxPool(a) => out[0] = Some(b.op("dx", Op::MaxPoolGrad(a), &[ins[0], dy])?),
-        Op::AveragePool(attrs) => {
-            let shape = sh(b, 0);
-            out[0] = Some(b.op("dx", Op::AveragePoolGrad { attrs, shape }, &[dy])?);
-        }
-        Op::GlobalAveragePool => {
-            let shape = sh(b, 0);
-            let area: usize = shape[2..].iter().product();
-            let t = b.scale("dx.scale", dy, 1.0 / area as f32)?;
-            out[0] = Some(b.expand("dx", t, &shape)?);
-        }
-        Op::GlobalMaxPool => {
-            let m = b.bin("mask", BinaryOp::Equal, ins[0], y)?;
-            out[0] = Some(b.mask("dx", m, dy, true)?);
-        }
-        Op::BatchNorm { epsilon } => batchnorm_vjp(b, ins, dy, epsilon, want, &mut out)?,
-        Op::LayerNorm { axis, epsilon } => {
-            let g3 = b.ops("d", Op::LayerNormGrad { axis, epsilon }, &[ins[0], ins[1], dy])?;
-            out[0] = Some(g3[0]);
-            if w(1) {
-                let s = sh(b, 1);
-                out[1] = Some(b.sum_to("dscale", g3[1], &s)?);
-            }
-            if k > 2 && w(2) {
-                let s = sh(b, 2);
-                out[2] = Some(b.sum_to("dbias", g3[2], &s)?);
-            }
-        }
-        Op::BatchNormTrain { epsilon } => {
-            // The full gradient, through the batch mean and variance (one fused op).
-            let g3 = b.ops("d", Op::BatchNormTrainGrad { epsilon }, &[ins[0], ins[1], dy])?;
-            out[0] = Some(g3[0]);
-            out[1] = Some(g3[1]);
-            out[2] = Some(g3[2]);
-        }
-        Op::Lrn { size, alpha, beta, bias } => {
-            out[0] = Some(b.op("dx", Op::LrnGrad { size, alpha, beta, bias }, &[ins[0], dy])?)
-        }
-        Op::Softmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: false }, &[y, dy])?),
-        Op::LogSoftmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: true }, &[y, dy])?),
-        Op::Reshape { .. } => {
-            let s = sh(b, 0);
-            out[0] = Some(b.reshape("dx", dy, &s)?);
-        }
-        Op::Transpose { perm } => {
-            let mut inv = vec![0; perm.len()];
-            for (i, &p) in perm.iter().enumerate() {
-                inv[p] = i;
-            }
-            out[0] = Some(b.transpose("dx", dy, inv)?);
-        }
-        Op::Expand { .. } => {
-            let s = sh(b, 0);
-            out[0] = Some(b.sum_to("dx", dy, &s)?);
-        }
-        Op::Concat { axis } => {
-            let sizes: Vec<usize> = (0..k).map(|i| sh(b, i)[axis]).collect();
-            let parts = if k == 1 { vec![dy] } else { b.ops("dx", Op::Split { axis, sizes }, &[dy])? };
-            for (i, p) in parts.into_iter().enumerate() {
-                if w(i) {
-                    out[i] = Some(p);
-                }
-            }
-        }
-        Op::Slice { axes } => {
-            let shape = sh(b, 0);
-            out[0] = Some(if axes.iter().all(|a| a.step == 1) {
-                let r = shape.len();
-                let mut pads = vec![0; 2 * r];
-                for a in &axes {
-                    pads[a.axis] = a.start as usize;
-                    pads[a.axis + r] = shape[a.axis] - a.start as usize - a.len;
-                }
-                b.op("dx", Op::Pad { pads, value: 0.0 }, &[dy])?
-            } else {
-                b.op("dx", Op::SliceGrad { axes, shape }, &[dy])?
-            });
-        }
-        Op::Gather { axis } => {
-            let shape = sh(b, 0);
-            out[0] = Some(b.op("dx", Op::GatherGrad { axis, shape }, &[ins[1], dy])?);
-        }
-        Op::Reduce { op: r, axes, .. } => {
-            let x = ins[0];
-            let shape = sh(b, 0);
-            let kept = reduced_shape(&shape, &axes, true);
-            let dyk = b.reshape("dy.keep", dy, &kept)?;
-            let count: usize = axes.iter().map(|&a| shape[a]).product();
-            let local = match r {
-                ReduceOp::Sum => dyk,
-                ReduceOp::Mean => b.scale("dx.mean", dyk, 1.0 / count.max(1) as f32)?,
-                ReduceOp::Max | ReduceOp::Min => {
-                    let yk = b.reshape("y.keep", y, &kept)?;
-                    let m = b.bin("mask", BinaryOp::Equal, x, yk)?;
-                    b.mask("dx.where", m, dyk, true)?
-                }
-                ReduceOp::Prod => {
-                    let yk = b.reshape("y.keep", y, &kept)?;
-                    let t = b.bin("dx.div", BinaryOp::Div, yk, x)?;
-                    b.mul("dx.mul", t, dyk)?
-                }
-                ReduceOp::SumSquare => {
-                    let t = b.scale("dx.2x", x, 2.0)?;
-                    b.mul("dx.mul", t, dyk)?
-                }
-                ReduceOp::L2 => {
-                    let yk = b.reshape("y.keep", y, &kept)?;
-                    let t = b.bin("dx.div", BinaryOp::Div, x, yk)?;
-                    b.mul("dx.mul", t, dyk)?
-                }
-                ReduceOp::L1 => {
-                    let s = b.op("dx.sign", Op::Unary(UnaryOp::Sign), &[x])?;
-                    b.mul("dx.mul", s, dyk)?
-                }
-                ReduceOp::LogSum => {
-                    let yk = b.reshape("y.keep", y, &kept)?;
-                    let e = b.op("dx.exp", Op::Unary(UnaryOp::Exp), &[yk])?;
-                    b.bin("dx.div", BinaryOp::Div, dyk, e)?
-                }
-                ReduceOp::LogSumExp => {
-                    let yk = b.reshape("y.keep", y, &kept)?;
-                    let d = b.bin("dx.sub", BinaryOp::Sub, x, yk)?;
-                    let e = b.op("dx.exp", Op::Unary(UnaryOp::Exp), &[d])?;
-                    b.mul("dx.mul", e, dyk)?
-                }
-            };
-            out[0] = Some(b.expand("dx", local, &shape)?);
-        }
-        Op::Pad { pads, .. } => {
-            let shape = sh(b, 0);
-            let r = shape.len();
-            let axes: Vec<SliceAxis> = (0..r)
-                .filter(|&d| pads[d] != 0 || pads[d + r] != 0)
-                .map(|d| SliceAxis { axis: d, start: pads[d] as i64, len: shape[d], step: 1 })
-                .collect();
-            out[0] = Some(if axes.is_empty() { dy } else { b.op("dx", Op::Slice { axes }, &[dy])? });
-        }
-        Op::ConvInputGrad { attrs, .. } => conv::conv_input_grad(b, &attrs, ins, dy, want, &mut out)?,
-        Op::Resize(attrs) => {
-            let shape = sh(b, 0);
-            out[0] = Some(b.op("dx", Op::ResizeGrad { attrs, shape }, &[dy])?);
-        }
+        Op::MatMul | Op::Gemm { .. } => linalg::vjp(b, n, op, ins, dy, want, &mut out)?,
+        Op::Conv(_)
+        | Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool
+        | Op::ConvInputGrad { .. } => conv::vjp(b, n, op, ins, dy, want, &mut out)?,
+        Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::BatchNormTrain { .. }
+        | Op::Lrn { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. } => norm::vjp(b, n, op, ins, dy, want, &mut out)?,
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::Pad { .. } => shape::vjp(b, n, op, ins, dy, want, &mut out)?,
+        Op::Reduce { .. } => reduce::vjp(b, n, op, ins, dy, want, &mut out)?,
+        Op::Resize(_) => resize::vjp(b, n, op, ins, dy, want, &mut out)?,
         _ => return Err(no_rule(b)),
     }
     Ok(out)

@@ -19,13 +19,14 @@
 //!
 //! Ops come in families with the same name in every crate (`elementwise`, `activation`,
 //! `linalg`, `conv`, `norm`, `shape`, `reduce`, `resize`, `index`, `training`); an op's code
-//! lives in its family's file of each stage, and the big matches only dispatch to them:
+//! lives in its family's file of each stage, and the big matches (`Op::infer`, `vjp`,
+//! `Importer::translate`, `strategy::rule`, the CPU and CUDA `eval`) only dispatch to them:
 //!
 //! | stage | file | provides |
 //! |---|---|---|
 //! | IR | `ir/src/op.rs` | the [`Op`] variant (or a variant of the family's enum, as [`IndexOp`]), its name and text form |
 //! | inference | `ir/src/ops/<family>.rs` | output metas from input metas, every check an error naming the op, sizes checked ([`shape`]) |
-//! | gradient | `ir/src/autodiff.rs` (`vjp`; the newer families in `ir/src/autodiff/<family>.rs`) | input gradients from output gradients, built from existing ops |
+//! | gradient | `ir/src/autodiff/<family>.rs` | input gradients from output gradients, built from existing ops |
 //! | import | `tracer/src/import/<family>.rs` | the ONNX node (attributes, opsets, constant operands) to IR ops, or a rewrite into existing ops |
 //! | sharding | `sharding/src/strategy/<family>.rs` | the op's logical dims (which input/output dims split together) and linear inputs |
 //! | kernels | `kernels/src/cpu/<family>.rs`, `kernels/src/cuda/<family>.rs` | the CPU kernel (f32/f64/i64/bool as the op allows) and the CUDA one |

@@ -2,8 +2,8 @@
 //! gradients.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
-//! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
-//! `sharding::strategy::rule`, kernels in `kernels/src/{cpu,cuda}/conv.rs`.
+//! `autodiff/conv.rs`, import in `tracer/src/import/conv.rs`, sharding rules in
+//! `sharding/src/strategy/conv.rs`, kernels in `kernels/src/{cpu,cuda}/conv.rs`.
 
 use crate::op::{InferError, Op, PoolAttrs, float_of, want_float, want_inputs};
 use crate::tensor::{DType, TensorMeta};

@@ -2,8 +2,8 @@
 //! broadcasting, `Where`, `Cast`, `Identity`, and `UnaryGrad`.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
-//! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
-//! `sharding::strategy::rule`, kernels in `kernels/src/{cpu,cuda}/elementwise.rs`.
+//! `autodiff/elementwise.rs`, import in `tracer/src/import/elementwise.rs`, sharding rules in
+//! `sharding/src/strategy/elementwise.rs`, kernels in `kernels/src/{cpu,cuda}/elementwise.rs`.
 
 use crate::op::{
     BinaryOp, InferError, Op, UnaryOp, broadcast, float_of, unary_differentiable, unary_name, want_dtype, want_float,

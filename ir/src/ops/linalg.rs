@@ -1,8 +1,8 @@
 //! Matrix products: `MatMul` (numpy batch broadcasting, 1-D operands) and `Gemm`.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
-//! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
-//! `sharding::strategy::rule`, kernels in `kernels/src/{cpu,cuda}/linalg.rs`.
+//! `autodiff/linalg.rs`, import in `tracer/src/import/linalg.rs`, sharding rules in
+//! `sharding/src/strategy/linalg.rs`, kernels in `kernels/src/{cpu,cuda}/linalg.rs`.
 
 use crate::op::{InferError, Op, broadcast, float_of, matmul_shape, want_inputs};
 use crate::tensor::TensorMeta;

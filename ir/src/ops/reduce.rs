@@ -1,8 +1,8 @@
 //! Reductions (`Reduce` over sorted, distinct axes, with or without kept dims).
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
-//! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
-//! `sharding::strategy::rule`, kernels in `kernels/src/{cpu,cuda}/reduce.rs`.
+//! `autodiff/reduce.rs`, import in `tracer/src/import/reduce.rs`, sharding rules in
+//! `sharding/src/strategy/reduce.rs`, kernels in `kernels/src/{cpu,cuda}/reduce.rs`.
 
 use crate::op::{InferError, Op, ReduceOp, reduced_shape, want_float, want_inputs};
 use crate::tensor::{DType, TensorMeta};

@@ -2,8 +2,8 @@
 //! and the gradients `SliceGrad` and `GatherGrad`.
 //!
 //! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
-//! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
-//! `sharding::strategy::rule`, kernels in `kernels/src/{cpu,cuda}/shape.rs`.
+//! `autodiff/shape.rs`, import in `tracer/src/import/shape.rs`, sharding rules in
+//! `sharding/src/strategy/shape.rs`, kernels in `kernels/src/{cpu,cuda}/shape.rs`.
 
 use crate::op::{InferError, Op, broadcast, want_dtype, want_float, want_inputs};
 use crate::tensor::{DType, TensorMeta};

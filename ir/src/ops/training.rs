@@ -1,8 +1,8 @@
 //! Optimizer updates (`SgdUpdate`, `AdamWUpdate`): shape checks of parameter, gradient and state.
 //!
-//! [`crate::Op::infer`] dispatches the family's ops here. Its other stages: gradients in
-//! `autodiff.rs` (`vjp`), import in `tracer`'s `Importer::translate`, sharding rules in
-//! `sharding::strategy::rule`, kernels in `kernels/src/{cpu,cuda}/training.rs`.
+//! [`crate::Op::infer`] dispatches the family's ops here. `autodiff::training_graph` builds them
+//! (nothing imports or differentiates them); sharding rules in `sharding/src/strategy/training.rs`,
+//! kernels in `kernels/src/cpu/mod.rs` and `kernels/src/cuda/optim.rs`.
 
 use crate::op::{InferError, Op, float_of, want_dtype, want_inputs};
 use crate::tensor::{DType, TensorMeta};

@@ -1,0 +1,132 @@
+//! Gradients of the elementwise family (`vjp` dispatches here).
+
+use super::*;
+
+/// Input gradients of a single-output elementwise op `op` (node `n`) given its output gradient `dy`,
+/// written into `out` (one entry per input; entries of inputs with `want[i] == false` may stay
+/// `None`).
+pub(super) fn vjp(
+    b: &mut Builder,
+    n: NodeIndex,
+    op: Op,
+    ins: &[Value],
+    dy: Value,
+    want: &[bool],
+    out: &mut [Option<Value>],
+) -> Result<(), AutodiffError> {
+    let y = Value::new(n, 0);
+    let w = |i: usize| want.get(i).copied().unwrap_or(false);
+    let sh = |b: &Builder, i: usize| b.shape(ins[i]);
+    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
+    match op {
+        Op::Identity => out[0] = Some(dy),
+        Op::Cast { to: DType::F32 } if b.g.meta(ins[0]).dtype == DType::F32 => out[0] = Some(dy),
+        Op::Cast { .. } => {}
+        Op::Unary(UnaryOp::Neg) => out[0] = Some(b.neg("dx", dy)?),
+        Op::Unary(u) if unary_differentiable(u) => {
+            let from = if unary_grad_from_output(u) { y } else { ins[0] };
+            out[0] = Some(b.op("dx", Op::UnaryGrad(u), &[from, dy])?)
+        }
+        Op::Unary(_) => {}
+        Op::Binary(op) => {
+            let (a, c) = (ins[0], ins[1]);
+            let (sa, sc) = (sh(b, 0), sh(b, 1));
+            match op {
+                BinaryOp::Add => {
+                    if w(0) {
+                        out[0] = Some(b.sum_to("da", dy, &sa)?);
+                    }
+                    if w(1) {
+                        out[1] = Some(b.sum_to("db", dy, &sc)?);
+                    }
+                }
+                BinaryOp::Sub => {
+                    if w(0) {
+                        out[0] = Some(b.sum_to("da", dy, &sa)?);
+                    }
+                    if w(1) {
+                        let s = b.sum_to("db.sum", dy, &sc)?;
+                        out[1] = Some(b.neg("db", s)?);
+                    }
+                }
+                BinaryOp::Mul if a == c => {
+                    // x * x: one contribution, 2 x dy.
+                    let t = b.mul("dx.mul", dy, a)?;
+                    let t = b.scale("dx.2", t, 2.0)?;
+                    out[0] = Some(b.sum_to("dx", t, &sa)?);
+                }
+                BinaryOp::Mul => {
+                    if w(0) {
+                        let t = b.mul("da.mul", dy, c)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        let t = b.mul("db.mul", dy, a)?;
+                        out[1] = Some(b.sum_to("db", t, &sc)?);
+                    }
+                }
+                BinaryOp::Div => {
+                    if w(0) {
+                        let t = b.bin("da.div", BinaryOp::Div, dy, c)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        // d(a/c)/dc = -y/c
+                        let t = b.mul("db.mul", dy, y)?;
+                        let t = b.bin("db.div", BinaryOp::Div, t, c)?;
+                        let t = b.sum_to("db.sum", t, &sc)?;
+                        out[1] = Some(b.neg("db", t)?);
+                    }
+                }
+                BinaryOp::Pow => {
+                    if w(0) {
+                        // c * a^(c-1)
+                        let one = b.scalar("da.one", 1.0);
+                        let cm1 = b.bin("da.cm1", BinaryOp::Sub, c, one)?;
+                        let p = b.bin("da.pow", BinaryOp::Pow, a, cm1)?;
+                        let p = b.mul("da.c", p, c)?;
+                        let t = b.mul("da.mul", dy, p)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        // y * ln(a)
+                        let l = b.op("db.log", Op::Unary(UnaryOp::Log), &[a])?;
+                        let t = b.mul("db.y", y, l)?;
+                        let t = b.mul("db.mul", dy, t)?;
+                        out[1] = Some(b.sum_to("db", t, &sc)?);
+                    }
+                }
+                BinaryOp::PRelu => activation::prelu_vjp(b, a, c, dy, [w(0), w(1)], out)?,
+                BinaryOp::Max | BinaryOp::Min => {
+                    // The first operand wins ties.
+                    let cmp = if op == BinaryOp::Max { BinaryOp::GreaterOrEqual } else { BinaryOp::LessOrEqual };
+                    let m = b.bin("mask", cmp, a, c)?;
+                    if w(0) {
+                        let t = b.mask("da.where", m, dy, true)?;
+                        out[0] = Some(b.sum_to("da", t, &sa)?);
+                    }
+                    if w(1) {
+                        let t = b.mask("db.where", m, dy, false)?;
+                        out[1] = Some(b.sum_to("db", t, &sc)?);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Op::Where => {
+            let c = ins[0];
+            if w(1) {
+                let t = b.mask("da.where", c, dy, true)?;
+                let s = sh(b, 1);
+                out[1] = Some(b.sum_to("da", t, &s)?);
+            }
+            if w(2) {
+                let t = b.mask("db.where", c, dy, false)?;
+                let s = sh(b, 2);
+                out[2] = Some(b.sum_to("db", t, &s)?);
+            }
+        }
+        _ => return Err(no_rule(b)),
+    }
+    Ok(())
+}
