@@ -19,6 +19,7 @@ mod elementwise;
 mod folding;
 mod index;
 mod linalg;
+mod loss;
 mod norm;
 mod pad;
 mod reduce;
@@ -606,6 +607,8 @@ impl<'a> Importer<'a> {
             t if activation::OPS.contains(&t) => self.translate_activation(n, t),
             "Trilu" | "ScatterND" | "CumSum" | "ArgMax" | "ArgMin" | "Mod" | "GatherND" | "Tile" | "GatherElements"
             | "ScatterElements" | "TopK" | "OneHot" | "EyeLike" | "Einsum" => self.translate_index(n),
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.translate_loss(n, op_type),
+            "Swish" => self.swish(n),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }

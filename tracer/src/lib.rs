@@ -196,6 +196,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "SequenceInsert",
     "SequenceLength",
     "SplitToSequence",
+    "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss",
+    "Swish",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or

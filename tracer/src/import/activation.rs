@@ -119,3 +119,21 @@ impl Importer<'_> {
         Ok(vec![Some(self.emit1(&format!("{nm}.unflat"), Op::Reshape { shape: m.shape.clone() }, &[y])?)])
     }
 }
+
+impl Importer<'_> {
+    /// `Swish` (opset 24): `x * sigmoid(alpha * x)`, as `Mul`s and a `Sigmoid`.
+    pub(super) fn swish(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let x = self.need(n, 0)?;
+        let alpha = n.float("alpha", 1.0);
+        let m = self.meta(&x);
+        let scaled = if alpha == 1.0 {
+            x.clone()
+        } else {
+            let a = V::C(std::rc::Rc::new(ir::Tensor::f32(Vec::<usize>::new(), vec![alpha]).with_float_type(m.dtype)));
+            self.emit1(&format!("{nm}.scaled"), Op::Binary(BinaryOp::Mul), &[x.clone(), a])?
+        };
+        let s = self.emit1(&format!("{nm}.sigmoid"), Op::Unary(UnaryOp::Sigmoid), &[scaled])?;
+        Ok(vec![Some(self.emit1(&nm, Op::Binary(BinaryOp::Mul), &[x, s])?)])
+    }
+}
