@@ -64,7 +64,7 @@ impl Importer<'_> {
         // The one-hot of t along axis 1 times log_p, summed over the classes.
         let mut t_shape = want_t.clone();
         t_shape.insert(1, 1);
-        let t1 = self.emit1(&format!("{nm}.target.c"), Op::Reshape { shape: t_shape }, &[t.clone()])?;
+        let t1 = self.emit1(&format!("{nm}.target.c"), Op::Reshape { shape: t_shape }, std::slice::from_ref(&t))?;
         let mut c_shape = vec![1; xm.rank()];
         c_shape[1] = c;
         let classes = V::C(Rc::new(Tensor::i64(c_shape, (0..c as i64).collect())));
