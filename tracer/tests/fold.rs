@@ -165,9 +165,16 @@ fn folds_stay_under_the_constant_ceiling_and_never_touch_parameters() {
     let msg = import(&mask_model(fill), &opts).unwrap_err().to_string();
     assert!(msg.contains("Trilu_mask") && msg.contains("--max-constant-bytes") && msg.contains("128"), "{msg}");
 
-    // A float initializer is a trainable parameter: never folded, so Trilu is unsupported.
+    // A float initializer is a trainable parameter: never folded, so an op autopar has no
+    // kernel for (Det) on it is unsupported.
     let w = tensor("fill", 1, &[4, 4], f32s(&[1.0; 16]));
-    let e = import(&mask_model(w), &ImportOptions::default()).unwrap_err();
+    let det = model(
+        vec![node("Det", &["fill"], &["d"], vec![]), node("Add", &["x", "d"], &["y"], vec![])],
+        vec![vi("x", 1, &[4, 4])],
+        vec![vi("y", 1, &[4, 4])],
+        vec![w],
+    );
+    let e = import(&det, &ImportOptions::default()).unwrap_err();
     assert!(matches!(e, ImportError::UnsupportedOp { .. }), "{e}");
 }
 
