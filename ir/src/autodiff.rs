@@ -512,6 +512,11 @@ impl Builder<'_> {
     }
 }
 
+/// The error for node `n`, whose op (or form of it) has no gradient rule.
+fn no_rule(b: &Builder, n: NodeIndex) -> AutodiffError {
+    AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() }
+}
+
 /// Input gradients of node `n` given its output gradients (`None`: zero). Returns one entry per
 /// input; entries for inputs with `want[i] == false` may be `None`.
 fn vjp(
@@ -525,7 +530,6 @@ fn vjp(
     let k = ins.len();
     let mut out: Vec<Option<Value>> = vec![None; k];
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     // Single-output ops: the output gradient.
     let dy = match dys.first() {
         Some(Some(d)) => Some(*d),
@@ -549,7 +553,7 @@ fn vjp(
         }
         Op::Index(x) => return index::vjp(b, n, x, ins, dys, want),
         // Every other op has one output.
-        _ if dys.len() > 1 => return Err(no_rule(b)),
+        _ if dys.len() > 1 => return Err(no_rule(b, n)),
         _ => {}
     }
     let Some(dy) = dy else { return Ok(out) };
@@ -579,7 +583,7 @@ fn vjp(
         | Op::Pad { .. } => shape::vjp(b, n, op, ins, dy, want, &mut out)?,
         Op::Reduce { .. } => reduce::vjp(b, n, op, ins, dy, want, &mut out)?,
         Op::Resize(_) => resize::vjp(b, n, op, ins, dy, want, &mut out)?,
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(out)
 }

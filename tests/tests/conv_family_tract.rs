@@ -14,30 +14,12 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, ensure};
 use kernels::cpu::CpuContext;
 use prost::Message;
+use tests::f32_value_info;
 use tracer::ImportOptions;
 use tract_onnx::pb;
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::tensor_proto::DataType;
-use tract_onnx::pb::tensor_shape_proto::{Dimension, dimension};
 use tract_onnx::prelude::{DatumExt, Framework, InferenceModelExt, IntoRunnable, TValue, TVec, tvec};
-
-fn value_info(name: &str, dims: &[usize]) -> pb::ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| Dimension { value: Some(dimension::Value::DimValue(d as i64)), ..Default::default() })
-        .collect();
-    pb::ValueInfoProto {
-        name: name.into(),
-        r#type: Some(pb::TypeProto {
-            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type: DataType::Float as i32,
-                shape: Some(pb::TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 /// An attribute: ints, one int or a string.
 enum A {
@@ -121,7 +103,7 @@ impl Case {
             graph: Some(pb::GraphProto {
                 name: self.name.into(),
                 node: vec![node],
-                input: self.inputs.iter().map(|(n, s)| value_info(n, s)).collect(),
+                input: self.inputs.iter().map(|(n, s)| f32_value_info(n, s)).collect(),
                 output: vec![pb::ValueInfoProto { name: "y".into(), ..Default::default() }],
                 initializer,
                 ..Default::default()

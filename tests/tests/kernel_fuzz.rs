@@ -30,11 +30,11 @@ use std::panic::{self, AssertUnwindSafe};
 use anyhow::{Context, Result, anyhow, bail};
 use kernels::cpu::CpuContext;
 use prost::Message;
+use tests::f32_value_info;
 use tracer::ImportOptions;
 use tract_onnx::pb;
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::tensor_proto::DataType;
-use tract_onnx::pb::tensor_shape_proto::{Dimension, dimension};
 use tract_onnx::prelude::{DatumExt, Framework, InferenceModelExt, IntoRunnable, TValue, TVec, tvec};
 
 // ---------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ impl Case {
         for (k, i) in self.ins.iter().enumerate() {
             let name = format!("i{k}");
             match i {
-                In::F(shape, _) => input.push(value_info(&name, shape)),
+                In::F(shape, _) => input.push(f32_value_info(&name, shape)),
                 In::I(shape, v) => initializer.push(pb::TensorProto {
                     name: name.clone(),
                     dims: shape.iter().map(|&d| d as i64).collect(),
@@ -242,24 +242,6 @@ impl Case {
             }
         }
         out
-    }
-}
-
-fn value_info(name: &str, dims: &[usize]) -> pb::ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| Dimension { value: Some(dimension::Value::DimValue(d as i64)), ..Default::default() })
-        .collect();
-    pb::ValueInfoProto {
-        name: name.into(),
-        r#type: Some(pb::TypeProto {
-            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type: DataType::Float as i32,
-                shape: Some(pb::TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
     }
 }
 
@@ -642,7 +624,8 @@ fn shape_family(r: &mut Rng) -> Case {
                     let d = shape[i % rank] as i64;
                     match mode {
                         "reflect" => r.range(0, d - 1),
-                        _ => r.range(0, 3),
+                        // Negative pads crop: at most (d - 1) / 2 a side, so something is left.
+                        _ => r.range(-(d - 1) / 2, 3),
                     }
                 })
                 .collect();

@@ -41,7 +41,6 @@ pub(super) fn vjp(
     let k = ins.len();
     let w = |i: usize| want.get(i).copied().unwrap_or(false);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::Conv(attrs) => {
             if w(0) {
@@ -72,7 +71,7 @@ pub(super) fn vjp(
             out[0] = Some(b.mask("dx", m, dy, true)?);
         }
         Op::ConvInputGrad { attrs, .. } => conv_input_grad(b, &attrs, ins, dy, want, out)?,
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }

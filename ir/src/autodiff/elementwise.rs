@@ -17,7 +17,6 @@ pub(super) fn vjp(
     let y = Value::new(n, 0);
     let w = |i: usize| want.get(i).copied().unwrap_or(false);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::Identity => out[0] = Some(dy),
         Op::Cast { to: DType::F32 } if b.g.meta(ins[0]).dtype == DType::F32 => out[0] = Some(dy),
@@ -126,7 +125,7 @@ pub(super) fn vjp(
                 out[2] = Some(b.sum_to("db", t, &s)?);
             }
         }
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 //! Indices never get a gradient; arg-reductions and scatters with a multiplicative or max/min
 //! reduction are not differentiable ([`IndexOp::differentiable`] keeps them off gradient paths).
 
-use super::{AutodiffError, Builder};
+use super::{AutodiffError, Builder, no_rule};
 use crate::NodeIndex;
 use crate::graph::Value;
 use crate::op::Op;
@@ -23,7 +23,6 @@ pub(super) fn vjp(
 ) -> Result<Vec<Option<Value>>, AutodiffError> {
     let mut out: Vec<Option<Value>> = vec![None; ins.len()];
     let w = |i: usize| want.get(i).copied().unwrap_or(false);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     // Only the first output (the values; top-k's second output is its i64 indices) carries one.
     let Some(Some(dy)) = dys.first().copied() else { return Ok(out) };
     let idx = |op: IndexOp| Op::Index(op);
@@ -69,7 +68,7 @@ pub(super) fn vjp(
             out[0] = Some(b.op("dx", idx(scatter), &[z, picked, dy])?);
         }
         IndexOp::GatherNd { .. } | IndexOp::GatherElements { .. } | IndexOp::TopK { .. } if !w(0) => {}
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(out)
 }

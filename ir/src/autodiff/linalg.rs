@@ -17,7 +17,6 @@ pub(super) fn vjp(
     let k = ins.len();
     let w = |i: usize| want.get(i).copied().unwrap_or(false);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::MatMul => {
             let (da, db) = matmul_vjp(b, ins[0], ins[1], dy, w(0), w(1))?;
@@ -47,7 +46,7 @@ pub(super) fn vjp(
                 out[2] = Some(b.scale("dc", t, beta)?);
             }
         }
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }

@@ -18,7 +18,6 @@ pub(super) fn vjp(
     let k = ins.len();
     let w = |i: usize| want.get(i).copied().unwrap_or(false);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::BatchNorm { epsilon } => batchnorm_vjp(b, ins, dy, epsilon, want, out)?,
         Op::LayerNorm { axis, epsilon } => {
@@ -45,7 +44,7 @@ pub(super) fn vjp(
         }
         Op::Softmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: false }, &[y, dy])?),
         Op::LogSoftmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: true }, &[y, dy])?),
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }

@@ -16,7 +16,6 @@ pub(super) fn vjp(
 ) -> Result<(), AutodiffError> {
     let y = Value::new(n, 0);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::Reduce { op: r, axes, .. } => {
             let x = ins[0];
@@ -64,7 +63,7 @@ pub(super) fn vjp(
             };
             out[0] = Some(b.expand("dx", local, &shape)?);
         }
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }

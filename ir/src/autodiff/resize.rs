@@ -15,13 +15,12 @@ pub(super) fn vjp(
     out: &mut [Option<Value>],
 ) -> Result<(), AutodiffError> {
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::Resize(attrs) => {
             let shape = sh(b, 0);
             out[0] = Some(b.op("dx", Op::ResizeGrad { attrs, shape }, &[dy])?);
         }
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }

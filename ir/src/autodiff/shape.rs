@@ -17,7 +17,6 @@ pub(super) fn vjp(
     let k = ins.len();
     let w = |i: usize| want.get(i).copied().unwrap_or(false);
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
-    let no_rule = |b: &Builder| AutodiffError::NoGradient { node: b.g.node(n).name.clone(), op: b.g.node(n).op.name() };
     match op {
         Op::Reshape { .. } => {
             let s = sh(b, 0);
@@ -70,7 +69,7 @@ pub(super) fn vjp(
                 .collect();
             out[0] = Some(if axes.is_empty() { dy } else { b.op("dx", Op::Slice { axes }, &[dy])? });
         }
-        _ => return Err(no_rule(b)),
+        _ => return Err(no_rule(b, n)),
     }
     Ok(())
 }
