@@ -104,9 +104,14 @@ pub fn summary(p: &Plan) -> String {
             None => format!("{k} does not fit"),
         })
         .collect();
+    let skipped = if p.solver.skipped.is_empty() {
+        String::new()
+    } else {
+        format!("; not solved in the time limit: {} (raise --time-limit to compare them)", p.solver.skipped.join(", "))
+    };
     let _ = writeln!(
         o,
-        "solver    {} in {:.2} s: {} nodes ({} tied to a repeated layer), {} edges, {} strategies; objective {} (bound {}); compared: {}",
+        "solver    {} in {:.2} s: {} nodes ({} tied to a repeated layer), {} edges, {} strategies; objective {} (bound {}); compared: {}{}",
         p.solver.status,
         p.solver.seconds,
         p.solver.nodes,
@@ -115,7 +120,8 @@ pub fn summary(p: &Plan) -> String {
         p.solver.strategies,
         ms(p.solver.objective_seconds),
         ms(p.solver.lower_bound_seconds),
-        compared.join(", ")
+        compared.join(", "),
+        skipped
     );
     o
 }

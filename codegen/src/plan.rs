@@ -288,6 +288,10 @@ pub struct SolverInfo {
     /// Step seconds of each plan solved (auto and the baselines compared), by name; `None`
     /// for one that does not fit the budget.
     pub compared: BTreeMap<String, Option<f64>>,
+    /// Baselines not solved for lack of time (`--time-limit`): the time left was less than
+    /// what the first solve spent outside its search.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
     /// Solver rounds: more than one when stage two sent the solver back with a tighter budget.
     #[serde(default)]
     pub rounds: usize,
@@ -372,18 +376,29 @@ fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: 
     }
     let how = Grouping { merge: opts.merge, tie_layers: opts.tie_layers };
     let folding = b.fold(g, how)?;
+    let folded_in = start.elapsed();
     let mut sizes = BTreeMap::new();
     if report {
         sizes.insert("built".to_string(), b.problem.size());
         if how.tie_layers {
-            let merged = b.fold(g, Grouping { tie_layers: false, ..how })?;
-            sizes.insert("merged".into(), merged.folded.problem.size());
+            // The size before tying needs a second fold: measured only when folding is cheap
+            // against the time limit.
+            if folded_in * 20 <= limit {
+                let merged = b.fold(g, Grouping { tie_layers: false, ..how })?;
+                sizes.insert("merged".into(), merged.folded.problem.size());
+            }
             sizes.insert("tied".into(), folding.folded.problem.size());
         } else {
             sizes.insert("merged".into(), folding.folded.problem.size());
         }
     }
-    let so = solver::SolveOptions { time_limit: limit, threads: opts.threads.max(1), gap: GAP, ..Default::default() };
+    // Folding (and measuring) counts against the limit.
+    let so = solver::SolveOptions {
+        time_limit: limit.saturating_sub(start.elapsed()),
+        threads: opts.threads.max(1),
+        gap: GAP,
+        ..Default::default()
+    };
     let folded = &folding.folded;
     let grouped = folded.problem.nodes.len() < b.problem.nodes.len();
     let (solution, r) = match solver::solve(&folded.problem, &so) {
@@ -467,14 +482,19 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         }
     };
     let g = canonical(graph)?;
-    let main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    let mut main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
     lap(&mut timings, "build");
     let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
         vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]
     } else {
         vec![]
     };
-    // The baselines first (they are small and quick), then auto with what is left.
+    // The baselines first (quick when the problem is small), then auto with what is left. A
+    // baseline's problem is as large as auto's (only parameters and inputs are pinned): one is
+    // solved only when its share of the time left exceeds what its solve is expected to take
+    // beyond its search (folding, reducing, compiling): at first six times what restricting
+    // it took (one pass over every edge entry; the rest is about five more), then what the
+    // last baseline's solve took beyond its limit.
     let restrictions: Vec<Baseline> = others.iter().copied().chain(std::iter::once(opts.baseline)).collect();
     let budget = opts.budget;
     // The solver's model misses what the program adds (conversion copies) and what
@@ -486,22 +506,48 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
     let mut solver_budget = budget.max(floor);
     let mut smallest: Option<(u64, Plan)> = None;
     let mut rounds = 0;
+    // The time limit bounds the whole run from here (the problem's building included): the
+    // baselines get a tenth, an eighth and a sixth of what is left in turn (a third together
+    // when they use it all), auto the rest (at least a quarter of the limit); a later round
+    // (stage two) starts afresh with the whole limit.
+    let mut deadline = t0 + opts.time_limit;
+    let mut skipped: Vec<String> = vec![];
     loop {
         rounds += 1;
-        // The time limit is shared within a round: each solve gets its part of what is left
-        // (auto two parts, and at least a quarter of the limit), so time a solve does not need
-        // goes to the next ones.
-        let deadline = Instant::now() + opts.time_limit;
+        if rounds > 1 {
+            deadline = Instant::now() + opts.time_limit;
+        }
         let mut candidates: Vec<(Baseline, Plan)> = vec![];
         let mut compared: BTreeMap<String, Option<f64>> = BTreeMap::new();
         let mut first: Option<Solved> = None;
+        // What a baseline's solve is expected to take beyond its search time, once measured.
+        let mut overhead: Option<Duration> = None;
+        skipped.clear();
         for (i, &b) in restrictions.iter().enumerate() {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
             let own = b == opts.baseline;
-            let limit = if own { left.max(opts.time_limit / 4) } else { left / (restrictions.len() - i + 1) as u32 };
-            let mut built = main.restrict(&g, mesh, b)?;
-            built.problem.usage_limit = Some(solver_budget);
-            let solved = solve_one(&built, &g, opts, limit, own);
+            let limit =
+                if own { left.max(opts.time_limit / 4) } else { left / (2 * (restrictions.len() - i + 1)) as u32 };
+            // Auto's problem is the one built (no copy), with the solver's budget.
+            let restricted = if b == Baseline::Auto {
+                main.problem.usage_limit = Some(solver_budget);
+                None
+            } else {
+                let mut r = main.restrict(&g, mesh, b)?;
+                r.problem.usage_limit = Some(solver_budget);
+                Some(r)
+            };
+            if !own && overhead.unwrap_or(now.elapsed() * 6) >= limit {
+                skipped.push(b.name().to_string());
+                continue;
+            }
+            let built = restricted.as_ref().unwrap_or(&main);
+            let solved = solve_one(built, &g, opts, limit, own);
+            if !own {
+                let took = now.elapsed();
+                overhead = Some(if took >= limit { took - limit } else { took });
+            }
             lap(&mut timings, &format!("solve {}", b.name()));
             let solved = match solved {
                 Ok(s) => s,
@@ -519,7 +565,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
                 }
                 Err(e) => return Err(e),
             };
-            let Some(sol) = map_solution(&built, &main, &solved.solution) else { continue };
+            let Some(sol) = map_solution(built, &main, &solved.solution) else { continue };
             let ev = main.problem.evaluate(&sol)?;
             if ev.cost >= FORBIDDEN as u128 {
                 compared.insert(b.name().to_string(), None);
@@ -536,6 +582,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
                 strategies: main.problem.total_strategies(),
                 chosen: b,
                 compared: BTreeMap::new(),
+                skipped: vec![],
                 rounds: 0,
                 sizes: BTreeMap::new(),
                 timings: BTreeMap::new(),
@@ -557,7 +604,13 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             }
         }
         if let Some((b, mut p)) =
-            candidates.into_iter().min_by(|x, y| x.1.estimate.step_seconds.total_cmp(&y.1.estimate.step_seconds))
+            // The cheapest; on a tie the restriction asked for (its status and bound are known).
+            candidates.into_iter().min_by(|x, y| {
+                x.1.estimate
+                    .step_seconds
+                    .total_cmp(&y.1.estimate.step_seconds)
+                    .then((x.0 != opts.baseline).cmp(&(y.0 != opts.baseline)))
+            })
         {
             let first_bound = first.as_ref().map_or(0, |f| f.bound);
             let objective = (p.solver.objective_seconds * 1e12).round() as u128;
@@ -571,6 +624,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             p.solver.lower_bound_seconds = first_bound as f64 * 1e-12;
             p.solver.seconds = t0.elapsed().as_secs_f64();
             p.solver.compared = compared;
+            p.solver.skipped = std::mem::take(&mut skipped);
             p.solver.rounds = rounds;
             if let Some(f) = first {
                 p.solver.sizes = f.sizes;

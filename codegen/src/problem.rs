@@ -713,20 +713,32 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
             let m = match matrices.entry((shape, dsize, from, to)) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(slot) => {
+                    // Price what is new, one search per distinct source spec.
+                    let mut sources: Vec<u32> = from.to_vec();
+                    sources.sort_unstable();
+                    sources.dedup();
+                    let mut targets: Vec<u32> = to.to_vec();
+                    targets.sort_unstable();
+                    targets.dedup();
+                    for &a in &sources {
+                        let new: Vec<u32> = targets
+                            .iter()
+                            .copied()
+                            .filter(|&b| b != a && !priced.contains_key(&(shape, dsize, a, b)))
+                            .collect();
+                        if new.is_empty() {
+                            continue;
+                        }
+                        let to_specs: Vec<&ShardingSpec> = new.iter().map(|&b| specs[b as usize]).collect();
+                        let costs = converter.costs(&meta.shape, dsize, specs[a as usize], &to_specs)?;
+                        for (&b, c) in new.iter().zip(costs) {
+                            priced.insert((shape, dsize, a, b), to_cost(c));
+                        }
+                    }
                     let mut m = Vec::with_capacity(from.len() * to.len());
                     for &a in from {
                         for &b in to {
-                            m.push(if a == b {
-                                0
-                            } else if let Some(&c) = priced.get(&(shape, dsize, a, b)) {
-                                c
-                            } else {
-                                let conv =
-                                    converter.convert(&meta.shape, dsize, specs[a as usize], specs[b as usize])?;
-                                let c = to_cost(conv.cost);
-                                priced.insert((shape, dsize, a, b), c);
-                                c
-                            });
+                            m.push(if a == b { 0 } else { priced[&(shape, dsize, a, b)] });
                         }
                     }
                     slot.insert(m)

@@ -72,6 +72,18 @@ pub fn neighbours(
     elem: usize,
     mesh: &DeviceMesh,
 ) -> Vec<Step> {
+    neighbours_toward(spec, target.partial(), shape, elem, mesh)
+}
+
+/// [`neighbours`] toward any target whose partial axes are `target_partial`: the transforms
+/// depend on the target only through them (make-partial is offered on those axes alone).
+fn neighbours_toward(
+    spec: &ShardingSpec,
+    target_partial: &[usize],
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+) -> Vec<Step> {
     let mut out = vec![];
     let local_bytes = spec.local_bytes(shape, mesh, elem);
     let divides = |dims: &[Vec<usize>], e: usize, extra: &[usize]| {
@@ -108,7 +120,7 @@ pub fn neighbours(
                 push(Collective::Slice { axes: vec![a], dim: e }, spec.clone().with_dim(e, to));
             }
         }
-        if target.partial().contains(&a) {
+        if target_partial.contains(&a) {
             let mut p = spec.partial().to_vec();
             p.push(a);
             push(Collective::MakePartial { axes: vec![a] }, spec.clone().with_partial(p));
@@ -227,6 +239,196 @@ pub fn exact(
         }
     }
     Err(Error::NoConversion { from: from.to_string(), to: to.to_string(), why: "no path (a bug)".into() })
+}
+
+/// A spec as one integer: 4 bits per entry (mesh axis + 1, or 0 closing a dim) for the dims,
+/// then 16 bits of partial-axis mask; `None` when it does not fit (more than 15 mesh axes or
+/// more than 28 entries). Unique among the specs of one tensor rank (leading replicated dims
+/// give leading zero nibbles, so specs of different ranks may share a key).
+fn key(spec: &ShardingSpec) -> Option<u128> {
+    let mut k: u128 = 0;
+    let mut n = 0;
+    for axes in spec.dims() {
+        for &a in axes.iter().chain(std::iter::once(&usize::MAX)) {
+            let nibble = if a == usize::MAX { 0 } else { a + 1 };
+            if nibble > 15 || n == 28 {
+                return None;
+            }
+            k = (k << 4) | nibble as u128;
+            n += 1;
+        }
+    }
+    let mut mask: u128 = 0;
+    for &a in spec.partial() {
+        if a >= 16 {
+            return None;
+        }
+        mask |= 1 << a;
+    }
+    Some((k << 16) | mask)
+}
+
+/// FxHash (rustc's) for the integer keys of [`exact_costs`].
+#[derive(Clone, Copy, Default)]
+struct Fx(u64);
+
+impl std::hash::Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64);
+    }
+    fn write_u128(&mut self, x: u128) {
+        self.write_u64(x as u64);
+        self.write_u64((x >> 64) as u64);
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type BuildFx = std::hash::BuildHasherDefault<Fx>;
+
+/// The specs of one tensor (shape, element size) reachable by the one-step transforms toward
+/// targets with one partial-axis set, with each state's out-edges computed once, when first
+/// needed. Many searches share one graph: [`exact_costs`] is then integer work.
+#[derive(Default)]
+pub struct StateGraph {
+    ids: HashMap<u128, u32, BuildFx>,
+    states: Vec<ShardingSpec>,
+    edges: Vec<Option<Vec<(u32, f64)>>>,
+    /// Cost from a source to every state (by id; infinite where unreached), per source searched.
+    dist: HashMap<u32, Vec<f64>, BuildFx>,
+}
+
+impl StateGraph {
+    /// The id of a spec (added when new); `None` when the spec has no compact key.
+    fn id(&mut self, spec: &ShardingSpec) -> Option<u32> {
+        let k = key(spec)?;
+        Some(*self.ids.entry(k).or_insert_with(|| {
+            self.states.push(spec.clone());
+            self.edges.push(None);
+            (self.states.len() - 1) as u32
+        }))
+    }
+
+    /// Dijkstra from `start` over the whole graph: the cost of every state.
+    fn search(
+        &mut self,
+        start: u32,
+        partial: &[usize],
+        shape: &[usize],
+        elem: usize,
+        mesh: &DeviceMesh,
+    ) -> Result<Vec<f64>> {
+        // Best cost of each state reached (only costs are wanted: no tie-break by steps).
+        let mut best: Vec<f64> = vec![f64::INFINITY; self.states.len()];
+        best[start as usize] = 0.0;
+        // Entries (cost bits, state): the bits of non-negative costs order as the costs do.
+        let mut heap = BinaryHeap::new();
+        heap.push(std::cmp::Reverse((0f64.to_bits(), start)));
+        while let Some(std::cmp::Reverse((bits, id))) = heap.pop() {
+            let cost = f64::from_bits(bits);
+            if best[id as usize] != cost {
+                continue;
+            }
+            if self.edges[id as usize].is_none() {
+                let spec = self.states[id as usize].clone();
+                let mut list = Vec::new();
+                for step in neighbours_toward(&spec, partial, shape, elem, mesh) {
+                    let next = self
+                        .id(&step.after)
+                        .ok_or_else(|| Error::Internal(format!("spec {} has no compact key", step.after)))?;
+                    list.push((next, step.cost.max(0.0)));
+                }
+                self.edges[id as usize] = Some(list);
+                best.resize(self.states.len(), f64::INFINITY);
+            }
+            for &(next, c) in self.edges[id as usize].iter().flatten() {
+                let nc = cost + c;
+                if nc < best[next as usize] {
+                    best[next as usize] = nc;
+                    heap.push(std::cmp::Reverse((nc.to_bits(), next)));
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    /// Number of states seen so far.
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// True before any search.
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+}
+
+/// The state graphs of one tensor by partial-axis set (see [`exact_costs`]).
+pub type Graphs = HashMap<Vec<usize>, StateGraph>;
+
+/// [`exact`]'s cost from `from` to each of `targets`, by one Dijkstra run over all states per
+/// source and distinct partial-axis set among the targets, instead of one per pair. `graphs`
+/// holds the state graphs (and the runs) of earlier calls for the same tensor, by partial-axis
+/// set; pass an empty one to start afresh.
+pub fn exact_costs(
+    from: &ShardingSpec,
+    targets: &[&ShardingSpec],
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+    graphs: &mut Graphs,
+) -> Result<Vec<f64>> {
+    from.check(shape, mesh)?;
+    for t in targets {
+        t.check(shape, mesh)?;
+    }
+    let mut out = vec![f64::NAN; targets.len()];
+    let mut groups: Vec<(&[usize], Vec<usize>)> = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        match groups.iter_mut().find(|(p, _)| *p == t.partial()) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((t.partial(), vec![i])),
+        }
+    }
+    for (partial, members) in groups {
+        let graph = graphs.entry(partial.to_vec()).or_default();
+        let start = graph.id(from);
+        let ends: Option<Vec<u32>> = members.iter().map(|&i| graph.id(targets[i])).collect();
+        let (Some(start), Some(ends)) = (start, ends) else {
+            // Too large for compact keys: one search per pair.
+            for i in members {
+                out[i] = exact(from, targets[i], shape, elem, mesh)?.cost;
+            }
+            continue;
+        };
+        if !graph.dist.contains_key(&start) {
+            let dist = graph.search(start, partial, shape, elem, mesh)?;
+            graph.dist.insert(start, dist);
+        }
+        let dist = &graph.dist[&start];
+        for (&i, &t) in members.iter().zip(&ends) {
+            match dist.get(t as usize).copied().filter(|c| c.is_finite()) {
+                Some(c) => out[i] = c,
+                None => {
+                    return Err(Error::NoConversion {
+                        from: from.to_string(),
+                        to: targets[i].to_string(),
+                        why: "no path (a bug)".into(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Mesh axes whose state differs between two specs (a shard at a different position in its dim's
@@ -355,12 +557,14 @@ pub struct LayoutConverter {
     mesh: DeviceMesh,
     search: Search,
     cache: Mutex<HashMap<Key, Arc<Conversion>>>,
+    /// State graphs of [`exact_costs`] by tensor (shape, element size), then partial-axis set.
+    graphs: Mutex<HashMap<(Vec<usize>, usize), Graphs>>,
 }
 
 impl LayoutConverter {
     /// A converter on `mesh` using `search`.
     pub fn new(mesh: DeviceMesh, search: Search) -> LayoutConverter {
-        LayoutConverter { mesh, search, cache: Mutex::new(HashMap::new()) }
+        LayoutConverter { mesh, search, cache: Mutex::new(HashMap::new()), graphs: Mutex::new(HashMap::new()) }
     }
 
     /// The mesh.
@@ -380,18 +584,40 @@ impl LayoutConverter {
         if let Some(c) = self.cache.lock().map_err(|_| Error::Internal("poisoned cache".into()))?.get(&key) {
             return Ok(c.clone());
         }
-        let exact_search = match self.search {
-            Search::Exact => true,
-            Search::Greedy => false,
-            Search::Auto => self.mesh.ndim() <= 4,
-        };
-        let c = Arc::new(if exact_search {
+        let c = Arc::new(if self.exact_search() {
             exact(from, to, shape, elem, &self.mesh)?
         } else {
             greedy(from, to, shape, elem, &self.mesh)?
         });
         self.cache.lock().map_err(|_| Error::Internal("poisoned cache".into()))?.insert(key, c.clone());
         Ok(c)
+    }
+
+    /// The cost of converting `from` into each of `targets` (as [`LayoutConverter::convert`]
+    /// prices them, without caching the paths): for the exact search, one Dijkstra run per
+    /// source over state graphs kept between calls; one greedy path per pair above 4 mesh axes.
+    pub fn costs(
+        &self,
+        shape: &[usize],
+        elem: usize,
+        from: &ShardingSpec,
+        targets: &[&ShardingSpec],
+    ) -> Result<Vec<f64>> {
+        if self.exact_search() {
+            let mut graphs = self.graphs.lock().map_err(|_| Error::Internal("poisoned cache".into()))?;
+            let graphs = graphs.entry((shape.to_vec(), elem)).or_default();
+            exact_costs(from, targets, shape, elem, &self.mesh, graphs)
+        } else {
+            targets.iter().map(|t| Ok(greedy(from, t, shape, elem, &self.mesh)?.cost)).collect()
+        }
+    }
+
+    fn exact_search(&self) -> bool {
+        match self.search {
+            Search::Exact => true,
+            Search::Greedy => false,
+            Search::Auto => self.mesh.ndim() <= 4,
+        }
     }
 
     /// Number of cached conversions.
@@ -406,6 +632,53 @@ mod tests {
 
     fn conv(m: &DeviceMesh, shape: &[usize], a: &str, b: &str) -> Conversion {
         exact(&a.parse().unwrap(), &b.parse().unwrap(), shape, 4, m).unwrap()
+    }
+
+    /// Every valid spec of `shape` with each mesh axis replicated, partial or splitting one dim
+    /// (axes of one dim in mesh order).
+    fn all_specs(shape: &[usize], m: &DeviceMesh) -> Vec<ShardingSpec> {
+        let states = shape.len() + 2;
+        let mut out = vec![];
+        for code in 0..states.pow(m.ndim() as u32) {
+            let (mut dims, mut partial) = (vec![vec![]; shape.len()], vec![]);
+            let mut c = code;
+            for axis in 0..m.ndim() {
+                match c % states {
+                    0 => {}
+                    1 => partial.push(axis),
+                    d => dims[d - 2].push(axis),
+                }
+                c /= states;
+            }
+            let spec = ShardingSpec::new(dims, partial);
+            if spec.check(shape, m).is_ok() {
+                out.push(spec);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn one_search_per_source_prices_as_the_pairwise_search() {
+        let m = DeviceMesh::uniform(&[2, 2, 2]).unwrap();
+        let shape = [4, 8, 2];
+        let specs = all_specs(&shape, &m);
+        assert!(specs.len() > 50, "{} specs", specs.len());
+        let targets: Vec<&ShardingSpec> = specs.iter().collect();
+        let mut graphs = HashMap::new();
+        for from in specs.iter().step_by(7) {
+            let costs = exact_costs(from, &targets, &shape, 4, &m, &mut graphs).unwrap();
+            for (to, c) in targets.iter().zip(costs) {
+                let pair = exact(from, to, &shape, 4, &m).unwrap().cost;
+                assert!((c - pair).abs() <= 1e-12 * pair.max(1e-9), "{from} -> {to}: {c} against {pair}");
+            }
+        }
+        // The converter's cached graphs give the same prices.
+        let conv = LayoutConverter::new(m.clone(), Search::Auto);
+        let from = &specs[specs.len() / 2];
+        let direct = exact_costs(from, &targets, &shape, 4, &m, &mut HashMap::new()).unwrap();
+        assert_eq!(conv.costs(&shape, 4, from, &targets).unwrap(), direct);
+        assert_eq!(conv.costs(&shape, 4, from, &targets).unwrap(), direct);
     }
 
     #[test]

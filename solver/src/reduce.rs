@@ -100,6 +100,13 @@ impl Work {
         if i < j { self.edges[&(i, j)][si * self.k(j) + sj] } else { self.edges[&(j, i)][sj * self.k(i) + si] }
     }
 
+    /// The edge matrix between `j` and `i` oriented `[s_j][s_i]` (rows of `i`'s strategies).
+    fn matrix_from(&self, j: usize, i: usize) -> Vec<u64> {
+        let (ki, kj) = (self.k(i), self.k(j));
+        let m = &self.edges[&(i.min(j), i.max(j))];
+        if j < i { m.clone() } else { (0..kj).flat_map(|sj| (0..ki).map(move |si| m[si * kj + sj])).collect() }
+    }
+
     fn add_edge(&mut self, i: usize, j: usize, f: impl Fn(usize, usize) -> u64) {
         let (u, v) = (i.min(j), i.max(j));
         let (ku, kv) = (self.k(u), self.k(v));
@@ -262,7 +269,22 @@ pub fn reduce(p: &Problem) -> Reduction {
         // neighbour instead of one per entry).
         let rows: Vec<Vec<Vec<u64>>> = nb
             .iter()
-            .map(|&j| (0..ki).map(|s| (0..w.k(j)).map(|sj| w.cost(i, s, j, sj)).collect()).collect())
+            .map(|&j| {
+                let kj = w.k(j);
+                let m = &w.edges[&(i.min(j), i.max(j))];
+                if i < j {
+                    m.chunks_exact(kj).map(<[u64]>::to_vec).collect()
+                } else {
+                    (0..ki).map(|s| (0..kj).map(|sj| m[sj * ki + s]).collect()).collect()
+                }
+            })
+            .collect();
+        // Sum of each strategy's own and edge costs: a strategy can only be dominated by one
+        // with no larger sum, which rules out most pairs without reading their rows.
+        let sums: Vec<u128> = (0..ki)
+            .map(|s| {
+                w.costs[i][s] as u128 + rows.iter().map(|r| r[s].iter().map(|&c| c as u128).sum::<u128>()).sum::<u128>()
+            })
             .collect();
         let mut dominated = vec![false; ki];
         for s in 0..ki {
@@ -271,8 +293,11 @@ pub fn reduce(p: &Problem) -> Reduction {
                     continue;
                 }
                 // Does t dominate s? (Ties: the lower index survives.)
+                if w.costs[i][t] > w.costs[i][s] || sums[t] > sums[s] {
+                    continue;
+                }
                 let usage = if mem { w.usage_cmp(i, t, s) } else { std::cmp::Ordering::Equal };
-                if w.costs[i][t] > w.costs[i][s] || usage.is_gt() {
+                if usage.is_gt() {
                     continue;
                 }
                 let equal_node = w.costs[i][t] == w.costs[i][s] && usage.is_eq();
@@ -341,11 +366,15 @@ pub fn reduce(p: &Problem) -> Reduction {
             1 => {
                 let j = *w.nbrs[i].iter().next().unwrap_or(&i);
                 let kj = w.k(j);
+                let cj = w.matrix_from(j, i);
                 let mut table = Vec::with_capacity(kj);
                 let mut add = Vec::with_capacity(kj);
                 for sj in 0..kj {
-                    let (s, c) = (0..ki)
-                        .map(|s| (s, w.costs[i][s].saturating_add(w.cost(i, s, j, sj))))
+                    let (s, c) = cj[sj * ki..(sj + 1) * ki]
+                        .iter()
+                        .zip(&w.costs[i])
+                        .map(|(&e, &c)| c.saturating_add(e))
+                        .enumerate()
                         .min_by_key(|&(_, c)| c)
                         .unwrap_or((0, 0));
                     table.push(s as u32);
@@ -370,16 +399,21 @@ pub fn reduce(p: &Problem) -> Reduction {
                 if ka * kb > 4096 && ka * kb > ki * (ka + kb) {
                     continue;
                 }
+                // mat[sa][sb] = min over s of (cost[s] + ca[s][sa] + cb[s][sb]): for each sa, one
+                // contiguous pass over s per sb (cb transposed), which the compiler vectorizes.
+                let ca = w.matrix_from(a, i);
+                let cb = w.matrix_from(b, i);
                 let mut table = Vec::with_capacity(ka * kb);
                 let mut mat = Vec::with_capacity(ka * kb);
-                let ca: Vec<Vec<u64>> = (0..ki).map(|s| (0..ka).map(|sa| w.cost(i, s, a, sa)).collect()).collect();
-                let cb: Vec<Vec<u64>> = (0..ki).map(|s| (0..kb).map(|sb| w.cost(i, s, b, sb)).collect()).collect();
+                let mut row = vec![0u64; ki];
                 for sa in 0..ka {
+                    for (s, r) in row.iter_mut().enumerate() {
+                        *r = w.costs[i][s].saturating_add(ca[sa * ki + s]);
+                    }
                     for sb in 0..kb {
-                        let (s, c) = (0..ki)
-                            .map(|s| (s, w.costs[i][s].saturating_add(ca[s][sa]).saturating_add(cb[s][sb])))
-                            .min_by_key(|&(_, c)| c)
-                            .unwrap_or((0, 0));
+                        let col = &cb[sb * ki..(sb + 1) * ki];
+                        let c = row.iter().zip(col).map(|(&x, &y)| x.saturating_add(y)).min().unwrap_or(0);
+                        let s = row.iter().zip(col).position(|(&x, &y)| x.saturating_add(y) == c).unwrap_or(0);
                         table.push(s as u32);
                         mat.push(c);
                     }

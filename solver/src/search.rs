@@ -1053,6 +1053,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     let mut overrun = 1.0f64;
     let mut in_region = vec![false; n];
     let mut lns_solves = 0usize;
+    let mut last_region = Duration::ZERO;
     if let Some(backend) = cfg.lns {
         // Small enough for one region: solve the whole problem exactly first.
         let all_vars: usize =
@@ -1094,7 +1095,11 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         let margin = (left / 4).min(Duration::from_millis(700));
         let lns_limit = (left.saturating_sub(margin) / 5).min(Duration::from_secs(6)).div_f64(overrun);
         // No region solves in the last 15% of the time: a late overrun would miss the deadline.
-        let lns_open = left > total.mul_f64(0.15) && lns_limit >= Duration::from_millis(5);
+        // Nor below 50 ms (CBC's root LP alone takes longer), nor when the last region solve
+        // took longer than the time left.
+        let lns_open = left > total.mul_f64(0.15)
+            && lns_limit >= Duration::from_millis(50)
+            && left.saturating_sub(margin) >= last_region;
         if let Some(backend) = cfg.lns.filter(|_| lns_open) {
             // Adopt a better solution from another thread.
             if let Some((x, c)) = shared_best()
@@ -1118,6 +1123,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             }
             let t0 = Instant::now();
             let out = crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
+            last_region = t0.elapsed();
             if debug() {
                 eprintln!(
                     "[{:.1}s] lns took {:.2}s of {:.2}s",

@@ -50,7 +50,11 @@ pub struct PlanArgs {
     /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
     #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
     pub max_constant_bytes: usize,
-    /// Solver time limit in seconds (shared by the auto plan and the baselines it is compared with).
+    /// Time limit for planning after import, in seconds: building the problem and every solve
+    /// count against it. The baselines compared with the auto plan get a third of what is left
+    /// and are skipped (the report names them) when their solves could not fit; the auto solve
+    /// gets the rest, at least a quarter of the limit. `plan.json` records where the time went
+    /// (`solver.timings`).
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = common::parse_seconds)]
     pub time_limit: Duration,
     /// Solver threads.

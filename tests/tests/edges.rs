@@ -447,18 +447,12 @@ fn check_folded(b: &Built, f: &Folding) -> Result<()> {
 #[test]
 fn planning_never_panics_on_any_mesh() -> Result<()> {
     let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
-    let meshes = ["2", "3", "4", "8", "1x4", "4x1", "2x2", "2x3", "2x4", "2x2x2"];
+    let meshes = ["2", "3", "4", "8", "1x4", "4x1", "2x2", "2x3", "2x4", "2x2x2", "4x4x4"];
     let opts = PlanOptions { time_limit: Duration::from_millis(500), threads: 1, ..PlanOptions::default() };
     let mut rows = vec![];
     let mut failures = vec![];
     for (name, g) in graphs()? {
         for text in meshes {
-            if name == "gpt2-tiny" && text == "2x2x2" {
-                // 32,506 strategies and 6.6M edge entries: building the problem takes minutes in
-                // a debug build (`autopar plan` on this mesh is the measurement).
-                rows.push(format!("| {name} | {text} | skipped (minutes in a debug build) | |"));
-                continue;
-            }
             let mesh = DeviceMesh::parse(text, &cpu)?;
             let t = Instant::now();
             let outcome = catch_unwind(AssertUnwindSafe(|| codegen::plan(&g, &mesh, &cpu, &opts)));
@@ -478,6 +472,15 @@ fn planning_never_panics_on_any_mesh() -> Result<()> {
                     "internal error".to_string()
                 }
                 Ok(Err(e)) => format!("error: {e}"),
+                // The time limit holds, with a generous margin in this debug build for what
+                // cannot be interrupted (issue 20; release figures in BENCHMARKS.md).
+                Ok(Ok(p)) if p.solver.seconds > opts.time_limit.as_secs_f64() + 30.0 => {
+                    failures.push(format!(
+                        "{name} on {text}: {:.1} s over a {:?} limit",
+                        p.solver.seconds, opts.time_limit
+                    ));
+                    "over its time limit".to_string()
+                }
                 Ok(Ok(p)) => match Plan::from_json(&p.to_json()) {
                     Ok(_) => format!("{:.3} ms, {}", p.estimate.step_seconds * 1e3, p.solver.chosen.name()),
                     Err(e) => {

@@ -331,3 +331,51 @@ fn folded_solutions_expand_with_the_same_cost() -> Result<()> {
     }
     Ok(())
 }
+
+/// Issue 20, item 1: the time limit bounds the whole run after import. On gpt2-tiny over 2x2x2
+/// (32,506 strategies, 6.6M edge entries) with a limit far below what the four solves would take,
+/// the plan still comes back, within the limit plus a margin for what cannot be interrupted
+/// (building the problem, one pass of reductions: generous here, 30 s, as this is a debug build on
+/// a shared machine; release figures are in BENCHMARKS.md). Baselines that did not fit are named
+/// in the report, never shown as compared; with time to spare on a small problem none is skipped.
+#[test]
+fn the_time_limit_bounds_the_whole_run() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let mesh = DeviceMesh::parse("2x2x2", &cpu)?;
+    let limit = Duration::from_millis(300);
+    let p = codegen::plan(&g, &mesh, &cpu, &PlanOptions { time_limit: limit, ..opts(64 << 30, Baseline::Auto) })?;
+    let p = round_trip(&p)?;
+    ensure!(
+        p.solver.seconds <= limit.as_secs_f64() + 30.0,
+        "{:.1} s against a limit of {limit:?}: {:?}",
+        p.solver.seconds,
+        p.solver.timings
+    );
+    for stage in ["build", "solve auto", "lower"] {
+        ensure!(p.solver.timings.contains_key(stage), "no `{stage}` in the timings {:?}", p.solver.timings);
+    }
+    let staged: f64 = p.solver.timings.values().sum();
+    ensure!(staged <= p.solver.seconds + 1e-3, "stages {staged} s exceed the run's {} s", p.solver.seconds);
+    for b in &p.solver.skipped {
+        ensure!(!p.solver.compared.contains_key(b), "{b} is both skipped and compared");
+    }
+    let s = codegen::explain::summary(&p);
+    if !p.solver.skipped.is_empty() {
+        ensure!(s.contains("not solved in the time limit"), "the summary does not name the skipped baselines:\n{s}");
+    }
+    println!("gpt2-tiny on 2x2x2, limit {limit:?}: {:.2} s, skipped {:?}", p.solver.seconds, p.solver.skipped);
+
+    // A small problem with time to spare: every baseline is solved and compared.
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let mesh = DeviceMesh::parse("2x2", &cpu)?;
+    let p = codegen::plan(
+        &g,
+        &mesh,
+        &cpu,
+        &PlanOptions { time_limit: Duration::from_secs(20), ..opts(64 << 30, Baseline::Auto) },
+    )?;
+    ensure!(p.solver.skipped.is_empty(), "skipped {:?} with 20 s for the MLP", p.solver.skipped);
+    ensure!(p.solver.compared.len() == 4, "compared {:?}", p.solver.compared);
+    Ok(())
+}

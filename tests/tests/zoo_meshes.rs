@@ -1,17 +1,22 @@
 //! Planning never panics on any zoo model or mesh (issue 16, item 5): every model of
 //! `tests/data/zoo` that imports is planned, as its training step (its loss, SGD, its frozen
-//! initializers), on the meshes 2, 3, 4, 8, 1x4, 4x1, 2x2, 2x3 and 2x4. Each plan either succeeds
-//! and passes its own loader (`Plan::from_json`), or fails with a clean error; a panic or an
-//! internal error fails the test. Dimensions no mesh axis divides (3 heads, 197 tokens, 3 labels)
-//! must only remove the strategies that would split them.
+//! initializers), on the meshes 2, 3, 4, 8, 1x4, 4x1, 2x2, 2x3, 2x4, 2x2x2 and 4x4x4. Each plan
+//! either succeeds and passes its own loader (`Plan::from_json`), or fails with a clean error; a
+//! panic or an internal error fails the test. Dimensions no mesh axis divides (3 heads, 197
+//! tokens, 3 labels) must only remove the strategies that would split them.
 //!
-//! The full matrix (every model on all nine meshes) takes minutes in a debug build, so by default
-//! this runs a covering sample: model i (in manifest order) plans on meshes i, i+3 and i+6 of the
-//! list, so every mesh is tried by a third of the models and every model on three meshes of
-//! different shapes. `AUTOPAR_ZOO_MESHES=all` runs the full matrix (`scripts/zoo-meshes` does),
-//! `AUTOPAR_ZOO_MESHES=2x2x2,4x4x4` (comma-separated) plans every model on those meshes — 3-D
-//! meshes take minutes per model today (issue 20) — and `ZOO_FILTER=substring` picks models. The
-//! table printed at the end gives each model's outcome and planning time per mesh.
+//! The full matrix (every model on all eleven meshes) takes minutes in a debug build, so by
+//! default this runs a covering sample: model i (in manifest order) plans on meshes i, i+4 and
+//! i+8 of the list (modulo its length), so every mesh is tried by about a quarter of the models
+//! and every model on three meshes of different shapes. `AUTOPAR_ZOO_MESHES=all` runs the full
+//! matrix (`scripts/zoo-meshes` does), `AUTOPAR_ZOO_MESHES=2x2x2,4x4x4` (comma-separated) plans
+//! every model on those meshes, and `ZOO_FILTER=substring` picks models. The table printed at the
+//! end gives each model's outcome and planning time per mesh.
+//!
+//! The time limit holds (issue 20): each plan's solver report must say it took no more than its
+//! limit plus a generous margin for what cannot be interrupted (building the problem, one pass of
+//! reductions), 30 s in this debug build; the release figures are in BENCHMARKS.md
+//! (`scripts/bench-plan-meshes`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -23,7 +28,10 @@ use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
 use serde_json::Value;
 use sharding::{DeviceMesh, DeviceProfile};
 
-const MESHES: &str = "2,3,4,8,1x4,4x1,2x2,2x3,2x4";
+const MESHES: &str = "2,3,4,8,1x4,4x1,2x2,2x3,2x4,2x2x2,4x4x4";
+
+/// What a plan may take beyond its time limit in this test (a debug build, on a loaded machine).
+const MARGIN: Duration = Duration::from_secs(30);
 
 fn zoo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/zoo")
@@ -53,7 +61,7 @@ fn zoo_models_plan_on_every_mesh_or_fail_cleanly() -> Result<()> {
     // The meshes model number `i` plans on.
     let meshes_of = |i: usize| -> Vec<String> {
         match choice.as_deref() {
-            None => (0..3).map(|k| all[(i + 3 * k) % all.len()].to_string()).collect(),
+            None => (0..3).map(|k| all[(i + 4 * k) % all.len()].to_string()).collect(),
             Some("all") => all.iter().map(|s| s.to_string()).collect(),
             Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
         }
@@ -100,6 +108,13 @@ fn zoo_models_plan_on_every_mesh_or_fail_cleanly() -> Result<()> {
                 Ok(Err(e)) => {
                     clean_errors += 1;
                     format!("error: {e}")
+                }
+                Ok(Ok(p)) if p.solver.seconds > (opts.time_limit + MARGIN).as_secs_f64() => {
+                    failures.push(format!(
+                        "{name} on {text}: planning took {:.1} s against a time limit of {:?} (timings: {:?})",
+                        p.solver.seconds, opts.time_limit, p.solver.timings
+                    ));
+                    "over its time limit".to_string()
                 }
                 Ok(Ok(p)) => match Plan::from_json(&p.to_json()) {
                     Ok(_) => {
