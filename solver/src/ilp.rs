@@ -93,6 +93,13 @@ pub trait MipBackend: Send + Sync {
 /// Serialises every use of CBC in the process (see [`Cbc`]'s `solve`).
 static CBC_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Roughly what CBC needs per variable to get through the root of a model given a starting point
+/// (measured: 17 µs and 32 µs on planning problems of 228k and 117k variables on a 2-core
+/// machine). CBC checks its clock between branch-and-bound nodes, not inside the root LP, so a
+/// model it cannot get through in its time limit overruns it several times over: callers don't
+/// start one with less time than this per variable.
+pub(crate) const TIME_PER_VAR: Duration = Duration::from_micros(10);
+
 /// COIN-OR CBC through good_lp.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cbc {

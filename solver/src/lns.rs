@@ -153,6 +153,11 @@ pub(crate) fn solve_region(
     let init_obj: f64 = mip.objective.iter().map(|&(v, c)| c * init[v]).sum();
     let constant = st.cost - init_obj;
     mip.initial = Some(init);
+    // A model CBC cannot get through in the time given would overrun it: not started (the
+    // search shrinks its next regions).
+    if time_limit < crate::ilp::TIME_PER_VAR * mip.vars.len().min(u32::MAX as usize) as u32 {
+        return Ok(RegionOutcome { optimal: false, bound: f64::NEG_INFINITY });
+    }
     let started = std::time::Instant::now();
     loop {
         let left = time_limit.saturating_sub(started.elapsed());

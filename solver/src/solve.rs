@@ -103,10 +103,6 @@ impl SolveResult {
 /// this much time left, the ILP is not started.
 const MIN_ILP_TIME: Duration = Duration::from_millis(50);
 
-/// Roughly what CBC needs per ILP variable to get through the root of a model given a starting
-/// point (measured: 17 µs on a 228k-variable planning problem, on a 2-core machine).
-const ILP_TIME_PER_VAR: Duration = Duration::from_micros(10);
-
 /// Solves `problem` within `opts.time_limit`.
 ///
 /// Errors: [`Error::Infeasible`] when no solution fits the usage limit (with the minimum peak and
@@ -148,7 +144,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         // CBC checks its clock between branch-and-bound nodes, not inside the root LP: a model
         // it cannot get through in the time left would overrun the limit several times over.
         let left = deadline.saturating_duration_since(Instant::now());
-        let short = left < MIN_ILP_TIME || left < ILP_TIME_PER_VAR * ilp::size(&m).min(u32::MAX as usize) as u32;
+        let short = left < MIN_ILP_TIME || left < ilp::TIME_PER_VAR * ilp::size(&m).min(u32::MAX as usize) as u32;
         if let Some((x0, c0)) = quick.as_ref().filter(|q| close(q.1) || short) {
             // Within the gap already (no ILP needed), or no time left for one.
             settled = close(*c0);
