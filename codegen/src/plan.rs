@@ -28,12 +28,15 @@ pub struct PlanOptions {
     pub budget: u64,
     /// Which strategies are allowed.
     pub baseline: Baseline,
-    /// Wall-clock budget of the solver (shared by the baselines compared against with `Auto`).
+    /// Wall-clock budget of the whole planning run from [`plan`]'s start: building the problem
+    /// and every solve count against it (a stage-two round gets it afresh). The baselines
+    /// compared with `Auto` get a third of what is left and are skipped ([`SolverInfo::skipped`])
+    /// when their solves could not fit; the auto solve gets the rest, at least a quarter of it.
     pub time_limit: Duration,
     /// Solver threads.
     pub threads: usize,
     /// With `Auto`, also solve the manual baselines and keep the best plan (each is a feasible
-    /// plan of the unrestricted problem), so the result is never worse than them.
+    /// plan of the unrestricted problem), so the result is never worse than those solved.
     pub compare_baselines: bool,
     /// Recompute activations during backward when the program's peak exceeds the budget
     /// ([`crate::checkpoint`]).

@@ -16,6 +16,11 @@
 //! mesh axes in the wrong state (cheapest first), and falls back to "reduce and gather everything,
 //! then slice" when it stalls: always a valid path, not always the cheapest. [`Search::Auto`] uses
 //! the exact search up to 4 mesh axes.
+//!
+//! Pricing many pairs (building the planner's problem) goes through [`LayoutConverter::costs`]:
+//! the specs of one tensor form a [`StateGraph`] whose out-edges are computed once, and one
+//! Dijkstra run per source prices every target ([`exact_costs`], the same costs as [`exact`]).
+//! That turned 221k pairwise searches (gpt2-tiny on 2x2x2, 232 s) into under a second.
 
 use crate::collective::{Collective, ReduceKind};
 use crate::mesh::DeviceMesh;
