@@ -15,7 +15,7 @@
 //!
 //! Costs are integers in picoseconds; usages are bytes.
 //!
-//! Before solving, [`Built::groups`] folds the problem ([`solver::fold`]) so that the solver sees
+//! Before solving, [`Built::groups`] folds the problem ([`solver::fold()`]) so that the solver sees
 //! one decision per group of nodes, each node keeping its own live interval:
 //!
 //! - *exact ties*: a node whose strategy is a function of a neighbour's (every row of their edge
