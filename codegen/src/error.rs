@@ -36,6 +36,21 @@ pub enum Error {
     /// The graph is malformed (a cycle, a verifier error).
     #[error("graph: {0}")]
     Graph(String),
+    /// The problem would not fit in memory ([`crate::problem::MAX_EDGE_ENTRIES`]).
+    #[error(
+        "the sharding problem on mesh {mesh} is too large to build: {strategies} strategies and {entries} edge-cost entries (the limit is {limit}, about {} of memory); use a mesh with fewer axes (merge axes of the same link, e.g. 2x2x2x2x2 -> 4x8) or plan a smaller model first",
+        fmt_bytes(limit.saturating_mul(8))
+    )]
+    TooLarge {
+        /// The mesh.
+        mesh: String,
+        /// Strategies over all nodes.
+        strategies: usize,
+        /// Edge-cost entries (pairs of strategies of every edge).
+        entries: u64,
+        /// [`crate::problem::MAX_EDGE_ENTRIES`].
+        limit: u64,
+    },
     /// An internal invariant was broken (a bug in this crate).
     #[error("internal codegen error (a bug): {0}")]
     Internal(String),

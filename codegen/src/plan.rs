@@ -291,8 +291,8 @@ pub struct SolverInfo {
     /// Step seconds of each plan solved (auto and the baselines compared), by name; `None`
     /// for one that does not fit the budget.
     pub compared: BTreeMap<String, Option<f64>>,
-    /// Baselines not solved for lack of time (`--time-limit`): the time left was less than
-    /// what the first solve spent outside its search.
+    /// Baselines not solved for lack of time (`--time-limit`): their share of the time left was
+    /// less than what their solve was expected to take beyond its search.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
     /// Solver rounds: more than one when stage two sent the solver back with a tighter budget.

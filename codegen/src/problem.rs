@@ -38,12 +38,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ir::{Graph, NodeIndex, Op, Value};
+use sharding::fx::FxMap;
 use sharding::{DeviceMesh, DeviceProfile, LayoutConverter, Search, ShardingSpec, Strategy};
 
 use crate::{Error, Result};
 
 /// Cost of a forbidden pair (IOPDDL's convention).
 pub const FORBIDDEN: u64 = 1_000_000_000_000_000_000;
+
+/// Most edge-cost entries a built problem may hold (8 bytes each, copied a few times by the
+/// solves: 2 GiB as built). The zoo's largest on 2x2x2, unet, has 37 M.
+pub const MAX_EDGE_ENTRIES: u64 = 250_000_000;
 
 /// Seconds to the solver's integer cost unit (picoseconds).
 pub fn to_cost(seconds: f64) -> u64 {
@@ -658,6 +663,17 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
             st.iter().map(|s| if writes_in_place { 0 } else { s.memory_bytes }).collect(),
         ));
     }
+    // The problem's size is known before any price: refuse one that would not fit in memory
+    // (a 5-axis mesh of 2s gives a ViT ~1M entries per edge) instead of running out of it.
+    let mut pairs: std::collections::HashSet<(usize, usize)> = Default::default();
+    for (iv, &v) in order.iter().enumerate() {
+        pairs.extend(g.node_inputs(v).iter().map(|val| (pos[&val.node], iv)));
+    }
+    pairs.extend(g.updates.iter().map(|(p, val)| (pos[p].min(pos[&val.node]), pos[p].max(pos[&val.node]))));
+    let entries: u64 = pairs.iter().map(|&(a, b)| (strategies[a].len() * strategies[b].len()) as u64).sum();
+    if entries > MAX_EDGE_ENTRIES {
+        return Err(Error::TooLarge { mesh: mesh.to_string(), strategies: total, entries, limit: MAX_EDGE_ENTRIES });
+    }
     // Edges: layout conversions, merged per node pair (key: (smaller, larger) index).
     let mut edges: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
     let add =
@@ -775,32 +791,6 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
     problem.validate()?;
     Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
 }
-
-/// FxHash (rustc's): fast for the small integer keys of [`build_all`]'s caches.
-#[derive(Clone, Copy, Default)]
-struct Fx(u64);
-
-impl std::hash::Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(x as u64);
-    }
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fx>>;
 
 /// The id of `spec` among `all` (added when new).
 fn intern<'a>(ids: &mut FxMap<&'a ShardingSpec, u32>, all: &mut Vec<&'a ShardingSpec>, spec: &'a ShardingSpec) -> u32 {

@@ -23,6 +23,7 @@
 //! That turned 221k pairwise searches (gpt2-tiny on 2x2x2, 232 s) into under a second.
 
 use crate::collective::{Collective, ReduceKind};
+use crate::fx::FxMap;
 use crate::mesh::DeviceMesh;
 use crate::spec::{AxisState, ShardingSpec};
 use crate::{Error, Result};
@@ -273,43 +274,16 @@ fn key(spec: &ShardingSpec) -> Option<u128> {
     Some((k << 16) | mask)
 }
 
-/// FxHash (rustc's) for the integer keys of [`exact_costs`].
-#[derive(Clone, Copy, Default)]
-struct Fx(u64);
-
-impl std::hash::Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(x as u64);
-    }
-    fn write_u128(&mut self, x: u128) {
-        self.write_u64(x as u64);
-        self.write_u64((x >> 64) as u64);
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type BuildFx = std::hash::BuildHasherDefault<Fx>;
-
 /// The specs of one tensor (shape, element size) reachable by the one-step transforms toward
 /// targets with one partial-axis set, with each state's out-edges computed once, when first
 /// needed. Many searches share one graph: [`exact_costs`] is then integer work.
 #[derive(Default)]
 pub struct StateGraph {
-    ids: HashMap<u128, u32, BuildFx>,
+    ids: FxMap<u128, u32>,
     states: Vec<ShardingSpec>,
     edges: Vec<Option<Vec<(u32, f64)>>>,
     /// Cost from a source to every state (by id; infinite where unreached), per source searched.
-    dist: HashMap<u32, Vec<f64>, BuildFx>,
+    dist: FxMap<u32, Vec<f64>>,
 }
 
 impl StateGraph {
@@ -364,16 +338,6 @@ impl StateGraph {
             }
         }
         Ok(best)
-    }
-
-    /// Number of states seen so far.
-    pub fn len(&self) -> usize {
-        self.states.len()
-    }
-
-    /// True before any search.
-    pub fn is_empty(&self) -> bool {
-        self.states.is_empty()
     }
 }
 

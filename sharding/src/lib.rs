@@ -29,6 +29,7 @@
 pub mod collective;
 pub mod convert;
 mod error;
+pub mod fx;
 pub mod mesh;
 pub mod sim;
 pub mod spec;

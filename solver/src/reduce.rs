@@ -100,11 +100,11 @@ impl Work {
         if i < j { self.edges[&(i, j)][si * self.k(j) + sj] } else { self.edges[&(j, i)][sj * self.k(i) + si] }
     }
 
-    /// The edge matrix between `j` and `i` oriented `[s_j][s_i]` (rows of `i`'s strategies).
-    fn matrix_from(&self, j: usize, i: usize) -> Vec<u64> {
-        let (ki, kj) = (self.k(i), self.k(j));
-        let m = &self.edges[&(i.min(j), i.max(j))];
-        if j < i { m.clone() } else { (0..kj).flat_map(|sj| (0..ki).map(move |si| m[si * kj + sj])).collect() }
+    /// The edge matrix between `a` and `b` oriented `[s_a][s_b]` (one row per strategy of `a`).
+    fn matrix(&self, a: usize, b: usize) -> Vec<u64> {
+        let (ka, kb) = (self.k(a), self.k(b));
+        let m = &self.edges[&(a.min(b), a.max(b))];
+        if a < b { m.clone() } else { (0..ka).flat_map(|sa| (0..kb).map(move |sb| m[sb * ka + sa])).collect() }
     }
 
     fn add_edge(&mut self, i: usize, j: usize, f: impl Fn(usize, usize) -> u64) {
@@ -265,25 +265,16 @@ pub fn reduce(p: &Problem) -> Reduction {
         }
         let mem = !w.memory_free(i);
         let nb: Vec<usize> = w.nbrs[i].iter().copied().collect();
-        // Each neighbour's costs against each of our strategies, as rows (one map lookup per
-        // neighbour instead of one per entry).
-        let rows: Vec<Vec<Vec<u64>>> = nb
-            .iter()
-            .map(|&j| {
-                let kj = w.k(j);
-                let m = &w.edges[&(i.min(j), i.max(j))];
-                if i < j {
-                    m.chunks_exact(kj).map(<[u64]>::to_vec).collect()
-                } else {
-                    (0..ki).map(|s| (0..kj).map(|sj| m[sj * ki + s]).collect()).collect()
-                }
-            })
-            .collect();
+        // Each neighbour's costs against each of our strategies: per neighbour `j` its `k_j` and
+        // the matrix `[s_i][s_j]` (one map lookup per neighbour instead of one per entry).
+        let rows: Vec<(usize, Vec<u64>)> = nb.iter().map(|&j| (w.k(j), w.matrix(i, j))).collect();
+        let row = |r: &(usize, Vec<u64>), s: usize| -> std::ops::Range<usize> { s * r.0..(s + 1) * r.0 };
         // Sum of each strategy's own and edge costs: a strategy can only be dominated by one
         // with no larger sum, which rules out most pairs without reading their rows.
         let sums: Vec<u128> = (0..ki)
             .map(|s| {
-                w.costs[i][s] as u128 + rows.iter().map(|r| r[s].iter().map(|&c| c as u128).sum::<u128>()).sum::<u128>()
+                let edges: u128 = rows.iter().map(|r| r.1[row(r, s)].iter().map(|&c| c as u128).sum::<u128>()).sum();
+                w.costs[i][s] as u128 + edges
             })
             .collect();
         let mut dominated = vec![false; ki];
@@ -304,7 +295,7 @@ pub fn reduce(p: &Problem) -> Reduction {
                 let mut all_le = true;
                 let mut all_eq = equal_node;
                 'nb: for r in &rows {
-                    for (&ct, &cs) in r[t].iter().zip(&r[s]) {
+                    for (&ct, &cs) in r.1[row(r, t)].iter().zip(&r.1[row(r, s)]) {
                         if ct > cs {
                             all_le = false;
                             break 'nb;
@@ -366,7 +357,7 @@ pub fn reduce(p: &Problem) -> Reduction {
             1 => {
                 let j = *w.nbrs[i].iter().next().unwrap_or(&i);
                 let kj = w.k(j);
-                let cj = w.matrix_from(j, i);
+                let cj = w.matrix(j, i);
                 let mut table = Vec::with_capacity(kj);
                 let mut add = Vec::with_capacity(kj);
                 for sj in 0..kj {
@@ -401,8 +392,8 @@ pub fn reduce(p: &Problem) -> Reduction {
                 }
                 // mat[sa][sb] = min over s of (cost[s] + ca[s][sa] + cb[s][sb]): for each sa, one
                 // contiguous pass over s per sb (cb transposed), which the compiler vectorizes.
-                let ca = w.matrix_from(a, i);
-                let cb = w.matrix_from(b, i);
+                let ca = w.matrix(a, i);
+                let cb = w.matrix(b, i);
                 let mut table = Vec::with_capacity(ka * kb);
                 let mut mat = Vec::with_capacity(ka * kb);
                 let mut row = vec![0u64; ki];

@@ -121,8 +121,9 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
     let red = if opts.reduce { reduce::reduce(problem) } else { reduce::identity(problem) };
     let m = Model::new(&red.problem);
     let mut bound = edge_charged_bound(&m);
+    let ilp_size = ilp::size(&m);
     if std::env::var_os("SOLVER_DEBUG").is_some() {
-        eprintln!("reduced and compiled in {:?}: {} steps, ilp size {}", start.elapsed(), m.nsteps(), ilp::size(&m));
+        eprintln!("reduced and compiled in {:?}: {} steps, ilp size {ilp_size}", start.elapsed(), m.nsteps());
     }
     let mut candidates: Vec<(Vec<usize>, &'static str)> = Vec::new();
     let mut proven = false;
@@ -132,7 +133,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
     let try_ilp = match opts.method {
         Method::Ilp => true,
         Method::Search => false,
-        Method::Auto => ilp::size(&m) <= opts.ilp_max_vars,
+        Method::Auto => ilp_size <= opts.ilp_max_vars,
     };
     if try_ilp && opts.method == Method::Auto {
         // A quick search gives CBC a starting point (it may find none on its own in time),
@@ -144,7 +145,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
         // CBC checks its clock between branch-and-bound nodes, not inside the root LP: a model
         // it cannot get through in the time left would overrun the limit several times over.
         let left = deadline.saturating_duration_since(Instant::now());
-        let short = left < MIN_ILP_TIME || left < ilp::TIME_PER_VAR * ilp::size(&m).min(u32::MAX as usize) as u32;
+        let short = left < MIN_ILP_TIME || left < ilp::TIME_PER_VAR * ilp_size.min(u32::MAX as usize) as u32;
         if let Some((x0, c0)) = quick.as_ref().filter(|q| close(q.1) || short) {
             // Within the gap already (no ILP needed), or no time left for one.
             settled = close(*c0);

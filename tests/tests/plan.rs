@@ -379,3 +379,23 @@ fn the_time_limit_bounds_the_whole_run() -> Result<()> {
     ensure!(p.solver.compared.len() == 4, "compared {:?}", p.solver.compared);
     Ok(())
 }
+
+/// A problem too large to hold (here the MLP on a 5-axis mesh of 2s: 131k strategies, 425M
+/// edge-cost entries, over 3 GiB as built) is refused with its size and what to do before any
+/// price is computed, instead of running out of memory after minutes.
+#[test]
+fn a_problem_too_large_for_memory_is_a_clear_error() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let mesh = DeviceMesh::parse("2x2x2x2x2", &cpu)?;
+    match codegen::plan(&g, &mesh, &cpu, &opts(64 << 30, Baseline::Auto)) {
+        Err(e @ codegen::Error::TooLarge { entries, limit, .. }) => {
+            ensure!(entries > limit, "refused {entries} entries under the limit {limit}");
+            let text = e.to_string();
+            ensure!(text.contains("fewer axes") && text.contains("2x2x2x2x2"), "unclear message: {text}");
+            Ok(())
+        }
+        Err(e) => bail!("expected the too-large error, got: {e}"),
+        Ok(_) => bail!("a 425M-entry problem was built"),
+    }
+}
