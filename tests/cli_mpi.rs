@@ -115,7 +115,7 @@ fn mpi_runs_equal_single_device() {
                 plan.model.source_hash = Some(codegen::ModelInfo::file_hash(files).unwrap());
                 plan.model.source = Some(path.display().to_string());
                 let pfile = dir.path().join(format!("{}-{}x{}-{}.json", c.model, shape[0], shape[1], b.name()));
-                std::fs::write(&pfile, plan.to_json()).unwrap();
+                std::fs::write(&pfile, plan.to_json().unwrap()).unwrap();
                 let save = dir.path().join(format!("{}-{}x{}-{}-saved", c.model, shape[0], shape[1], b.name()));
                 let mut args: Vec<String> = vec![
                     "run".into(),

@@ -30,47 +30,30 @@ use std::collections::{HashMap, HashSet};
 use ir::{Graph, NodeIndex, Op};
 use sharding::DeviceMesh;
 
-use crate::memory::{simulate, value_node};
-use crate::plan::Instr;
+use crate::memory::simulate;
+use crate::plan::{Instr, ValueRef};
 use crate::{Error, Result};
 
-/// What checkpointing did.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct CheckpointReport {
-    /// Stages of the forward chain.
-    pub stages: usize,
-    /// Stages recomputed during backward (named by their last node).
-    pub recomputed: Vec<String>,
-    /// Seconds the recomputation adds to a step.
-    pub extra_seconds: f64,
-    /// Peak bytes per rank without recomputation.
-    pub peak_before: u64,
-    /// Peak bytes per rank with it.
-    pub peak_after: u64,
-    /// Wall seconds this stage of planning took.
-    pub seconds: f64,
-}
+pub use ::plan::CheckpointReport;
 
 /// Places `free` instructions: every definition of a value is freed right after its last read
 /// before the value is defined again (or right after it is written, when nothing reads it),
 /// except values in `keep`, which live to the end. Existing frees are dropped first.
-pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<String>) -> Vec<Instr> {
+pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr> {
     let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
     // For each instruction, the values whose current definition it reads for the last time.
-    let mut last_read: HashMap<&str, usize> = HashMap::new();
-    let mut frees_after: Vec<Vec<String>> = vec![vec![]; program.len()];
-    let mut defined_at: HashMap<&str, usize> = HashMap::new();
-    let close = |v: &str, at: Option<usize>, def: usize, frees_after: &mut Vec<Vec<String>>| {
-        if !keep.contains(v) {
-            frees_after[at.unwrap_or(def)].push(v.to_string());
+    let mut last_read: HashMap<ValueRef, usize> = HashMap::new();
+    let mut frees_after: Vec<Vec<ValueRef>> = vec![vec![]; program.len()];
+    let mut defined_at: HashMap<ValueRef, usize> = HashMap::new();
+    let close = |v: ValueRef, at: Option<usize>, def: usize, frees_after: &mut Vec<Vec<ValueRef>>| {
+        if !keep.contains(&v) {
+            frees_after[at.unwrap_or(def)].push(v);
         }
     };
     for (k, ins) in program.iter().enumerate() {
-        let (reads, writes): (Vec<&str>, Vec<&str>) = match ins {
-            Instr::Op { inputs, outputs, .. } => {
-                (inputs.iter().map(String::as_str).collect(), outputs.iter().map(String::as_str).collect())
-            }
-            Instr::Collective { input, output, .. } => (vec![input.as_str()], vec![output.as_str()]),
+        let (reads, writes): (Vec<ValueRef>, Vec<ValueRef>) = match ins {
+            Instr::Op { inputs, outputs, .. } => (inputs.clone(), outputs.clone()),
+            Instr::Collective { input, output, .. } => (vec![*input], vec![*output]),
             Instr::Free { .. } => (vec![], vec![]),
         };
         for r in reads {
@@ -79,13 +62,13 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<String>) -> Vec<Instr> {
         for w in writes {
             if let Some(def) = defined_at.insert(w, k) {
                 // Redefined: the previous definition ends at its last read before now.
-                let at = last_read.remove(w).filter(|&r| r >= def);
+                let at = last_read.remove(&w).filter(|&r| r >= def);
                 close(w, at, def, &mut frees_after);
             }
         }
     }
     for (v, def) in defined_at {
-        let at = last_read.get(v).copied().filter(|&r| r >= def);
+        let at = last_read.get(&v).copied().filter(|&r| r >= def);
         close(v, at, def, &mut frees_after);
     }
     let mut out = Vec::with_capacity(program.len() * 2);
@@ -111,7 +94,7 @@ struct Stage {
     /// Units of the stage's nodes, in program order.
     units: Vec<usize>,
     /// The boundary value that ends it (kept).
-    boundary: Option<String>,
+    boundary: Option<ValueRef>,
     /// Name of its last node.
     name: String,
 }
@@ -122,15 +105,15 @@ struct Chain {
     stages: Vec<Stage>,
     /// Per stage: values it may drop (read by backward), their bytes, and the units needed to
     /// recompute them.
-    drops: Vec<(Vec<String>, u64, Vec<usize>)>,
+    drops: Vec<(Vec<ValueRef>, u64, Vec<usize>)>,
     /// Per stage: seconds to recompute.
     cost: Vec<f64>,
     /// Per stage: index of the first backward instruction reading a dropped value.
     first_use: Vec<usize>,
 }
 
-fn id(node: usize, slot: usize) -> String {
-    if slot == 0 { format!("%{node}") } else { format!("%{node}.{slot}") }
+fn id(node: usize, slot: usize) -> ValueRef {
+    ValueRef::new(node, slot)
 }
 
 fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
@@ -173,7 +156,7 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
     let is_src =
         |n: usize| node(n).is_some_and(|x| matches!(x.op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)));
     // Forward readers left of every forward, parameter-dependent value.
-    let mut fwd_reads: HashMap<String, usize> = HashMap::new();
+    let mut fwd_reads: HashMap<ValueRef, usize> = HashMap::new();
     for u in &units {
         if !forward.contains(&u.node) {
             continue;
@@ -186,7 +169,7 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
     }
     // Stages: cut where exactly one such value is open.
     let mut stages: Vec<Stage> = vec![];
-    let mut open: HashMap<String, usize> = HashMap::new();
+    let mut open: HashMap<ValueRef, usize> = HashMap::new();
     let mut cur: Vec<usize> = vec![];
     for (ui, u) in units.iter().enumerate() {
         if !forward.contains(&u.node) || is_src(u.node) || !param_dep.contains(&u.node) {
@@ -219,23 +202,23 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
         stages.push(Stage { units: cur, boundary: None, name });
     }
     // Backward reads: the first instruction outside the forward reading each value.
-    let mut first_bwd: HashMap<String, usize> = HashMap::new();
+    let mut first_bwd: HashMap<ValueRef, usize> = HashMap::new();
     for u in &units {
         if forward.contains(&u.node) {
             continue;
         }
         for k in u.range.clone() {
-            let reads: Vec<&String> = match &program[k] {
+            let reads: Vec<&ValueRef> = match &program[k] {
                 Instr::Op { inputs, .. } => inputs.iter().collect(),
                 Instr::Collective { input, .. } => vec![input],
                 Instr::Free { .. } => vec![],
             };
             for r in reads {
-                first_bwd.entry(r.clone()).or_insert(k);
+                first_bwd.entry(*r).or_insert(k);
             }
         }
     }
-    let bytes_of = |v: &str| -> u64 {
+    let bytes_of = |v: &ValueRef| -> u64 {
         program
             .iter()
             .find_map(|i| match i {
@@ -272,7 +255,7 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
         }
         // Units needed to recompute the dropped values: their ancestors inside the stage.
         let mut need: HashSet<usize> = HashSet::new();
-        let mut stack: Vec<usize> = dropped.iter().filter_map(|v| value_node(v).map(|x| x.0)).collect();
+        let mut stack: Vec<usize> = dropped.iter().map(|v: &ValueRef| v.node).collect();
         while let Some(n) = stack.pop() {
             if !members.contains(&n) || !need.insert(n) {
                 continue;
@@ -380,7 +363,7 @@ pub fn fit(
     g: &Graph,
     mesh: &DeviceMesh,
     program: Vec<Instr>,
-    keep: &HashSet<String>,
+    keep: &HashSet<ValueRef>,
     budget: u64,
 ) -> Result<(Vec<Instr>, CheckpointReport)> {
     let t0 = std::time::Instant::now();

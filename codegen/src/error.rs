@@ -1,6 +1,6 @@
 //! The crate's error type.
 
-/// Errors of planning. `Infeasible` and `BadPlan` are the user's input (a budget too small, a
+/// Errors of planning. `Infeasible` and `Plan` are the user's input (a budget too small, a
 /// corrupt or hand-edited plan); the others wrap lower stages' errors or are bugs.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -20,13 +20,9 @@ pub enum Error {
         /// The smallest reachable peak in bytes.
         min_peak_bytes: u64,
     },
-    /// A plan file is invalid (version, structure, specs, references).
-    #[error("invalid plan: {0}")]
-    BadPlan(String),
-    /// A plan breaks its invariants ([`crate::Plan::validate`]): every problem found, each with
-    /// where it is.
-    #[error("invalid plan: {0}")]
-    Invalid(crate::plan::Problems),
+    /// A plan cannot be read, or breaks its invariants ([`crate::Plan::validate`]).
+    #[error(transparent)]
+    Plan(#[from] ::plan::Error),
     /// A sharding error (no rule for an op, bad spec).
     #[error(transparent)]
     Sharding(#[from] sharding::Error),

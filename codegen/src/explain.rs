@@ -158,14 +158,13 @@ pub fn dot(p: &Plan) -> String {
                 colour(output_specs)
             );
             for i in inputs {
-                let base = i.split('@').next().unwrap_or(i);
-                if let Some(src) = producer.get(base) {
-                    let style = if i.contains('@') { " [color=red, label=\"reshard\"]" } else { "" };
+                if let Some(src) = producer.get(&i.base()) {
+                    let style = if i.copy.is_some() { " [color=red, label=\"reshard\"]" } else { "" };
                     let _ = writeln!(o, "  n{src} -> n{node}{style};");
                 }
             }
             for out in outputs {
-                producer.insert(out.clone(), *node);
+                producer.insert(*out, *node);
             }
         }
     }
@@ -218,7 +217,7 @@ pub fn html(p: &Plan) -> String {
                 let _ = writeln!(
                     o,
                     "<tr><td>{k}</td><td>{}</td><td>{}</td><td>[{}] -&gt; [{}]</td><td>{seconds:.3e}</td></tr>",
-                    esc(input),
+                    esc(&input.to_string()),
                     esc(&collective.to_string()),
                     esc(&from.to_string()),
                     esc(&to.to_string())

@@ -2,8 +2,9 @@
 //!
 //! `problem` builds the solver's cost graph (strategies per op from `sharding`, layout-conversion
 //! costs per edge, live intervals, parameter/update ties), `plan` solves it and lowers the choice
-//! into one SPMD program with inserted collectives and frees (`plan.json`), `explain` renders a
-//! plan for people.
+//! into one SPMD program with inserted collectives and frees (a [`Plan`] of the `plan` crate,
+//! the format the runtime reads: re-exported here with its verifier and liveness walk),
+//! `explain` renders a plan for people.
 //!
 //! Invariants: every cost is seconds (the solver sees picoseconds); memory is the liveness peak
 //! in bytes per rank; a parameter and its updated value always get the same spec; the plan the
@@ -15,10 +16,13 @@
 pub mod checkpoint;
 mod error;
 pub mod explain;
-pub mod memory;
 pub mod plan;
 pub mod problem;
-pub mod validate;
+
+/// The liveness walk of a program (in the `plan` crate, re-exported).
+pub use ::plan::memory;
+/// The plan's verifier (in the `plan` crate, re-exported).
+pub use ::plan::validate;
 
 pub use error::{Error, Result, fmt_bytes, parse_bytes};
 pub use plan::{ModelInfo, Plan, PlanOptions, plan};

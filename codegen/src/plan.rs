@@ -1,25 +1,19 @@
-//! The distributed plan: solving the problem and lowering the chosen strategies into one SPMD
-//! program, and the versioned JSON document (`plan.json`) with its validating loader.
-//!
-//! Invariants of a [`Plan`] that [`Plan::from_json`] checks: the version is known, and
-//! [`Plan::validate`] holds: every field the runtime reads is consistent (mesh, graph, layouts,
-//! collectives, value lifetimes, parameter layouts, optimizer hyper-parameters; see
-//! [`crate::validate`]).
+//! Planning: solving the problem and lowering the chosen strategies into one SPMD program, a
+//! [`Plan`] of the `plan` crate (the format, re-exported here), which checks what it holds.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ir::{Graph, NodeIndex, Op, Value};
-use serde::{Deserialize, Serialize};
-use sharding::{Collective, DeviceMesh, DeviceProfile, Link, Local, ShardingSpec};
+use ir::{Graph, NodeIndex, Op};
+use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
-use crate::checkpoint::CheckpointReport;
-use crate::problem::{Baseline, Built, FORBIDDEN, Grouping, Merge, build};
-pub use crate::validate::{Location, Problem, Problems};
+pub use ::plan::{
+    Baseline, CheckpointReport, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
+    ParamShard, Plan, Problem, Problems, Size, SolveStatus, SolverInfo, VERSION, ValueRef, fnv,
+};
+
+use crate::problem::{Built, FORBIDDEN, Grouping, Merge, build};
 use crate::{Error, Result, fmt_bytes};
-
-/// The plan format's version.
-pub const VERSION: u32 = 2;
 
 /// Options of [`plan`].
 #[derive(Clone, Debug)]
@@ -65,283 +59,6 @@ impl Default for PlanOptions {
     }
 }
 
-/// Model identity.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ModelInfo {
-    /// Graph name.
-    pub name: String,
-    /// FNV-1a hash of the training graph's text form.
-    pub hash: String,
-    /// The ONNX file the plan was made from (where `autopar run` reads each rank's parameter
-    /// blocks): an absolute path in plans written by `autopar plan`; a relative one (older
-    /// plans) is relative to the plan file's directory. `None` when planned from a graph in
-    /// memory.
-    #[serde(default)]
-    pub source: Option<String>,
-    /// [`ModelInfo::file_hash`] of `source` and its external data files when planned, so that
-    /// `autopar run` can refuse a model file that changed since; `None` in older plans.
-    #[serde(default)]
-    pub source_hash: Option<String>,
-}
-
-impl ModelInfo {
-    /// The hash recorded in [`ModelInfo::source_hash`]: SHA-256 of the bytes of `files` one
-    /// after the other (the model file, then its external data files in a fixed order), written
-    /// `sha256:<64 hex digits>`. Only regular files are read. (A cryptographic hash because it is
-    /// also fast: about 1.5 GB/s with the SHA instructions of current x86 and ARM cores.)
-    pub fn file_hash<'a>(files: impl IntoIterator<Item = &'a std::path::Path>) -> std::io::Result<String> {
-        use sha2::Digest;
-        use std::io::Read;
-        let mut h = sha2::Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        for path in files {
-            let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-            let mut f = ir::files::open_regular(path).map_err(at)?;
-            loop {
-                let n = f.read(&mut buf).map_err(at)?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-            }
-        }
-        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok(format!("sha256:{hex}"))
-    }
-}
-
-/// The mesh as planned.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MeshInfo {
-    /// Axis sizes, outermost first.
-    pub shape: Vec<usize>,
-    /// Axis names.
-    pub names: Vec<String>,
-    /// Link of each axis.
-    pub links: Vec<Link>,
-}
-
-/// Planning options as used.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OptionsInfo {
-    /// Memory budget per rank, bytes.
-    pub budget_bytes: u64,
-    /// Requested strategy.
-    pub strategy: Baseline,
-    /// Solver time limit, seconds.
-    pub time_limit_seconds: f64,
-}
-
-/// Where one parameter (or optimizer state) lives.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ParamShard {
-    /// Initializer or state name.
-    pub name: String,
-    /// Program node id.
-    pub node: usize,
-    /// Global shape.
-    pub shape: Vec<usize>,
-    /// Element type.
-    pub dtype: String,
-    /// Layout.
-    pub spec: ShardingSpec,
-    /// Shape of each rank's block.
-    pub local_shape: Vec<usize>,
-    /// Offset of each rank's block (index = rank).
-    pub offsets: Vec<Vec<usize>>,
-}
-
-/// One instruction of the SPMD program (every rank runs all of them on its blocks).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Instr {
-    /// Run node `node` of `graph` on local blocks.
-    Op {
-        /// Program node id (`%node` in `graph`).
-        node: usize,
-        /// Node name.
-        name: String,
-        /// Op name.
-        op: String,
-        /// Strategy name.
-        strategy: String,
-        /// Values read (`%i`, `%i.s`, or a converted copy `%i@k`).
-        inputs: Vec<String>,
-        /// Their specs.
-        input_specs: Vec<ShardingSpec>,
-        /// Values written.
-        outputs: Vec<String>,
-        /// Their specs.
-        output_specs: Vec<ShardingSpec>,
-        /// Local shape of each output.
-        local_shapes: Vec<Vec<usize>>,
-        /// How the rank computes.
-        local: Local,
-        /// Estimated seconds (compute + the op's own collectives).
-        seconds: f64,
-        /// A re-execution during backward of a forward op whose output was not kept
-        /// (activation checkpointing).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        recompute: bool,
-    },
-    /// A layout conversion step of a value.
-    Collective {
-        /// Value read.
-        input: String,
-        /// Value written (a converted copy).
-        output: String,
-        /// The collective.
-        collective: Collective,
-        /// Spec before.
-        from: ShardingSpec,
-        /// Spec after.
-        to: ShardingSpec,
-        /// Bytes as nccl-tests counts them.
-        bytes: usize,
-        /// Estimated seconds.
-        seconds: f64,
-    },
-    /// Values no longer needed.
-    Free {
-        /// The values.
-        values: Vec<String>,
-    },
-}
-
-/// Cost of one op in the estimate.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OpCost {
-    /// Node name.
-    pub node: String,
-    /// Op name.
-    pub op: String,
-    /// Strategy name.
-    pub strategy: String,
-    /// Compute seconds.
-    pub compute_seconds: f64,
-    /// Seconds of its own collectives and of converting its inputs.
-    pub comm_seconds: f64,
-}
-
-/// Collectives of one kind.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CollectiveSummary {
-    /// Kind (`all-reduce`, ...).
-    pub kind: String,
-    /// How many.
-    pub count: usize,
-    /// Bytes in total.
-    pub bytes: usize,
-    /// Seconds in total.
-    pub seconds: f64,
-}
-
-/// What the plan is expected to cost.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Estimate {
-    /// Seconds per training step (compute + communication, no overlap assumed).
-    pub step_seconds: f64,
-    /// Compute seconds.
-    pub compute_seconds: f64,
-    /// Communication seconds.
-    pub comm_seconds: f64,
-    /// Seconds of recomputing activations during backward (ops and their conversions).
-    #[serde(default)]
-    pub recompute_seconds: f64,
-    /// What activation checkpointing did.
-    #[serde(default)]
-    pub checkpoint: CheckpointReport,
-    /// Peak bytes per rank: the liveness walk of the program ([`crate::memory::simulate`]),
-    /// which is what the runtime holds (conversion copies included).
-    pub peak_bytes_per_rank: u64,
-    /// The peak in the solver's model (values live from producer to last reader; conversion
-    /// copies not counted).
-    #[serde(default)]
-    pub solver_peak_bytes_per_rank: u64,
-    /// Bytes per rank resident for the whole step (parameters, optimizer state, constants).
-    pub resident_bytes_per_rank: u64,
-    /// Per op.
-    pub per_op: Vec<OpCost>,
-    /// Per collective kind.
-    pub collectives: Vec<CollectiveSummary>,
-}
-
-/// How the solver did.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SolverInfo {
-    /// `Optimal` or `TimeLimit`.
-    pub status: String,
-    /// The solver's objective, seconds.
-    pub objective_seconds: f64,
-    /// Its lower bound, seconds.
-    pub lower_bound_seconds: f64,
-    /// Wall time of all solves, seconds.
-    pub seconds: f64,
-    /// Problem nodes.
-    pub nodes: usize,
-    /// Problem edges.
-    pub edges: usize,
-    /// Nodes tied to the same node of the previous repeated layer.
-    #[serde(default)]
-    pub tied: usize,
-    /// Strategies kept in the problem (after baseline pinning).
-    pub strategies: usize,
-    /// Which restriction gave the chosen plan (with `auto`, possibly a baseline).
-    pub chosen: Baseline,
-    /// Step seconds of each plan solved (auto and the baselines compared), by name; `None`
-    /// for one that does not fit the budget.
-    pub compared: BTreeMap<String, Option<f64>>,
-    /// Baselines not solved for lack of time (`--time-limit`): their share of the time left was
-    /// less than what their solve was expected to take beyond its search.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
-    /// Solver rounds: more than one when stage two sent the solver back with a tighter budget.
-    #[serde(default)]
-    pub rounds: usize,
-    /// Size of the chosen restriction's problem at each stage: `built` (one node per op),
-    /// `merged` (after exact ties and follow-op merging), `tied` (after sharing repeated
-    /// layers' decisions). The status and bound are over the plans the last one allows.
-    #[serde(default)]
-    pub sizes: BTreeMap<String, solver::Size>,
-    /// Wall seconds of each planning stage (`build`, `solve auto`, `solve dp`, ..., `lower`).
-    #[serde(default)]
-    pub timings: BTreeMap<String, f64>,
-}
-
-/// A distributed training plan (see the module docs).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    /// Format version ([`VERSION`]).
-    pub version: u32,
-    /// The model.
-    pub model: ModelInfo,
-    /// The mesh.
-    pub mesh: MeshInfo,
-    /// Device profile name.
-    pub device: String,
-    /// Options.
-    pub options: OptionsInfo,
-    /// The training graph in IR text form; node `%i` is program node `i`.
-    pub graph: String,
-    /// Parameter and optimizer-state layouts.
-    pub params: Vec<ParamShard>,
-    /// The SPMD program.
-    pub program: Vec<Instr>,
-    /// Estimates.
-    pub estimate: Estimate,
-    /// Solver report.
-    pub solver: SolverInfo,
-}
-
-pub(crate) fn fnv(s: &str) -> String {
-    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-    format!("{h:016x}")
-}
-
-pub(crate) fn value_id(v: Value) -> String {
-    if v.slot == 0 { format!("%{}", v.node.index()) } else { format!("%{}.{}", v.node.index(), v.slot) }
-}
-
 /// The graph with node `i` at index `i` in topological order (the text form's numbering).
 pub fn canonical(g: &Graph) -> Result<Graph> {
     let text = g.to_text();
@@ -355,10 +72,10 @@ pub fn canonical(g: &Graph) -> Result<Graph> {
 
 struct Solved {
     solution: Vec<usize>,
-    status: String,
+    status: SolveStatus,
     bound: u128,
     /// Problem sizes by stage (see [`SolverInfo::sizes`]).
-    sizes: BTreeMap<String, solver::Size>,
+    sizes: BTreeMap<String, Size>,
     /// Nodes sharing a repeated layer's decision.
     tied: usize,
 }
@@ -382,17 +99,17 @@ fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: 
     let folded_in = start.elapsed();
     let mut sizes = BTreeMap::new();
     if report {
-        sizes.insert("built".to_string(), b.problem.size());
+        sizes.insert("built".to_string(), size(b.problem.size()));
         if how.tie_layers {
             // The size before tying needs a second fold: measured only when folding is cheap
             // against the time limit.
             if folded_in * 20 <= limit {
                 let merged = b.fold(g, Grouping { tie_layers: false, ..how })?;
-                sizes.insert("merged".into(), merged.folded.problem.size());
+                sizes.insert("merged".into(), size(merged.folded.problem.size()));
             }
-            sizes.insert("tied".into(), folding.folded.problem.size());
+            sizes.insert("tied".into(), size(folding.folded.problem.size()));
         } else {
-            sizes.insert("merged".into(), folding.folded.problem.size());
+            sizes.insert("merged".into(), size(folding.folded.problem.size()));
         }
     }
     // Folding (and measuring) counts against the limit.
@@ -418,7 +135,16 @@ fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: 
     if b.problem.evaluate(&solution)?.cost >= FORBIDDEN as u128 {
         return Err(Error::Internal("the solver's plan breaks a parameter/update tie".into()));
     }
-    Ok(Solved { solution, status: format!("{:?}", r.status), bound: r.lower_bound, sizes, tied: folding.tied })
+    let status = match r.status {
+        solver::Status::Optimal => SolveStatus::Optimal,
+        solver::Status::WithinGap => SolveStatus::WithinGap,
+        solver::Status::TimeLimit => SolveStatus::Feasible,
+    };
+    Ok(Solved { solution, status, bound: r.lower_bound, sizes, tied: folding.tied })
+}
+
+fn size(s: solver::Size) -> Size {
+    Size { nodes: s.nodes, edges: s.edges, strategies: s.strategies, variables: s.variables }
 }
 
 /// Maps a solution of a restricted problem onto the unrestricted one (strategies are subsets).
@@ -575,7 +301,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
                 continue;
             }
             let info = SolverInfo {
-                status: solved.status.clone(),
+                status: solved.status,
                 objective_seconds: ev.cost as f64 * 1e-12,
                 lower_bound_seconds: solved.bound as f64 * 1e-12,
                 seconds: 0.0,
@@ -618,11 +344,11 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             let first_bound = first.as_ref().map_or(0, |f| f.bound);
             let objective = (p.solver.objective_seconds * 1e12).round() as u128;
             p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 {
-                "Optimal".into()
+                SolveStatus::Optimal
             } else if b == opts.baseline {
-                first.as_ref().map_or_else(|| p.solver.status.clone(), |f| f.status.clone())
+                first.as_ref().map_or(p.solver.status, |f| f.status)
             } else {
-                "TimeLimit".into()
+                SolveStatus::Feasible
             };
             p.solver.lower_bound_seconds = first_bound as f64 * 1e-12;
             p.solver.seconds = t0.elapsed().as_secs_f64();
@@ -666,11 +392,11 @@ fn lower(
     // An updated parameter or state gives its storage up after its last read: its new value
     // (kept, as nothing reads it) becomes the storage for the next step.
     let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
-    let keep: HashSet<String> = g
+    let keep: HashSet<ValueRef> = g
         .outputs
         .iter()
-        .map(|(_, v)| value_id(*v))
-        .chain(g.updates.iter().map(|(_, v)| value_id(*v)))
+        .map(|(_, v)| ValueRef::of(*v))
+        .chain(g.updates.iter().map(|(_, v)| ValueRef::of(*v)))
         .chain(
             b.nodes
                 .iter()
@@ -679,7 +405,7 @@ fn lower(
                     Op::Constant(_) => true,
                     _ => false,
                 })
-                .map(|&n| value_id(Value::new(n, 0))),
+                .map(|&n| ValueRef::new(n.index(), 0)),
         )
         .collect();
     let mut program = vec![];
@@ -695,13 +421,13 @@ fn lower(
         for (k, v) in g.node_inputs(n).into_iter().enumerate() {
             let from = &chosen(v.node).outputs[v.slot];
             let to = &s.inputs[k];
-            let mut cur = value_id(v);
+            let mut cur = ValueRef::of(v);
             if from != to {
                 let meta = g.meta(v);
                 let path = b.converter.convert(&meta.shape, meta.dtype.size(), from, to)?;
                 for step in &path.steps {
                     temp += 1;
-                    let out = format!("{}@{temp}", value_id(v));
+                    let out = ValueRef::of(v).with_copy(temp);
                     let e = colls.entry(step.collective.kind().to_string()).or_insert_with(|| CollectiveSummary {
                         kind: step.collective.kind().to_string(),
                         count: 0,
@@ -714,8 +440,8 @@ fn lower(
                     conv_seconds += step.cost;
                     let prev_from = program_spec_before(&path.from, &path.steps, step);
                     program.push(Instr::Collective {
-                        input: cur.clone(),
-                        output: out.clone(),
+                        input: cur,
+                        output: out,
                         collective: step.collective.clone(),
                         from: prev_from,
                         to: step.after.clone(),
@@ -747,7 +473,7 @@ fn lower(
             compute_seconds: s.compute_seconds,
             comm_seconds: s.comm_seconds + conv_seconds,
         });
-        let outputs: Vec<String> = (0..node.outputs.len()).map(|k| value_id(Value::new(n, k))).collect();
+        let outputs: Vec<ValueRef> = (0..node.outputs.len()).map(|k| ValueRef::new(n.index(), k)).collect();
         program.push(Instr::Op {
             node: n.index(),
             name: node.name.clone(),
@@ -768,7 +494,7 @@ fn lower(
         crate::checkpoint::fit(g, mesh, program, &keep, opts.budget)?
     } else {
         let p = crate::checkpoint::insert_frees(program, &keep);
-        let peak = crate::memory::simulate(g, mesh, &p)?.peak;
+        let peak = ::plan::memory::simulate(g, mesh, &p)?.peak;
         (p, CheckpointReport { peak_before: peak, peak_after: peak, ..Default::default() })
     };
     let recompute_seconds = checkpoint.extra_seconds;
@@ -797,7 +523,7 @@ fn lower(
             offsets: (0..mesh.size()).map(|r| s.outputs[0].offsets(&m.shape, mesh, r)).collect(),
         });
     }
-    let memory = crate::memory::simulate(g, mesh, &program)?;
+    let memory = ::plan::memory::simulate(g, mesh, &program)?;
     let graph_text = g.to_text();
     Ok(Plan {
         version: VERSION,
@@ -832,29 +558,4 @@ fn lower(
 fn program_spec_before(from: &ShardingSpec, steps: &[sharding::Step], step: &sharding::Step) -> ShardingSpec {
     let i = steps.iter().position(|s| std::ptr::eq(s, step)).unwrap_or(0);
     if i == 0 { from.clone() } else { steps[i - 1].after.clone() }
-}
-
-impl Plan {
-    /// Pretty JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
-    }
-
-    /// Reads and validates a plan (see the module docs).
-    pub fn from_json(text: &str) -> Result<Plan> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::BadPlan(format!("not JSON: {e}")))?;
-        match v.get("version").and_then(|x| x.as_u64()) {
-            Some(x) if x == VERSION as u64 => {}
-            Some(x) => return Err(Error::BadPlan(format!("version {x}; this autopar reads version {VERSION}"))),
-            None => return Err(Error::BadPlan("no `version` field: not an autopar plan".into())),
-        }
-        let p: Plan = serde_json::from_value(v).map_err(|e| Error::BadPlan(e.to_string()))?;
-        p.validate()?;
-        Ok(p)
-    }
-
-    /// The mesh of the plan.
-    pub fn device_mesh(&self) -> Result<DeviceMesh> {
-        Ok(DeviceMesh::new(self.mesh.shape.clone(), self.mesh.names.clone(), self.mesh.links.clone())?)
-    }
 }

@@ -55,46 +55,7 @@ pub fn to_cost(seconds: f64) -> u64 {
     (seconds * 1e12).round().clamp(0.0, (FORBIDDEN - 1) as f64) as u64
 }
 
-/// Which strategies a plan may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Baseline {
-    /// Any strategy: the solver chooses.
-    Auto,
-    /// Data parallel: the batch split over every mesh axis it divides; parameters, gradients'
-    /// updates and optimizer state replicated.
-    Dp,
-    /// Megatron: the batch split over the outer axes (data parallel), parameters replicated over
-    /// them and free (tensor parallel) on the innermost axis.
-    Megatron,
-    /// ZeRO: data parallel with parameters, their updates and optimizer state sharded over the
-    /// data axes.
-    Zero,
-}
-
-impl Baseline {
-    /// All of them.
-    pub const ALL: [Baseline; 4] = [Baseline::Auto, Baseline::Dp, Baseline::Megatron, Baseline::Zero];
-    /// Name as on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Baseline::Auto => "auto",
-            Baseline::Dp => "dp",
-            Baseline::Megatron => "megatron",
-            Baseline::Zero => "zero",
-        }
-    }
-}
-
-impl std::str::FromStr for Baseline {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Baseline, String> {
-        Baseline::ALL
-            .into_iter()
-            .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown strategy `{s}` (auto, dp, megatron, zero)"))
-    }
-}
+pub use ::plan::Baseline;
 
 /// The problem and what each of its nodes and strategies stands for.
 pub struct Built {

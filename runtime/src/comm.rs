@@ -128,7 +128,7 @@ pub trait Communicator {
 /// `rank`'s group for collective `c` on a block of `shape`, and its index in the group, once
 /// the collective is checked to run there: distinct mesh axes in range (a repeated axis would
 /// list ranks twice in the group, whose rendezvous then never completes), tensor dims in range,
-/// and dims that are split divisible by the group size. A validated plan ([`codegen::Plan::validate`])
+/// and dims that are split divisible by the group size. A validated plan ([`plan::Plan::validate`])
 /// passes; this keeps anything else a clean error instead of a panic or a hang.
 pub(crate) fn group_of(
     c: &Collective,

@@ -11,7 +11,7 @@
 //!
 //! Invariants:
 //! - Every rank runs the same instructions in the same order, so their collectives meet.
-//! - Memory is accounted as [`codegen::memory::simulate`] estimates it: resident blocks from the
+//! - Memory is accounted as [`plan::memory::simulate`] estimates it: resident blocks from the
 //!   start, outputs added when written, values subtracted when freed; the measured peak is the
 //!   bytes of tensors this rank actually held.
 //! - A step that fails leaves the rank's storage unusable (its parameters moved into the step):
@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use codegen::plan::{Instr, Plan};
 use ir::{BinaryOp, DType, Graph, NodeIndex, Op, ReduceOp, Tensor, TensorMeta, UnaryOp};
 use kernels::cpu::CpuContext;
+use plan::{Instr, Plan, ValueRef};
 use sharding::{Collective, DeviceMesh, Local, ReduceKind, ShardingSpec, sim};
 
 use crate::comm::{CommError, Communicator};
@@ -168,7 +168,7 @@ pub struct InputInfo {
 pub struct Program {
     mesh: DeviceMesh,
     pub(crate) code: Vec<Exec>,
-    pub(crate) slot_names: Vec<String>,
+    pub(crate) slot_names: Vec<ValueRef>,
     /// Parameters and optimizer state, in plan order.
     pub resident: Vec<Resident>,
     /// Constants: global value and layout.
@@ -373,18 +373,34 @@ impl Program {
     /// loaded, so the same plan runs in double precision: the way to check a plan on a model
     /// whose f32 results depend on summation order. Memory then is twice the plan's estimate.
     pub fn with_float_type(plan: &Plan, float: DType) -> Result<Program, DistError> {
-        plan.validate().map_err(|e| DistError::InvalidPlan(e.to_string()))?;
+        let (g, mesh) = plan.validated_parts().map_err(|e| DistError::InvalidPlan(e.to_string()))?;
+        Program::compile(plan, std::borrow::Cow::Owned(g), mesh, float)
+    }
+
+    /// Compiles a plan already validated (as [`Program::with_float_type`]), without checking or
+    /// parsing it again.
+    pub fn from_valid(plan: &plan::Valid, float: DType) -> Result<Program, DistError> {
+        Program::compile(plan.plan(), std::borrow::Cow::Borrowed(plan.graph()), plan.mesh().clone(), float)
+    }
+
+    fn compile(
+        plan: &Plan,
+        g: std::borrow::Cow<'_, Graph>,
+        mesh: DeviceMesh,
+        float: DType,
+    ) -> Result<Program, DistError> {
         let bad = |m: String| DistError::Plan(m);
-        let mesh = plan.device_mesh().map_err(|e| bad(e.to_string()))?;
-        let g = Graph::parse(&plan.graph).map_err(|e| bad(format!("graph: {e}")))?;
-        let g =
-            if float == DType::F32 { g } else { g.with_float_type(float).map_err(|e| bad(format!("graph: {e}")))? };
+        let g = if float == DType::F32 {
+            g
+        } else {
+            std::borrow::Cow::Owned(g.with_float_type(float).map_err(|e| bad(format!("graph: {e}")))?)
+        };
         let node = |i: usize| g.g.node_weight(NodeIndex::new(i)).ok_or_else(|| bad(format!("no node %{i}")));
-        let mut slots: HashMap<String, usize> = HashMap::new();
+        let mut slots: HashMap<ValueRef, usize> = HashMap::new();
         let mut slot_names = vec![];
-        let mut slot_of = |id: &str| -> usize {
-            *slots.entry(id.to_string()).or_insert_with(|| {
-                slot_names.push(id.to_string());
+        let mut slot_of = |id: &ValueRef| -> usize {
+            *slots.entry(*id).or_insert_with(|| {
+                slot_names.push(*id);
                 slot_names.len() - 1
             })
         };
@@ -392,13 +408,13 @@ impl Program {
         let mut resident = vec![];
         let mut constants = vec![];
         let mut inputs = vec![];
-        let mut out_specs: HashMap<String, ShardingSpec> = HashMap::new();
+        let mut out_specs: HashMap<ValueRef, ShardingSpec> = HashMap::new();
         for ins in &plan.program {
             match ins {
                 Instr::Op { node: id, name, outputs, output_specs, input_specs, inputs: ins_ids, local, .. } => {
                     let n = node(*id)?;
                     for (o, s) in outputs.iter().zip(output_specs) {
-                        out_specs.insert(o.clone(), s.clone());
+                        out_specs.insert(*o, s.clone());
                     }
                     let (Some(out0), Some(spec0), Some(meta0)) =
                         (outputs.first(), output_specs.first(), n.outputs.first())
@@ -467,27 +483,25 @@ impl Program {
                                 node: name.clone(),
                                 op: op.name(),
                                 kernel,
-                                inputs: ins_ids.iter().map(|i| slot_of(i)).collect(),
-                                outputs: outputs.iter().map(|o| slot_of(o)).collect(),
+                                inputs: ins_ids.iter().map(&mut slot_of).collect(),
+                                outputs: outputs.iter().map(&mut slot_of).collect(),
                                 shapes: local_outs,
                             });
                         }
                     }
                 }
                 Instr::Collective { input, output, collective, to, .. } => {
-                    out_specs.insert(output.clone(), to.clone());
+                    out_specs.insert(*output, to.clone());
                     code.push(Exec::Collective {
                         input: slot_of(input),
                         output: slot_of(output),
                         c: collective.clone(),
                     });
                 }
-                Instr::Free { values } => code.push(Exec::Free { slots: values.iter().map(|v| slot_of(v)).collect() }),
+                Instr::Free { values } => code.push(Exec::Free { slots: values.iter().map(&mut slot_of).collect() }),
             }
         }
-        let id_of = |v: ir::Value| {
-            if v.slot == 0 { format!("%{}", v.node.index()) } else { format!("%{}.{}", v.node.index(), v.slot) }
-        };
+        let id_of = ValueRef::of;
         let mut outputs = vec![];
         for (name, v) in &g.outputs {
             let id = id_of(*v);
@@ -512,7 +526,7 @@ impl Program {
                     g.params.iter().chain(&g.states).find(
                         |&&n| matches!(&g.node(n).op, Op::Param { name } | Op::State { name } if *name == r.name),
                     );
-                n.map(|&n| (r.name.clone(), slot_of(&format!("%{}", n.index()))))
+                n.map(|&n| (r.name.clone(), slot_of(&ValueRef::new(n.index(), 0))))
                     .ok_or_else(|| bad(format!("storage {} has no node", r.name)))
             })
             .collect::<Result<_, _>>()?;

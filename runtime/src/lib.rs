@@ -9,7 +9,8 @@
 //! parameters, and the new values of [`ir::Graph::updates`] come back in [`RunReport::updates`];
 //! [`train::Trainer`] keeps them between steps.
 //!
-//! Distributed execution: [`dist`] compiles a plan into a per-rank [`dist::Program`] and runs
+//! Distributed execution: [`dist`] compiles a plan (the `plan` crate's format; this crate never
+//! links the planner or the solver) into a per-rank [`dist::Program`] and runs
 //! its steps; [`comm`] has the [`comm::Communicator`] trait and its `threads` back end (ranks as
 //! threads, deterministic reductions, abort and timeout instead of hangs), `mpi_comm` the `mpi`
 //! one (feature `mpi`); [`launch`] runs steps on every rank with checkpoints ([`checkpoint`]) and

@@ -13,7 +13,7 @@ use std::fmt;
 /// Latency and inverse bandwidth of one mesh axis: a message of `b` bytes (as the collective's
 /// cost counts them, ring factor included) costs `alpha + b * beta` seconds; with
 /// [`Link::segments`], messages from a segment's size on follow that segment's line instead.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Link {
     /// Latency per collective, seconds.
     pub alpha: f64,
@@ -34,7 +34,7 @@ pub struct Link {
 }
 
 /// A size range of a [`Link`] with its own line.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Segment {
     /// Messages of at least this many bytes (as [`Link::time`] counts them) take this line,
     /// up to the next segment's `from_bytes`.

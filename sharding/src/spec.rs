@@ -239,6 +239,20 @@ impl Serialize for ShardingSpec {
     }
 }
 
+/// In JSON a spec is its text form (`"S0 R | P1"`).
+impl schemars::JsonSchema for ShardingSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ShardingSpec".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A layout: one entry per tensor dim, `R` (replicated) or `S` with the mesh axes splitting it, outermost first (`S01`); then `| P` with the axes holding partial sums. A scalar is `-`. Example: `S0 R S1 | P2`.",
+            "pattern": "^(-|[RS0-9 ]+)( \\| P[0-9]+)?$"
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for ShardingSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<ShardingSpec, D::Error> {
         let s = String::deserialize(d)?;

@@ -84,7 +84,7 @@ pub struct Rule {
 }
 
 /// How every rank computes its blocks.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Local {
     /// The op itself on the local blocks (shape attributes made local by [`local_op`]).

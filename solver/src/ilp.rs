@@ -177,8 +177,8 @@ impl MipBackend for Cbc {
         }
         let t_build = waiting.elapsed();
         let solved = model.solve();
-        if std::env::var_os("SOLVER_DEBUG").is_some() {
-            eprintln!(
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(
                 "cbc: {} vars {} rows, built in {:?}, solved in {:?} (limit {:?})",
                 mip.vars.len(),
                 mip.constraints.len(),

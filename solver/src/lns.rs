@@ -174,8 +174,13 @@ pub(crate) fn solve_region(
         let (add, keep): (Vec<Constraint>, Vec<Constraint>) = pending.into_iter().partition(broken);
         pending = keep;
         if !add.is_empty() {
-            if std::env::var_os("SOLVER_DEBUG").is_some() {
-                eprintln!("region {} nodes: {} memory rows broken, {} pending", region.len(), add.len(), pending.len());
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                tracing::debug!(
+                    "region {} nodes: {} memory rows broken, {} pending",
+                    region.len(),
+                    add.len(),
+                    pending.len()
+                );
             }
             mip.constraints.extend(add);
             if started.elapsed() >= time_limit {
@@ -194,9 +199,9 @@ pub(crate) fn solve_region(
             }
         }
         let tol = 1e-9 * before.abs().max(1.0);
-        if std::env::var_os("SOLVER_DEBUG").is_some() {
+        if tracing::enabled!(tracing::Level::DEBUG) {
             let obj: f64 = mip.objective.iter().map(|&(v, c)| c * values[v]).sum();
-            eprintln!(
+            tracing::debug!(
                 "region {} nodes (mip objective at values {obj} + {constant}): {:?} bound {:.0} cost {before:.0} -> {:.0} feasible {}",
                 region.len(),
                 out.status,

@@ -880,7 +880,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
     let groups = tie_groups(m);
     if debug() {
         let big = groups.iter().map(|g| g.members.len()).max().unwrap_or(0);
-        eprintln!("{} tie groups, largest {big}", groups.len());
+        tracing::debug!("{} tie groups, largest {big}", groups.len());
     }
     let mut ws = TreeWork::default();
 
@@ -920,7 +920,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         }
         if debug() {
             let prof = m.usage_profile(&tx);
-            eprintln!(
+            tracing::debug!(
                 "[{:.1}s] trws {iter} in {:.2}s: cost {tc:.0} max usage {} limit {} bound {lb:.0}",
                 start.elapsed().as_secs_f64(),
                 t0.elapsed().as_secs_f64(),
@@ -984,7 +984,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         }
         if debug() {
             let over = prof.iter().filter(|&&u| u > m.limit).count();
-            eprintln!(
+            tracing::debug!(
                 "[{:.1}s] lagr {iter}: cost {:.0} over-steps {over} max {} limit {} | repaired {:.0} | best {:?}",
                 start.elapsed().as_secs_f64(),
                 m.total_cost(&st.x),
@@ -1125,7 +1125,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             let out = crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
             last_region = t0.elapsed();
             if debug() {
-                eprintln!(
+                tracing::debug!(
                     "[{:.1}s] lns took {:.2}s of {:.2}s",
                     start.elapsed().as_secs_f64(),
                     t0.elapsed().as_secs_f64(),
@@ -1242,7 +1242,7 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
                 }
                 let relinked = st.relink(&gx.x);
                 if debug() {
-                    eprintln!(
+                    tracing::debug!(
                         "[{:.1}s] guide {:.0} relinked {relinked} -> {:.0}",
                         start.elapsed().as_secs_f64(),
                         gx.cost,
@@ -1279,12 +1279,12 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         }
     }
     if debug() {
-        eprintln!("lns: {lns_solves} region solves, final region size {region_vars}");
+        tracing::debug!("lns: {lns_solves} region solves, final region size {region_vars}");
     }
     consider(&mut st, &mut best);
     publish(&best);
     if debug() {
-        eprintln!("search: {rounds} rounds, best {:?}", best.as_ref().map(|b| b.1));
+        tracing::debug!("search: {rounds} rounds, best {:?}", best.as_ref().map(|b| b.1));
     }
     best
 }
@@ -1339,8 +1339,10 @@ fn grow_region(m: &Model, root: usize, budget: usize, rng: &mut SmallRng, in_reg
     region
 }
 
+/// Whether the search's progress is logged (`AUTOPAR_LOG=solver=debug`): some lines cost
+/// a pass over the problem to compute.
 fn debug() -> bool {
-    std::env::var_os("SOLVER_DEBUG").is_some()
+    tracing::enabled!(tracing::Level::DEBUG)
 }
 
 /// Importance of each merged edge: very large for hard edges, else the spread of its finite costs.

@@ -122,8 +122,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
     let m = Model::new(&red.problem);
     let mut bound = edge_charged_bound(&m);
     let ilp_size = ilp::size(&m);
-    if std::env::var_os("SOLVER_DEBUG").is_some() {
-        eprintln!("reduced and compiled in {:?}: {} steps, ilp size {ilp_size}", start.elapsed(), m.nsteps());
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!("reduced and compiled in {:?}: {} steps, ilp size {ilp_size}", start.elapsed(), m.nsteps());
     }
     let mut candidates: Vec<(Vec<usize>, &'static str)> = Vec::new();
     let mut proven = false;
@@ -155,8 +155,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             let mut st = search::State::new(&m, x0);
             let region: Vec<usize> = (0..m.n).filter(|&i| m.k[i] >= 2).collect();
             let in_region: Vec<bool> = (0..m.n).map(|i| m.k[i] >= 2).collect();
-            if std::env::var_os("SOLVER_DEBUG").is_some() {
-                eprintln!("ilp from a search start, budget {budget:?}");
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                tracing::debug!("ilp from a search start, budget {budget:?}");
             }
             // With a gap to stop at (planning), the start is usually near-optimal: a quick CBC.
             let cbc = Cbc { no_preprocess: true, quick: (opts.gap > 0.0).then_some(opts.gap) };
@@ -175,8 +175,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             _ => deadline.saturating_duration_since(Instant::now()).mul_f64(0.85),
         };
         let f = ilp::formulate(&m);
-        if std::env::var_os("SOLVER_DEBUG").is_some() {
-            eprintln!(
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(
                 "ilp: {} variables, {} constraints, budget {budget:?}",
                 f.mip.vars.len(),
                 f.mip.constraints.len()
@@ -449,8 +449,8 @@ fn restricted_ilp(p: &Problem, m: &Model, x: &[usize], time_limit: Duration, rou
     let mut st = search::State::new(&ms, xs);
     let region: Vec<usize> = (0..ms.n).filter(|&i| ms.k[i] >= 2).collect();
     let in_region: Vec<bool> = (0..ms.n).map(|i| ms.k[i] >= 2).collect();
-    if std::env::var_os("SOLVER_DEBUG").is_some() {
-        eprintln!(
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!(
             "restricted ilp: {per_node} strategies per node, {time_limit:?}, incumbent {} = {}",
             m.total_cost(x),
             st.cost

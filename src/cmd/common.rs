@@ -57,9 +57,14 @@ const MAX_PLAN_BYTES: u64 = 1 << 30;
 
 /// Reads and validates a plan file (a regular file of at most [`MAX_PLAN_BYTES`]).
 pub fn read_plan(path: &Path) -> Result<codegen::Plan> {
+    Ok(read_valid_plan(path)?.into_plan())
+}
+
+/// Reads and validates a plan file, keeping what validation parsed (for the runtime).
+pub fn read_valid_plan(path: &Path) -> Result<plan::Valid> {
     let text = ir::files::read_regular_to_string(path, MAX_PLAN_BYTES)
         .with_context(|| format!("reading {}", path.display()))?;
-    codegen::Plan::from_json(&text).with_context(|| path.display().to_string())
+    plan::Valid::from_json(&text).with_context(|| path.display().to_string())
 }
 
 /// The hash a plan records of its model ([`codegen::ModelInfo::file_hash`]): the model file, then

@@ -151,7 +151,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let index = tracer::InitializerIndex::open(&source).with_context(|| format!("indexing {}", source.display()))?;
     plan.model.source_hash = Some(common::model_hash(&source, &index)?);
     plan.model.source = Some(source.display().to_string());
-    std::fs::write(&a.out, plan.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
+    std::fs::write(&a.out, plan.to_json()?).with_context(|| format!("writing {}", a.out.display()))?;
     print!("{}", codegen::explain::summary(&plan));
     println!("wrote     {}", a.out.display());
     Ok(())

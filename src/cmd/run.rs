@@ -177,8 +177,9 @@ struct Prepared {
 }
 
 fn prepare(a: &RunArgs) -> Result<Prepared> {
-    let plan = common::read_plan(&a.plan)?;
-    let program = Program::with_float_type(&plan, a.precision.dtype())?;
+    let plan = common::read_valid_plan(&a.plan)?;
+    let program = Program::from_valid(&plan, a.precision.dtype())?;
+    let plan = plan.into_plan();
     let feeds = common::read_feeds(&a.feeds)?;
     let fault: Option<Fault> = match a.inject_fault.clone().or_else(|| std::env::var("AUTOPAR_INJECT_FAULT").ok()) {
         Some(s) => Some(s.parse().map_err(anyhow::Error::msg)?),

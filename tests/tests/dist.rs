@@ -195,7 +195,7 @@ fn check_plan(r: &Reference, mesh: &DeviceMesh, opts: &PlanOptions, what: &str) 
         }
     };
     // Through JSON, as `autopar run` reads it.
-    let plan = codegen::Plan::from_json(&plan.to_json()).with_context(|| what.to_string())?;
+    let plan = codegen::Plan::from_json(&plan.to_json()?).with_context(|| what.to_string())?;
     let program = Program::with_float_type(&plan, r.float).with_context(|| what.to_string())?;
     let states = (0..program.ranks())
         .map(|k| program.init_rank(k, &r.index, &r.feeds))

@@ -481,7 +481,7 @@ fn planning_never_panics_on_any_mesh() -> Result<()> {
                     ));
                     "over its time limit".to_string()
                 }
-                Ok(Ok(p)) => match Plan::from_json(&p.to_json()) {
+                Ok(Ok(p)) => match Plan::from_json(&p.to_json().unwrap()) {
                     Ok(_) => format!("{:.3} ms, {}", p.estimate.step_seconds * 1e3, p.solver.chosen.name()),
                     Err(e) => {
                         failures.push(format!("{name} on {text}: the plan fails its own loader: {e}"));

@@ -59,7 +59,7 @@ fn min_peak(g: &Graph, mesh: &DeviceMesh, cpu: &DeviceProfile) -> Result<u64> {
 }
 
 fn round_trip(p: &Plan) -> Result<Plan> {
-    Plan::from_json(&p.to_json()).context("the plan does not pass its own loader")
+    Plan::from_json(&p.to_json()?).context("the plan does not pass its own loader")
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn auto_is_never_worse_than_manual_baselines() -> Result<()> {
                         Ok(p) => {
                             let p = round_trip(&p)?;
                             let base = p.estimate.step_seconds;
-                            let gap = if p.solver.status == "Optimal" {
+                            let gap = if p.solver.status == codegen::plan::SolveStatus::Optimal {
                                 0.0
                             } else {
                                 (p.solver.objective_seconds - p.solver.lower_bound_seconds).max(0.0)
@@ -188,7 +188,7 @@ fn explain_renders_and_the_loader_rejects_corrupt_plans() -> Result<()> {
     let dot = codegen::explain::dot(&p);
     ensure!(dot.starts_with("digraph plan {") && dot.trim_end().ends_with('}'));
     // Corruptions: each is a clear error, never a panic.
-    let json = p.to_json();
+    let json = p.to_json().unwrap();
     let cases = [
         (json.replace(&format!("\"version\": {}", codegen::plan::VERSION), "\"version\": 7"), "version 7"),
         (json.replacen("\"spec\": \"", "\"spec\": \"S9 ", 1), "spec"),
@@ -206,7 +206,7 @@ fn explain_renders_and_the_loader_rejects_corrupt_plans() -> Result<()> {
     let mut q = p.clone();
     let first_free = q.program.iter().position(|i| matches!(i, Instr::Free { .. })).context("no free")?;
     let freed = match &q.program[first_free] {
-        Instr::Free { values } => values[0].clone(),
+        Instr::Free { values } => values[0],
         _ => unreachable!(),
     };
     q.program.insert(first_free + 1, Instr::Free { values: vec![freed] });
@@ -398,4 +398,120 @@ fn a_problem_too_large_for_memory_is_a_clear_error() -> Result<()> {
         Err(e) => bail!("expected the too-large error, got: {e}"),
         Ok(_) => bail!("a 425M-entry problem was built"),
     }
+}
+
+/// The lowered program of gpt2-tiny on 2x2, one line per instruction (estimates left out: they
+/// follow the device profile), against `tests/data/golden/plan_gpt2-tiny_2x2.txt`. A change to
+/// lowering, conversion paths, frees or the chosen strategies shows as a diff here;
+/// `BLESS=1 cargo test --workspace --test plan golden` rewrites the file after a deliberate one.
+#[test]
+fn golden_lowered_plan_gpt2_tiny_2x2() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let mesh = DeviceMesh::uniform(&[2, 2])?;
+    // Time enough to prove the optimum on any machine, so the plan does not depend on speed.
+    let o =
+        PlanOptions { time_limit: Duration::from_secs(120), compare_baselines: false, ..opts(1 << 30, Baseline::Auto) };
+    let p = round_trip(&codegen::plan(&g, &mesh, &cpu, &o)?)?;
+    ensure!(p.solver.status != codegen::plan::SolveStatus::Feasible, "not solved to optimality: {}", p.solver.status);
+    let mut text = String::new();
+    for (k, ins) in p.program.iter().enumerate() {
+        let list = |v: &[codegen::plan::ValueRef]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
+        let specs = |v: &[sharding::ShardingSpec]| v.iter().map(|x| format!("[{x}]")).collect::<Vec<_>>().join(" ");
+        let line = match ins {
+            Instr::Op { name, op, strategy, inputs, input_specs, outputs, output_specs, local, recompute, .. } => {
+                format!(
+                    "{} = {op}({}) {name} `{strategy}` {} -> {}{}{}",
+                    list(outputs),
+                    list(inputs),
+                    specs(input_specs),
+                    specs(output_specs),
+                    if *local == sharding::Local::Same { String::new() } else { format!(" {local:?}") },
+                    if *recompute { " recompute" } else { "" }
+                )
+            }
+            Instr::Collective { input, output, collective, from, to, bytes, .. } => {
+                format!("{output} = {collective}({input}) [{from}] -> [{to}] {bytes} B")
+            }
+            Instr::Free { values } => format!("free {}", list(values)),
+        };
+        text.push_str(&format!("{k:4} {line}\n"));
+    }
+    for s in &p.params {
+        text.push_str(&format!("param {} %{} {:?} [{}] local {:?}\n", s.name, s.node, s.shape, s.spec, s.local_shape));
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/golden/plan_gpt2-tiny_2x2.txt");
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(&path, &text)?;
+        return Ok(());
+    }
+    let want = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    if want != text {
+        let first = want
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.lines().count().min(text.lines().count()));
+        bail!(
+            "the lowered plan differs from {} from line {}:\n  golden: {}\n  now:    {}\n({} lines golden, {} now; BLESS=1 rewrites it after a deliberate change)",
+            path.display(),
+            first + 1,
+            want.lines().nth(first).unwrap_or("<end>"),
+            text.lines().nth(first).unwrap_or("<end>"),
+            want.lines().count(),
+            text.lines().count()
+        );
+    }
+    Ok(())
+}
+
+/// Like a compiler's verifier, validation goes on past the first problem: five independent
+/// edits of a valid plan are five problems, each at its instruction or parameter.
+#[test]
+fn a_plan_with_five_errors_reports_all_five() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let mesh = DeviceMesh::uniform(&[2, 2])?;
+    let mut p = codegen::plan(&g, &mesh, &cpu, &opts(1 << 30, Baseline::Dp))?;
+    p.validate()?;
+    let ops: Vec<usize> = (0..p.program.len())
+        .filter(|&k| matches!(&p.program[k], Instr::Op { inputs, .. } if !inputs.is_empty()))
+        .collect();
+    let free = (0..p.program.len()).find(|&k| matches!(p.program[k], Instr::Free { .. })).context("no free")?;
+    ensure!(ops.len() >= 3, "too few ops");
+    // 1. A local shape that is not the spec's split.
+    if let Instr::Op { local_shapes, .. } = &mut p.program[ops[0]] {
+        local_shapes[0][0] += 1;
+    }
+    // 2. An op renamed.
+    if let Instr::Op { name, .. } = &mut p.program[ops[1]] {
+        name.push_str("_edited");
+    }
+    // 3. A read of a value never written.
+    if let Instr::Op { inputs, .. } = &mut p.program[ops[2]] {
+        inputs[0] = inputs[0].with_copy(99_999);
+    }
+    // 4. A free of a value that is not live.
+    if let Instr::Free { values } = &mut p.program[free] {
+        values.push(codegen::plan::ValueRef::new(0, 7));
+    }
+    // 5. A parameter's offsets for too few ranks.
+    p.params[0].offsets.truncate(1);
+    let problems = p.problems();
+    let at: Vec<String> = problems.iter().map(|x| x.to_string()).collect();
+    let want = [
+        format!("instruction {}: ", ops[0]),
+        format!("instruction {}: ", ops[1]),
+        format!("instruction {}: ", ops[2]),
+        format!("instruction {free}: frees %0.7"),
+        format!("parameter {}: 1 offsets", p.params[0].name),
+    ];
+    for w in &want {
+        ensure!(at.iter().any(|a| a.starts_with(w.as_str())), "no problem starting `{w}` in:\n{}", at.join("\n"));
+    }
+    ensure!(problems.len() == 5, "{} problems, want 5:\n{}", problems.len(), at.join("\n"));
+    // The error names them all (three shown, the rest counted) and the JSON loader agrees.
+    let err = Plan::from_json(&p.to_json()?).err().context("accepted")?.to_string();
+    ensure!(err.contains("and 2 more"), "{err}");
+    Ok(())
 }

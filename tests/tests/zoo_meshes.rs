@@ -116,7 +116,7 @@ fn zoo_models_plan_on_every_mesh_or_fail_cleanly() -> Result<()> {
                     ));
                     "over its time limit".to_string()
                 }
-                Ok(Ok(p)) => match Plan::from_json(&p.to_json()) {
+                Ok(Ok(p)) => match Plan::from_json(&p.to_json().unwrap()) {
                     Ok(_) => {
                         planned += 1;
                         format!("{:.3} ms, {}", p.estimate.step_seconds * 1e3, p.solver.chosen.name())

@@ -19,8 +19,7 @@ use std::collections::HashMap;
 use ir::{Graph, NodeIndex, Op};
 use sharding::DeviceMesh;
 
-use crate::plan::Instr;
-use crate::{Error, Result};
+use crate::{Error, Instr, Location, Problem, Problems, Result, ValueRef};
 
 /// The memory profile of a program (bytes per rank).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,19 +32,10 @@ pub struct MemoryProfile {
     pub peak_at: Option<usize>,
 }
 
-/// The (node, output slot) a value id names: `%i`, `%i.s`, or a converted copy `%i@k` / `%i.s@k`.
-pub(crate) fn value_node(id: &str) -> Option<(usize, usize)> {
-    let base = id.split('@').next()?.strip_prefix('%')?;
-    match base.split_once('.') {
-        Some((n, s)) => Some((n.parse().ok()?, s.parse().ok()?)),
-        None => Some((base.parse().ok()?, 0)),
-    }
-}
-
 /// Walks `program` (see the module docs). `graph` is the plan's graph (node `%i` is index `i`).
 pub fn simulate(graph: &Graph, mesh: &DeviceMesh, program: &[Instr]) -> Result<MemoryProfile> {
-    let bad = |k: usize, m: String| Error::BadPlan(format!("instruction {k}: {m}"));
-    let mut bytes: HashMap<&str, u64> = HashMap::new();
+    let bad = |k: usize, why: String| Error::Invalid(Problems(vec![Problem { at: Location::Instr(k), why }]));
+    let mut bytes: HashMap<ValueRef, u64> = HashMap::new();
     let mut resident = 0u64;
     for ins in program {
         if let Instr::Op { node, outputs, local_shapes, .. } = ins {
@@ -56,7 +46,7 @@ pub fn simulate(graph: &Graph, mesh: &DeviceMesh, program: &[Instr]) -> Result<M
                 for (o, shape) in outputs.iter().zip(local_shapes) {
                     let b = (shape.iter().product::<usize>() * n.outputs[0].dtype.size()) as u64;
                     resident += b;
-                    bytes.insert(o, b);
+                    bytes.insert(*o, b);
                 }
             }
         }
@@ -72,26 +62,25 @@ pub fn simulate(graph: &Graph, mesh: &DeviceMesh, program: &[Instr]) -> Result<M
                     let mut sum = 0;
                     for ((o, shape), m) in outputs.iter().zip(local_shapes).zip(&n.outputs) {
                         let b = (shape.iter().product::<usize>() * m.dtype.size()) as u64;
-                        bytes.insert(o, b);
+                        bytes.insert(*o, b);
                         sum += b;
                     }
                     sum
                 }
             }
             Instr::Collective { input, output, to, .. } => {
-                let (n, s) = value_node(input).ok_or_else(|| bad(k, format!("bad value id {input}")))?;
                 let m = graph
                     .g
-                    .node_weight(NodeIndex::new(n))
-                    .and_then(|x| x.outputs.get(s))
+                    .node_weight(NodeIndex::new(input.node))
+                    .and_then(|x| x.outputs.get(input.slot))
                     .ok_or_else(|| bad(k, format!("unknown value {input}")))?;
                 let b = (to.local_shape(&m.shape, mesh).iter().product::<usize>() * m.dtype.size()) as u64;
-                bytes.insert(output, b);
+                bytes.insert(*output, b);
                 b
             }
             Instr::Free { values } => {
                 for v in values {
-                    let b = bytes.remove(v.as_str()).ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?;
+                    let b = bytes.remove(v).ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?;
                     live = live.saturating_sub(b);
                 }
                 0

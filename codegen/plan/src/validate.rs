@@ -12,8 +12,8 @@
 //!    PyTorch's optimizers accept (`lr`, `momentum`, `weight_decay`, `epsilon` `>= 0`, betas in
 //!    `[0, 1)`).
 //! 3. **The program**, walked in order with the layout of every live value:
-//!    - value ids are well formed (`%n`, `%n.s`, converted copies `%n@k`, `%n.s@k`), written
-//!      before they are read, not written while live, freed only while live;
+//!    - values ([`crate::ValueRef`]: well formed when parsed) are written before they are read,
+//!      not written while live, freed only while live;
 //!    - an `op` instruction names a graph node with its name and op, reads exactly the node's
 //!      graph inputs (or converted copies of them) in the layouts they have, writes the node's
 //!      outputs, its specs fit the tensors on the mesh, its local shapes are the specs' splits
@@ -35,11 +35,10 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use ir::{Graph, NodeIndex, Op, Value};
+use ir::{Graph, NodeIndex, Op};
 use sharding::{AxisState, Collective, DeviceMesh, DeviceProfile, ReduceKind, ShardingSpec};
 
-use crate::plan::{Instr, Plan, fnv, value_id};
-use crate::{Error, Result};
+use crate::{Error, Instr, Plan, Result, ValueRef, fnv};
 
 /// Where a problem of a plan is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,34 +92,6 @@ impl fmt::Display for Problems {
         }
         Ok(())
     }
-}
-
-/// A value id: `%node`, `%node.slot`, with `@copy` for a converted copy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Id {
-    value: Value,
-    copy: Option<usize>,
-}
-
-/// Parses a value id in its one canonical spelling (the runtime keys values by their text, so
-/// `%05` or `%5.0` would name another value than `%5`).
-fn parse_id(id: &str) -> Option<Id> {
-    let num = |s: &str| -> Option<usize> {
-        let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-        if ok { s.parse().ok() } else { None }
-    };
-    let (base, copy) = match id.split_once('@') {
-        Some((b, c)) => (b, Some(num(c)?)),
-        None => (id, None),
-    };
-    let base = base.strip_prefix('%')?;
-    let (node, slot) = match base.split_once('.') {
-        Some((n, s)) => (num(n)?, num(s)?),
-        None => (num(base)?, 0),
-    };
-    let value = Value::new(NodeIndex::new(node), slot);
-    // `%5.0` is spelled `%5`.
-    (value_id(value) == id.split('@').next()?).then_some(Id { value, copy })
 }
 
 /// The spec `c` turns `from` into, as the runtime executes it ([`sharding::sim::apply`]'s
@@ -282,6 +253,50 @@ fn check_hyper(op: &Op) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// A plan that [`Plan::validate`] accepted, with the graph and mesh validation parsed: what the
+/// runtime compiles without checking or parsing again. Read-only (it derefs to the [`Plan`]), so
+/// it stays what was checked.
+#[derive(Clone, Debug)]
+pub struct Valid {
+    plan: Plan,
+    graph: Graph,
+    mesh: DeviceMesh,
+}
+
+impl Valid {
+    /// Reads and validates a plan ([`Plan::from_json`]), keeping the parsed graph and mesh.
+    pub fn from_json(text: &str) -> Result<Valid> {
+        Plan::parse(text)?.into_valid()
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The plan's training graph, parsed (node `%i` is index `i`).
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The plan's mesh.
+    pub fn mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+
+    /// The plan, to edit (it is no longer known to be valid).
+    pub fn into_plan(self) -> Plan {
+        self.plan
+    }
+}
+
+impl std::ops::Deref for Valid {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        &self.plan
+    }
+}
+
 /// What the walk knows about one graph node's first execution.
 struct Ran<'a> {
     ins: &'a [ShardingSpec],
@@ -299,8 +314,30 @@ impl Plan {
 
     /// Every problem of the plan, in the order found (empty for a valid plan).
     pub fn problems(&self) -> Vec<Problem> {
+        self.check().0
+    }
+
+    /// Validates the plan, returning the graph and mesh validation parsed (what [`Valid`]
+    /// keeps, for a borrowed plan).
+    pub fn validated_parts(&self) -> Result<(Graph, DeviceMesh)> {
+        match self.check() {
+            (problems, Some(parts)) if problems.is_empty() => Ok(parts),
+            (problems, _) => Err(Error::Invalid(Problems(problems))),
+        }
+    }
+
+    /// Validates the plan and keeps what validation parsed (see [`Valid`]).
+    pub fn into_valid(self) -> Result<Valid> {
+        match self.check() {
+            (problems, Some((graph, mesh))) if problems.is_empty() => Ok(Valid { plan: self, graph, mesh }),
+            (problems, _) => Err(Error::Invalid(Problems(problems))),
+        }
+    }
+
+    /// Every problem, and the parsed graph and mesh when the whole-plan checks pass.
+    fn check(&self) -> (Vec<Problem>, Option<(Graph, DeviceMesh)>) {
         let mut out = vec![];
-        let plan = |why: String| vec![Problem { at: Location::Plan, why }];
+        let plan = |why: String| (vec![Problem { at: Location::Plan, why }], None);
         let mesh = match self.device_mesh() {
             Ok(m) => m,
             Err(e) => return plan(e.to_string()),
@@ -328,14 +365,15 @@ impl Plan {
         }
         let ran = self.walk(&g, &mesh, &mut out);
         self.check_params(&g, &mesh, &ran, &mut out);
-        out
+        drop(ran);
+        (out, Some((g, mesh)))
     }
 
     /// Step 3 of the module docs; returns how each node first ran.
     fn walk<'a>(&'a self, g: &Graph, mesh: &DeviceMesh, out: &mut Vec<Problem>) -> HashMap<NodeIndex, Ran<'a>> {
         // Strategies only need a profile for their costs, which are not compared.
         let profile = DeviceProfile::builtin("cpu");
-        let mut live: HashMap<&str, &ShardingSpec> = HashMap::new();
+        let mut live: HashMap<ValueRef, &ShardingSpec> = HashMap::new();
         let mut ran: HashMap<NodeIndex, Ran> = HashMap::new();
         for (k, ins) in self.program.iter().enumerate() {
             let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
@@ -383,27 +421,27 @@ impl Plan {
                             bad(format!("input {j} ({id}): {e}"));
                             fits = false;
                         }
-                        match parse_id(id) {
-                            None => bad(format!("input {j}: `{id}` is not a value id (%N, %N.S, %N@K)")),
-                            Some(p) if p.value != *v => bad(format!(
+                        if id.value() != *v {
+                            bad(format!(
                                 "input {j} is {id}, but the graph's input {j} of {} is {}",
                                 n.name,
-                                value_id(*v)
-                            )),
-                            Some(_) => match live.get(id.as_str()) {
+                                ValueRef::of(*v)
+                            ));
+                        } else {
+                            match live.get(id) {
                                 None => bad(format!("reads {id} before it is written or after it is freed")),
                                 Some(&have) if have != spec => bad(format!(
                                     "reads {id} as `{spec}`, but it is laid out as `{have}` (a conversion is missing)"
                                 )),
                                 Some(_) => {}
-                            },
+                            }
                         }
                     }
                     for (s, ((id, spec), (meta, local_shape))) in
                         outputs.iter().zip(output_specs).zip(n.outputs.iter().zip(local_shapes)).enumerate()
                     {
-                        let want = value_id(Value::new(idx, s));
-                        if id != &want {
+                        let want = ValueRef::new(*node, s);
+                        if *id != want {
                             bad(format!("output {s} of %{node} is written as `{id}`, not {want}"));
                         }
                         match spec.check(&meta.shape, mesh) {
@@ -445,26 +483,22 @@ impl Plan {
                         }
                     }
                     for (id, spec) in outputs.iter().zip(output_specs) {
-                        if live.insert(id, spec).is_some() {
+                        if live.insert(*id, spec).is_some() {
                             bad(format!("writes {id} while it is live (free it first)"));
                         }
                     }
                 }
                 Instr::Collective { input, output, collective, from, to, bytes, .. } => {
-                    let (pi, po) = (parse_id(input), parse_id(output));
-                    let Some(pi) = pi else {
-                        bad(format!("`{input}` is not a value id (%N, %N.S, %N@K)"));
-                        continue;
-                    };
-                    match po {
-                        Some(po) if po.value == pi.value && po.copy.is_some() => {}
-                        _ => bad(format!("writes `{output}`, which is not a converted copy of {}", value_id(pi.value))),
+                    if output.base() != input.base() || output.copy.is_none() {
+                        bad(format!("writes `{output}`, which is not a converted copy of {}", input.base()));
                     }
-                    let Some(meta) = g.g.node_weight(pi.value.node).and_then(|n| n.outputs.get(pi.value.slot)) else {
+                    let Some(meta) =
+                        g.g.node_weight(NodeIndex::new(input.node)).and_then(|n| n.outputs.get(input.slot))
+                    else {
                         bad(format!("converts {input}, which the graph does not have"));
                         continue;
                     };
-                    match live.get(input.as_str()) {
+                    match live.get(input) {
                         None => bad(format!("converts {input} before it is written or after it is freed")),
                         Some(&have) if have != from => {
                             bad(format!("converts {input} from `{from}`, but it is laid out as `{have}`"))
@@ -488,13 +522,13 @@ impl Plan {
                             }
                         },
                     }
-                    if live.insert(output, to).is_some() {
+                    if live.insert(*output, to).is_some() {
                         bad(format!("writes {output} while it is live (free it first)"));
                     }
                 }
                 Instr::Free { values } => {
                     for v in values {
-                        if live.remove(v.as_str()).is_none() {
+                        if live.remove(v).is_none() {
                             bad(format!("frees {v}, which is not live"));
                         }
                     }
@@ -505,14 +539,14 @@ impl Plan {
         let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
         let mut end = |why: String| out.push(Problem { at: Location::End, why });
         for (name, v) in &g.outputs {
-            if !live.contains_key(value_id(*v).as_str()) {
-                end(format!("output {name} ({}) is not live", value_id(*v)));
+            if !live.contains_key(&ValueRef::of(*v)) {
+                end(format!("output {name} ({}) is not live", ValueRef::of(*v)));
             }
         }
         for (p, v) in &g.updates {
-            let id = value_id(*v);
+            let id = ValueRef::of(*v);
             let pname = &g.node(*p).name;
-            match (live.get(id.as_str()), ran.get(p)) {
+            match (live.get(&id), ran.get(p)) {
                 (None, _) => end(format!("the update of {pname} ({id}) is not live")),
                 (Some(_), None) => end(format!("{pname} is updated but never read")),
                 (Some(&s), Some(r)) if Some(s) != r.outs.first() => end(format!(
@@ -523,8 +557,8 @@ impl Plan {
             }
         }
         for &p in g.params.iter().chain(&g.states).filter(|p| !updated.contains(p)) {
-            let id = value_id(Value::new(p, 0));
-            if ran.contains_key(&p) && !live.contains_key(id.as_str()) {
+            let id = ValueRef::new(p.index(), 0);
+            if ran.contains_key(&p) && !live.contains_key(&id) {
                 end(format!("the frozen parameter {} ({id}) is freed: the next step needs it", g.node(p).name));
             }
         }
@@ -591,17 +625,6 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn value_ids_have_one_spelling() {
-        let v = |n: usize, s: usize| Value::new(NodeIndex::new(n), s);
-        assert_eq!(parse_id("%5"), Some(Id { value: v(5, 0), copy: None }));
-        assert_eq!(parse_id("%5.2@17"), Some(Id { value: v(5, 2), copy: Some(17) }));
-        assert_eq!(parse_id("%0@0"), Some(Id { value: v(0, 0), copy: Some(0) }));
-        for bad in ["5", "%", "%05", "%5.0", "%+5", "%5.", "%5@", "%5@x", "%5@01", "%-1", "%5.1.2", " %5"] {
-            assert_eq!(parse_id(bad), None, "{bad}");
-        }
-    }
 
     /// Every one-step transform the layout converter emits (and so every collective a planner's
     /// program holds) turns its spec into the converter's `after`, as [`spec_after`] computes it.

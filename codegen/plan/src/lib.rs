@@ -1,0 +1,468 @@
+//! The distributed plan format: `plan.json`, the artifact between the planner and the runtime.
+//!
+//! A [`Plan`] is one SPMD program that every rank of a device mesh runs on its own blocks, with
+//! what it needs to run: the training graph it was lowered from, the mesh, where each parameter
+//! and optimizer state lives ([`ParamShard`]), and for people the estimates and the solver's
+//! report. This crate is the format only: typed, serde-derived structs with a [`VERSION`], a
+//! JSON Schema generated from them ([`json_schema`], committed as `plan.schema.json`), and the
+//! validating loader. It depends on `ir` and `sharding` (specs, collectives, their geometry),
+//! never on the planner or the solver, so the runtime reads plans without them.
+//!
+//! Invariants:
+//! - [`Plan::from_json`] returns only plans that [`Plan::validate`] accepts: the version is this
+//!   crate's, every field has its type and form (value references are typed, [`ValueRef`]),
+//!   and every field the runtime reads is consistent (mesh, graph, layouts, collectives, value
+//!   lifetimes, parameter layouts, optimizer hyper-parameters; see [`validate`]). Nothing a
+//!   rank needs is left to re-derive from strings.
+//! - Loading a plan of another version is an error naming both versions; writing one that is
+//!   not representable as JSON (a NaN estimate) is an error, never a partial file.
+#![warn(missing_docs)]
+
+mod error;
+pub mod memory;
+pub mod validate;
+mod value;
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sharding::{Collective, DeviceMesh, Link, Local, ShardingSpec};
+
+pub use error::{Error, Result};
+pub use validate::{Location, Problem, Problems, Valid};
+pub use value::{BadValueRef, ValueRef};
+
+/// The plan format's version. 3: the solver's status is `optimal`, `within_gap` or `feasible`
+/// (was a Rust debug string).
+pub const VERSION: u32 = 3;
+
+/// Which strategies a plan may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Baseline {
+    /// Any strategy: the solver chooses.
+    Auto,
+    /// Data parallel: the batch split over every mesh axis it divides; parameters, gradients'
+    /// updates and optimizer state replicated.
+    Dp,
+    /// Megatron: the batch split over the outer axes (data parallel), parameters replicated over
+    /// them and free (tensor parallel) on the innermost axis.
+    Megatron,
+    /// ZeRO: data parallel with parameters, their updates and optimizer state sharded over the
+    /// data axes.
+    Zero,
+}
+
+impl Baseline {
+    /// All of them.
+    pub const ALL: [Baseline; 4] = [Baseline::Auto, Baseline::Dp, Baseline::Megatron, Baseline::Zero];
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Baseline::Auto => "auto",
+            Baseline::Dp => "dp",
+            Baseline::Megatron => "megatron",
+            Baseline::Zero => "zero",
+        }
+    }
+}
+
+impl std::str::FromStr for Baseline {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Baseline, String> {
+        Baseline::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| format!("unknown strategy `{s}` (auto, dp, megatron, zero)"))
+    }
+}
+
+/// Whether the solver proved its plan optimal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SolveStatus {
+    /// No plan is cheaper in the cost model (the objective meets the lower bound).
+    Optimal,
+    /// Within the solver's relative gap (0.001%) of its lower bound: optimal for any purpose.
+    WithinGap,
+    /// The best plan found in the time limit; the lower bound says how far from optimal it
+    /// may be.
+    Feasible,
+}
+
+impl std::fmt::Display for SolveStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SolveStatus::Optimal => "optimal",
+            SolveStatus::WithinGap => "optimal within 0.001%",
+            SolveStatus::Feasible => "feasible (not proven optimal)",
+        })
+    }
+}
+
+/// The size of a problem as the solver saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Size {
+    /// Nodes.
+    pub nodes: usize,
+    /// Edges between distinct nodes, parallel edges counted once.
+    pub edges: usize,
+    /// Strategies over all nodes.
+    pub strategies: usize,
+    /// Variables of the exact ILP: one per strategy and one per finite entry of every edge.
+    pub variables: usize,
+}
+
+/// What activation checkpointing did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CheckpointReport {
+    /// Stages of the forward chain.
+    pub stages: usize,
+    /// Stages recomputed during backward (named by their last node).
+    pub recomputed: Vec<String>,
+    /// Seconds the recomputation adds to a step.
+    pub extra_seconds: f64,
+    /// Peak bytes per rank without recomputation.
+    pub peak_before: u64,
+    /// Peak bytes per rank with it.
+    pub peak_after: u64,
+    /// Wall seconds this stage of planning took.
+    pub seconds: f64,
+}
+
+/// Model identity.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelInfo {
+    /// Graph name.
+    pub name: String,
+    /// FNV-1a hash of the training graph's text form.
+    pub hash: String,
+    /// The ONNX file the plan was made from (where `autopar run` reads each rank's parameter
+    /// blocks): an absolute path in plans written by `autopar plan`; a relative one (older
+    /// plans) is relative to the plan file's directory. `None` when planned from a graph in
+    /// memory.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// [`ModelInfo::file_hash`] of `source` and its external data files when planned, so that
+    /// `autopar run` can refuse a model file that changed since; `None` in older plans.
+    #[serde(default)]
+    pub source_hash: Option<String>,
+}
+
+impl ModelInfo {
+    /// The hash recorded in [`ModelInfo::source_hash`]: SHA-256 of the bytes of `files` one
+    /// after the other (the model file, then its external data files in a fixed order), written
+    /// `sha256:<64 hex digits>`. Only regular files are read. (A cryptographic hash because it is
+    /// also fast: about 1.5 GB/s with the SHA instructions of current x86 and ARM cores.)
+    pub fn file_hash<'a>(files: impl IntoIterator<Item = &'a std::path::Path>) -> std::io::Result<String> {
+        use sha2::Digest;
+        use std::io::Read;
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        for path in files {
+            let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+            let mut f = ir::files::open_regular(path).map_err(at)?;
+            loop {
+                let n = f.read(&mut buf).map_err(at)?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+            }
+        }
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("sha256:{hex}"))
+    }
+}
+
+/// The mesh as planned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MeshInfo {
+    /// Axis sizes, outermost first.
+    pub shape: Vec<usize>,
+    /// Axis names.
+    pub names: Vec<String>,
+    /// Link of each axis.
+    pub links: Vec<Link>,
+}
+
+/// Planning options as used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OptionsInfo {
+    /// Memory budget per rank, bytes.
+    pub budget_bytes: u64,
+    /// Requested strategy.
+    pub strategy: Baseline,
+    /// Solver time limit, seconds.
+    pub time_limit_seconds: f64,
+}
+
+/// Where one parameter (or optimizer state) lives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ParamShard {
+    /// Initializer or state name.
+    pub name: String,
+    /// Program node id.
+    pub node: usize,
+    /// Global shape.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: String,
+    /// Layout.
+    pub spec: ShardingSpec,
+    /// Shape of each rank's block.
+    pub local_shape: Vec<usize>,
+    /// Offset of each rank's block (index = rank).
+    pub offsets: Vec<Vec<usize>>,
+}
+
+/// One instruction of the SPMD program (every rank runs all of them on its blocks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Instr {
+    /// Run node `node` of `graph` on local blocks.
+    Op {
+        /// Program node id (`%node` in `graph`).
+        node: usize,
+        /// Node name.
+        name: String,
+        /// Op name.
+        op: String,
+        /// Strategy name.
+        strategy: String,
+        /// Values read: the node's graph inputs, or converted copies of them.
+        inputs: Vec<ValueRef>,
+        /// Their specs.
+        input_specs: Vec<ShardingSpec>,
+        /// Values written: the node's outputs, in order.
+        outputs: Vec<ValueRef>,
+        /// Their specs.
+        output_specs: Vec<ShardingSpec>,
+        /// Local shape of each output.
+        local_shapes: Vec<Vec<usize>>,
+        /// How the rank computes.
+        local: Local,
+        /// Estimated seconds (compute + the op's own collectives).
+        seconds: f64,
+        /// A re-execution during backward of a forward op whose output was not kept
+        /// (activation checkpointing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        recompute: bool,
+    },
+    /// A layout conversion step of a value.
+    Collective {
+        /// Value read.
+        input: ValueRef,
+        /// Value written (a converted copy of the same graph value).
+        output: ValueRef,
+        /// The collective.
+        collective: Collective,
+        /// Spec before.
+        from: ShardingSpec,
+        /// Spec after.
+        to: ShardingSpec,
+        /// Bytes as nccl-tests counts them.
+        bytes: usize,
+        /// Estimated seconds.
+        seconds: f64,
+    },
+    /// Values no longer needed.
+    Free {
+        /// The values.
+        values: Vec<ValueRef>,
+    },
+}
+
+/// Cost of one op in the estimate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpCost {
+    /// Node name.
+    pub node: String,
+    /// Op name.
+    pub op: String,
+    /// Strategy name.
+    pub strategy: String,
+    /// Compute seconds.
+    pub compute_seconds: f64,
+    /// Seconds of its own collectives and of converting its inputs.
+    pub comm_seconds: f64,
+}
+
+/// Collectives of one kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CollectiveSummary {
+    /// Kind (`all-reduce`, ...).
+    pub kind: String,
+    /// How many.
+    pub count: usize,
+    /// Bytes in total.
+    pub bytes: usize,
+    /// Seconds in total.
+    pub seconds: f64,
+}
+
+/// What the plan is expected to cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Estimate {
+    /// Seconds per training step (compute + communication, no overlap assumed).
+    pub step_seconds: f64,
+    /// Compute seconds.
+    pub compute_seconds: f64,
+    /// Communication seconds.
+    pub comm_seconds: f64,
+    /// Seconds of recomputing activations during backward (ops and their conversions).
+    #[serde(default)]
+    pub recompute_seconds: f64,
+    /// What activation checkpointing did.
+    #[serde(default)]
+    pub checkpoint: CheckpointReport,
+    /// Peak bytes per rank: the liveness walk of the program ([`crate::memory::simulate`]),
+    /// which is what the runtime holds (conversion copies included).
+    pub peak_bytes_per_rank: u64,
+    /// The peak in the solver's model (values live from producer to last reader; conversion
+    /// copies not counted).
+    #[serde(default)]
+    pub solver_peak_bytes_per_rank: u64,
+    /// Bytes per rank resident for the whole step (parameters, optimizer state, constants).
+    pub resident_bytes_per_rank: u64,
+    /// Per op.
+    pub per_op: Vec<OpCost>,
+    /// Per collective kind.
+    pub collectives: Vec<CollectiveSummary>,
+}
+
+/// How the solver did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SolverInfo {
+    /// Whether the plan is proven optimal (in the cost model).
+    pub status: SolveStatus,
+    /// The solver's objective, seconds.
+    pub objective_seconds: f64,
+    /// Its lower bound, seconds.
+    pub lower_bound_seconds: f64,
+    /// Wall time of all solves, seconds.
+    pub seconds: f64,
+    /// Problem nodes.
+    pub nodes: usize,
+    /// Problem edges.
+    pub edges: usize,
+    /// Nodes tied to the same node of the previous repeated layer.
+    #[serde(default)]
+    pub tied: usize,
+    /// Strategies kept in the problem (after baseline pinning).
+    pub strategies: usize,
+    /// Which restriction gave the chosen plan (with `auto`, possibly a baseline).
+    pub chosen: Baseline,
+    /// Step seconds of each plan solved (auto and the baselines compared), by name; `None`
+    /// for one that does not fit the budget.
+    pub compared: BTreeMap<String, Option<f64>>,
+    /// Baselines not solved for lack of time (`--time-limit`): their share of the time left was
+    /// less than what their solve was expected to take beyond its search.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// Solver rounds: more than one when stage two sent the solver back with a tighter budget.
+    #[serde(default)]
+    pub rounds: usize,
+    /// Size of the chosen restriction's problem at each stage: `built` (one node per op),
+    /// `merged` (after exact ties and follow-op merging), `tied` (after sharing repeated
+    /// layers' decisions). The status and bound are over the plans the last one allows.
+    #[serde(default)]
+    pub sizes: BTreeMap<String, Size>,
+    /// Wall seconds of each planning stage (`build`, `solve auto`, `solve dp`, ..., `lower`).
+    #[serde(default)]
+    pub timings: BTreeMap<String, f64>,
+}
+
+/// A distributed training plan (see the crate docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Plan {
+    /// Format version ([`VERSION`]).
+    pub version: u32,
+    /// The model.
+    pub model: ModelInfo,
+    /// The mesh.
+    pub mesh: MeshInfo,
+    /// Device profile name.
+    pub device: String,
+    /// Options.
+    pub options: OptionsInfo,
+    /// The training graph in IR text form; node `%i` is program node `i` (nodes are numbered in
+    /// topological order).
+    pub graph: String,
+    /// Parameter and optimizer-state layouts.
+    pub params: Vec<ParamShard>,
+    /// The SPMD program.
+    pub program: Vec<Instr>,
+    /// Estimates.
+    pub estimate: Estimate,
+    /// Solver report.
+    pub solver: SolverInfo,
+}
+
+/// FNV-1a of a text, 16 hex digits (the model hash of [`ModelInfo::hash`]).
+pub fn fnv(s: &str) -> String {
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    format!("{h:016x}")
+}
+
+/// Just the version, read before the rest (a plan of another version may have other fields).
+#[derive(Deserialize)]
+struct Versioned {
+    version: Option<u64>,
+}
+
+/// Where serde stopped in a plan, as people read it: `instruction 12: inputs[0]` for
+/// `program[12].inputs[0]`.
+fn location(path: &serde_path_to_error::Path) -> String {
+    let p = path.to_string();
+    if let Some(rest) = p.strip_prefix("program[")
+        && let Some((k, rest)) = rest.split_once(']')
+    {
+        let rest = rest.trim_start_matches('.');
+        return if rest.is_empty() { format!("instruction {k}") } else { format!("instruction {k}: {rest}") };
+    }
+    p
+}
+
+impl Plan {
+    /// The plan as pretty JSON. An error only for what JSON cannot hold (a NaN or infinite
+    /// estimate).
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(self).map_err(|e| Error::Serialize(e.to_string()))
+    }
+
+    /// Reads and validates a plan (see the crate docs): the version first, then every field's
+    /// type and form, then [`Plan::validate`].
+    pub fn from_json(text: &str) -> Result<Plan> {
+        Ok(Valid::from_json(text)?.into_plan())
+    }
+
+    /// Reads a plan without validating it (for tools that show or repair plans).
+    pub fn parse(text: &str) -> Result<Plan> {
+        let v: Versioned = serde_json::from_str(text).map_err(|e| Error::NotJson(e.to_string()))?;
+        match v.version {
+            Some(x) if x == VERSION as u64 => {}
+            Some(found) => return Err(Error::Version { found, supported: VERSION }),
+            None => return Err(Error::NoVersion),
+        }
+        let de = &mut serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = location(e.path());
+            let why = e.into_inner().to_string();
+            // serde_json appends " at line L column C": keep it, it finds the spot in the file.
+            Error::Malformed { at, why }
+        })
+    }
+
+    /// The mesh of the plan.
+    pub fn device_mesh(&self) -> std::result::Result<DeviceMesh, sharding::Error> {
+        DeviceMesh::new(self.mesh.shape.clone(), self.mesh.names.clone(), self.mesh.links.clone())
+    }
+}
+
+/// The JSON Schema of [`Plan`] (draft 2020-12), pretty-printed: what `plan.schema.json` holds.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(Plan);
+    serde_json::to_string_pretty(&schema).expect("a schema is JSON") + "\n"
+}
