@@ -29,6 +29,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod optim;
 
 /// Why a kernel could not run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -53,7 +53,7 @@ use sharding::{Collective, DeviceMesh, ReduceKind, sim};
 use crate::checkpoint;
 use crate::comm::{CommError, Communicator};
 use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, RankState, StepResult, run_kernel};
-use crate::launch::{FaultKind, RunOptions, StepReport};
+use crate::launch::StepReport;
 
 /// The NCCL communicators of one rank, one per group of global ranks, made on first use.
 pub struct NcclGroups {
@@ -451,33 +451,32 @@ impl GpuRank {
     }
 }
 
-/// Runs steps on one GPU rank until `opts.until_step`, as [`crate::launch::rank_loop`] does on
-/// the CPU: every rank learns every rank's peak and times, checkpoints are written from
-/// downloaded blocks, and `report` sees every step's report (on every rank).
-pub fn rank_loop(
-    program: &Program,
-    st: &mut GpuRank,
-    opts: &RunOptions,
-    report: &mut dyn FnMut(StepReport),
-) -> Result<(), DistError> {
-    let everyone: Vec<usize> = (0..program.ranks()).collect();
-    while st.steps_done < opts.until_step {
-        let step = st.steps_done + 1;
-        let fault = opts.fault.filter(|f| f.rank == st.rank && f.step == step);
-        // No abort to wait for in NCCL: a hang is a hang.
-        crate::launch::inject(fault.map(|f| f.kind), st.rank, step, || Ok(()))?;
-        let r = st.step(program)?;
-        let mut rep = crate::launch::step_report(&mut st.host_comm(), &everyone, step, &r)?;
-        if let Some(c) = &opts.checkpoint {
-            let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
-            if due {
-                let exit = fault.is_some_and(|f| f.kind == FaultKind::ExitInCheckpoint);
-                let host = st.host_state()?;
-                rep.checkpoint =
-                    Some(checkpoint::write(&c.dir, &opts.run_id, program, &host, &mut st.host_comm(), exit)?);
-            }
-        }
-        report(rep);
+impl crate::launch::Rank for GpuRank {
+    fn rank(&self) -> usize {
+        self.rank
     }
-    Ok(())
+    fn steps_done(&self) -> u64 {
+        self.steps_done
+    }
+    // No abort to wait for in NCCL: a hang is a hang.
+    fn check(&mut self) -> Result<(), DistError> {
+        Ok(())
+    }
+    fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
+        GpuRank::step(self, program)
+    }
+    fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
+        crate::launch::step_report(&mut self.host_comm(), everyone, step, r)
+    }
+    // Written from downloaded blocks.
+    fn checkpoint(
+        &mut self,
+        program: &Program,
+        dir: &std::path::Path,
+        run_id: &str,
+        exit: bool,
+    ) -> Result<PathBuf, DistError> {
+        let host = self.host_state()?;
+        checkpoint::write(dir, run_id, program, &host, &mut self.host_comm(), exit)
+    }
 }

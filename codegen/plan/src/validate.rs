@@ -188,6 +188,14 @@ const MAX_ASSIGNMENTS: f64 = (1u64 << 20) as f64;
 /// Checks that an op instruction's layouts and local computation are a strategy of its node:
 /// the strategies of the node on the mesh with every axis the instruction does not use made
 /// of size 1, so only assignments of the used axes are enumerated.
+/// The layouts and local computation of each strategy of one op on one sub-mesh.
+type Layouts = Vec<(Vec<ShardingSpec>, Vec<ShardingSpec>, sharding::Local)>;
+
+/// Strategies enumerated so far, by op, tensor metas and sub-mesh: a repeated layer's ops are
+/// enumerated once (the enumeration is most of a plan's validation time).
+type Known = HashMap<String, std::rc::Rc<Layouts>>;
+
+#[allow(clippy::too_many_arguments)]
 fn is_strategy(
     g: &Graph,
     n: NodeIndex,
@@ -196,6 +204,7 @@ fn is_strategy(
     ins: &[ShardingSpec],
     outs: &[ShardingSpec],
     local: &sharding::Local,
+    known: &mut Known,
 ) -> std::result::Result<(), String> {
     let used = used_axes(ins.iter().chain(outs), local);
     mesh.check_axes(&used)?;
@@ -208,9 +217,23 @@ fn is_strategy(
         return Err(format!("uses {} mesh axes, too many to check its strategy", used.len()));
     }
     let shape: Vec<usize> = (0..mesh.ndim()).map(|a| if used.contains(&a) { mesh.shape()[a] } else { 1 }).collect();
-    let sub = DeviceMesh::new(shape, mesh.names().to_vec(), mesh.links().to_vec()).map_err(|e| e.to_string())?;
-    let all = sharding::strategies(g, n, &sub, profile).map_err(|e| e.to_string())?;
-    if all.iter().any(|s| s.inputs == ins && s.outputs == outs && &s.local == local) {
+    // What the enumeration reads ([`sharding::strategies`]): the op, the metas, which inputs
+    // are parameters, and the mesh.
+    let params: Vec<bool> = g.node_inputs(n).iter().map(|v| matches!(g.node(v.node).op, Op::Param { .. })).collect();
+    let key = format!("{:?}|{in_metas:?}|{:?}|{params:?}|{shape:?}", node.op, node.outputs);
+    let all = match known.get(&key) {
+        Some(all) => all.clone(),
+        None => {
+            let sub =
+                DeviceMesh::new(shape, mesh.names().to_vec(), mesh.links().to_vec()).map_err(|e| e.to_string())?;
+            let all = sharding::strategies(g, n, &sub, profile).map_err(|e| e.to_string())?;
+            let all: std::rc::Rc<Layouts> =
+                std::rc::Rc::new(all.into_iter().map(|s| (s.inputs, s.outputs, s.local)).collect());
+            known.insert(key, all.clone());
+            all
+        }
+    };
+    if all.iter().any(|(i, o, l)| i == ins && o == outs && l == local) {
         return Ok(());
     }
     let text = |v: &[ShardingSpec]| v.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
@@ -373,6 +396,7 @@ impl Plan {
     fn walk<'a>(&'a self, g: &Graph, mesh: &DeviceMesh, out: &mut Vec<Problem>) -> HashMap<NodeIndex, Ran<'a>> {
         // Strategies only need a profile for their costs, which are not compared.
         let profile = DeviceProfile::builtin("cpu");
+        let mut known = Known::new();
         let mut live: HashMap<ValueRef, &ShardingSpec> = HashMap::new();
         let mut ran: HashMap<NodeIndex, Ran> = HashMap::new();
         for (k, ins) in self.program.iter().enumerate() {
@@ -475,7 +499,8 @@ impl Plan {
                         None => {
                             if fits
                                 && let Some(p) = &profile
-                                && let Err(why) = is_strategy(g, idx, mesh, p, input_specs, output_specs, local)
+                                && let Err(why) =
+                                    is_strategy(g, idx, mesh, p, input_specs, output_specs, local, &mut known)
                             {
                                 bad(format!("{}: {why}", n.name));
                             }

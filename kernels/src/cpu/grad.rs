@@ -539,16 +539,10 @@ pub(crate) fn adamw_update(
     let op = "adamw_update";
     let (p, g, m, v) = (floats(op, inputs[0])?, floats(op, inputs[1])?, floats(op, inputs[2])?, floats(op, inputs[3])?);
     let t = inputs[4].as_i64().and_then(|s| s.first().copied()).ok_or_else(|| bad(op, "step must be i64".into()))?;
-    if t < 1 {
-        return Err(bad(op, format!("step must be >= 1, got {t}")));
-    }
-    let (lr64, b1, b2) = (lr as f64, beta1 as f64, beta2 as f64);
-    let decay = (1.0 - lr64 * weight_decay as f64) as F;
-    let bc1 = 1.0 - b1.powi(t.min(i32::MAX as i64) as i32);
-    let bc2 = 1.0 - b2.powi(t.min(i32::MAX as i64) as i32);
-    let step_size = (lr64 / bc1) as F;
-    let bc2_sqrt = bc2.sqrt() as F;
-    let (w1, w2) = ((1.0 - b1) as F, (1.0 - b2) as F);
+    let k = crate::optim::AdamW::at(lr as f64, beta1 as f64, beta2 as f64, weight_decay as f64, t)
+        .map_err(|m| bad(op, m))?;
+    let (decay, step_size, bc2_sqrt) = (k.decay as F, k.step_size as F, k.bc2_sqrt as F);
+    let (w1, w2) = (k.w1 as F, k.w2 as F);
     let n = p.len();
     let (mut np, mut nm, mut nv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     for i in 0..n {

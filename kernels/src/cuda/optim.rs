@@ -154,16 +154,10 @@ pub(crate) fn adamw_update(
     let [p, g, m, v] = [0, 1, 2, 3].map(|i| inputs[i].f32s(op));
     let (p, g, m, v) = (p?, g?, m?, v?);
     let t = ctx.download_slice(op, inputs[4].i64s(op)?, 1)?[0];
-    if t < 1 {
-        return Err(Error::BadInput { op, message: format!("step must be >= 1, got {t}") });
-    }
-    let (lr64, b1, b2) = (lr as f64, beta1 as f64, beta2 as f64);
-    let decay = (1.0 - lr64 * weight_decay as f64) as f32;
-    let bc1 = 1.0 - b1.powi(t.min(i32::MAX as i64) as i32);
-    let bc2 = 1.0 - b2.powi(t.min(i32::MAX as i64) as i32);
-    let step_size = (lr64 / bc1) as f32;
-    let bc2_sqrt = bc2.sqrt() as f32;
-    let (w1, w2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+    let k = crate::optim::AdamW::at(lr as f64, beta1 as f64, beta2 as f64, weight_decay as f64, t)
+        .map_err(|message| Error::BadInput { op, message })?;
+    let (decay, step_size, bc2_sqrt) = (k.decay as f32, k.step_size as f32, k.bc2_sqrt as f32);
+    let (w1, w2) = (k.w1 as f32, k.w2 as f32);
     let shape = inputs[0].shape();
     let n = inputs[0].numel();
     let (mut np, mut nm, mut nv) = (ctx.alloc::<f32>(op, n)?, ctx.alloc::<f32>(op, n)?, ctx.alloc::<f32>(op, n)?);

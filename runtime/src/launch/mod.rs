@@ -1,0 +1,619 @@
+//! Running a plan for several steps: the launchers, and the per-rank loop shared by every back
+//! end.
+//!
+//! A launcher starts the ranks of a [`Job`] (a compiled plan, its feeds, where parameters come
+//! from, the run options), runs them to the requested step and tells its caller what happens
+//! through [`Event`]s: [`threads`] (ranks as threads of this process), `mpi` (feature `mpi`: one
+//! process per rank under mpirun) and `nccl` (feature `cuda`: one process per GPU). A caller
+//! (the CLI, a library user) only chooses the launcher and prints the events.
+//!
+//! [`rank_loop`] runs steps on one rank until the requested step, writes checkpoints when due,
+//! and after every step all-gathers a small report (peak bytes, seconds, collective seconds), so
+//! every rank holds the [`StepReport`] of the whole mesh. Any failure on a rank aborts the
+//! communicator, so every other rank stops at its next instruction with an error naming the
+//! failing rank; [`run_threads`] returns the failing rank's own error.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ir::Tensor;
+use kernels::cpu::{Accumulation, CpuContext};
+
+use crate::checkpoint;
+use crate::comm::{Communicator, ThreadWorld};
+use crate::dist::{DistError, Program, RankState, StepResult};
+
+mod init;
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "cuda")]
+mod nccl;
+
+pub use init::{Init, model_file};
+#[cfg(feature = "mpi")]
+pub use mpi::mpi;
+#[cfg(feature = "cuda")]
+pub use nccl::nccl;
+pub use nccl_options::NcclOptions;
+
+/// The `mpi` launcher of a build without MPI: an error saying so.
+#[cfg(not(feature = "mpi"))]
+pub fn mpi(_: &mut dyn FnMut() -> Result<Job, String>, _: &mut OnEvent<'_>) -> Result<Finished, LaunchError> {
+    Err(LaunchError::Setup(
+        "--backend mpi: this autopar was built without MPI support (rebuild with --features mpi)".into(),
+    ))
+}
+
+/// The `nccl` launcher of a build without CUDA: an error saying so.
+#[cfg(not(feature = "cuda"))]
+pub fn nccl(_: &mut Job, _: &str, _: &NcclOptions, _: &mut OnEvent<'_>) -> Result<Finished, LaunchError> {
+    Err(LaunchError::Setup(
+        "--backend nccl: this autopar was built without CUDA support (rebuild with --features cuda)".into(),
+    ))
+}
+
+mod nccl_options {
+    use std::path::PathBuf;
+
+    /// Where this process runs in an `nccl` job.
+    #[derive(Clone, Debug, Default)]
+    pub struct NcclOptions {
+        /// This process's rank and the number of ranks; `None`: mpirun's variables (Open MPI,
+        /// then PMI), else rank 0 of 1.
+        pub rank_world: Option<(usize, usize)>,
+        /// The GPU; `None`: the rank modulo the GPUs of the machine.
+        pub gpu: Option<usize>,
+        /// Where the ranks exchange NCCL's unique ids; `None`: a directory in the system's
+        /// temporary directory named by the plan, the world size and the launcher's job id.
+        pub dir: Option<PathBuf>,
+    }
+}
+
+/// Why a launch failed. `Run` is a rank's failure while training; the others happen before the
+/// first step.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A rank failed during the run (the first failing rank's own error).
+    #[error("the run stopped: {0}")]
+    Run(#[from] DistError),
+    /// The ranks could not be set up (a checkpoint, feeds, the mesh, the caller's setup).
+    #[error("{0}")]
+    Setup(String),
+    /// The model file lacks data for a parameter.
+    #[error("{} has no data for parameter {param} ({with_data} of {params} parameters have data)", model.display())]
+    MissingData {
+        /// The model file.
+        model: PathBuf,
+        /// The first parameter without data.
+        param: String,
+        /// Parameters with data.
+        with_data: usize,
+        /// Parameters in all.
+        params: usize,
+    },
+    /// An external data file of the model is missing.
+    #[error("{}: the external data file {} of parameter {param} does not exist", model.display(), file.display())]
+    MissingExternal {
+        /// The model file.
+        model: PathBuf,
+        /// The missing file.
+        file: PathBuf,
+        /// A parameter stored in it.
+        param: String,
+    },
+    /// The plan records no model file (planned from a graph in memory).
+    #[error("the plan records no model file")]
+    NoModel,
+    /// The model file the plan records is gone.
+    #[error("the plan's model file {} does not exist (moved or deleted?)", .0.display())]
+    ModelGone(PathBuf),
+    /// The model file is not the one the plan was made from.
+    #[error("{} is not the model the plan was made from (its hash is {got}, the plan's {want})", model.display())]
+    ModelChanged {
+        /// The model file.
+        model: PathBuf,
+        /// Its hash now.
+        got: String,
+        /// The plan's record.
+        want: String,
+    },
+}
+
+/// What a launcher runs.
+pub struct Job {
+    /// The compiled plan.
+    pub program: Program,
+    /// The global batch of every input (each rank takes its block).
+    pub feeds: std::collections::BTreeMap<String, Tensor>,
+    /// Where parameters and optimizer state come from.
+    pub init: Init,
+    /// Steps, threads, checkpoints, faults.
+    pub opts: RunOptions,
+    /// Assemble the trained parameters at the end ([`Finished::params`]).
+    pub gather: bool,
+}
+
+/// What a launcher tells its caller, in order, on the process that reports (rank 0's).
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// Something is used unchecked (an older plan).
+    Warning(String),
+    /// The ranks are set up; steps `start + 1 ..= until` follow.
+    Started {
+        /// Steps already done (a resumed run's checkpoint).
+        start: u64,
+        /// How the ranks run (`as threads`, ...).
+        how: String,
+        /// Where the parameters came from.
+        source: String,
+    },
+    /// A step ended (the whole mesh's figures).
+    Step(&'a StepReport),
+}
+
+/// What a finished launch hands back.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// The trained parameters assembled from every rank's blocks, when [`Job::gather`] asked
+    /// for them and this process reports.
+    pub params: Option<std::collections::BTreeMap<String, Tensor>>,
+    /// This process's ranks' final states: every rank's with `threads`, this rank's with `mpi`,
+    /// none with `nccl` (its blocks are on the GPU).
+    pub states: Vec<RankState>,
+}
+
+/// The callback that hears a launch's [`Event`]s; an error from it stops the run.
+pub type OnEvent<'a> = dyn FnMut(Event<'_>) -> Result<(), String> + 'a;
+
+/// Refuses an injected fault that could never fire: a rank outside the plan, or a step outside
+/// `start + 1..=until` (a fault silently ignored would pass a failure-handling test for nothing).
+pub fn check_fault(opts: &RunOptions, ranks: usize, start: u64) -> Result<(), LaunchError> {
+    let Some(f) = opts.fault else { return Ok(()) };
+    let what = format!("injected fault (--inject-fault or AUTOPAR_INJECT_FAULT) rank={},step={}", f.rank, f.step);
+    if f.rank >= ranks {
+        return Err(LaunchError::Setup(format!("{what}: the plan has {ranks} ranks (0 to {})", ranks - 1)));
+    }
+    if f.step <= start || f.step > opts.until_step {
+        return Err(LaunchError::Setup(format!("{what}: this run trains steps {} to {}", start + 1, opts.until_step)));
+    }
+    Ok(())
+}
+
+/// Refuses a run with nothing to do (a checkpoint at or past the last step asked for).
+fn check_start(start: u64, opts: &RunOptions) -> Result<(), LaunchError> {
+    if start >= opts.until_step {
+        return Err(LaunchError::Setup(format!(
+            "the checkpoint is at step {start}; ask for more with --steps (it is the step to train until)"
+        )));
+    }
+    Ok(())
+}
+
+/// Tells the caller of a process-per-rank launcher that its rank is set up (on the reporting
+/// process only).
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+fn announce(on: &mut OnEvent<'_>, reports: bool, warnings: Vec<String>, started: Event<'_>) -> Result<(), LaunchError> {
+    if reports {
+        for w in warnings {
+            on(Event::Warning(w)).map_err(LaunchError::Setup)?;
+        }
+        on(started).map_err(LaunchError::Setup)?;
+    }
+    Ok(())
+}
+
+/// [`rank_loop`] with every step's report passed to `on` on the reporting process; the first
+/// error of `on` ends the run once the loop is done (the other ranks are mid-step).
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+fn run_reporting(
+    program: &Program,
+    rank: &mut dyn Rank,
+    opts: &RunOptions,
+    reports: bool,
+    on: &mut OnEvent<'_>,
+) -> Result<(), LaunchError> {
+    let mut failed: Option<String> = None;
+    rank_loop(program, rank, opts, &mut |r| {
+        if reports
+            && failed.is_none()
+            && let Err(e) = on(Event::Step(&r))
+        {
+            failed = Some(e);
+        }
+    })?;
+    failed.map_or(Ok(()), |e| Err(LaunchError::Setup(e)))
+}
+
+/// Runs `job` with every rank a thread of this process (see the module docs).
+pub fn threads(job: &Job, on: &mut OnEvent<'_>) -> Result<Finished, LaunchError> {
+    let program = &job.program;
+    let all: Vec<usize> = (0..program.ranks()).collect();
+    let mut warnings = vec![];
+    let (states, source) = init::states(&job.init, program, &job.feeds, &all, &mut |w| warnings.push(w))?;
+    let setup = |e: String| LaunchError::Setup(e);
+    for w in warnings {
+        on(Event::Warning(w)).map_err(setup)?;
+    }
+    let start = states.first().map_or(0, |s| s.steps_done);
+    check_start(start, &job.opts)?;
+    check_fault(&job.opts, program.ranks(), start)?;
+    on(Event::Started { start, how: "as threads".into(), source }).map_err(setup)?;
+    let mut failed: Option<String> = None;
+    let states = run_threads(program, states, &job.opts, &mut |r| {
+        if failed.is_none()
+            && let Err(e) = on(Event::Step(r))
+        {
+            failed = Some(e);
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(LaunchError::Setup(e));
+    }
+    let params = if job.gather { Some(program.assemble_params(&states)?) } else { None };
+    Ok(Finished { params, states })
+}
+
+/// What an injected fault does (tests of failure handling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The rank returns an error at the start of the step.
+    Error,
+    /// The rank panics at the start of the step.
+    Panic,
+    /// The rank stops responding at the start of the step (the others time out).
+    Hang,
+    /// The process exits while the rank writes the step's checkpoint (after its file is written).
+    ExitInCheckpoint,
+    /// The rank's process dies at the start of the step (`abort()`: SIGABRT, no cleanup), as a
+    /// killed process would.
+    AbortProcess,
+}
+
+/// An injected fault: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The failing rank.
+    pub rank: usize,
+    /// The step at which it fails.
+    pub step: u64,
+    /// How.
+    pub kind: FaultKind,
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Fault, String> {
+        let usage =
+            || format!("fault `{s}`: expected rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]");
+        let (mut rank, mut step, mut kind) = (None, None, FaultKind::Error);
+        for part in s.split(',') {
+            let (k, v) = part.split_once('=').ok_or_else(usage)?;
+            match k.trim() {
+                "rank" => rank = Some(v.trim().parse().map_err(|_| usage())?),
+                "step" => step = Some(v.trim().parse().map_err(|_| usage())?),
+                "kind" => {
+                    kind = match v.trim() {
+                        "error" => FaultKind::Error,
+                        "panic" => FaultKind::Panic,
+                        "hang" => FaultKind::Hang,
+                        "exit-in-checkpoint" => FaultKind::ExitInCheckpoint,
+                        "abort-process" => FaultKind::AbortProcess,
+                        _ => return Err(usage()),
+                    }
+                }
+                _ => return Err(usage()),
+            }
+        }
+        Ok(Fault { rank: rank.ok_or_else(usage)?, step: step.ok_or_else(usage)?, kind })
+    }
+}
+
+/// Checkpointing of a run.
+#[derive(Clone, Debug)]
+pub struct CheckpointOptions {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// Write one every this many steps (and after the last step); `None`: after the last only.
+    pub every: Option<u64>,
+}
+
+/// Options of a run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Train until this step (a resumed run continues from its checkpoint's step).
+    pub until_step: u64,
+    /// Kernel threads of each rank.
+    pub threads_per_rank: usize,
+    /// How matrix products accumulate.
+    pub accumulation: Accumulation,
+    /// A collective waiting longer than this fails (a rank stopped without reporting).
+    pub timeout: Duration,
+    /// Checkpoints.
+    pub checkpoint: Option<CheckpointOptions>,
+    /// An injected fault (tests).
+    pub fault: Option<Fault>,
+    /// Names this run's temporary checkpoint directories (the same on every rank).
+    pub run_id: String,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            until_step: 1,
+            threads_per_rank: 1,
+            accumulation: Accumulation::F32,
+            timeout: Duration::from_secs(600),
+            checkpoint: None,
+            fault: None,
+            run_id: format!("{}", std::process::id()),
+        }
+    }
+}
+
+/// One step of the whole mesh.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    /// Step number (1-based, continuing after a resumed checkpoint).
+    pub step: u64,
+    /// The loss.
+    pub loss: f32,
+    /// Wall seconds of the step (the slowest rank).
+    pub seconds: f64,
+    /// Seconds in collectives, per rank.
+    pub comm_seconds: Vec<f64>,
+    /// Peak bytes held, per rank.
+    pub peak_bytes: Vec<u64>,
+    /// A checkpoint written after this step.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
+/// checkpoint writer acts out). A hang sleeps, calling `check` so an abort elsewhere ends it.
+pub(crate) fn inject(
+    kind: Option<FaultKind>,
+    rank: usize,
+    step: u64,
+    mut check: impl FnMut() -> Result<(), DistError>,
+) -> Result<(), DistError> {
+    match kind {
+        Some(FaultKind::Error) => Err(DistError::Injected { rank, step }),
+        Some(FaultKind::Panic) => panic!("injected panic at step {step}"),
+        Some(FaultKind::AbortProcess) => {
+            eprintln!("rank {rank}: injected fault: the process dies at step {step}");
+            std::process::abort()
+        }
+        Some(FaultKind::Hang) => loop {
+            std::thread::sleep(Duration::from_millis(50));
+            check()?;
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The report of `step`: every rank's peak and times, exchanged so every rank has them.
+pub(crate) fn step_report(
+    comm: &mut dyn Communicator,
+    everyone: &[usize],
+    step: u64,
+    r: &StepResult,
+) -> Result<StepReport, DistError> {
+    let loss = r.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
+    let ns = |s: f64| (s * 1e9) as i64;
+    let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
+    let all: Vec<Vec<i64>> =
+        comm.exchange(everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
+    Ok(StepReport {
+        step,
+        loss,
+        seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
+        comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
+        peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
+        checkpoint: None,
+    })
+}
+
+/// One rank's executor as [`rank_loop`] drives it: a CPU rank ([`CpuRank`]) and a GPU rank
+/// (`gpu::GpuRank`, feature `cuda`) implement it, so every back end runs the same loop.
+pub trait Rank {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Steps done so far (the next is `steps_done() + 1`).
+    fn steps_done(&self) -> u64;
+    /// An error when another rank has aborted the run (`Ok` on a transport without abort).
+    fn check(&mut self) -> Result<(), DistError>;
+    /// Runs one training step of `program`.
+    fn step(&mut self, program: &Program) -> Result<StepResult, DistError>;
+    /// The report of `step` ([`step_report`]: every rank's figures, exchanged).
+    fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError>;
+    /// Writes this rank's part of a checkpoint ([`checkpoint::write`]).
+    fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError>;
+}
+
+/// A rank on the CPU: its state, kernels and communicator.
+pub struct CpuRank<'a> {
+    /// The rank's blocks.
+    pub st: &'a mut RankState,
+    /// Its kernels.
+    pub ctx: &'a CpuContext,
+    /// Its communicator.
+    pub comm: &'a mut dyn Communicator,
+}
+
+impl Rank for CpuRank<'_> {
+    fn rank(&self) -> usize {
+        self.st.rank
+    }
+    fn steps_done(&self) -> u64 {
+        self.st.steps_done
+    }
+    fn check(&mut self) -> Result<(), DistError> {
+        Ok(self.comm.check()?)
+    }
+    fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
+        program.step(self.st, self.ctx, self.comm)
+    }
+    fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
+        step_report(self.comm, everyone, step, r)
+    }
+    fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError> {
+        checkpoint::write(dir, run_id, program, self.st, self.comm, exit)
+    }
+}
+
+/// Runs steps on one rank until `opts.until_step` (see the module docs); `report` sees every
+/// step's report (on every rank).
+pub fn rank_loop(
+    program: &Program,
+    rank: &mut dyn Rank,
+    opts: &RunOptions,
+    report: &mut dyn FnMut(StepReport),
+) -> Result<(), DistError> {
+    let everyone: Vec<usize> = (0..program.ranks()).collect();
+    while rank.steps_done() < opts.until_step {
+        let step = rank.steps_done() + 1;
+        let fault = opts.fault.filter(|f| f.rank == rank.rank() && f.step == step);
+        inject(fault.map(|f| f.kind), rank.rank(), step, || rank.check())?;
+        let r = rank.step(program)?;
+        let mut rep = rank.report(&everyone, step, &r)?;
+        if let Some(c) = &opts.checkpoint {
+            let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
+            if due {
+                let exit = fault.is_some_and(|f| f.kind == FaultKind::ExitInCheckpoint);
+                rep.checkpoint = Some(rank.checkpoint(program, &c.dir, &opts.run_id, exit)?);
+            }
+        }
+        report(rep);
+    }
+    Ok(())
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// Runs `states` (one per rank, in rank order) on threads until `opts.until_step`; `on_step`
+/// sees every step's report on the calling thread. Returns the ranks' final states, or the first
+/// failing rank's error once every rank has stopped.
+pub fn run_threads(
+    program: &Program,
+    states: Vec<RankState>,
+    opts: &RunOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<Vec<RankState>, DistError> {
+    let n = program.ranks();
+    if states.len() != n {
+        return Err(DistError::Plan(format!("{} rank states for {n} ranks", states.len())));
+    }
+    if let Some((i, st)) = states.iter().enumerate().find(|(i, st)| st.rank != *i) {
+        return Err(DistError::Plan(format!("the state of rank {} is in place {i}: states go in rank order", st.rank)));
+    }
+    let comms = ThreadWorld::new(n, opts.timeout);
+    let (tx, rx) = mpsc::channel::<StepReport>();
+    let results: Vec<Result<RankState, DistError>> = std::thread::scope(|s| {
+        let mut handles = vec![];
+        for (mut st, mut comm) in states.into_iter().zip(comms) {
+            let tx = tx.clone();
+            let rank = st.rank;
+            let abort = comm.abort_handle();
+            let body = move || -> Result<RankState, DistError> {
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
+                    let ctx = CpuContext::new(opts.threads_per_rank.max(1))
+                        .map_err(|e| DistError::Data { rank, message: e.to_string() })?
+                        .with_accumulation(opts.accumulation);
+                    let mut send = |r: StepReport| {
+                        if rank == 0 {
+                            let _ = tx.send(r);
+                        }
+                    };
+                    rank_loop(program, &mut CpuRank { st: &mut st, ctx: &ctx, comm: &mut comm }, opts, &mut send)
+                }));
+                let r = match run {
+                    Ok(r) => r,
+                    Err(p) => Err(DistError::Panic { rank, message: panic_message(&*p) }),
+                };
+                match r {
+                    Ok(()) => Ok(st),
+                    Err(e) => {
+                        if !e.is_secondary() {
+                            comm.abort(&e.to_string());
+                        }
+                        Err(e)
+                    }
+                }
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("autopar-rank-{rank}"))
+                .stack_size(32 << 20)
+                .spawn_scoped(s, body)
+                .map_err(|e| {
+                    let e = DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") };
+                    // The ranks already started would wait for this one until the timeout.
+                    abort(&e.to_string());
+                    e
+                });
+            let failed = h.is_err();
+            handles.push(h);
+            if failed {
+                break;
+            }
+        }
+        drop(tx);
+        for rep in rx {
+            on_step(&rep);
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.and_then(|h| {
+                    h.join().unwrap_or_else(|p| Err(DistError::Panic { rank: usize::MAX, message: panic_message(&*p) }))
+                })
+            })
+            .collect()
+    });
+    let mut primary = None;
+    let mut secondary = None;
+    let mut states = vec![];
+    for r in results {
+        match r {
+            Ok(st) => states.push(st),
+            Err(e) if e.is_secondary() => {
+                secondary.get_or_insert(e);
+            }
+            Err(e) => {
+                primary.get_or_insert(e);
+            }
+        }
+    }
+    match primary.or(secondary) {
+        Some(e) => Err(e),
+        None => Ok(states),
+    }
+}
+
+/// The global parameters assembled from every rank's blocks through `comm` (every rank calls it;
+/// every rank gets the result). Replicas must agree exactly.
+pub fn gather_params(
+    program: &Program,
+    st: &RankState,
+    comm: &mut dyn Communicator,
+) -> Result<std::collections::BTreeMap<String, Tensor>, DistError> {
+    let everyone: Vec<usize> = (0..program.ranks()).collect();
+    let mut out = std::collections::BTreeMap::new();
+    for r in program.resident.iter().filter(|r| !r.is_state) {
+        let mine = st
+            .storage
+            .get(&r.name)
+            .cloned()
+            .ok_or_else(|| DistError::Data { rank: st.rank, message: format!("no block of {}", r.name) })?;
+        let blocks: Vec<Tensor> =
+            comm.exchange(&everyone, std::sync::Arc::new(mine))?.iter().map(|t| (**t).clone()).collect();
+        let t = sharding::sim::assemble(&blocks, &r.spec, &r.meta.shape, program.mesh(), 0.0)
+            .map_err(|e| DistError::Plan(format!("assembling {}: {e}", r.name)))?;
+        out.insert(r.name.clone(), t);
+    }
+    Ok(out)
+}

@@ -1,0 +1,227 @@
+//! What `autopar run` prints and says: the run's header, a line (or a progress bar) per step,
+//! the summary of measured time and memory against the plan's estimate, and its errors with
+//! what to do about them in its flags.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+
+use anyhow::{Context, Result};
+use codegen::{Plan, fmt_bytes};
+use runtime::launch::{Event, LaunchError, StepReport};
+
+use super::common;
+use super::run::RunArgs;
+
+/// What the reporter needs of the job (the job itself moves into the launcher).
+pub struct Info {
+    /// The plan (for its name, mesh, choice and estimates).
+    pub plan: Plan,
+    /// Ranks.
+    pub ranks: usize,
+    /// Global batch (samples per step).
+    pub batch: usize,
+    /// Kernel threads per rank.
+    pub threads_per_rank: usize,
+}
+
+/// Prints the run for people (progress bar on a terminal, a line per step otherwise) or as JSON
+/// lines, and the summary at the end.
+pub struct Reporter<'a> {
+    a: &'a RunArgs,
+    info: Info,
+    ranks: usize,
+    batch: f64,
+    pub(crate) bar: Option<indicatif::ProgressBar>,
+    reports: Vec<StepReport>,
+    print_err: Option<std::io::Error>,
+}
+
+impl<'a> Reporter<'a> {
+    /// Prints the header (unless `--json`) and starts the progress bar (on a terminal).
+    pub fn new(a: &'a RunArgs, p: Info, start: u64, how: &str, source_note: &str) -> Result<Reporter<'a>> {
+        let (plan, n) = (&p.plan, p.ranks);
+        let est = &plan.estimate;
+        if !a.json {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "running {} on mesh {} ({n} ranks {how}, {} kernel thread(s) each), steps {}..{}; {source_note}",
+                plan.model.name,
+                plan.mesh.shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("x"),
+                p.threads_per_rank,
+                start + 1,
+                a.steps
+            )?;
+            writeln!(
+                out,
+                "plan: {} (chosen {}), estimated step {:.3} ms on {}, peak {} per rank",
+                plan.options.strategy.name(),
+                plan.solver.chosen.name(),
+                est.step_seconds * 1e3,
+                plan.device,
+                fmt_bytes(est.peak_bytes_per_rank)
+            )?;
+            if a.precision == common::Precision::F64 {
+                writeln!(out, "precision: f64 (every float twice as wide as the plan's f32 estimates)")?;
+            }
+        }
+        let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+            let b = indicatif::ProgressBar::new(a.steps - start);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        let batch = p.batch as f64;
+        Ok(Reporter { a, info: p, ranks: n, batch, bar, reports: vec![], print_err: None })
+    }
+
+    /// Prints a step.
+    pub fn step(&mut self, r: &StepReport) {
+        let sps = self.batch / r.seconds.max(1e-12);
+        let comm = r.comm_seconds.iter().copied().fold(0.0, f64::max);
+        let line = if self.a.json {
+            serde_json::json!({
+                "step": r.step, "loss": r.loss, "ms": r.seconds * 1e3, "samples_per_s": sps,
+                "comm_ms": comm * 1e3, "peak_bytes": r.peak_bytes.iter().max(),
+                "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
+            })
+            .to_string()
+        } else {
+            format!(
+                "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{}",
+                r.step,
+                r.loss,
+                r.seconds * 1e3,
+                sps,
+                comm * 1e3,
+                r.checkpoint.as_ref().map(|p| format!("  checkpoint {}", p.display())).unwrap_or_default()
+            )
+        };
+        if !r.loss.is_finite() {
+            eprintln!("warning: step {}: loss is {} (diverged; try a smaller --lr when planning)", r.step, r.loss);
+        }
+        match &self.bar {
+            Some(b) => {
+                b.set_message(format!("loss {:.6}  {:.1} ms/step  {:.1} samples/s", r.loss, r.seconds * 1e3, sps));
+                b.inc(1);
+                b.println(line);
+            }
+            None => {
+                let mut out = std::io::stdout().lock();
+                if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
+                    self.print_err.get_or_insert(e);
+                }
+            }
+        }
+        self.reports.push(r.clone());
+    }
+
+    /// Prints the summary.
+    pub fn finish(&mut self) -> Result<()> {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+        if let Some(e) = self.print_err.take() {
+            return Err(e.into());
+        }
+        let (n, est, reports) = (self.ranks, &self.info.plan.estimate, &self.reports);
+        let mut out = std::io::stdout().lock();
+        let peaks: Vec<u64> = (0..n).map(|r| reports.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0)).collect();
+        let max_peak = peaks.iter().copied().max().unwrap_or(0);
+        // The plan estimates f32 tensors; in f64 every float is twice as wide.
+        let wide = if self.a.precision == common::Precision::F64 { 2 } else { 1 };
+        let estimate = est.peak_bytes_per_rank * wide;
+        let dev = 100.0 * (max_peak as f64 - estimate as f64) / (estimate.max(1) as f64);
+        let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
+        secs.sort_by(f64::total_cmp);
+        let median = secs.get(secs.len() / 2).copied().unwrap_or(0.0);
+        // The median step's counterpart: the median over steps of the ranks' mean collective time
+        // (a mean over steps would let one descheduled step outweigh the rest).
+        let mut comms: Vec<f64> = reports.iter().map(|r| r.comm_seconds.iter().sum::<f64>() / n as f64).collect();
+        comms.sort_by(f64::total_cmp);
+        let comm = comms.get(comms.len() / 2).copied().unwrap_or(0.0);
+        if self.a.json {
+            let line = serde_json::json!({
+                "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
+                "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
+                "precision": if wide == 2 { "f64" } else { "f32" },
+                "estimated_step_ms": est.step_seconds * 1e3,
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(
+                out,
+                "median step {:.1} ms ({:.1} samples/s); collectives {:.1} ms per step per rank (median; {:.0}%)",
+                median * 1e3,
+                self.batch / median.max(1e-12),
+                comm * 1e3,
+                100.0 * comm / median.max(1e-12)
+            )?;
+            let all_same = peaks.iter().all(|&p| p == max_peak);
+            writeln!(
+                out,
+                "memory: measured peak {} per rank{} (plan estimate {}{}, {dev:+.1}%)",
+                fmt_bytes(max_peak),
+                if all_same { String::new() } else { format!(" at most; per rank {:?}", peaks) },
+                fmt_bytes(est.peak_bytes_per_rank),
+                if wide == 2 { format!(" in f32, {} in f64", fmt_bytes(estimate)) } else { String::new() }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What to say when the model cannot be used.
+const RANDOM_HINT: &str = "pass --init random --seed N to train from random weights instead";
+
+/// A launch error with what to do about it, in this command's flags.
+pub fn explain(e: LaunchError) -> anyhow::Error {
+    let hint = match &e {
+        LaunchError::MissingData { .. } => {
+            format!("pass --init auto to initialise the others from --seed, or {RANDOM_HINT}")
+        }
+        LaunchError::MissingExternal { .. } => RANDOM_HINT.to_string(),
+        LaunchError::ModelChanged { .. } => format!("plan again, or {RANDOM_HINT}"),
+        LaunchError::NoModel | LaunchError::ModelGone(_) => format!("pass --model MODEL.onnx, or {RANDOM_HINT}"),
+        _ => return e.into(),
+    };
+    anyhow::anyhow!("{e}; {hint}")
+}
+
+/// The reporter as the launcher's events call it: it starts with the run, taking the job's
+/// `info` (which the MPI launcher's setup fills in).
+pub fn on_event<'a>(
+    a: &'a RunArgs,
+    info: &RefCell<Option<Info>>,
+    rep: &mut Option<Reporter<'a>>,
+    e: Event<'_>,
+) -> Result<(), String> {
+    match e {
+        Event::Warning(w) => eprintln!("warning: {w}"),
+        Event::Started { start, how, source } => {
+            let i = info.borrow_mut().take().ok_or("the run started before its setup")?;
+            *rep = Some(Reporter::new(a, i, start, &how, &source).map_err(|e| format!("{e:#}"))?);
+        }
+        Event::Step(r) => {
+            if let Some(rep) = rep.as_mut() {
+                rep.step(r);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes `--save DIR/params.npz`.
+pub fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
+    let Some(dir) = &a.save else { return Ok(()) };
+    std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
+    let file = dir.join("params.npz");
+    runtime::npy::write_npz(&file, params).with_context(|| format!("--save {}", file.display()))?;
+    if !a.json {
+        println!("saved the parameters ({} tensors) to {}", params.len(), file.display());
+    }
+    Ok(())
+}
