@@ -15,14 +15,14 @@ pub use ::plan::{
 use crate::problem::{Built, FORBIDDEN, Grouping, Merge, build};
 use crate::{Error, Result, fmt_bytes};
 
-/// Options of [`plan`].
+/// Options of [`plan()`].
 #[derive(Clone, Debug)]
 pub struct PlanOptions {
     /// Memory budget per rank, bytes.
     pub budget: u64,
     /// Which strategies are allowed.
     pub baseline: Baseline,
-    /// Wall-clock budget of the whole planning run from [`plan`]'s start: building the problem
+    /// Wall-clock budget of the whole planning run from [`plan()`]'s start: building the problem
     /// and every solve count against it (a stage-two round gets it afresh). The baselines
     /// compared with `Auto` get a third of what is left and are skipped ([`SolverInfo::skipped`])
     /// when their solves could not fit; the auto solve gets the rest, at least a quarter of it.

@@ -7,7 +7,9 @@
 //! [`Program::init_rank`] from a [`ParamSource`] block by block), constants, and its block of
 //! every fed input. [`Program::step`] then runs the program on that state through a
 //! [`Communicator`]: kernels, collectives and frees in the plan's order, the updated parameters
-//! becoming the storage of the next step.
+//! becoming the storage of the next step. The walk itself is the runtime's one executor (the
+//! private `exec` module), shared with the GPU ranks of `gpu`: each back end only says how its
+//! tensors are computed, communicated and measured.
 //!
 //! Invariants:
 //! - Every rank runs the same instructions in the same order, so their collectives meet.
@@ -340,24 +342,36 @@ impl ParamSource for FirstOf<'_> {
     }
 }
 
-/// A value held during a step.
-enum Held {
-    Owned(Tensor),
-    Shared(Arc<Tensor>),
+/// A CPU rank as the executor's back end: host tensors, kernels on `ctx`, collectives
+/// through `comm`.
+struct CpuBackend<'a> {
+    rank: usize,
+    ctx: &'a CpuContext,
+    comm: &'a mut dyn Communicator,
 }
 
-impl Held {
-    fn get(&self) -> &Tensor {
-        match self {
-            Held::Owned(t) => t,
-            Held::Shared(t) => t,
-        }
+impl crate::exec::Backend for CpuBackend<'_> {
+    type T = Tensor;
+    fn rank(&self) -> usize {
+        self.rank
     }
-    fn into_tensor(self) -> Tensor {
-        match self {
-            Held::Owned(t) => t,
-            Held::Shared(t) => Arc::try_unwrap(t).unwrap_or_else(|t| (*t).clone()),
-        }
+    fn bytes(t: &Tensor) -> u64 {
+        t.bytes() as u64
+    }
+    fn shape(t: &Tensor) -> &[usize] {
+        t.shape()
+    }
+    fn check(&mut self) -> Result<(), DistError> {
+        Ok(self.comm.check()?)
+    }
+    fn eval(&mut self, k: &Kernel, ins: &[&Tensor], mesh: &DeviceMesh) -> Result<(Vec<Tensor>, f64), KernelFailure> {
+        run_kernel(self.ctx, k, ins, mesh, self.comm, self.rank)
+    }
+    fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &Tensor) -> Result<Tensor, DistError> {
+        Ok(self.comm.run(c, mesh, x)?)
+    }
+    fn gather_output(&mut self, everyone: &[usize], x: &Tensor) -> Result<Vec<Tensor>, DistError> {
+        Ok(self.comm.exchange(everyone, Arc::new(x.clone()))?.iter().map(|t| (**t).clone()).collect())
     }
 }
 
@@ -677,117 +691,20 @@ impl Program {
         Ok(())
     }
 
-    /// Runs one training step on rank `st.rank` (see the module docs).
+    /// Runs one training step on a rank (the executor every back end shares): kernels on `ctx`, collectives
+    /// through `comm`.
     pub fn step(
         &self,
         st: &mut RankState,
         ctx: &CpuContext,
         comm: &mut dyn Communicator,
     ) -> Result<StepResult, DistError> {
-        let rank = st.rank;
-        let t0 = Instant::now();
-        let mut comm_seconds = 0.0;
-        let mut vals: Vec<Option<Held>> = (0..self.slot_names.len()).map(|_| None).collect();
-        let resident: u64 = st.storage.values().map(|t| t.bytes() as u64).sum::<u64>()
-            + st.constants.iter().map(|t| t.bytes() as u64).sum::<u64>();
-        let (mut live, mut peak) = (resident, resident);
-        // Parameters move out of storage into the step; the storage is rebuilt at the end.
-        let mut storage = std::mem::take(&mut st.storage);
-        let missing =
-            |slot: usize| DistError::Plan(format!("rank {rank}: reads {} before it is written", self.slot_names[slot]));
-        let result = (|| -> Result<BTreeMap<String, Tensor>, DistError> {
-            for ins in &self.code {
-                comm.check()?;
-                match ins {
-                    Exec::Storage { slot, name } => {
-                        let t = storage
-                            .remove(name)
-                            .ok_or_else(|| DistError::Data { rank, message: format!("no storage for {name}") })?;
-                        vals[*slot] = Some(Held::Owned(t));
-                    }
-                    Exec::Input { slot, index } => {
-                        // A state made by another program may lack the block.
-                        let t = st.feeds.get(*index).cloned().ok_or_else(|| DistError::Data {
-                            rank,
-                            message: format!("no block of input {}", self.slot_names[*slot]),
-                        })?;
-                        live += t.bytes() as u64;
-                        vals[*slot] = Some(Held::Shared(t));
-                    }
-                    Exec::Constant { slot, index } => {
-                        let t = st.constants.get(*index).cloned().ok_or_else(|| DistError::Data {
-                            rank,
-                            message: format!("no block of constant {}", self.slot_names[*slot]),
-                        })?;
-                        vals[*slot] = Some(Held::Shared(t));
-                    }
-                    Exec::Op { node, op, kernel, inputs, outputs, shapes } => {
-                        let ins: Vec<&Tensor> = inputs
-                            .iter()
-                            .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
-                            .collect::<Result<_, _>>()?;
-                        let kerr =
-                            |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
-                        let (outs, waited) =
-                            run_kernel(ctx, kernel, &ins, &self.mesh, comm, rank).map_err(|e| match e {
-                                KernelFailure::Kernel(m) => kerr(m),
-                                KernelFailure::Comm(c) => DistError::Comm(c),
-                            })?;
-                        comm_seconds += waited;
-                        if outs.len() != outputs.len() {
-                            return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
-                        }
-                        // Blocks of any other shape would only fail later, at a reader, or not at all.
-                        if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| t.shape() != want.as_slice())
-                        {
-                            return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", t.shape())));
-                        }
-                        for (t, &s) in outs.into_iter().zip(outputs) {
-                            live += t.bytes() as u64;
-                            vals[s] = Some(Held::Owned(t));
-                        }
-                        peak = peak.max(live);
-                    }
-                    Exec::Collective { input, output, c } => {
-                        let t1 = Instant::now();
-                        let x = vals[*input].as_ref().map(Held::get).ok_or_else(|| missing(*input))?;
-                        let y = comm.run(c, &self.mesh, x)?;
-                        comm_seconds += t1.elapsed().as_secs_f64();
-                        live += y.bytes() as u64;
-                        peak = peak.max(live);
-                        vals[*output] = Some(Held::Owned(y));
-                    }
-                    Exec::Free { slots } => {
-                        for &s in slots {
-                            let h = vals[s].take().ok_or_else(|| missing(s))?;
-                            live = live.saturating_sub(h.get().bytes() as u64);
-                        }
-                    }
-                }
-            }
-            // Outputs: every rank gets the global value.
-            let everyone: Vec<usize> = (0..self.mesh.size()).collect();
-            let mut outputs = BTreeMap::new();
-            for (name, slot, spec, shape) in &self.outputs {
-                let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
-                let t1 = Instant::now();
-                let blocks: Vec<Tensor> =
-                    comm.exchange(&everyone, Arc::new(x.clone()))?.iter().map(|t| (**t).clone()).collect();
-                comm_seconds += t1.elapsed().as_secs_f64();
-                let t = sim::assemble(&blocks, spec, shape, &self.mesh, f32::INFINITY)
-                    .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?;
-                outputs.insert(name.clone(), t);
-            }
-            Ok(outputs)
-        })();
-        let outputs = result?;
-        for (name, slot) in self.updates.iter().chain(&self.kept) {
-            let t = vals[*slot].take().ok_or_else(|| missing(*slot))?.into_tensor();
-            storage.insert(name.clone(), t);
-        }
-        st.storage = storage;
-        st.steps_done += 1;
-        Ok(StepResult { outputs, peak_bytes: peak, seconds: t0.elapsed().as_secs_f64(), comm_seconds })
+        let RankState { rank, storage, constants, feeds, steps_done } = st;
+        let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
+        let constants: Vec<&Tensor> = constants.iter().map(|t| &**t).collect();
+        let r = crate::exec::step(self, &mut CpuBackend { rank: *rank, ctx, comm }, storage, &feeds, &constants)?;
+        *steps_done += 1;
+        Ok(r)
     }
 }
 

@@ -52,7 +52,7 @@ use sharding::{Collective, DeviceMesh, ReduceKind, sim};
 
 use crate::checkpoint;
 use crate::comm::{CommError, Communicator};
-use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, RankState, StepResult, run_kernel};
+use crate::dist::{DistError, Kernel, KernelFailure, Program, RankState, StepResult, run_kernel};
 use crate::launch::StepReport;
 
 /// The NCCL communicators of one rank, one per group of global ranks, made on first use.
@@ -243,99 +243,72 @@ impl GpuRank {
 
     /// Runs one training step of `program` (see the module docs).
     pub fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
-        let rank = self.rank;
-        let t0 = Instant::now();
-        let mut comm_seconds = 0.0;
         self.ctx.reset_peak();
-        let mut vals: Vec<Option<CudaTensor>> = vec![None; program.slot_names.len()];
-        // Parameters move out of storage into the step; the storage is rebuilt at the end.
-        let mut storage = std::mem::take(&mut self.storage);
-        let missing = |slot: usize| {
-            DistError::Plan(format!("rank {rank}: reads {} before it is written", program.slot_names[slot]))
-        };
-        let mesh = program.mesh();
-        for ins in &program.code {
-            match ins {
-                Exec::Storage { slot, name } => {
-                    let t = storage
-                        .remove(name)
-                        .ok_or_else(|| DistError::Data { rank, message: format!("no storage for {name}") })?;
-                    vals[*slot] = Some(t);
-                }
-                Exec::Input { slot, index } => vals[*slot] = Some(self.feeds[*index].clone()),
-                Exec::Constant { slot, index } => vals[*slot] = Some(self.constants[*index].clone()),
-                Exec::Op { node, op, kernel, inputs, outputs, shapes } => {
-                    let ins: Vec<&CudaTensor> =
-                        inputs.iter().map(|&s| vals[s].as_ref().ok_or_else(|| missing(s))).collect::<Result<_, _>>()?;
-                    let kerr =
-                        |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
-                    let outs = match kernel {
-                        Kernel::Same(op) => cuda::eval(&self.ctx, op, &ins).map_err(|e| kerr(e.to_string()))?,
-                        special => {
-                            let t1 = Instant::now();
-                            let outs = self.on_host(special, &ins, mesh).map_err(|e| match e {
-                                KernelFailure::Kernel(m) => kerr(m),
-                                KernelFailure::Comm(c) => DistError::Comm(c),
-                            })?;
-                            comm_seconds += t1.elapsed().as_secs_f64();
-                            outs
-                        }
-                    };
-                    if outs.len() != outputs.len() {
-                        return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
-                    }
-                    if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| t.shape() != want.as_slice()) {
-                        return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", t.shape())));
-                    }
-                    for (t, &s) in outs.into_iter().zip(outputs) {
-                        vals[s] = Some(t);
-                    }
-                }
-                Exec::Collective { input, output, c } => {
-                    let t1 = Instant::now();
-                    let x = vals[*input].as_ref().ok_or_else(|| missing(*input))?;
-                    let y = self.collective(c, mesh, x)?;
-                    // Collectives are queued on the stream: wait, so the time is theirs.
-                    self.ctx.synchronize().map_err(|e| self.comm_err(e))?;
-                    comm_seconds += t1.elapsed().as_secs_f64();
-                    vals[*output] = Some(y);
-                }
-                Exec::Free { slots } => {
-                    for &s in slots {
-                        vals[s].take().ok_or_else(|| missing(s))?;
-                    }
-                }
+        let GpuRank { rank, steps_done, ctx, groups, host, storage, constants, feeds } = self;
+        let feeds: Vec<&CudaTensor> = feeds.iter().collect();
+        let constants: Vec<&CudaTensor> = constants.iter().collect();
+        let mut b = GpuExec { rank: *rank, ctx, groups, host };
+        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants)?;
+        *steps_done += 1;
+        Ok(r)
+    }
+}
+
+/// A GPU rank as the executor's back end: device tensors, kernels on `ctx`, collectives
+/// through NCCL, the special kernels on the host (`host`).
+struct GpuExec<'a> {
+    rank: usize,
+    ctx: &'a CudaContext,
+    groups: &'a mut NcclGroups,
+    host: &'a CpuContext,
+}
+
+impl crate::exec::Backend for GpuExec<'_> {
+    type T = CudaTensor;
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn bytes(t: &CudaTensor) -> u64 {
+        t.bytes() as u64
+    }
+    fn shape(t: &CudaTensor) -> &[usize] {
+        t.shape()
+    }
+    fn eval(
+        &mut self,
+        k: &Kernel,
+        ins: &[&CudaTensor],
+        mesh: &DeviceMesh,
+    ) -> Result<(Vec<CudaTensor>, f64), KernelFailure> {
+        match k {
+            Kernel::Same(op) => {
+                Ok((cuda::eval(self.ctx, op, ins).map_err(|e| KernelFailure::Kernel(e.to_string()))?, 0.0))
+            }
+            special => {
+                let t1 = Instant::now();
+                let outs = self.on_host(special, ins, mesh)?;
+                Ok((outs, t1.elapsed().as_secs_f64()))
             }
         }
-        // Outputs: every rank gets the global value.
-        let everyone: Vec<usize> = (0..program.ranks()).collect();
-        let mut outputs = BTreeMap::new();
-        for (name, slot, spec, shape) in &program.outputs {
-            let x = vals[*slot].as_ref().ok_or_else(|| missing(*slot))?;
-            let x = x.download(&self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })?;
-            let t1 = Instant::now();
-            let blocks: Vec<Tensor> =
-                self.host_comm().exchange(&everyone, Arc::new(x))?.iter().map(|t| (**t).clone()).collect();
-            comm_seconds += t1.elapsed().as_secs_f64();
-            let t = sim::assemble(&blocks, spec, shape, mesh, f32::INFINITY)
-                .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?;
-            outputs.insert(name.clone(), t);
-        }
-        for (name, slot) in program.updates.iter().chain(&program.kept) {
-            let t = vals[*slot].take().ok_or_else(|| missing(*slot))?;
-            storage.insert(name.clone(), t);
-        }
-        drop(vals);
-        self.storage = storage;
-        self.steps_done += 1;
-        Ok(StepResult {
-            outputs,
-            peak_bytes: self.ctx.peak_bytes() as u64,
-            seconds: t0.elapsed().as_secs_f64(),
-            comm_seconds,
-        })
     }
+    fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &CudaTensor) -> Result<CudaTensor, DistError> {
+        let y = GpuExec::collective(self, c, mesh, x)?;
+        // Collectives are queued on the stream: wait, so the time is theirs.
+        self.ctx.synchronize().map_err(|e| self.comm_err(e))?;
+        Ok(y)
+    }
+    fn gather_output(&mut self, everyone: &[usize], x: &CudaTensor) -> Result<Vec<Tensor>, DistError> {
+        let rank = self.rank;
+        let x = x.download(self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })?;
+        let mut comm = NcclHost::new(self.ctx, &mut *self.groups);
+        Ok(comm.exchange(everyone, Arc::new(x))?.iter().map(|t| (**t).clone()).collect())
+    }
+    fn peak_bytes(&self, _counted: u64) -> u64 {
+        self.ctx.peak_bytes() as u64
+    }
+}
 
+impl GpuExec<'_> {
     fn comm_err(&self, e: kernels::Error) -> DistError {
         DistError::Comm(CommError::Backend { rank: self.rank, message: e.to_string() })
     }
@@ -349,12 +322,12 @@ impl GpuRank {
         mesh: &DeviceMesh,
     ) -> Result<Vec<CudaTensor>, KernelFailure> {
         let fail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
-        let host: Vec<Tensor> = ins.iter().map(|t| t.download(&self.ctx)).collect::<Result<_, _>>().map_err(fail)?;
+        let host: Vec<Tensor> = ins.iter().map(|t| t.download(self.ctx)).collect::<Result<_, _>>().map_err(fail)?;
         let refs: Vec<&Tensor> = host.iter().collect();
         let rank = self.rank;
-        let mut comm = NcclHost::new(&self.ctx, &mut self.groups);
-        let (outs, _) = run_kernel(&self.host, k, &refs, mesh, &mut comm, rank)?;
-        outs.iter().map(|t| CudaTensor::upload(&self.ctx, t).map_err(fail)).collect()
+        let mut comm = NcclHost::new(self.ctx, &mut *self.groups);
+        let (outs, _) = run_kernel(self.host, k, &refs, mesh, &mut comm, rank)?;
+        outs.iter().map(|t| CudaTensor::upload(self.ctx, t).map_err(fail)).collect()
     }
 
     /// One plan collective on the device (see the module docs for the mapping).
@@ -366,7 +339,7 @@ impl GpuRank {
         if n == 1 {
             return Ok(x.clone());
         }
-        let ctx = &self.ctx;
+        let ctx = self.ctx;
         let fail = |e: kernels::Error| DistError::Comm(CommError::Backend { rank, message: e.to_string() });
         let eval1 = |op: Op, t: &CudaTensor| cuda::eval(ctx, &op, &[t]).map(|mut v| v.swap_remove(0)).map_err(fail);
         // Piece `j` of `n` along `dim`.

@@ -24,6 +24,7 @@
 pub mod checkpoint;
 pub mod comm;
 pub mod dist;
+mod exec;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod launch;

@@ -74,9 +74,10 @@ mod nccl_options {
 /// first step.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    /// A rank failed during the run (the first failing rank's own error).
+    /// A rank failed during the run (the first failing rank's own error; in the message, not
+    /// as a `source`, so that a chain of causes prints it once).
     #[error("the run stopped: {0}")]
-    Run(#[from] DistError),
+    Run(DistError),
     /// The ranks could not be set up (a checkpoint, feeds, the mesh, the caller's setup).
     #[error("{0}")]
     Setup(String),
@@ -118,6 +119,12 @@ pub enum LaunchError {
         /// The plan's record.
         want: String,
     },
+}
+
+impl From<DistError> for LaunchError {
+    fn from(e: DistError) -> LaunchError {
+        LaunchError::Run(e)
+    }
 }
 
 /// What a launcher runs.
@@ -424,7 +431,7 @@ pub trait Rank {
     fn check(&mut self) -> Result<(), DistError>;
     /// Runs one training step of `program`.
     fn step(&mut self, program: &Program) -> Result<StepResult, DistError>;
-    /// The report of `step` ([`step_report`]: every rank's figures, exchanged).
+    /// The report of `step`: every rank's figures, exchanged through the host communicator.
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError>;
     /// Writes this rank's part of a checkpoint ([`checkpoint::write`]).
     fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError>;
