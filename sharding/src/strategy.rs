@@ -84,7 +84,7 @@ pub struct Rule {
 }
 
 /// How every rank computes its blocks.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Local {
     /// The op itself on the local blocks (shape attributes made local by [`local_op`]).
@@ -346,10 +346,15 @@ pub fn expand(
     choices_per_axis.extend((0..rule.dims.len()).map(Choice::Dim));
     choices_per_axis.extend((0..rule.linear.len()).map(Choice::Linear));
     let mut out: Vec<Strategy> = vec![];
+    // Assignments that give the same layouts and local computation are one strategy (the first
+    // one's name is kept). A hash set: a linear scan made enumeration quadratic in the number of
+    // strategies, which on meshes of 4 or more axes runs to thousands.
+    let mut seen: std::collections::HashSet<(Vec<ShardingSpec>, Vec<ShardingSpec>, Local), crate::fx::BuildFx> =
+        Default::default();
     let mut assign = vec![Choice::Nothing; axes.len()];
     loop {
         if let Some(s) = build(op, ins, outs, ctx, mesh, profile, &rule, &axes, &assign)
-            && !out.iter().any(|o| o.inputs == s.inputs && o.outputs == s.outputs && o.local == s.local)
+            && seen.insert((s.inputs.clone(), s.outputs.clone(), s.local.clone()))
         {
             out.push(s);
         }
