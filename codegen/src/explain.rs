@@ -151,8 +151,9 @@ pub fn dot(p: &Plan) -> String {
             let specs: Vec<String> = output_specs.iter().map(|s| s.to_string()).collect();
             let _ = writeln!(
                 o,
-                "  n{node} [label=\"{}\\n{op} {}\\n[{}]\", fillcolor=\"{}\"];",
+                "  n{node} [label=\"{}\\n{} {}\\n[{}]\", fillcolor=\"{}\"];",
                 esc(name).replace('\\', "\\\\"),
+                op.name(),
                 esc(strategy),
                 specs.join("] ["),
                 colour(output_specs)
@@ -206,8 +207,9 @@ pub fn html(p: &Plan) -> String {
                 };
                 let _ = writeln!(
                     o,
-                    "<tr class=\"{class}\"><td>{k}</td><td>{} ({op})</td><td>{}</td><td>{} -&gt; {}</td><td>{seconds:.3e}</td></tr>",
+                    "<tr class=\"{class}\"><td>{k}</td><td>{} ({})</td><td>{}</td><td>{} -&gt; {}</td><td>{seconds:.3e}</td></tr>",
                     esc(name),
+                    op.name(),
                     esc(strategy),
                     esc(&ins.join(" ")),
                     esc(&outs.join(" "))

@@ -9,7 +9,7 @@ use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
 pub use ::plan::{
     Baseline, CheckpointReport, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
-    ParamShard, Plan, Problem, Problems, Size, SolveStatus, SolverInfo, VERSION, ValueRef, fnv,
+    ParamShard, Plan, Problem, Problems, Size, SolveStatus, SolverInfo, VERSION, ValueRef,
 };
 
 use crate::problem::{Built, FORBIDDEN, Grouping, Merge, build};
@@ -59,15 +59,10 @@ impl Default for PlanOptions {
     }
 }
 
-/// The graph with node `i` at index `i` in topological order (the text form's numbering).
+/// The graph with node `i` at index `i` in topological order (the numbering of the plan's
+/// graph), without parameter data ([`Graph::renumbered`]).
 pub fn canonical(g: &Graph) -> Result<Graph> {
-    let text = g.to_text();
-    let c = Graph::parse(&text).map_err(|e| Error::Graph(format!("re-reading the training graph: {e}")))?;
-    let order = c.topo_order().map_err(|_| Error::Graph("cycle".into()))?;
-    if order.iter().enumerate().any(|(i, n)| n.index() != i) {
-        return Err(Error::Internal("the text form's numbering is not topological".into()));
-    }
-    Ok(c)
+    g.renumbered().map_err(|n| Error::Graph(format!("the training graph has a cycle through {}", g.node(n).name)))
 }
 
 struct Solved {
@@ -474,16 +469,27 @@ fn lower(
             comm_seconds: s.comm_seconds + conv_seconds,
         });
         let outputs: Vec<ValueRef> = (0..node.outputs.len()).map(|k| ValueRef::new(n.index(), k)).collect();
+        let local_shapes: Vec<Vec<usize>> =
+            s.outputs.iter().zip(&node.outputs).map(|(sp, m)| sp.local_shape(&m.shape, mesh)).collect();
+        let local_ins: Vec<ir::TensorMeta> = s
+            .inputs
+            .iter()
+            .zip(g.node_inputs(n))
+            .map(|(sp, v)| {
+                let m = g.meta(v);
+                ir::TensorMeta::new(m.dtype, sp.local_shape(&m.shape, mesh))
+            })
+            .collect();
         program.push(Instr::Op {
             node: n.index(),
             name: node.name.clone(),
-            op: node.op.name().to_string(),
+            op: sharding::strategy::local_op(&node.op, &local_ins, &local_shapes),
             strategy: s.name.clone(),
             inputs: inputs.clone(),
             input_specs: s.inputs.clone(),
             outputs,
             output_specs: s.outputs.clone(),
-            local_shapes: s.outputs.iter().zip(&node.outputs).map(|(sp, m)| sp.local_shape(&m.shape, mesh)).collect(),
+            local_shapes,
             local: s.local.clone(),
             seconds: s.seconds(),
             recompute: false,
@@ -524,10 +530,9 @@ fn lower(
         });
     }
     let memory = ::plan::memory::simulate(g, mesh, &program)?;
-    let graph_text = g.to_text();
     Ok(Plan {
         version: VERSION,
-        model: ModelInfo { name: g.name.clone(), hash: fnv(&graph_text), source: None, source_hash: None },
+        model: ModelInfo { name: g.name.clone(), hash: g.fingerprint(), source: None, source_hash: None },
         mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
         device: profile.name.clone(),
         options: OptionsInfo {
@@ -535,7 +540,7 @@ fn lower(
             strategy: opts.baseline,
             time_limit_seconds: opts.time_limit.as_secs_f64(),
         },
-        graph: graph_text,
+        graph: g.clone(),
         params,
         program,
         estimate: Estimate {

@@ -377,11 +377,7 @@ impl Graph {
             }
         };
         for n in g.g.node_weights_mut() {
-            match &mut n.op {
-                Op::Constant(t) => *t = std::mem::replace(t, Tensor::scalar_f32(0.0)).with_float_type(to),
-                Op::Cast { to: c } if c.is_float() => *c = to,
-                _ => {}
-            }
+            n.op = std::mem::replace(&mut n.op, Op::Identity).with_float_type(to);
             if n.op.is_source() {
                 n.outputs.iter_mut().for_each(conv);
             }
@@ -390,6 +386,25 @@ impl Graph {
             *t = std::mem::replace(t, Tensor::scalar_f32(0.0)).with_float_type(to);
         }
         g.reinfer()?;
+        Ok(g)
+    }
+
+    /// The graph with node `i` at index `i` of its topological order ([`Graph::topo_order`]),
+    /// the numbering of the text and JSON forms; inputs, parameters and state are listed in that
+    /// order. Parameter data is not copied (like those forms, the result is the structure).
+    /// Fails with a node on a cycle.
+    pub fn renumbered(&self) -> Result<Graph, NodeIndex> {
+        let order = self.topo_order()?;
+        let mut g = Graph::new(self.name.clone());
+        let mut map: HashMap<NodeIndex, NodeIndex> = HashMap::with_capacity(order.len());
+        for &n in &order {
+            let node = &self.g[n];
+            let ins: Vec<Value> = self.node_inputs(n).into_iter().map(|v| Value::new(map[&v.node], v.slot)).collect();
+            let idx = g.add_node_raw(node.name.clone(), node.op.clone(), &ins, node.outputs.clone());
+            map.insert(n, idx);
+        }
+        g.outputs = self.outputs.iter().map(|(k, v)| (k.clone(), Value::new(map[&v.node], v.slot))).collect();
+        g.updates = self.updates.iter().map(|&(t, v)| (map[&t], Value::new(map[&v.node], v.slot))).collect();
         Ok(g)
     }
 

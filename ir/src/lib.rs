@@ -54,6 +54,7 @@
 pub mod autodiff;
 pub mod files;
 mod graph;
+mod json;
 mod op;
 pub mod ops;
 pub mod passes;

@@ -638,6 +638,15 @@ pub(crate) fn float_of(op: &str, ins: &[TensorMeta]) -> Result<DType, InferError
 }
 
 impl Op {
+    /// The op in a graph made float type `to` ([`crate::Graph::with_float_type`]): constants'
+    /// float data converted, float casts retargeted; every other op is unchanged.
+    pub fn with_float_type(self, to: DType) -> Op {
+        match self {
+            Op::Constant(t) => Op::Constant(t.with_float_type(to)),
+            Op::Cast { to: c } if c.is_float() => Op::Cast { to },
+            op => op,
+        }
+    }
     /// The op's name in the text form (also used in messages).
     pub fn name(&self) -> &'static str {
         use Op::*;

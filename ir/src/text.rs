@@ -36,7 +36,7 @@ pub struct ParseError {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-enum Attr {
+pub(crate) enum Attr {
     Int(i64),
     Float(f32),
     Bool(bool),
@@ -51,8 +51,31 @@ fn fmt_f32(x: f32) -> String {
     format!("{x:?}")
 }
 
-fn fmt_attr(a: &Attr, out: &mut String) {
+/// How [`fmt_attr`] writes a tensor's data: as text, or as a hash of its elements' bits (for
+/// [`Graph::fingerprint`], which must not print megabytes of constants).
+#[derive(Clone, Copy, PartialEq)]
+enum TensorData {
+    Text,
+    Hash,
+}
+
+/// FNV-1a's step over whole words: every element's bits, in order.
+fn hash_data(d: &Data) -> u64 {
+    let step = |h: u64, w: u64| (h ^ w).wrapping_mul(0x0100_0000_01b3);
+    let h = 0xcbf2_9ce4_8422_2325u64;
+    match d {
+        Data::F32(v) => v.iter().fold(h, |h, x| step(h, x.to_bits() as u64)),
+        Data::F64(v) => v.iter().fold(h, |h, x| step(h, x.to_bits())),
+        Data::I64(v) => v.iter().fold(h, |h, &x| step(h, x as u64)),
+        Data::Bool(v) => v.iter().fold(h, |h, &x| step(h, x as u64)),
+    }
+}
+
+fn fmt_attr(a: &Attr, out: &mut String, data: TensorData) {
     match a {
+        Attr::Tensor(t) if data == TensorData::Hash => {
+            write!(out, "{} #{:016x}", t.meta(), hash_data(t.data())).unwrap_or(())
+        }
         Attr::Int(i) => write!(out, "{i}").unwrap_or(()),
         Attr::Float(x) => out.push_str(&fmt_f32(*x)),
         Attr::Bool(b) => write!(out, "{b}").unwrap_or(()),
@@ -79,7 +102,7 @@ fn us(v: &[usize]) -> Attr {
     Attr::Ints(v.iter().map(|&x| x as i64).collect())
 }
 
-fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
+pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
     use Op::*;
     let pool = |a: &PoolAttrs| {
         vec![
@@ -325,6 +348,8 @@ impl Attrs<'_> {
         match self.take(k)? {
             Attr::Float(x) => Ok(x),
             Attr::Int(i) => Ok(i as f32),
+            // The JSON form writes what JSON numbers cannot hold as strings.
+            Attr::Str(s) if matches!(s.as_str(), "inf" | "-inf" | "NaN") => Ok(s.parse().unwrap_or(f32::NAN)),
             a => Err(format!("{}: attribute {k} must be a float, got {a:?}", self.op)),
         }
     }
@@ -364,7 +389,7 @@ impl Attrs<'_> {
     }
 }
 
-fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
+pub(crate) fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
     let mut a = Attrs { map, op: name };
     let pool = |a: &mut Attrs| -> Result<PoolAttrs, String> {
         Ok(PoolAttrs {
@@ -399,6 +424,9 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
             "global_maxpool" => Op::GlobalMaxPool,
             "cast" => match a.take("to")? {
                 Attr::DType(d) => Op::Cast { to: d },
+                Attr::Str(s) if DType::from_name(&s).is_some() => {
+                    Op::Cast { to: DType::from_name(&s).expect("checked") }
+                }
                 v => return Err(format!("cast: to must be a dtype, got {v:?}")),
             },
             "gemm" => Op::Gemm {
@@ -489,6 +517,20 @@ fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
 impl Graph {
     /// Prints the graph in the text form described in this module's docs.
     pub fn to_text(&self) -> String {
+        self.write_text(TensorData::Text)
+    }
+
+    /// FNV-1a (16 hex digits) of the text form with every tensor attribute's data replaced by a
+    /// hash of its elements' bits: what a plan's model hash is. Equal graphs have equal
+    /// fingerprints; any change of a node, attribute, constant or edge changes it (but for
+    /// hash collisions), without printing constants.
+    pub fn fingerprint(&self) -> String {
+        let text = self.write_text(TensorData::Hash);
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+        format!("{h:016x}")
+    }
+
+    fn write_text(&self, data: TensorData) -> String {
         let order = match self.topo_order() {
             Ok(o) => o,
             Err(_) => self.g.node_indices().collect(),
@@ -513,7 +555,7 @@ impl Graph {
                     }
                     out.push_str(k);
                     out.push('=');
-                    fmt_attr(a, &mut out);
+                    fmt_attr(a, &mut out, data);
                 }
                 out.push('}');
             }

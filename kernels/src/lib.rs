@@ -29,6 +29,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod geometry;
 mod optim;
 
 /// Why a kernel could not run.

@@ -334,6 +334,25 @@ struct Shared {
     timeout: Duration,
 }
 
+/// The communicator of a one-rank world (a single-device run): every group is this rank alone.
+pub struct Solo;
+
+impl Communicator for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn exchange(&mut self, _group: &[usize], block: Arc<Tensor>) -> Result<Vec<Arc<Tensor>>, CommError> {
+        Ok(vec![block])
+    }
+    fn exchange_pieces(&mut self, _group: &[usize], pieces: Vec<Tensor>) -> Result<Vec<Tensor>, CommError> {
+        Ok(pieces)
+    }
+    fn abort(&self, _cause: &str) {}
+}
+
 /// The `threads` back end: ranks are threads of one process exchanging blocks through shared
 /// memory. [`ThreadWorld::new`] makes one communicator per rank; move each into its thread.
 pub struct ThreadComm {

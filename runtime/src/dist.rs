@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ir::{BinaryOp, DType, Graph, NodeIndex, Op, ReduceOp, Tensor, TensorMeta, UnaryOp};
+use ir::{BinaryOp, DType, NodeIndex, Op, ReduceOp, Tensor, TensorMeta, UnaryOp};
 use kernels::cpu::CpuContext;
 use plan::{Instr, Plan, ValueRef};
 use sharding::{Collective, DeviceMesh, Local, ReduceKind, ShardingSpec, sim};
@@ -97,8 +97,7 @@ fn storage_hash(model_hash: &str, mesh: &DeviceMesh, resident: &[Resident]) -> S
     for r in resident {
         text.push_str(&format!("{}\t{}\t{}\n", r.name, r.meta, r.spec));
     }
-    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-    format!("{h:016x}")
+    plan::fnv(&text)
 }
 
 /// Local computation of one op instruction.
@@ -128,6 +127,8 @@ pub(crate) enum Exec {
     Constant { slot: usize, index: usize },
     /// A kernel, and the local shape of each of its outputs.
     Op {
+        /// Program node id.
+        id: usize,
         node: String,
         op: &'static str,
         kernel: Kernel,
@@ -135,6 +136,8 @@ pub(crate) enum Exec {
         outputs: Vec<usize>,
         shapes: Vec<Vec<usize>>,
     },
+    /// A reshape of a value read for the last time: the output takes over its buffer.
+    View { id: usize, node: String, input: usize, output: usize, shape: Vec<usize> },
     /// A collective.
     Collective { input: usize, output: usize, c: Collective },
     /// Values no longer needed.
@@ -217,6 +220,10 @@ pub struct StepResult {
     pub seconds: f64,
     /// Seconds spent in collectives (waiting included).
     pub comm_seconds: f64,
+    /// Bytes of the storage and constants the step read (resident throughout).
+    pub resident_bytes: u64,
+    /// Seconds of each op, by program node id, in program order (only when profiled).
+    pub op_seconds: Vec<(usize, f64)>,
 }
 
 /// Where a rank's parameter blocks come from.
@@ -344,10 +351,10 @@ impl ParamSource for FirstOf<'_> {
 
 /// A CPU rank as the executor's back end: host tensors, kernels on `ctx`, collectives
 /// through `comm`.
-struct CpuBackend<'a> {
-    rank: usize,
-    ctx: &'a CpuContext,
-    comm: &'a mut dyn Communicator,
+pub(crate) struct CpuBackend<'a> {
+    pub(crate) rank: usize,
+    pub(crate) ctx: &'a CpuContext,
+    pub(crate) comm: &'a mut dyn Communicator,
 }
 
 impl crate::exec::Backend for CpuBackend<'_> {
@@ -373,6 +380,12 @@ impl crate::exec::Backend for CpuBackend<'_> {
     fn gather_output(&mut self, everyone: &[usize], x: &Tensor) -> Result<Vec<Tensor>, DistError> {
         Ok(self.comm.exchange(everyone, Arc::new(x.clone()))?.iter().map(|t| (**t).clone()).collect())
     }
+    fn download(&mut self, x: Tensor) -> Result<Tensor, DistError> {
+        Ok(x)
+    }
+    fn reshape(&mut self, x: Tensor, shape: &[usize], _: &DeviceMesh) -> Result<Tensor, KernelFailure> {
+        x.reshaped(shape.to_vec()).map_err(|e| KernelFailure::Kernel(e.to_string()))
+    }
 }
 
 impl Program {
@@ -387,27 +400,156 @@ impl Program {
     /// loaded, so the same plan runs in double precision: the way to check a plan on a model
     /// whose f32 results depend on summation order. Memory then is twice the plan's estimate.
     pub fn with_float_type(plan: &Plan, float: DType) -> Result<Program, DistError> {
-        let (g, mesh) = plan.validated_parts().map_err(|e| DistError::InvalidPlan(e.to_string()))?;
-        Program::compile(plan, std::borrow::Cow::Owned(g), mesh, float)
+        let mesh = plan.validated_mesh().map_err(|e| DistError::InvalidPlan(e.to_string()))?;
+        Program::compile(plan, mesh, float)
+    }
+
+    /// The single-device program of a graph (the one-rank plan, without a planner): its nodes in
+    /// `order`, each op on whole tensors, every intermediate freed after its last read, and a
+    /// reshape of a value read for the last time made a view of it. Parameters, state and
+    /// constants are never freed (they are the caller's). Constants are read from
+    /// `Exec::Constant` indices into the returned list of constant nodes.
+    pub(crate) fn single(g: &ir::Graph, order: &[NodeIndex]) -> (Program, Vec<NodeIndex>) {
+        let mesh = DeviceMesh::uniform(&[1]).expect("a one-device mesh");
+        let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let id = |n: NodeIndex| pos[&n];
+        let mut slots: HashMap<ir::Value, usize> = HashMap::new();
+        let mut slot_names = vec![];
+        let mut slot_of = |v: ir::Value| -> usize {
+            *slots.entry(v).or_insert_with(|| {
+                slot_names.push(ValueRef::new(id(v.node), v.slot));
+                slot_names.len() - 1
+            })
+        };
+        // The schedule position of each value's last reader; values read at the end never die.
+        let mut last: HashMap<ir::Value, usize> = HashMap::new();
+        let inputs_of: Vec<Vec<ir::Value>> = order.iter().map(|&n| g.node_inputs(n)).collect();
+        for (p, ins) in inputs_of.iter().enumerate() {
+            for &v in ins {
+                last.insert(v, p);
+            }
+        }
+        for v in g.outputs.iter().map(|(_, v)| *v).chain(g.updates.iter().map(|(_, v)| *v)) {
+            last.insert(v, usize::MAX);
+        }
+        let kept_source = |n: NodeIndex| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. } | Op::Constant(_));
+        let (mut code, mut resident, mut inputs, mut constants) = (vec![], vec![], vec![], vec![]);
+        let replicated = |m: &TensorMeta| ShardingSpec::replicated(m.shape.len());
+        for (p, &n) in order.iter().enumerate() {
+            let node = g.node(n);
+            let out0 = ir::Value::new(n, 0);
+            let ins = &inputs_of[p];
+            match &node.op {
+                Op::Param { name } | Op::State { name } => {
+                    let meta = node.outputs[0].clone();
+                    let spec = replicated(&meta);
+                    let is_state = matches!(node.op, Op::State { .. });
+                    resident.push(Resident { name: name.clone(), meta, spec, is_state });
+                    code.push(Exec::Storage { slot: slot_of(out0), name: name.clone() });
+                }
+                Op::Input { name } => {
+                    let meta = node.outputs[0].clone();
+                    inputs.push(InputInfo { name: name.clone(), spec: replicated(&meta), meta });
+                    code.push(Exec::Input { slot: slot_of(out0), index: inputs.len() - 1 });
+                }
+                Op::Constant(_) => {
+                    constants.push(n);
+                    code.push(Exec::Constant { slot: slot_of(out0), index: constants.len() - 1 });
+                }
+                Op::Reshape { shape }
+                    if ins.len() == 1 && last.get(&ins[0]) == Some(&p) && !g.node(ins[0].node).op.is_source() =>
+                {
+                    let (input, output) = (slot_of(ins[0]), slot_of(out0));
+                    code.push(Exec::View { id: id(n), node: node.name.clone(), input, output, shape: shape.clone() });
+                }
+                op => {
+                    code.push(Exec::Op {
+                        id: id(n),
+                        node: node.name.clone(),
+                        op: op.name(),
+                        kernel: Kernel::Same(op.clone()),
+                        inputs: ins.iter().map(|&v| slot_of(v)).collect(),
+                        outputs: (0..node.outputs.len()).map(|k| slot_of(ir::Value::new(n, k))).collect(),
+                        shapes: node.outputs.iter().map(|m| m.shape.clone()).collect(),
+                    });
+                }
+            }
+            // Free what this node read for the last time (a view's input is moved, not freed),
+            // and outputs nobody reads.
+            let viewed = matches!(code.last(), Some(Exec::View { .. }));
+            let mut dead: Vec<ir::Value> = ins
+                .iter()
+                .copied()
+                .filter(|v| last.get(v) == Some(&p) && !kept_source(v.node) && !viewed)
+                .chain(
+                    (0..node.outputs.len())
+                        .map(|k| ir::Value::new(n, k))
+                        .filter(|v| !last.contains_key(v) && !kept_source(n)),
+                )
+                .collect();
+            dead.sort();
+            dead.dedup();
+            if !dead.is_empty() {
+                code.push(Exec::Free { slots: dead.into_iter().map(&mut slot_of).collect() });
+            }
+        }
+        let outputs = g
+            .outputs
+            .iter()
+            .map(|(name, v)| {
+                let m = g.meta(*v);
+                (name.clone(), slot_of(*v), replicated(m), m.shape.clone())
+            })
+            .collect();
+        let storage_name = |n: NodeIndex| match &g.node(n).op {
+            Op::Param { name } | Op::State { name } => Some(name.clone()),
+            _ => None,
+        };
+        let mut updates = vec![];
+        for &(t, v) in &g.updates {
+            if let Some(name) = storage_name(t) {
+                updates.push((name, slot_of(v)));
+            }
+        }
+        let updated: std::collections::HashSet<&String> = updates.iter().map(|(n, _)| n).collect();
+        let kept: Vec<(String, usize)> = g
+            .params
+            .iter()
+            .chain(&g.states)
+            .filter(|n| pos.contains_key(n))
+            .filter_map(|&n| storage_name(n).map(|name| (name, n)))
+            .filter(|(name, _)| !updated.contains(name))
+            .map(|(name, n)| (name, slot_of(ir::Value::new(n, 0))))
+            .collect();
+        let program = Program {
+            plan_hash: String::new(),
+            mesh,
+            code,
+            slot_names,
+            resident,
+            constants: vec![],
+            inputs,
+            outputs,
+            updates,
+            kept,
+            estimated_peak: 0,
+            model_hash: String::new(),
+        };
+        (program, constants)
     }
 
     /// Compiles a plan already validated (as [`Program::with_float_type`]), without checking or
     /// parsing it again.
     pub fn from_valid(plan: &plan::Valid, float: DType) -> Result<Program, DistError> {
-        Program::compile(plan.plan(), std::borrow::Cow::Borrowed(plan.graph()), plan.mesh().clone(), float)
+        Program::compile(plan.plan(), plan.mesh().clone(), float)
     }
 
-    fn compile(
-        plan: &Plan,
-        g: std::borrow::Cow<'_, Graph>,
-        mesh: DeviceMesh,
-        float: DType,
-    ) -> Result<Program, DistError> {
+    fn compile(plan: &Plan, mesh: DeviceMesh, float: DType) -> Result<Program, DistError> {
         let bad = |m: String| DistError::Plan(m);
         let g = if float == DType::F32 {
-            g
+            std::borrow::Cow::Borrowed(&plan.graph)
         } else {
-            std::borrow::Cow::Owned(g.with_float_type(float).map_err(|e| bad(format!("graph: {e}")))?)
+            std::borrow::Cow::Owned(plan.graph.with_float_type(float).map_err(|e| bad(format!("graph: {e}")))?)
         };
         let node = |i: usize| g.g.node_weight(NodeIndex::new(i)).ok_or_else(|| bad(format!("no node %{i}")));
         let mut slots: HashMap<ValueRef, usize> = HashMap::new();
@@ -425,7 +567,18 @@ impl Program {
         let mut out_specs: HashMap<ValueRef, ShardingSpec> = HashMap::new();
         for ins in &plan.program {
             match ins {
-                Instr::Op { node: id, name, outputs, output_specs, input_specs, inputs: ins_ids, local, .. } => {
+                Instr::Op {
+                    node: id,
+                    name,
+                    op: local_op,
+                    outputs,
+                    output_specs,
+                    input_specs,
+                    inputs: ins_ids,
+                    local,
+                    local_shapes,
+                    ..
+                } => {
                     let n = node(*id)?;
                     for (o, s) in outputs.iter().zip(output_specs) {
                         out_specs.insert(*o, s.clone());
@@ -475,25 +628,32 @@ impl Program {
                                     input_specs.len()
                                 )));
                             }
+                            if local_op.name() != op.name() {
+                                return Err(bad(format!("node {name} is {}, not {}", op.name(), local_op.name())));
+                            }
+                            // The plan's local op, for the graph's float type.
+                            let local_op = if float == DType::F32 {
+                                local_op.clone()
+                            } else {
+                                local_op.clone().with_float_type(float)
+                            };
                             let local_ins: Vec<TensorMeta> = input_specs
                                 .iter()
                                 .zip(&global_ins)
                                 .map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, &mesh)))
                                 .collect();
-                            let local_outs: Vec<Vec<usize>> = output_specs
-                                .iter()
-                                .zip(&n.outputs)
-                                .map(|(s, m)| s.local_shape(&m.shape, &mesh))
-                                .collect();
+                            let local_outs = local_shapes.clone();
                             if let Local::MaskedGather { axes }
                             | Local::MaskedScatter { axes }
                             | Local::SplitSoftmax { axes } = local
                             {
                                 mesh.check_axes(axes).map_err(|m| bad(format!("node {name}: {m}")))?;
                             }
-                            let kernel = compile_kernel(op, local, &global_ins, &local_ins, &local_outs)
-                                .map_err(|m| bad(format!("node {name}: {m}")))?;
+                            let kernel =
+                                compile_kernel(local_op, local, &global_ins, &n.outputs, &local_ins, &local_outs)
+                                    .map_err(|m| bad(format!("node {name}: {m}")))?;
                             code.push(Exec::Op {
+                                id: *id,
                                 node: name.clone(),
                                 op: op.name(),
                                 kernel,
@@ -702,7 +862,8 @@ impl Program {
         let RankState { rank, storage, constants, feeds, steps_done } = st;
         let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
         let constants: Vec<&Tensor> = constants.iter().map(|t| &**t).collect();
-        let r = crate::exec::step(self, &mut CpuBackend { rank: *rank, ctx, comm }, storage, &feeds, &constants)?;
+        let b = &mut CpuBackend { rank: *rank, ctx, comm };
+        let r = crate::exec::step(self, b, crate::exec::Storage::Owned(storage), &feeds, &constants, false)?;
         *steps_done += 1;
         Ok(r)
     }
@@ -714,40 +875,39 @@ pub(crate) enum KernelFailure {
     Comm(CommError),
 }
 
+/// The kernel of an op instruction: `op` is the plan's local op (attributes already local).
 fn compile_kernel(
-    op: &Op,
+    op: Op,
     local: &Local,
     global_ins: &[TensorMeta],
+    global_outs: &[TensorMeta],
     local_ins: &[TensorMeta],
     local_outs: &[Vec<usize>],
 ) -> Result<Kernel, String> {
     Ok(match local {
-        Local::Same => Kernel::Same(sharding::strategy::local_op(op, local_ins, local_outs)),
+        Local::Same => Kernel::Same(op),
         Local::MaskedGather { axes } => {
             let Op::Gather { axis } = op else { return Err(format!("masked gather on {}", op.name())) };
-            let dim = |m: Option<&TensorMeta>| m.and_then(|m| m.shape.get(*axis).copied());
+            let dim = |m: Option<&TensorMeta>| m.and_then(|m| m.shape.get(axis).copied());
             let (Some(rows), Some(total)) = (dim(local_ins.first()), dim(global_ins.first())) else {
                 return Err(format!("gather axis {axis} is not a dim of its table"));
             };
-            Kernel::MaskedGather { op: op.clone(), axis: *axis, axes: axes.clone(), rows, total }
+            Kernel::MaskedGather { op: Op::Gather { axis }, axis, axes: axes.clone(), rows, total }
         }
         Local::MaskedScatter { axes } => {
-            let Op::GatherGrad { axis, shape } = op else { return Err(format!("masked scatter on {}", op.name())) };
-            let (Some(&rows), Some(&total)) = (local_outs.first().and_then(|s| s.get(*axis)), shape.get(*axis)) else {
+            let Op::GatherGrad { axis, .. } = op else { return Err(format!("masked scatter on {}", op.name())) };
+            // The table's global shape: the node's output.
+            let shape = global_outs.first().map(|m| m.shape.as_slice()).unwrap_or_default();
+            let (Some(&rows), Some(&total)) = (local_outs.first().and_then(|s| s.get(axis)), shape.get(axis)) else {
                 return Err(format!("scatter axis {axis} is not a dim of its table"));
             };
-            Kernel::MaskedScatter {
-                op: sharding::strategy::local_op(op, local_ins, local_outs),
-                axes: axes.clone(),
-                rows,
-                total,
-                pre: shape[..*axis].iter().product(),
-            }
+            let pre = shape[..axis].iter().product();
+            Kernel::MaskedScatter { op, axes: axes.clone(), rows, total, pre }
         }
         Local::SplitSoftmax { axes } => {
             let (axis, log) = match op {
-                Op::Softmax { axis } => (*axis, false),
-                Op::LogSoftmax { axis } => (*axis, true),
+                Op::Softmax { axis } => (axis, false),
+                Op::LogSoftmax { axis } => (axis, true),
                 _ => return Err(format!("split softmax on {}", op.name())),
             };
             Kernel::SplitSoftmax { axis, log, axes: axes.clone() }

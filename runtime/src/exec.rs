@@ -1,16 +1,19 @@
 //! The one executor of a compiled [`Program`]: every back end's rank runs its step through
 //! [`step`], over a [`Backend`] that holds the rank's tensors (host tensors for the CPU, device
-//! tensors for a GPU) and runs its kernels and collectives.
+//! tensors for a GPU) and runs its kernels and collectives. The single-device interpreter is
+//! the same walk of a one-rank program (`Program::single`).
 //!
 //! Invariants (the same on every back end):
 //! - instructions run in the program's order, each reading only values written and not freed;
-//! - parameters and optimizer state move out of the rank's storage into the step, and the
-//!   updated values (and the frozen ones) become the storage of the next step;
+//! - parameters and optimizer state move out of the rank's owned storage into the step, and the
+//!   updated values (and the frozen ones) become the storage of the next step; borrowed
+//!   storage (a caller's parameters) is read in place and only the updated values come back;
+//! - a view (`Exec::View`) takes over its input's buffer: the input is never read again;
 //! - memory is accounted as [`plan::memory::simulate`] estimates it: the resident storage and
 //!   constants from the start, inputs and outputs added when written, values subtracted when
 //!   freed (a back end with its own allocator figures, a GPU's, reports those instead);
 //! - the graph's outputs are assembled from every rank's blocks, so every rank returns the
-//!   global values.
+//!   global values (a one-rank program's outputs are its values, moved, not copied).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -41,6 +44,14 @@ pub(crate) trait Backend {
     fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &Self::T) -> Result<Self::T, DistError>;
     /// Every rank's block of a graph output, in rank order, on the host.
     fn gather_output(&mut self, everyone: &[usize], x: &Self::T) -> Result<Vec<Tensor>, DistError>;
+    /// A block on the host (a single rank's output, which needs no assembly).
+    fn download(&mut self, x: Self::T) -> Result<Tensor, DistError>;
+    /// `x` with another shape of the same size, reusing its buffer where the back end can
+    /// (by default, a copy through the reshape kernel).
+    fn reshape(&mut self, x: Self::T, shape: &[usize], mesh: &DeviceMesh) -> Result<Self::T, KernelFailure> {
+        let (mut outs, _) = self.eval(&Kernel::Same(ir::Op::Reshape { shape: shape.to_vec() }), &[&x], mesh)?;
+        outs.pop().ok_or_else(|| KernelFailure::Kernel("reshape returned nothing".into()))
+    }
     /// The step's peak bytes, given the executor's count (a back end with its own figures
     /// returns those).
     fn peak_bytes(&self, counted: u64) -> u64 {
@@ -70,25 +81,43 @@ impl<T: Clone> Held<'_, T> {
     }
 }
 
+/// A rank's parameters and optimizer state, as a step reads them.
+pub(crate) enum Storage<'a, T> {
+    /// Moved into the step and replaced by the updated (and the frozen) values: the storage of
+    /// the next step. Unusable after a failed step.
+    Owned(&'a mut BTreeMap<String, T>),
+    /// Read in place; the updated values are written to `updates` (a single-device run of a
+    /// caller's parameters).
+    Borrowed { params: &'a BTreeMap<String, T>, updates: &'a mut BTreeMap<String, T> },
+}
+
 /// Runs one training step of `program` on a rank (see the module docs): `storage` holds its
-/// parameter and optimizer-state blocks (replaced by the updated ones on success; unusable
-/// after a failure), `feeds` and `constants` its blocks of the inputs and constants.
-pub(crate) fn step<B: Backend>(
+/// parameter and optimizer-state blocks, `feeds` and `constants` its blocks of the inputs and
+/// constants. With `profile`, every op's seconds are in [`StepResult::op_seconds`].
+pub(crate) fn step<'a, B: Backend>(
     program: &Program,
     b: &mut B,
-    storage: &mut BTreeMap<String, B::T>,
-    feeds: &[&B::T],
-    constants: &[&B::T],
+    storage: Storage<'a, B::T>,
+    feeds: &[&'a B::T],
+    constants: &[&'a B::T],
+    profile: bool,
 ) -> Result<StepResult, DistError> {
     let rank = b.rank();
     let t0 = Instant::now();
     let mut comm_seconds = 0.0;
-    let mut vals: Vec<Option<Held<B::T>>> = (0..program.slot_names.len()).map(|_| None).collect();
-    let resident: u64 =
-        storage.values().map(B::bytes).sum::<u64>() + constants.iter().map(|t| B::bytes(t)).sum::<u64>();
+    let mut op_seconds = vec![];
+    let mut vals: Vec<Option<Held<'a, B::T>>> = (0..program.slot_names.len()).map(|_| None).collect();
+    // Parameters move out of owned storage into the step; that storage is rebuilt at the end.
+    let (mut taken, borrowed, mut updates_out) = match storage {
+        Storage::Owned(s) => (std::mem::take(s), None, Some(s)),
+        Storage::Borrowed { params, updates } => (BTreeMap::new(), Some((params, updates)), None),
+    };
+    let stored: u64 = match &borrowed {
+        None => taken.values().map(B::bytes).sum(),
+        Some((params, _)) => program.resident.iter().filter_map(|r| params.get(&r.name)).map(B::bytes).sum(),
+    };
+    let resident = stored + constants.iter().map(|t| B::bytes(t)).sum::<u64>();
     let (mut live, mut peak) = (resident, resident);
-    // Parameters move out of storage into the step; the storage is rebuilt at the end.
-    let mut taken = std::mem::take(storage);
     let missing =
         |slot: usize| DistError::Plan(format!("rank {rank}: reads {} before it is written", program.slot_names[slot]));
     let mesh = program.mesh();
@@ -96,10 +125,11 @@ pub(crate) fn step<B: Backend>(
         b.check()?;
         match ins {
             Exec::Storage { slot, name } => {
-                let t = taken
-                    .remove(name)
-                    .ok_or_else(|| DistError::Data { rank, message: format!("no storage for {name}") })?;
-                vals[*slot] = Some(Held::Owned(t));
+                let none = || DistError::Data { rank, message: format!("no storage for {name}") };
+                vals[*slot] = Some(match &borrowed {
+                    None => Held::Owned(taken.remove(name).ok_or_else(none)?),
+                    Some((params, _)) => Held::Borrowed(params.get(name).ok_or_else(none)?),
+                });
             }
             Exec::Input { slot, index } => {
                 // A state made by another program may lack the block.
@@ -117,16 +147,20 @@ pub(crate) fn step<B: Backend>(
                 })?;
                 vals[*slot] = Some(Held::Borrowed(t));
             }
-            Exec::Op { node, op, kernel, inputs, outputs, shapes } => {
+            Exec::Op { id, node, op, kernel, inputs, outputs, shapes } => {
                 let ins: Vec<&B::T> = inputs
                     .iter()
                     .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
                     .collect::<Result<_, _>>()?;
                 let kerr = |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
+                let t1 = profile.then(Instant::now);
                 let (outs, waited) = b.eval(kernel, &ins, mesh).map_err(|e| match e {
                     KernelFailure::Kernel(m) => kerr(m),
                     KernelFailure::Comm(c) => DistError::Comm(c),
                 })?;
+                if let Some(t1) = t1 {
+                    op_seconds.push((*id, t1.elapsed().as_secs_f64()));
+                }
                 comm_seconds += waited;
                 if outs.len() != outputs.len() {
                     return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
@@ -140,6 +174,25 @@ pub(crate) fn step<B: Backend>(
                     vals[s] = Some(Held::Owned(t));
                 }
                 peak = peak.max(live);
+            }
+            Exec::View { id, node, input, output, shape } => {
+                // The input's last read: its buffer becomes the output's.
+                let x = vals[*input].take().ok_or_else(|| missing(*input))?;
+                let t1 = profile.then(Instant::now);
+                let y = match x {
+                    Held::Owned(t) => b.reshape(t, shape, mesh),
+                    Held::Borrowed(t) => b.reshape(t.clone(), shape, mesh),
+                }
+                .map_err(|e| match e {
+                    KernelFailure::Kernel(m) => {
+                        DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m }
+                    }
+                    KernelFailure::Comm(c) => DistError::Comm(c),
+                })?;
+                if let Some(t1) = t1 {
+                    op_seconds.push((*id, t1.elapsed().as_secs_f64()));
+                }
+                vals[*output] = Some(Held::Owned(y));
             }
             Exec::Collective { input, output, c } => {
                 let t1 = Instant::now();
@@ -158,23 +211,55 @@ pub(crate) fn step<B: Backend>(
             }
         }
     }
+    // Values read at the end: outputs, updates and (into owned storage) frozen parameters. The
+    // last read of each moves it; earlier ones copy.
+    let frozen: &[(String, usize)] = if borrowed.is_none() { &program.kept } else { &[] };
+    let mut reads = vec![0usize; vals.len()];
+    let end_reads =
+        program.outputs.iter().map(|(_, s, _, _)| s).chain(program.updates.iter().chain(frozen).map(|(_, s)| s));
+    for &s in end_reads {
+        reads[s] += 1;
+    }
     // Outputs: every rank gets the global value.
     let everyone: Vec<usize> = (0..mesh.size()).collect();
     let mut outputs = BTreeMap::new();
     for (name, slot, spec, shape) in &program.outputs {
-        let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
-        let t1 = Instant::now();
-        let blocks = b.gather_output(&everyone, x)?;
-        comm_seconds += t1.elapsed().as_secs_f64();
-        let t = sim::assemble(&blocks, spec, shape, mesh, f32::INFINITY)
-            .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?;
+        let t = if everyone.len() == 1 {
+            let x = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
+            b.download(x)?
+        } else {
+            let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
+            let t1 = Instant::now();
+            let blocks = b.gather_output(&everyone, x)?;
+            comm_seconds += t1.elapsed().as_secs_f64();
+            reads[*slot] -= 1;
+            sim::assemble(&blocks, spec, shape, mesh, f32::INFINITY)
+                .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?
+        };
         outputs.insert(name.clone(), t);
     }
-    for (name, slot) in program.updates.iter().chain(&program.kept) {
-        let t = vals[*slot].take().ok_or_else(|| missing(*slot))?.into_owned();
+    for (name, slot) in program.updates.iter().chain(frozen) {
+        let t = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
         taken.insert(name.clone(), t);
     }
     drop(vals);
-    *storage = taken;
-    Ok(StepResult { outputs, peak_bytes: b.peak_bytes(peak), seconds: t0.elapsed().as_secs_f64(), comm_seconds })
+    match (&mut updates_out, borrowed) {
+        (Some(storage), _) => **storage = taken,
+        (None, Some((_, updates))) => *updates = taken,
+        (None, None) => unreachable!("storage is owned or borrowed"),
+    }
+    Ok(StepResult {
+        outputs,
+        peak_bytes: b.peak_bytes(peak),
+        resident_bytes: resident,
+        seconds: t0.elapsed().as_secs_f64(),
+        comm_seconds,
+        op_seconds,
+    })
+}
+
+/// A value read at the end of a step: moved out at its last read, copied before.
+fn take_read<T: Clone>(vals: &mut [Option<Held<'_, T>>], reads: &mut [usize], s: usize) -> Option<T> {
+    reads[s] = reads[s].saturating_sub(1);
+    if reads[s] == 0 { vals[s].take().map(Held::into_owned) } else { vals[s].as_ref().map(|h| h.get().clone()) }
 }

@@ -248,7 +248,7 @@ impl GpuRank {
         let feeds: Vec<&CudaTensor> = feeds.iter().collect();
         let constants: Vec<&CudaTensor> = constants.iter().collect();
         let mut b = GpuExec { rank: *rank, ctx, groups, host };
-        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants)?;
+        let r = crate::exec::step(program, &mut b, crate::exec::Storage::Owned(storage), &feeds, &constants, false)?;
         *steps_done += 1;
         Ok(r)
     }
@@ -302,6 +302,10 @@ impl crate::exec::Backend for GpuExec<'_> {
         let x = x.download(self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })?;
         let mut comm = NcclHost::new(self.ctx, &mut *self.groups);
         Ok(comm.exchange(everyone, Arc::new(x))?.iter().map(|t| (**t).clone()).collect())
+    }
+    fn download(&mut self, x: CudaTensor) -> Result<Tensor, DistError> {
+        let rank = self.rank;
+        x.download(self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })
     }
     fn peak_bytes(&self, _counted: u64) -> u64 {
         self.ctx.peak_bytes() as u64

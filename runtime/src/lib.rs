@@ -1,9 +1,13 @@
 //! Executes autopar graphs.
 //!
-//! [`Interpreter`] runs an [`ir::Graph`] on one CPU device: nodes in the graph's topological
-//! order, each through [`kernels::cpu::eval`], every intermediate freed right after its last
-//! use. It reports the peak bytes it held (inputs and intermediates; parameters are counted
-//! separately because they stay resident).
+//! One executor runs everything: `exec::step` walks a compiled [`dist::Program`] over a back end
+//! (host tensors and CPU kernels, or device tensors, CUDA kernels and NCCL). A distributed plan
+//! compiles to one program per mesh; a bare graph compiles to the one-rank program, which is
+//! what [`Interpreter`] runs on one CPU device: nodes in the graph's topological order, each
+//! through [`kernels::cpu::eval`], every intermediate freed right after its last use, a reshape
+//! of a value read for the last time made a view of it. It reports the peak bytes it held
+//! (inputs and intermediates; parameters and constants are counted separately because they
+//! stay resident).
 //!
 //! Training graphs run the same way: their [`ir::Op::State`] nodes read the same name-keyed map as
 //! parameters, and the new values of [`ir::Graph::updates`] come back in [`RunReport::updates`];
@@ -34,9 +38,9 @@ pub mod npy;
 pub mod profile;
 pub mod train;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use ir::{DType, Graph, NodeIndex, Op, Tensor, Value};
+use ir::{DType, Graph, NodeIndex, Op, Tensor};
 use kernels::cpu::CpuContext;
 
 /// True when data of `from` is taken, widened, where `to` is expected: f32 weights and feed files
@@ -127,65 +131,29 @@ pub struct RunReport {
     pub node_seconds: Vec<(NodeIndex, f64)>,
 }
 
-/// A single-device interpreter with a fixed schedule.
+/// A single-device interpreter with a fixed schedule: the graph compiled as the one-rank
+/// program ([`dist::Program`]) and run by the executor every back end shares.
 pub struct Interpreter<'g> {
     graph: &'g Graph,
     order: Vec<NodeIndex>,
-    /// For each value, the schedule position of its last reader (`usize::MAX`: a graph output).
-    last_use: HashMap<Value, usize>,
-    inputs: HashMap<NodeIndex, Vec<Value>>,
+    program: dist::Program,
+    /// The constant nodes, in the order the program reads them.
+    constants: Vec<NodeIndex>,
     profile: bool,
 }
 
-enum Held<'a> {
-    Borrowed(&'a Tensor),
-    Owned(Tensor),
-}
-
-impl Held<'_> {
-    fn get(&self) -> &Tensor {
-        match self {
-            Held::Borrowed(t) => t,
-            Held::Owned(t) => t,
-        }
-    }
-}
-
 impl<'g> Interpreter<'g> {
-    /// Schedules `graph` (topological order) and computes last uses.
+    /// Schedules `graph` (topological order) and compiles it.
     pub fn new(graph: &'g Graph) -> Result<Self, RunError> {
         let order = graph.topo_order().map_err(|n| RunError::Cycle(graph.node(n).name.clone()))?;
-        let mut last_use = HashMap::new();
-        let mut inputs = HashMap::new();
-        for (pos, &n) in order.iter().enumerate() {
-            let ins = graph.node_inputs(n);
-            for &v in &ins {
-                last_use.insert(v, pos);
-            }
-            inputs.insert(n, ins);
-        }
-        for (_, v) in &graph.outputs {
-            last_use.insert(*v, usize::MAX);
-        }
-        for (_, v) in &graph.updates {
-            last_use.insert(*v, usize::MAX);
-        }
-        Ok(Interpreter { graph, order, last_use, inputs, profile: false })
+        let (program, constants) = dist::Program::single(graph, &order);
+        Ok(Interpreter { graph, order, program, constants, profile: false })
     }
 
     /// Also time every kernel ([`RunReport::node_seconds`]).
     pub fn with_profiling(mut self, on: bool) -> Self {
         self.profile = on;
         self
-    }
-
-    /// True when node `n` (at schedule position `pos`) has one input, held as an owned tensor
-    /// that no later node or output reads.
-    fn is_last_owned_use(&self, vals: &HashMap<Value, Held>, n: NodeIndex, pos: usize) -> bool {
-        match self.inputs[&n].as_slice() {
-            [v] => self.last_use.get(v) == Some(&pos) && matches!(vals.get(v), Some(Held::Owned(_))),
-            _ => false,
-        }
     }
 
     /// The schedule.
@@ -205,136 +173,77 @@ impl<'g> Interpreter<'g> {
         feeds: &BTreeMap<String, Tensor>,
         params: &BTreeMap<String, Tensor>,
     ) -> Result<RunReport, RunError> {
-        let g = self.graph;
-        let input_names: Vec<String> = g
-            .inputs
+        let p = &self.program;
+        for name in feeds.keys() {
+            if !p.inputs.iter().any(|i| &i.name == name) {
+                let inputs: Vec<&str> = p.inputs.iter().map(|i| i.name.as_str()).collect();
+                return Err(RunError::UnknownFeed { name: name.clone(), inputs: inputs.join(", ") });
+            }
+        }
+        // Feeds in the program's order; f32 data for an f64 graph is widened.
+        let mut widened: Vec<Option<Tensor>> = Vec::with_capacity(p.inputs.len());
+        for i in &p.inputs {
+            let expected = &i.meta;
+            let t = feeds
+                .get(&i.name)
+                .ok_or_else(|| RunError::MissingFeed { name: i.name.clone(), expected: expected.to_string() })?;
+            let widen = widens(t.dtype(), expected.dtype);
+            if t.shape() != expected.shape.as_slice() || (t.dtype() != expected.dtype && !widen) {
+                return Err(RunError::FeedMismatch {
+                    name: i.name.clone(),
+                    got: t.meta().to_string(),
+                    expected: expected.to_string(),
+                });
+            }
+            widened.push(widen.then(|| t.clone().with_float_type(expected.dtype)));
+        }
+        let fed: Vec<&Tensor> =
+            p.inputs.iter().zip(&widened).map(|(i, w)| w.as_ref().unwrap_or(&feeds[&i.name])).collect();
+        for r in &p.resident {
+            if !params.contains_key(&r.name) {
+                return Err(if r.is_state {
+                    RunError::MissingState { name: r.name.clone() }
+                } else {
+                    RunError::MissingParam { name: r.name.clone() }
+                });
+            }
+        }
+        let constants: Vec<&Tensor> = self
+            .constants
             .iter()
-            .filter_map(|&i| match &g.node(i).op {
-                Op::Input { name } => Some(name.clone()),
-                _ => None,
+            .map(|&n| match &self.graph.node(n).op {
+                Op::Constant(t) => t,
+                _ => unreachable!("constant nodes are listed by Program::single"),
             })
             .collect();
-        for name in feeds.keys() {
-            if !input_names.contains(name) {
-                return Err(RunError::UnknownFeed { name: name.clone(), inputs: input_names.join(", ") });
-            }
-        }
-        let mut vals: HashMap<Value, Held> = HashMap::new();
-        let mut live = 0usize;
-        let mut peak = 0usize;
-        let mut param_bytes = 0usize;
-        let mut node_seconds = Vec::new();
-        for (pos, &n) in self.order.iter().enumerate() {
-            let node = g.node(n);
-            let out: Vec<Held> = match &node.op {
-                Op::Input { name } => {
-                    let expected = &node.outputs[0];
-                    let t = feeds
-                        .get(name)
-                        .ok_or_else(|| RunError::MissingFeed { name: name.clone(), expected: expected.to_string() })?;
-                    let widen = widens(t.dtype(), expected.dtype);
-                    if t.shape() != expected.shape.as_slice() || (t.dtype() != expected.dtype && !widen) {
-                        return Err(RunError::FeedMismatch {
-                            name: name.clone(),
-                            got: t.meta().to_string(),
-                            expected: expected.to_string(),
-                        });
-                    }
-                    live += expected.bytes();
-                    if widen {
-                        vec![Held::Owned(t.clone().with_float_type(expected.dtype))]
-                    } else {
-                        vec![Held::Borrowed(t)]
-                    }
-                }
-                Op::Param { name } => {
-                    let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;
-                    param_bytes += t.bytes();
-                    vec![Held::Borrowed(t)]
-                }
-                Op::State { name } => {
-                    let t = params.get(name).ok_or_else(|| RunError::MissingState { name: name.clone() })?;
-                    param_bytes += t.bytes();
-                    vec![Held::Borrowed(t)]
-                }
-                Op::Constant(t) => vec![Held::Borrowed(t)],
-                Op::Reshape { shape } if self.is_last_owned_use(&vals, n, pos) => {
-                    // A view: reuse the buffer of an input nobody reads after this node.
-                    let v = self.inputs[&n][0];
-                    let Some(Held::Owned(t)) = vals.remove(&v) else { unreachable!("checked by is_last_owned_use") };
-                    let t = t.reshaped(shape.clone()).map_err(|e| RunError::Kernel {
-                        node: node.name.clone(),
-                        op: "reshape",
-                        message: e.to_string(),
-                    })?;
-                    vec![Held::Owned(t)]
-                }
-                op => {
-                    let ins = &self.inputs[&n];
-                    let ts: Vec<&Tensor> = ins.iter().map(|v| vals[v].get()).collect();
-                    let t0 = self.profile.then(std::time::Instant::now);
-                    let outs = kernels::cpu::eval(ctx, op, &ts).map_err(|e| RunError::Kernel {
-                        node: node.name.clone(),
-                        op: op.name(),
-                        message: e.to_string(),
-                    })?;
-                    if let Some(t0) = t0 {
-                        node_seconds.push((n, t0.elapsed().as_secs_f64()));
-                    }
-                    for t in &outs {
-                        live += t.bytes();
-                    }
-                    outs.into_iter().map(Held::Owned).collect()
-                }
-            };
-            for (slot, h) in out.into_iter().enumerate() {
-                vals.insert(Value::new(n, slot), h);
-            }
-            peak = peak.max(live);
-            // Free what this node read for the last time, and outputs nobody reads.
-            let mut dead: Vec<Value> =
-                self.inputs[&n].iter().copied().filter(|v| self.last_use.get(v) == Some(&pos)).collect();
-            dead.extend((0..node.outputs.len()).map(|s| Value::new(n, s)).filter(|v| !self.last_use.contains_key(v)));
-            dead.sort();
-            dead.dedup();
-            for v in dead {
-                if let Some(h) = vals.remove(&v) {
-                    let is_param_or_const =
-                        matches!(g.node(v.node).op, Op::Param { .. } | Op::State { .. } | Op::Constant(_));
-                    if !is_param_or_const {
-                        live -= h.get().bytes();
-                    }
-                }
-            }
-        }
-        // Hand results over without copying: a value read once more is cloned, the last read moves.
-        let mut reads: HashMap<Value, usize> = HashMap::new();
-        for v in g.outputs.iter().map(|(_, v)| v).chain(g.updates.iter().map(|(_, v)| v)) {
-            *reads.entry(*v).or_default() += 1;
-        }
-        let mut take = |v: Value, node: &str, what: &'static str| -> Result<Tensor, RunError> {
-            let left = reads.get_mut(&v).expect("counted above");
-            *left -= 1;
-            let missing =
-                || RunError::Kernel { node: node.to_string(), op: what, message: "value was not computed".into() };
-            if *left > 0 {
-                return vals.get(&v).map(|h| h.get().clone()).ok_or_else(missing);
-            }
-            match vals.remove(&v).ok_or_else(missing)? {
-                Held::Owned(t) => Ok(t),
-                Held::Borrowed(t) => Ok(t.clone()),
-            }
-        };
-        let mut outputs = BTreeMap::new();
-        for (name, v) in &g.outputs {
-            outputs.insert(name.clone(), take(*v, name, "output")?);
-        }
         let mut updates = BTreeMap::new();
-        for &(src, v) in &g.updates {
-            if let Op::Param { name } | Op::State { name } = &g.node(src).op {
-                updates.insert(name.clone(), take(v, &g.node(src).name, "update")?);
+        let storage = exec::Storage::Borrowed { params, updates: &mut updates };
+        let mut solo = comm::Solo;
+        let mut b = dist::CpuBackend { rank: 0, ctx, comm: &mut solo };
+        let r = exec::step(p, &mut b, storage, &fed, &constants, self.profile).map_err(|e| self.run_error(e))?;
+        let const_bytes: u64 = constants.iter().map(|t| t.bytes() as u64).sum();
+        Ok(RunReport {
+            outputs: r.outputs,
+            peak_bytes: r.peak_bytes.saturating_sub(r.resident_bytes) as usize,
+            param_bytes: r.resident_bytes.saturating_sub(const_bytes) as usize,
+            updates,
+            node_seconds: r.op_seconds.into_iter().map(|(id, t)| (self.order[id], t)).collect(),
+        })
+    }
+
+    /// A failed step as a run error (a kernel names its node).
+    fn run_error(&self, e: dist::DistError) -> RunError {
+        match e {
+            dist::DistError::Kernel { node, message, .. } => {
+                let op = self
+                    .order
+                    .iter()
+                    .map(|&n| self.graph.node(n))
+                    .find(|n| n.name == node)
+                    .map_or("?", |n| n.op.name());
+                RunError::Kernel { node, op, message }
             }
+            other => RunError::Kernel { node: self.graph.name.clone(), op: "step", message: other.to_string() },
         }
-        Ok(RunReport { outputs, peak_bytes: peak, param_bytes, updates, node_seconds })
     }
 }

@@ -35,7 +35,7 @@ fn plan_file() -> PathBuf {
     let cpu = DeviceProfile::builtin("cpu").unwrap();
     let opts = codegen::PlanOptions { budget: 64 << 30, ..Default::default() };
     let p = codegen::plan(&t.graph, &mesh, &cpu, &opts).unwrap();
-    std::fs::write(&path, serde_json::to_string_pretty(&p).unwrap()).unwrap();
+    std::fs::write(&path, p.to_json().unwrap()).unwrap();
     path
 }
 

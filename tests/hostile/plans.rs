@@ -74,11 +74,19 @@ fn run_ok(plan: &Path, extra: &[&str]) -> String {
     ok(&argv)
 }
 
-/// The plan's graph hash (FNV-1a of the text, as `ModelInfo::hash`), so that an edit of the
-/// graph reaches the checks behind the hash check.
-fn fnv(s: &str) -> String {
-    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-    format!("{h:016x}")
+/// Sets the learning rate of the graph's SGD updates (the JSON form's attribute), and with
+/// `rehash` the model hash to match (`ModelInfo::hash`), so the edit reaches the checks behind
+/// the hash check.
+fn set_lr(p: &mut Value, lr: Value, rehash: bool) {
+    for n in p["graph"]["nodes"].as_array_mut().expect("graph nodes") {
+        if let Some(a) = n["op"].get_mut("sgd_update") {
+            a["lr"] = lr.clone();
+        }
+    }
+    if rehash {
+        let g: ir::Graph = serde_json::from_value(p["graph"].clone()).expect("the edited graph reads");
+        p["model"]["hash"] = json!(g.fingerprint());
+    }
 }
 
 /// The index of the first program instruction matching `f`.
@@ -156,20 +164,19 @@ fn edited_plans_are_refused_before_any_rank_starts() {
     case(&|p| p["params"][0]["offsets"][1] = json!([3, 3, 3]), &["rank 1's offsets"]);
     // Optimizer hyper-parameters: NaN and infinite learning rates (the model hash recomputed, so
     // only the range check can catch them), and a negative one.
-    for (lr, why) in [("NaN", "lr is NaN"), ("inf", "lr is inf"), ("-0.1", "lr is -0.1: it must be >= 0")] {
-        case(
-            &|p| {
-                let g = p["graph"].as_str().unwrap().replace("lr=0.1", &format!("lr={lr}"));
-                p["model"]["hash"] = json!(fnv(&g));
-                p["graph"] = json!(g);
-            },
-            &["sgd_update", why],
-        );
+    for (lr, why) in
+        [(json!("NaN"), "lr is NaN"), (json!("inf"), "lr is inf"), (json!(-0.1), "lr is -0.1: it must be >= 0")]
+    {
+        case(&|p| set_lr(p, lr.clone(), true), &["sgd_update", why]);
     }
     // Without the hash recomputed, the edit itself is caught.
+    case(&|p| set_lr(p, json!("NaN"), false), &["does not match the model hash"]);
+    // The local op is the plan's, but it must be the node's op made local for its layouts: a
+    // reshape to another shape would compute something else on every rank.
+    let reshape = find(&base, |i| i["kind"] == "op" && i["op"].get("reshape").is_some());
     case(
-        &|p| p["graph"] = json!(p["graph"].as_str().unwrap().replace("lr=0.1", "lr=NaN")),
-        &["does not match the model hash"],
+        &|p| p["program"][reshape]["op"]["reshape"]["shape"] = json!([1]),
+        &[&format!("instruction {reshape}:"), "on its blocks, but"],
     );
     // Every problem is reported at once, with its instruction.
     let line = case(

@@ -420,6 +420,8 @@ fn golden_lowered_plan_gpt2_tiny_2x2() -> Result<()> {
         let specs = |v: &[sharding::ShardingSpec]| v.iter().map(|x| format!("[{x}]")).collect::<Vec<_>>().join(" ");
         let line = match ins {
             Instr::Op { name, op, strategy, inputs, input_specs, outputs, output_specs, local, recompute, .. } => {
+                // The local op as the plan writes it (attributes for the blocks).
+                let op = if op.is_source() { op.name().to_string() } else { serde_json::to_string(op)? };
                 format!(
                     "{} = {op}({}) {name} `{strategy}` {} -> {}{}{}",
                     list(outputs),

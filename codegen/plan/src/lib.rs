@@ -13,13 +13,18 @@
 //!   crate's, every field has its type and form (value references are typed, [`ValueRef`]),
 //!   and every field the runtime reads is consistent (mesh, graph, layouts, collectives, value
 //!   lifetimes, parameter layouts, optimizer hyper-parameters; see [`validate`]). Nothing a
-//!   rank needs is left to re-derive from strings.
+//!   rank needs is left to re-derive: the graph is structured JSON (`ir`'s JSON form, read
+//!   without a text parse), every op instruction holds the local op it runs.
+//! - The file is written with short arrays on one line (`pretty`), and reads back to an equal
+//!   plan.
 //! - Loading a plan of another version is an error naming both versions; writing one that is
 //!   not representable as JSON (a NaN estimate) is an error, never a partial file.
 #![warn(missing_docs)]
 
 mod error;
+mod form;
 pub mod memory;
+mod pretty;
 pub mod validate;
 mod value;
 
@@ -33,9 +38,11 @@ pub use error::{Error, Result};
 pub use validate::{Location, Problem, Problems, Valid};
 pub use value::{BadValueRef, ValueRef};
 
-/// The plan format's version. 3: the solver's status is `optimal`, `within_gap` or `feasible`
-/// (was a Rust debug string).
-pub const VERSION: u32 = 3;
+/// The plan format's version. 4: the graph is JSON (nodes with typed ops, read without a text
+/// parse) and each `op` instruction holds the local op it runs, attributes resolved for the
+/// rank's blocks (was the op's name; the runtime re-derived the attributes). 3: the solver's
+/// status is `optimal`, `within_gap` or `feasible` (was a Rust debug string).
+pub const VERSION: u32 = 4;
 
 /// Which strategies a plan may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -136,7 +143,8 @@ pub struct CheckpointReport {
 pub struct ModelInfo {
     /// Graph name.
     pub name: String,
-    /// FNV-1a hash of the training graph's text form.
+    /// The training graph's fingerprint ([`ir::Graph::fingerprint`]: FNV-1a of its text form, constants
+    /// hashed by their bits).
     pub hash: String,
     /// The ONNX file the plan was made from (where `autopar run` reads each rank's parameter
     /// blocks): an absolute path in plans written by `autopar plan`; a relative one (older
@@ -227,8 +235,13 @@ pub enum Instr {
         node: usize,
         /// Node name.
         name: String,
-        /// Op name.
-        op: String,
+        /// The op each rank runs on its blocks: the node's op with its attributes for the local
+        /// shapes (a reshape's target is the block's shape), resolved when the plan was lowered.
+        /// A constant is written `"const"` (its value is the graph's; [`Plan::parse`] puts it
+        /// back).
+        #[schemars(with = "form::OpForm")]
+        #[serde(with = "instr_op")]
+        op: ir::Op,
         /// Strategy name.
         strategy: String,
         /// Values read: the node's graph inputs, or converted copies of them.
@@ -375,7 +388,7 @@ pub struct SolverInfo {
 }
 
 /// A distributed training plan (see the crate docs).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Plan {
     /// Format version ([`VERSION`]).
     pub version: u32,
@@ -387,9 +400,10 @@ pub struct Plan {
     pub device: String,
     /// Options.
     pub options: OptionsInfo,
-    /// The training graph in IR text form; node `%i` is program node `i` (nodes are numbered in
-    /// topological order).
-    pub graph: String,
+    /// The training graph (JSON form of `ir`'s graph, without parameter data); node `%i` is
+    /// program node `i` (nodes are numbered in topological order).
+    #[schemars(with = "form::GraphForm")]
+    pub graph: ir::Graph,
     /// Parameter and optimizer-state layouts.
     pub params: Vec<ParamShard>,
     /// The SPMD program.
@@ -398,6 +412,31 @@ pub struct Plan {
     pub estimate: Estimate,
     /// Solver report.
     pub solver: SolverInfo,
+}
+
+/// Serde of an instruction's op: a constant's value is not repeated (see [`Instr::Op`]).
+mod instr_op {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(op: &ir::Op, s: S) -> Result<S::Ok, S::Error> {
+        match op {
+            ir::Op::Constant(_) => s.serialize_str("const"),
+            op => op.serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ir::Op, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        if v.as_str() == Some("const") {
+            return Ok(placeholder());
+        }
+        serde_json::from_value(v).map_err(serde::de::Error::custom)
+    }
+
+    /// What a constant's instruction holds until its value is taken from the graph.
+    pub fn placeholder() -> ir::Op {
+        ir::Op::Constant(ir::Tensor::f32([0], vec![]))
+    }
 }
 
 /// FNV-1a of a text, 16 hex digits (the model hash of [`ModelInfo::hash`]).
@@ -429,7 +468,7 @@ impl Plan {
     /// The plan as pretty JSON. An error only for what JSON cannot hold (a NaN or infinite
     /// estimate).
     pub fn to_json(&self) -> Result<String> {
-        serde_json::to_string_pretty(self).map_err(|e| Error::Serialize(e.to_string()))
+        pretty::to_string(self).map_err(|e| Error::Serialize(e.to_string()))
     }
 
     /// Reads and validates a plan (see the crate docs): the version first, then every field's
@@ -440,19 +479,40 @@ impl Plan {
 
     /// Reads a plan without validating it (for tools that show or repair plans).
     pub fn parse(text: &str) -> Result<Plan> {
-        let v: Versioned = serde_json::from_str(text).map_err(|e| Error::NotJson(e.to_string()))?;
-        match v.version {
-            Some(x) if x == VERSION as u64 => {}
-            Some(found) => return Err(Error::Version { found, supported: VERSION }),
-            None => return Err(Error::NoVersion),
-        }
+        // The version is read on its own only when the plan does not read as this version's
+        // (a plan of another version may have other fields): one pass over a good plan.
+        let version = || -> Result<()> {
+            let v: Versioned = serde_json::from_str(text).map_err(|e| Error::NotJson(e.to_string()))?;
+            match v.version {
+                Some(x) if x == VERSION as u64 => Ok(()),
+                Some(found) => Err(Error::Version { found, supported: VERSION }),
+                None => Err(Error::NoVersion),
+            }
+        };
         let de = &mut serde_json::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let at = location(e.path());
-            let why = e.into_inner().to_string();
-            // serde_json appends " at line L column C": keep it, it finds the spot in the file.
-            Error::Malformed { at, why }
-        })
+        let mut plan: Plan = match serde_path_to_error::deserialize(de) {
+            Ok(p) => p,
+            Err(e) => {
+                version()?;
+                let at = location(e.path());
+                let why = e.into_inner().to_string();
+                // serde_json appends " at line L column C": keep it, it finds the spot in the file.
+                return Err(Error::Malformed { at, why });
+            }
+        };
+        if plan.version != VERSION {
+            return Err(Error::Version { found: plan.version as u64, supported: VERSION });
+        }
+        // Constants' values, written once (in the graph).
+        for ins in &mut plan.program {
+            if let Instr::Op { node, op: op @ ir::Op::Constant(_), .. } = ins
+                && let Some(n) = plan.graph.g.node_weight(ir::NodeIndex::new(*node))
+                && let ir::Op::Constant(_) = n.op
+            {
+                *op = n.op.clone();
+            }
+        }
+        Ok(plan)
     }
 
     /// The mesh of the plan.

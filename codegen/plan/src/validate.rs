@@ -6,15 +6,16 @@
 //! gives a wrong result without any error. So the loader checks, in this order:
 //!
 //! 1. **Whole plan** (fatal: nothing else can be checked without them): the mesh (axis sizes
-//!    `>= 1`, their product not overflowing, one name and link per axis), the graph (parses,
-//!    verifies, matches the model hash).
+//!    `>= 1`, their product not overflowing, one name and link per axis), the graph (read with
+//!    the plan, so well formed; verifies; its fingerprint is the model hash).
 //! 2. **Optimizer hyper-parameters** of the graph's update nodes: finite, and in the ranges
 //!    PyTorch's optimizers accept (`lr`, `momentum`, `weight_decay`, `epsilon` `>= 0`, betas in
 //!    `[0, 1)`).
 //! 3. **The program**, walked in order with the layout of every live value:
 //!    - values ([`crate::ValueRef`]: well formed when parsed) are written before they are read,
 //!      not written while live, freed only while live;
-//!    - an `op` instruction names a graph node with its name and op, reads exactly the node's
+//!    - an `op` instruction names a graph node with its name, runs the node's op made local for
+//!      its layouts (`sharding::strategy::local_op`: the attributes the rank's blocks need), reads exactly the node's
 //!      graph inputs (or converted copies of them) in the layouts they have, writes the node's
 //!      outputs, its specs fit the tensors on the mesh, its local shapes are the specs' splits
 //!      of the global shapes, and its layouts and local computation are one of the op's
@@ -35,10 +36,10 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use ir::{Graph, NodeIndex, Op};
+use ir::{Graph, NodeIndex, Op, TensorMeta};
 use sharding::{AxisState, Collective, DeviceMesh, DeviceProfile, ReduceKind, ShardingSpec};
 
-use crate::{Error, Instr, Plan, Result, ValueRef, fnv};
+use crate::{Error, Instr, Plan, Result, ValueRef};
 
 /// Where a problem of a plan is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,7 +283,6 @@ fn check_hyper(op: &Op) -> std::result::Result<(), String> {
 #[derive(Clone, Debug)]
 pub struct Valid {
     plan: Plan,
-    graph: Graph,
     mesh: DeviceMesh,
 }
 
@@ -297,9 +297,9 @@ impl Valid {
         &self.plan
     }
 
-    /// The plan's training graph, parsed (node `%i` is index `i`).
+    /// The plan's training graph (node `%i` is index `i`).
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        &self.plan.graph
     }
 
     /// The plan's mesh.
@@ -340,9 +340,9 @@ impl Plan {
         self.check().0
     }
 
-    /// Validates the plan, returning the graph and mesh validation parsed (what [`Valid`]
-    /// keeps, for a borrowed plan).
-    pub fn validated_parts(&self) -> Result<(Graph, DeviceMesh)> {
+    /// Validates the plan, returning the mesh validation built (what [`Valid`] keeps, for a
+    /// borrowed plan).
+    pub fn validated_mesh(&self) -> Result<DeviceMesh> {
         match self.check() {
             (problems, Some(parts)) if problems.is_empty() => Ok(parts),
             (problems, _) => Err(Error::Invalid(Problems(problems))),
@@ -352,27 +352,24 @@ impl Plan {
     /// Validates the plan and keeps what validation parsed (see [`Valid`]).
     pub fn into_valid(self) -> Result<Valid> {
         match self.check() {
-            (problems, Some((graph, mesh))) if problems.is_empty() => Ok(Valid { plan: self, graph, mesh }),
+            (problems, Some(mesh)) if problems.is_empty() => Ok(Valid { plan: self, mesh }),
             (problems, _) => Err(Error::Invalid(Problems(problems))),
         }
     }
 
-    /// Every problem, and the parsed graph and mesh when the whole-plan checks pass.
-    fn check(&self) -> (Vec<Problem>, Option<(Graph, DeviceMesh)>) {
+    /// Every problem, and the mesh when the whole-plan checks pass.
+    fn check(&self) -> (Vec<Problem>, Option<DeviceMesh>) {
         let mut out = vec![];
         let plan = |why: String| (vec![Problem { at: Location::Plan, why }], None);
         let mesh = match self.device_mesh() {
             Ok(m) => m,
             Err(e) => return plan(e.to_string()),
         };
-        let g = match Graph::parse(&self.graph) {
-            Ok(g) => g,
-            Err(e) => return plan(format!("graph: {e}")),
-        };
-        if let Err(e) = ir::verify(&g) {
+        let g = &self.graph;
+        if let Err(e) = ir::verify(g) {
             return plan(format!("graph: {e}"));
         }
-        if fnv(&self.graph) != self.model.hash {
+        if g.fingerprint() != self.model.hash {
             return plan("the graph does not match the model hash (edited?)".into());
         }
         for (a, l) in self.mesh.links.iter().enumerate() {
@@ -386,10 +383,10 @@ impl Plan {
                 out.push(Problem { at: Location::Node(node.name.clone()), why });
             }
         }
-        let ran = self.walk(&g, &mesh, &mut out);
-        self.check_params(&g, &mesh, &ran, &mut out);
+        let ran = self.walk(g, &mesh, &mut out);
+        self.check_params(g, &mesh, &ran, &mut out);
         drop(ran);
-        (out, Some((g, mesh)))
+        (out, Some(mesh))
     }
 
     /// Step 3 of the module docs; returns how each node first ran.
@@ -410,8 +407,8 @@ impl Plan {
                         bad(format!("no node %{node} in the graph"));
                         continue;
                     };
-                    if name != &n.name || op != n.op.name() {
-                        bad(format!("node %{node} is {} ({}), not {name} ({op})", n.name, n.op.name()));
+                    if name != &n.name || op.name() != n.op.name() {
+                        bad(format!("node %{node} is {} ({}), not {name} ({})", n.name, n.op.name(), op.name()));
                     }
                     let graph_ins = g.node_inputs(idx);
                     if inputs.len() != graph_ins.len() || input_specs.len() != graph_ins.len() {
@@ -482,6 +479,32 @@ impl Plan {
                                     ));
                                 }
                             }
+                        }
+                    }
+                    if fits && op.name() == n.op.name() {
+                        // The op each rank runs is the node's op made local for these layouts
+                        // (NaN attributes compare by their text).
+                        let local_ins: Vec<TensorMeta> = input_specs
+                            .iter()
+                            .zip(&graph_ins)
+                            .map(|(spec, v)| {
+                                let m = g.meta(*v);
+                                TensorMeta::new(m.dtype, spec.local_shape(&m.shape, mesh))
+                            })
+                            .collect();
+                        let want = sharding::strategy::local_op(&n.op, &local_ins, local_shapes);
+                        let same = match (&want, op) {
+                            (Op::Constant(_), Op::Constant(_)) => true,
+                            (w, o) => w == o || format!("{w:?}") == format!("{o:?}"),
+                        };
+                        if !same {
+                            let show = |o: &Op| serde_json::to_string(o).unwrap_or_else(|e| e.to_string());
+                            bad(format!(
+                                "runs `{}` on its blocks, but {} with these layouts runs `{}`",
+                                show(op),
+                                n.name,
+                                show(&want)
+                            ));
                         }
                     }
                     match ran.get(&idx) {

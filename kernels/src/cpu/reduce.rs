@@ -149,18 +149,14 @@ pub(crate) fn reduce(
         });
         return tensor(name, &out_shape, F::data(out));
     }
+    let crate::geometry::ReduceLayout { perm, outer, red, inner } = crate::geometry::reduce_layout(s, axes);
     let moved;
-    let (src, outer, red, inner) = if axes.is_empty() {
-        (x, x.numel(), 1, 1)
-    } else if contiguous {
-        let (a0, a1) = (axes[0], axes[axes.len() - 1]);
-        (x, s[..a0].iter().product(), s[a0..=a1].iter().product(), s[a1 + 1..].iter().product())
-    } else {
-        let kept: Vec<usize> = (0..s.len()).filter(|d| !axes.contains(d)).collect();
-        let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
-        moved = transpose(ctx, x, &perm)?;
-        let outer = kept.iter().map(|&d| s[d]).product();
-        (&moved, outer, axes.iter().map(|&d| s[d]).product(), 1)
+    let src = match perm {
+        None => x,
+        Some(perm) => {
+            moved = transpose(ctx, x, &perm)?;
+            &moved
+        }
     };
     if let Some(v) = F::view(src) {
         return tensor(name, &out_shape, F::data(reduce_f32(ctx, op, v, outer, red, inner)));

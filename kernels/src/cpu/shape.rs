@@ -120,22 +120,7 @@ pub(crate) fn expand(ctx: &CpuContext, x: &Tensor, shape: &[usize]) -> Result<Te
 
 /// Strided slice (negative steps walk backwards; bounds were checked by inference).
 pub(crate) fn slice(ctx: &CpuContext, x: &Tensor, axes: &[SliceAxis], out_shape: &[usize]) -> Result<Tensor, Error> {
-    let s = x.shape();
-    let ist = strides(s);
-    let mut start = vec![0i64; s.len()];
-    let mut step = vec![1i64; s.len()];
-    for a in axes {
-        start[a.axis] = a.start;
-        step[a.axis] = a.step;
-    }
-    let mut base = 0isize;
-    let mut st = vec![0isize; s.len()];
-    for d in 0..s.len() {
-        if out_shape[d] > 0 {
-            base += start[d] as isize * ist[d] as isize;
-        }
-        st[d] = step[d] as isize * ist[d] as isize;
-    }
+    let (base, st) = crate::geometry::slice_walk(x.shape(), axes, out_shape);
     let data = each_dtype!(x.data(), v => strided(ctx, "slice", v, base, out_shape, &st)?);
     tensor("slice", out_shape, data)
 }

@@ -183,18 +183,14 @@ pub(crate) fn reduce(
     let op = ir::reduce_name(r);
     let s = x.shape();
     let out_shape = ir::reduced_shape(s, axes, keepdims);
-    let contiguous = axes.windows(2).all(|w| w[1] == w[0] + 1);
+    let crate::geometry::ReduceLayout { perm, outer, red, inner } = crate::geometry::reduce_layout(s, axes);
     let moved;
-    let (src, outer, red, inner) = if axes.is_empty() {
-        (x, x.numel(), 1, 1)
-    } else if contiguous {
-        let (a0, a1) = (axes[0], axes[axes.len() - 1]);
-        (x, s[..a0].iter().product(), s[a0..=a1].iter().product(), s[a1 + 1..].iter().product())
-    } else {
-        let kept: Vec<usize> = (0..s.len()).filter(|d| !axes.contains(d)).collect();
-        let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
-        moved = transpose(ctx, x, &perm)?;
-        (&moved, kept.iter().map(|&d| s[d]).product(), axes.iter().map(|&d| s[d]).product(), 1)
+    let src = match perm {
+        None => x,
+        Some(perm) => {
+            moved = transpose(ctx, x, &perm)?;
+            &moved
+        }
     };
     let n = outer * inner;
     let a = [outer, red, inner].map(|v| v as i64);

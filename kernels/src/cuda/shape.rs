@@ -189,26 +189,6 @@ pub(crate) fn broadcast_f32_buf(
     Ok(out)
 }
 
-/// The first element and per-dim element steps of a slice of a tensor of `shape`.
-fn slice_walk(shape: &[usize], axes: &[SliceAxis], out_shape: &[usize]) -> (isize, Vec<isize>) {
-    let ist = contiguous(shape);
-    let mut start = vec![0i64; shape.len()];
-    let mut step = vec![1i64; shape.len()];
-    for a in axes {
-        start[a.axis] = a.start;
-        step[a.axis] = a.step;
-    }
-    let mut base = 0isize;
-    let mut st = vec![0isize; shape.len()];
-    for d in 0..shape.len() {
-        if out_shape[d] > 0 {
-            base += start[d] as isize * ist[d];
-        }
-        st[d] = step[d] as isize * ist[d];
-    }
-    (base, st)
-}
-
 /// Strided slice (negative steps walk backwards; bounds were checked by inference).
 pub(crate) fn slice(
     ctx: &CudaContext,
@@ -216,7 +196,7 @@ pub(crate) fn slice(
     axes: &[SliceAxis],
     out_shape: &[usize],
 ) -> Result<CudaTensor, Error> {
-    let (base, st) = slice_walk(x.shape(), axes, out_shape);
+    let (base, st) = crate::geometry::slice_walk(x.shape(), axes, out_shape);
     strided_copy(ctx, "slice", x, out_shape, base, &st)
 }
 
@@ -231,7 +211,7 @@ pub(crate) fn slice_grad(
     let op = "slice_grad";
     let d = dy.f32s(op)?;
     let mut out = ctx.zeros::<f32>(op, shape.iter().product())?;
-    let (base, st) = slice_walk(shape, axes, dy.shape());
+    let (base, st) = crate::geometry::slice_walk(shape, axes, dy.shape());
     let n = dy.numel();
     if n > 0 {
         let n64 = n as i64;

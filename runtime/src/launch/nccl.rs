@@ -31,8 +31,12 @@ pub fn nccl(job: &mut Job, model_hash: &str, o: &NcclOptions, on: &mut OnEvent<'
     if world == 0 || rank >= world {
         return Err(LaunchError::Setup(format!("--backend nccl: rank {rank} of a world of {world}")));
     }
-    let r = run(job, model_hash, o, rank, world, on);
-    if world > 1 { r.map_err(|e| LaunchError::Setup(format!("rank {rank}: {e}"))) } else { r }
+    // Errors keep their kind (the CLI's hints depend on it); set-up messages gain the rank, the
+    // others name it already.
+    run(job, model_hash, o, rank, world, on).map_err(|e| match e {
+        LaunchError::Setup(m) if world > 1 => LaunchError::Setup(format!("rank {rank}: {m}")),
+        e => e,
+    })
 }
 
 fn run(
