@@ -36,23 +36,21 @@ impl GptConfig {
 
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), String> {
-        for (v, what) in [
-            (self.layers, "--layers"),
-            (self.hidden, "--hidden"),
-            (self.heads, "--heads"),
-            (self.seq, "--seq"),
-            (self.vocab, "--vocab"),
-            (self.batch, "--batch"),
-        ] {
-            if v == 0 {
-                return Err(format!("{what} must be at least 1"));
-            }
-        }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return Err(format!("--heads {} does not divide --hidden {}", self.heads, self.hidden));
-        }
-        Ok(())
+        let sizes = [(self.layers, "--layers"), (self.seq, "--seq"), (self.vocab, "--vocab"), (self.batch, "--batch")];
+        check_sizes(&sizes, self.hidden, self.heads)
     }
+}
+
+/// Every size at least 1, and `heads` dividing `hidden` (the checks both generators share).
+fn check_sizes(sizes: &[(usize, &str)], hidden: usize, heads: usize) -> Result<(), String> {
+    let all = [(hidden, "--hidden"), (heads, "--heads")];
+    if let Some((_, what)) = all.iter().chain(sizes).find(|(v, _)| *v == 0) {
+        return Err(format!("{what} must be at least 1"));
+    }
+    if !hidden.is_multiple_of(heads) {
+        return Err(format!("--heads {heads} does not divide --hidden {hidden}"));
+    }
+    Ok(())
 }
 
 fn dims_info(name: &str, elem: DataType, dims: &[usize]) -> pb::ValueInfoProto {
@@ -318,23 +316,15 @@ impl LlamaConfig {
 
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), String> {
-        for (v, what) in [
+        let sizes = [
             (self.layers, "--layers"),
-            (self.hidden, "--hidden"),
-            (self.heads, "--heads"),
             (self.kv_heads, "--kv-heads"),
             (self.ffn, "--ffn"),
             (self.seq, "--seq"),
             (self.vocab, "--vocab"),
             (self.batch, "--batch"),
-        ] {
-            if v == 0 {
-                return Err(format!("{what} must be at least 1"));
-            }
-        }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return Err(format!("--heads {} does not divide --hidden {}", self.heads, self.hidden));
-        }
+        ];
+        check_sizes(&sizes, self.hidden, self.heads)?;
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!("--kv-heads {} does not divide --heads {}", self.kv_heads, self.heads));
         }
