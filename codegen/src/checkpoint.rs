@@ -41,19 +41,25 @@ pub use ::plan::CheckpointReport;
 /// except values in `keep`, which live to the end. Existing frees are dropped first.
 pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr> {
     let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
+    // Values are held per pipeline stage: a transfer reads its value on the sending stage and
+    // writes it on the receiving one.
+    type Held = (usize, ValueRef);
     // For each instruction, the values whose current definition it reads for the last time.
-    let mut last_read: HashMap<ValueRef, usize> = HashMap::new();
-    let mut frees_after: Vec<Vec<ValueRef>> = vec![vec![]; program.len()];
-    let mut defined_at: HashMap<ValueRef, usize> = HashMap::new();
-    let close = |v: ValueRef, at: Option<usize>, def: usize, frees_after: &mut Vec<Vec<ValueRef>>| {
-        if !keep.contains(&v) {
+    let mut last_read: HashMap<Held, usize> = HashMap::new();
+    let mut frees_after: Vec<Vec<Held>> = vec![vec![]; program.len()];
+    let mut defined_at: HashMap<Held, usize> = HashMap::new();
+    let close = |v: Held, at: Option<usize>, def: usize, frees_after: &mut Vec<Vec<Held>>| {
+        if !keep.contains(&v.1) {
             frees_after[at.unwrap_or(def)].push(v);
         }
     };
     for (k, ins) in program.iter().enumerate() {
-        let (reads, writes): (Vec<ValueRef>, Vec<ValueRef>) = match ins {
-            Instr::Op { inputs, outputs, .. } => (inputs.clone(), outputs.clone()),
-            Instr::Collective { input, output, .. } => (vec![*input], vec![*output]),
+        let (reads, writes): (Vec<Held>, Vec<Held>) = match ins {
+            Instr::Op { inputs, outputs, stage, .. } => {
+                (inputs.iter().map(|v| (*stage, *v)).collect(), outputs.iter().map(|v| (*stage, *v)).collect())
+            }
+            Instr::Collective { input, output, stage, .. } => (vec![(*stage, *input)], vec![(*stage, *output)]),
+            Instr::Transfer { value, from, to, .. } => (vec![(*from, *value)], vec![(*to, *value)]),
             Instr::Free { .. } => (vec![], vec![]),
         };
         for r in reads {
@@ -74,10 +80,14 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
     let mut out = Vec::with_capacity(program.len() * 2);
     for (ins, mut f) in program.into_iter().zip(frees_after) {
         out.push(ins);
-        if !f.is_empty() {
-            f.sort();
-            f.dedup();
-            out.push(Instr::Free { values: f });
+        f.sort();
+        f.dedup();
+        // One free per stage, stages in order.
+        let mut rest = &f[..];
+        while let Some(&(stage, _)) = rest.first() {
+            let n = rest.iter().take_while(|(s, _)| *s == stage).count();
+            out.push(Instr::Free { values: rest[..n].iter().map(|(_, v)| *v).collect(), stage });
+            rest = &rest[n..];
         }
     }
     out
@@ -150,6 +160,9 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
                 start = k + 1;
             }
             Instr::Free { .. } => return Err(Error::Internal("checkpointing expects a program without frees".into())),
+            Instr::Transfer { .. } => {
+                return Err(Error::Internal("checkpointing does not rewrite pipelined programs".into()));
+            }
             Instr::Collective { .. } => {}
         }
     }
@@ -211,7 +224,7 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
             let reads: Vec<&ValueRef> = match &program[k] {
                 Instr::Op { inputs, .. } => inputs.iter().collect(),
                 Instr::Collective { input, .. } => vec![input],
-                Instr::Free { .. } => vec![],
+                Instr::Free { .. } | Instr::Transfer { .. } => vec![],
             };
             for r in reads {
                 first_bwd.entry(*r).or_insert(k);
@@ -269,7 +282,7 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
             .flat_map(|&u| units[u].range.clone())
             .map(|k| match &program[k] {
                 Instr::Op { seconds, .. } | Instr::Collective { seconds, .. } => *seconds,
-                Instr::Free { .. } => 0.0,
+                Instr::Free { .. } | Instr::Transfer { .. } => 0.0,
             })
             .sum();
         drops.push((dropped, bytes, need_units));

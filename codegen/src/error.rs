@@ -47,6 +47,10 @@ pub enum Error {
         /// [`crate::problem::MAX_EDGE_ENTRIES`].
         limit: u64,
     },
+    /// Pipeline stages cannot be made as asked (their count does not fit the mesh, a stage
+    /// over the budget).
+    #[error("pipeline: {0}")]
+    Pipeline(String),
     /// An internal invariant was broken (a bug in this crate).
     #[error("internal codegen error (a bug): {0}")]
     Internal(String),

@@ -47,6 +47,33 @@ pub fn summary(p: &Plan) -> String {
         100.0 * e.peak_bytes_per_rank as f64 / p.options.budget_bytes.max(1) as f64,
         fmt_bytes(e.resident_bytes_per_rank)
     );
+    if let Some(pp) = &p.pipeline {
+        // Each rank is busy with its stage's share; the rest of the step it waits (the bubble).
+        let busy: f64 = pp.per_stage.iter().map(|s| s.compute_seconds + s.comm_seconds + s.transfer_seconds).sum();
+        let idle = if e.step_seconds > 0.0 { 1.0 - busy / (pp.stages as f64 * e.step_seconds) } else { 0.0 };
+        let _ = writeln!(
+            o,
+            "pipeline  {} stages x {} microbatch(es): each rank idle {:.0}% of the step (the bubble)",
+            pp.stages,
+            pp.microbatches,
+            100.0 * idle.max(0.0)
+        );
+        for (i, st) in pp.per_stage.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "{}stage {i}: {} ops, {} .. {}; compute {} + comm {} + receive {}; peak {}, resident {}",
+                if i == 0 { "stages    " } else { "          " },
+                st.ops,
+                st.first,
+                st.last,
+                ms(st.compute_seconds),
+                ms(st.comm_seconds),
+                ms(st.transfer_seconds),
+                fmt_bytes(st.peak_bytes),
+                fmt_bytes(st.resident_bytes)
+            );
+        }
+    }
     let ck = &e.checkpoint;
     if !ck.recomputed.is_empty() {
         let _ = writeln!(
@@ -223,6 +250,14 @@ pub fn html(p: &Plan) -> String {
                     esc(&collective.to_string()),
                     esc(&from.to_string()),
                     esc(&to.to_string())
+                );
+            }
+            Instr::Transfer { value, spec, from, to, seconds, .. } => {
+                let _ = writeln!(
+                    o,
+                    "<tr><td>{k}</td><td>{}</td><td>send stage {from} -&gt; stage {to}</td><td>[{}]</td><td>{seconds:.3e}</td></tr>",
+                    esc(&value.to_string()),
+                    esc(&spec.to_string())
                 );
             }
             Instr::Free { .. } => {}

@@ -9,7 +9,7 @@ use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
 pub use ::plan::{
     Baseline, CheckpointReport, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
-    ParamShard, Plan, Problem, Problems, Size, SolveStatus, SolverInfo, VERSION, ValueRef,
+    ParamShard, Pipeline, Plan, Problem, Problems, Size, SolveStatus, SolverInfo, StageEstimate, VERSION, ValueRef,
 };
 
 use crate::problem::{Built, FORBIDDEN, Grouping, Merge, build};
@@ -42,6 +42,11 @@ pub struct PlanOptions {
     /// Which follow ops (elementwise, reshape, ...) join their producers' decisions; by default
     /// those where that provably keeps the optimum (see [`crate::problem`]).
     pub merge: Merge,
+    /// Pipeline stages over the outermost mesh axis (1: none; see [`crate::pipeline`]). The
+    /// layouts are solved on one stage's submesh with the whole graph against `stages` times
+    /// the budget, then the stages are cut and each is checked against the budget; activation
+    /// checkpointing is off.
+    pub stages: usize,
 }
 
 impl Default for PlanOptions {
@@ -55,6 +60,7 @@ impl Default for PlanOptions {
             checkpoint: true,
             tie_layers: true,
             merge: Merge::Proven,
+            stages: 1,
         }
     }
 }
@@ -196,6 +202,12 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
 /// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
+    if opts.stages > 1 {
+        let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
+        let budget = opts.budget.saturating_mul(opts.stages as u64);
+        let one = PlanOptions { stages: 1, checkpoint: false, budget, ..opts.clone() };
+        return crate::pipeline::stage(plan(graph, &sub, profile, &one)?, mesh, opts.stages, opts.budget);
+    }
     let t0 = Instant::now();
     let mut timings = BTreeMap::new();
     let mut lap = {
@@ -442,6 +454,7 @@ fn lower(
                         to: step.after.clone(),
                         bytes: step.bytes,
                         seconds: step.cost,
+                        stage: 0,
                     });
                     cur = out;
                 }
@@ -493,6 +506,7 @@ fn lower(
             local: s.local.clone(),
             seconds: s.seconds(),
             recompute: false,
+            stage: 0,
         });
     }
     // Frees after last reads, and recomputation of activations when the plan exceeds its budget.
@@ -527,6 +541,7 @@ fn lower(
             spec: s.outputs[0].clone(),
             local_shape: s.outputs[0].local_shape(&m.shape, mesh),
             offsets: (0..mesh.size()).map(|r| s.outputs[0].offsets(&m.shape, mesh, r)).collect(),
+            stage: 0,
         });
     }
     let memory = ::plan::memory::simulate(g, mesh, &program)?;
@@ -541,6 +556,7 @@ fn lower(
             time_limit_seconds: opts.time_limit.as_secs_f64(),
         },
         graph: g.clone(),
+        pipeline: None,
         params,
         program,
         estimate: Estimate {

@@ -371,7 +371,8 @@ pub fn load(dir: &Path, program: &Program, st: &mut RankState) -> Result<u64, Di
     let blocks: BTreeMap<String, Tensor> = read_npz(&path).map_err(|e| err(&path, e))?;
     check_header(&path, blocks.get(HEADER), st.rank, &m, program)?;
     let mut next = BTreeMap::new();
-    for r in &program.resident {
+    let stage = program.stage_of(st.rank);
+    for r in program.resident.iter().filter(|r| r.stage == stage) {
         let want = r.spec.local_shape(&r.meta.shape, program.mesh());
         match blocks.get(&r.name) {
             Some(t) if t.shape() == want.as_slice() && t.dtype() == r.meta.dtype => {

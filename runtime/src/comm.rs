@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use ir::Tensor;
+use ir::{Tensor, TensorMeta};
 use sharding::{Collective, DeviceMesh, ReduceKind};
 
 /// Why a collective failed.
@@ -84,6 +84,32 @@ pub trait Communicator {
         let all = self.exchange(group, Arc::new(block.clone()))?;
         concat(&all, dim).map_err(|why| CommError::Bad { rank, why })
     }
+    /// Sends `block` to rank `to`, which takes it with [`Communicator::recv`]: the n-th send
+    /// from one rank to another meets the n-th receive there. By default a rendezvous of the
+    /// two ranks through [`Communicator::exchange`] (the receiver puts an empty block).
+    fn send(&mut self, to: usize, block: &Tensor) -> Result<(), CommError> {
+        let group = pair(self.rank(), to).map_err(|why| CommError::Bad { rank: self.rank(), why })?;
+        self.exchange(&group, Arc::new(block.clone()))?;
+        Ok(())
+    }
+    /// Receives the block rank `from` sends with [`Communicator::send`]; it must be a tensor of
+    /// `meta`.
+    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<Tensor, CommError> {
+        let rank = self.rank();
+        let group = pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
+        let empty = Tensor::zeros(&TensorMeta::new(meta.dtype, vec![0]));
+        let all = self.exchange(&group, Arc::new(empty))?;
+        let i = usize::from(from > rank);
+        received(rank, from, meta, all.get(i).map(|t| (**t).clone()))
+    }
+    /// Makes ready the groups this rank will use (`groups`: every rank lists its own group of
+    /// each set of mesh axes the program uses, the sets in the same order). A back end whose
+    /// groups are made by a call over every rank (MPI's communicator split) makes them here,
+    /// where every rank is, and not at first use, which pipeline stages reach at different
+    /// points. By default nothing.
+    fn prepare(&mut self, _groups: &[Vec<usize>]) -> Result<(), CommError> {
+        Ok(())
+    }
     /// Stops every rank: their pending and future collectives fail with this rank and cause.
     fn abort(&self, cause: &str);
     /// Fails when some rank has aborted (cheap; called between instructions so a failure stops
@@ -122,6 +148,25 @@ pub trait Communicator {
                 Ok((*all[0]).clone())
             }
         }
+    }
+}
+
+/// The group of a point-to-point transfer: the two ranks, in rank order.
+pub(crate) fn pair(a: usize, b: usize) -> Result<Vec<usize>, String> {
+    if a == b {
+        return Err(format!("rank {a} sends to itself"));
+    }
+    Ok(vec![a.min(b), a.max(b)])
+}
+
+/// A received block, checked against the meta the plan expects.
+pub(crate) fn received(rank: usize, from: usize, meta: &TensorMeta, got: Option<Tensor>) -> Result<Tensor, CommError> {
+    match got {
+        Some(t) if t.meta() == *meta => Ok(t),
+        Some(t) => {
+            Err(CommError::Bad { rank, why: format!("received {} from rank {from}, expected {meta}", t.meta()) })
+        }
+        None => Err(CommError::Bad { rank, why: format!("rank {from} sent nothing") }),
     }
 }
 

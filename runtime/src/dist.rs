@@ -140,6 +140,11 @@ pub(crate) enum Exec {
     View { id: usize, node: String, input: usize, output: usize, shape: Vec<usize> },
     /// A collective.
     Collective { input: usize, output: usize, c: Collective },
+    /// This rank's block sent to its peer on pipeline stage `to` (the rank there at the same
+    /// coordinates of the other mesh axes).
+    Send { slot: usize, to: usize },
+    /// The block of the peer on pipeline stage `from`, a tensor of `meta`.
+    Recv { slot: usize, from: usize, meta: TensorMeta },
     /// Values no longer needed.
     Free { slots: Vec<usize> },
 }
@@ -155,6 +160,8 @@ pub struct Resident {
     pub spec: ShardingSpec,
     /// True for optimizer state (initialised to zeros), false for parameters.
     pub is_state: bool,
+    /// The pipeline stage whose ranks hold it (0 without stages).
+    pub stage: usize,
 }
 
 /// A graph input of the plan.
@@ -172,7 +179,11 @@ pub struct InputInfo {
 #[derive(Debug)]
 pub struct Program {
     mesh: DeviceMesh,
-    pub(crate) code: Vec<Exec>,
+    /// Pipeline stages (1: none): stage `s` is run by the ranks whose first mesh coordinate is
+    /// `s`.
+    stages: usize,
+    /// The code of each stage (one without stages).
+    pub(crate) code: Vec<Vec<Exec>>,
     pub(crate) slot_names: Vec<ValueRef>,
     /// Parameters and optimizer state, in plan order.
     pub resident: Vec<Resident>,
@@ -182,10 +193,10 @@ pub struct Program {
     pub inputs: Vec<InputInfo>,
     /// Graph outputs: name, slot, layout, global shape.
     pub(crate) outputs: Vec<(String, usize, ShardingSpec, Vec<usize>)>,
-    /// Storage name and slot of each updated value.
-    pub(crate) updates: Vec<(String, usize)>,
-    /// Parameters read but never updated (frozen): their slot goes back to storage.
-    pub(crate) kept: Vec<(String, usize)>,
+    /// Storage name and slot of each updated value, by stage.
+    pub(crate) updates: Vec<Vec<(String, usize)>>,
+    /// Parameters read but never updated (frozen): their slot goes back to storage; by stage.
+    pub(crate) kept: Vec<Vec<(String, usize)>>,
     /// The plan's estimate of the peak bytes per rank.
     pub estimated_peak: u64,
     /// The plan's model hash.
@@ -380,6 +391,15 @@ impl crate::exec::Backend for CpuBackend<'_> {
     fn gather_output(&mut self, everyone: &[usize], x: &Tensor) -> Result<Vec<Tensor>, DistError> {
         Ok(self.comm.exchange(everyone, Arc::new(x.clone()))?.iter().map(|t| (**t).clone()).collect())
     }
+    fn prepare(&mut self, groups: &[Vec<usize>]) -> Result<(), DistError> {
+        Ok(self.comm.prepare(groups)?)
+    }
+    fn send(&mut self, to: usize, x: &Tensor) -> Result<(), DistError> {
+        Ok(self.comm.send(to, x)?)
+    }
+    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<Tensor, DistError> {
+        Ok(self.comm.recv(from, meta)?)
+    }
     fn download(&mut self, x: Tensor) -> Result<Tensor, DistError> {
         Ok(x)
     }
@@ -444,7 +464,7 @@ impl Program {
                     let meta = node.outputs[0].clone();
                     let spec = replicated(&meta);
                     let is_state = matches!(node.op, Op::State { .. });
-                    resident.push(Resident { name: name.clone(), meta, spec, is_state });
+                    resident.push(Resident { name: name.clone(), meta, spec, is_state, stage: 0 });
                     code.push(Exec::Storage { slot: slot_of(out0), name: name.clone() });
                 }
                 Op::Input { name } => {
@@ -524,14 +544,15 @@ impl Program {
         let program = Program {
             plan_hash: String::new(),
             mesh,
-            code,
+            stages: 1,
+            code: vec![code],
             slot_names,
             resident,
             constants: vec![],
             inputs,
             outputs,
-            updates,
-            kept,
+            updates: vec![updates],
+            kept: vec![kept],
             estimated_peak: 0,
             model_hash: String::new(),
         };
@@ -560,12 +581,18 @@ impl Program {
                 slot_names.len() - 1
             })
         };
-        let mut code = vec![];
+        let stages = plan.stages();
+        let mut codes: Vec<Vec<Exec>> = vec![vec![]; stages];
         let mut resident = vec![];
         let mut constants = vec![];
         let mut inputs = vec![];
         let mut out_specs: HashMap<ValueRef, ShardingSpec> = HashMap::new();
         for ins in &plan.program {
+            let stage = match ins {
+                Instr::Op { stage, .. } | Instr::Collective { stage, .. } | Instr::Free { stage, .. } => *stage,
+                Instr::Transfer { from, .. } => *from,
+            };
+            let code = codes.get_mut(stage).ok_or_else(|| bad(format!("stage {stage} of {stages}")))?;
             match ins {
                 Instr::Op {
                     node: id,
@@ -596,6 +623,7 @@ impl Program {
                                 meta: meta0.clone(),
                                 spec: spec0.clone(),
                                 is_state: matches!(n.op, Op::State { .. }),
+                                stage,
                             });
                             code.push(Exec::Storage { slot: slot0, name: p.clone() });
                         }
@@ -672,7 +700,20 @@ impl Program {
                         c: collective.clone(),
                     });
                 }
-                Instr::Free { values } => code.push(Exec::Free { slots: values.iter().map(&mut slot_of).collect() }),
+                Instr::Free { values, .. } => {
+                    code.push(Exec::Free { slots: values.iter().map(&mut slot_of).collect() })
+                }
+                Instr::Transfer { value, spec, from, to, .. } => {
+                    let slot = slot_of(value);
+                    code.push(Exec::Send { slot, to: *to });
+                    let m =
+                        g.g.node_weight(NodeIndex::new(value.node))
+                            .and_then(|n| n.outputs.get(value.slot))
+                            .ok_or_else(|| bad(format!("transfer of unknown value {value}")))?;
+                    let meta = TensorMeta::new(m.dtype, spec.local_shape(&m.shape, &mesh));
+                    let code = codes.get_mut(*to).ok_or_else(|| bad(format!("stage {to} of {stages}")))?;
+                    code.push(Exec::Recv { slot, from: *from, meta });
+                }
             }
         }
         let id_of = ValueRef::of;
@@ -683,32 +724,33 @@ impl Program {
                 out_specs.get(&id).cloned().ok_or_else(|| bad(format!("output {name} ({id}) is never written")))?;
             outputs.push((name.clone(), slot_of(&id), spec, g.meta(*v).shape.clone()));
         }
-        let mut updates = vec![];
+        let stage_of_storage: HashMap<&str, usize> = resident.iter().map(|r| (r.name.as_str(), r.stage)).collect();
+        let mut updates = vec![vec![]; stages];
         let mut updated = std::collections::HashSet::new();
         for (p, v) in &g.updates {
             let (Op::Param { name } | Op::State { name }) = &g.node(*p).op else {
                 return Err(bad(format!("update of non-storage node %{}", p.index())));
             };
-            updates.push((name.clone(), slot_of(&id_of(*v))));
+            let stage = stage_of_storage.get(name.as_str()).copied().unwrap_or(0);
+            updates[stage].push((name.clone(), slot_of(&id_of(*v))));
             updated.insert(name.clone());
         }
-        let kept = resident
-            .iter()
-            .filter(|r| !updated.contains(&r.name))
-            .map(|r| {
-                let n =
-                    g.params.iter().chain(&g.states).find(
-                        |&&n| matches!(&g.node(n).op, Op::Param { name } | Op::State { name } if *name == r.name),
-                    );
-                n.map(|&n| (r.name.clone(), slot_of(&ValueRef::new(n.index(), 0))))
-                    .ok_or_else(|| bad(format!("storage {} has no node", r.name)))
-            })
-            .collect::<Result<_, _>>()?;
+        let mut kept = vec![vec![]; stages];
+        for r in resident.iter().filter(|r| !updated.contains(&r.name)) {
+            let n = g
+                .params
+                .iter()
+                .chain(&g.states)
+                .find(|&&n| matches!(&g.node(n).op, Op::Param { name } | Op::State { name } if *name == r.name));
+            let n = n.ok_or_else(|| bad(format!("storage {} has no node", r.name)))?;
+            kept[r.stage].push((r.name.clone(), slot_of(&ValueRef::new(n.index(), 0))));
+        }
         let plan_hash = storage_hash(&plan.model.hash, &mesh, &resident);
         Ok(Program {
             plan_hash,
             mesh,
-            code,
+            stages,
+            code: codes,
             slot_names,
             resident,
             constants,
@@ -731,6 +773,68 @@ impl Program {
         self.mesh.size()
     }
 
+    /// Number of pipeline stages (1: none).
+    pub fn stages(&self) -> usize {
+        self.stages
+    }
+
+    /// The pipeline stage of `rank` (its first mesh coordinate; 0 without stages).
+    pub fn stage_of(&self, rank: usize) -> usize {
+        if self.stages <= 1 { 0 } else { rank / self.per_stage() }
+    }
+
+    /// Ranks per pipeline stage.
+    fn per_stage(&self) -> usize {
+        (self.mesh.size() / self.stages.max(1)).max(1)
+    }
+
+    /// The rank of stage `stage` at `rank`'s coordinates on the other mesh axes.
+    pub fn peer(&self, rank: usize, stage: usize) -> usize {
+        if self.stages <= 1 { rank } else { stage * self.per_stage() + rank % self.per_stage() }
+    }
+
+    /// The ranks of `rank`'s stage, in rank order (every rank without stages).
+    pub fn stage_ranks(&self, rank: usize) -> Vec<usize> {
+        let s = self.stage_of(rank);
+        (0..self.mesh.size()).filter(|&r| self.stage_of(r) == s).collect()
+    }
+
+    /// The mesh of one stage's ranks: the plan's mesh with axis 0 of size 1 (the mesh itself
+    /// without stages). Layouts never split over axis 0, so they hold on it unchanged.
+    pub fn stage_mesh(&self) -> DeviceMesh {
+        if self.stages <= 1 {
+            return self.mesh.clone();
+        }
+        let mut shape = self.mesh.shape().to_vec();
+        shape[0] = 1;
+        DeviceMesh::new(shape, self.mesh.names().to_vec(), self.mesh.links().to_vec())
+            .unwrap_or_else(|_| self.mesh.clone())
+    }
+
+    /// Every group of ranks `rank` runs collectives over, one per set of mesh axes the plan's
+    /// collectives (and special kernels, and the gathering of outputs) use, the sets in a
+    /// fixed order: what [`Communicator::prepare`] makes ready.
+    pub fn groups_of(&self, rank: usize) -> Vec<Vec<usize>> {
+        let mut sets: Vec<Vec<usize>> = vec![];
+        for code in &self.code {
+            for e in code {
+                match e {
+                    Exec::Collective { c, .. } => sets.push(c.axes().to_vec()),
+                    Exec::Op { kernel: Kernel::MaskedGather { axes, .. }, .. }
+                    | Exec::Op { kernel: Kernel::MaskedScatter { axes, .. }, .. }
+                    | Exec::Op { kernel: Kernel::SplitSoftmax { axes, .. }, .. } => sets.push(axes.clone()),
+                    _ => {}
+                }
+            }
+        }
+        sets.sort();
+        sets.dedup();
+        let mut groups: Vec<Vec<usize>> = sets.iter().map(|a| self.mesh.group_of(rank, a)).collect();
+        groups.push(self.stage_ranks(rank));
+        groups.retain(|g| g.len() > 1);
+        groups
+    }
+
     /// The global batch size (first dim of the first input), for samples per second.
     pub fn batch(&self) -> usize {
         self.inputs.first().and_then(|i| i.meta.shape.first().copied()).unwrap_or(1)
@@ -747,7 +851,8 @@ impl Program {
     ) -> Result<RankState, DistError> {
         let data = |message: String| DistError::Data { rank, message };
         let mut storage = BTreeMap::new();
-        for r in &self.resident {
+        let stage = self.stage_of(rank);
+        for r in self.resident.iter().filter(|r| r.stage == stage) {
             let offsets = r.spec.offsets(&r.meta.shape, &self.mesh, rank);
             let size = r.spec.local_shape(&r.meta.shape, &self.mesh);
             let t = if r.is_state {
@@ -804,9 +909,11 @@ impl Program {
         }
         let mut out = BTreeMap::new();
         for r in self.resident.iter().filter(|r| r.is_state == state) {
-            let blocks: Vec<Tensor> = states
-                .iter()
-                .map(|s| {
+            // A pipelined rank holds only its stage's storage: every rank's block is the one
+            // its peer on the holding stage has.
+            let blocks: Vec<Tensor> = (0..states.len())
+                .map(|k| {
+                    let s = &states[self.peer(k, r.stage)];
                     s.storage
                         .get(&r.name)
                         .cloned()

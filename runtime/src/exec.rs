@@ -13,7 +13,10 @@
 //!   constants from the start, inputs and outputs added when written, values subtracted when
 //!   freed (a back end with its own allocator figures, a GPU's, reports those instead);
 //! - the graph's outputs are assembled from every rank's blocks, so every rank returns the
-//!   global values (a one-rank program's outputs are its values, moved, not copied).
+//!   global values (a one-rank program's outputs are its values, moved, not copied);
+//! - with pipeline stages a rank runs its stage's code: sends and receives meet their peers'
+//!   in the plan's order (a consistent order of every stage's transfers, so none waits for a
+//!   transfer that comes later), and the outputs come from the ranks of its own stage.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -44,6 +47,15 @@ pub(crate) trait Backend {
     fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &Self::T) -> Result<Self::T, DistError>;
     /// Every rank's block of a graph output, in rank order, on the host.
     fn gather_output(&mut self, everyone: &[usize], x: &Self::T) -> Result<Vec<Tensor>, DistError>;
+    /// Makes ready the groups this rank will run collectives over ([`Program::groups_of`]);
+    /// every rank calls it before its first instruction.
+    fn prepare(&mut self, _groups: &[Vec<usize>]) -> Result<(), DistError> {
+        Ok(())
+    }
+    /// Sends a block to rank `to` (a pipeline transfer).
+    fn send(&mut self, to: usize, x: &Self::T) -> Result<(), DistError>;
+    /// Receives a block of `meta` from rank `from`.
+    fn recv(&mut self, from: usize, meta: &ir::TensorMeta) -> Result<Self::T, DistError>;
     /// A block on the host (a single rank's output, which needs no assembly).
     fn download(&mut self, x: Self::T) -> Result<Tensor, DistError>;
     /// `x` with another shape of the same size, reusing its buffer where the back end can
@@ -121,7 +133,12 @@ pub(crate) fn step<'a, B: Backend>(
     let missing =
         |slot: usize| DistError::Plan(format!("rank {rank}: reads {} before it is written", program.slot_names[slot]));
     let mesh = program.mesh();
-    for ins in &program.code {
+    let stage = program.stage_of(rank);
+    let code = program.code.get(stage).ok_or_else(|| DistError::Plan(format!("rank {rank}: no code for its stage")))?;
+    if program.ranks() > 1 {
+        b.prepare(&program.groups_of(rank))?;
+    }
+    for ins in code {
         b.check()?;
         match ins {
             Exec::Storage { slot, name } => {
@@ -203,6 +220,20 @@ pub(crate) fn step<'a, B: Backend>(
                 peak = peak.max(live);
                 vals[*output] = Some(Held::Owned(y));
             }
+            Exec::Send { slot, to } => {
+                let t1 = Instant::now();
+                let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
+                b.send(program.peer(rank, *to), x)?;
+                comm_seconds += t1.elapsed().as_secs_f64();
+            }
+            Exec::Recv { slot, from, meta } => {
+                let t1 = Instant::now();
+                let y = b.recv(program.peer(rank, *from), meta)?;
+                comm_seconds += t1.elapsed().as_secs_f64();
+                live += B::bytes(&y);
+                peak = peak.max(live);
+                vals[*slot] = Some(Held::Owned(y));
+            }
             Exec::Free { slots } => {
                 for &s in slots {
                     let h = vals[s].take().ok_or_else(|| missing(s))?;
@@ -213,15 +244,17 @@ pub(crate) fn step<'a, B: Backend>(
     }
     // Values read at the end: outputs, updates and (into owned storage) frozen parameters. The
     // last read of each moves it; earlier ones copy.
-    let frozen: &[(String, usize)] = if borrowed.is_none() { &program.kept } else { &[] };
+    let frozen: &[(String, usize)] = if borrowed.is_none() { &program.kept[stage] } else { &[] };
+    let updates = &program.updates[stage];
     let mut reads = vec![0usize; vals.len()];
-    let end_reads =
-        program.outputs.iter().map(|(_, s, _, _)| s).chain(program.updates.iter().chain(frozen).map(|(_, s)| s));
+    let end_reads = program.outputs.iter().map(|(_, s, _, _)| s).chain(updates.iter().chain(frozen).map(|(_, s)| s));
     for &s in end_reads {
         reads[s] += 1;
     }
-    // Outputs: every rank gets the global value.
-    let everyone: Vec<usize> = (0..mesh.size()).collect();
+    // Outputs: every rank gets the global value, assembled from its stage's blocks (every
+    // stage holds the outputs).
+    let everyone = program.stage_ranks(rank);
+    let stage_mesh = program.stage_mesh();
     let mut outputs = BTreeMap::new();
     for (name, slot, spec, shape) in &program.outputs {
         let t = if everyone.len() == 1 {
@@ -233,12 +266,12 @@ pub(crate) fn step<'a, B: Backend>(
             let blocks = b.gather_output(&everyone, x)?;
             comm_seconds += t1.elapsed().as_secs_f64();
             reads[*slot] -= 1;
-            sim::assemble(&blocks, spec, shape, mesh, f32::INFINITY)
+            sim::assemble(&blocks, spec, shape, &stage_mesh, f32::INFINITY)
                 .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?
         };
         outputs.insert(name.clone(), t);
     }
-    for (name, slot) in program.updates.iter().chain(frozen) {
+    for (name, slot) in updates.iter().chain(frozen) {
         let t = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
         taken.insert(name.clone(), t);
     }

@@ -44,7 +44,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ir::{Op, SliceAxis, Tensor};
+use ir::{Op, SliceAxis, Tensor, TensorMeta};
 use kernels::cpu::CpuContext;
 use kernels::cuda::nccl::{NcclComm, Reduction, group_id_path};
 use kernels::cuda::{self, CudaContext, CudaTensor};
@@ -306,6 +306,24 @@ impl crate::exec::Backend for GpuExec<'_> {
     fn download(&mut self, x: CudaTensor) -> Result<Tensor, DistError> {
         let rank = self.rank;
         x.download(self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })
+    }
+    /// On the communicator of the two ranks (made on first use by both), NCCL's send.
+    fn send(&mut self, to: usize, x: &CudaTensor) -> Result<(), DistError> {
+        let rank = self.rank;
+        let pair = crate::comm::pair(rank, to).map_err(|why| CommError::Bad { rank, why })?;
+        let err = |e: kernels::Error| DistError::Comm(CommError::Backend { rank, message: e.to_string() });
+        let comm = self.groups.get(self.ctx, &pair)?;
+        comm.send(x, usize::from(to > rank)).map_err(err)?;
+        self.ctx.synchronize().map_err(err)
+    }
+    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<CudaTensor, DistError> {
+        let rank = self.rank;
+        let pair = crate::comm::pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
+        let err = |e: kernels::Error| DistError::Comm(CommError::Backend { rank, message: e.to_string() });
+        let comm = self.groups.get(self.ctx, &pair)?;
+        let y = comm.recv(self.ctx, meta, usize::from(from > rank)).map_err(err)?;
+        self.ctx.synchronize().map_err(err)?;
+        Ok(y)
     }
     fn peak_bytes(&self, _counted: u64) -> u64 {
         self.ctx.peak_bytes() as u64

@@ -2,9 +2,11 @@
 //!
 //! [`MpiWorld::init`] initialises MPI once per process; [`MpiWorld::comm`] gives this rank's
 //! [`Communicator`]. A collective over a group of ranks runs on a sub-communicator of that group,
-//! created by `MPI_Comm_split` the first time the group is used: every rank of an SPMD program
-//! reaches its first collective over a given set of mesh axes at the same instruction, so the
-//! split (a collective over the world) is called by all ranks together. Sub-communicators rank
+//! created by `MPI_Comm_split` before the first step ([`Communicator::prepare`]: every rank
+//! splits for the same axis sets in the same order, so the splits, collectives over the world,
+//! meet even when pipeline stages run different programs), or else the first time the group
+//! is used: every rank of an SPMD program reaches its first collective over a given set of mesh
+//! axes at the same instruction. Pipeline transfers are point to point on the world. Sub-communicators rank
 //! their members in group order, so blocks come back in the order [`Communicator::exchange`]
 //! promises and reductions stay deterministic.
 //!
@@ -17,9 +19,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ir::{DType, Data, Tensor};
+use ir::{DType, Data, Tensor, TensorMeta};
 use mpi::collective::{CommunicatorCollectives as _, SystemOperation};
 use mpi::datatype::{Partition, PartitionMut};
+use mpi::point_to_point::{Destination as _, Source as _};
 use mpi::topology::Communicator as _;
 use mpi::topology::{Color, SimpleCommunicator};
 
@@ -312,6 +315,36 @@ impl Communicator for MpiComm {
             out
         };
         Tensor::new(out_shape, Data::F32(data)).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Point to point on the world communicator (`MPI_Send`/`MPI_Recv` of the encoded block).
+    fn send(&mut self, to: usize, block: &Tensor) -> Result<(), CommError> {
+        crate::comm::pair(self.rank, to).map_err(|why| CommError::Bad { rank: self.rank, why })?;
+        if to >= self.size {
+            return Err(CommError::Bad { rank: self.rank, why: format!("sends to rank {to} of {}", self.size) });
+        }
+        self.world.process_at_rank(to as i32).send(&encode(block)[..]);
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<Tensor, CommError> {
+        let rank = self.rank;
+        crate::comm::pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
+        if from >= self.size {
+            return Err(CommError::Bad { rank, why: format!("receives from rank {from} of {}", self.size) });
+        }
+        let (bytes, _) = self.world.process_at_rank(from as i32).receive_vec::<u8>();
+        let t = decode(&bytes).map_err(|why| CommError::Bad { rank, why })?;
+        crate::comm::received(rank, from, meta, Some(t))
+    }
+
+    /// Splits every group's communicator now: every rank calls this with its groups of the same
+    /// axis sets in the same order, so the n-th split of every rank meets (see the module docs).
+    fn prepare(&mut self, groups: &[Vec<usize>]) -> Result<(), CommError> {
+        for g in groups {
+            self.checked(g)?;
+        }
+        Ok(())
     }
 
     fn abort(&self, _cause: &str) {

@@ -76,6 +76,13 @@ pub struct PlanArgs {
     /// response, as Alpa does; smaller problems, worse plans). For comparison.
     #[arg(long, default_value = "proven", value_name = "MODE")]
     pub merge: String,
+    /// Pipeline stages: cut the model into N stages over the outermost mesh axis (which must
+    /// have N devices, e.g. `--mesh 2x4 --pipeline 2`: 2 stages of 4 devices). Each stage runs
+    /// its part of forward and backward as an SPMD program over the other axes; values crossing
+    /// stages are sent point to point. Layouts are solved on one stage's devices, then the
+    /// stages cut by estimated time; activation recomputation is off. One microbatch per step.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub pipeline: u32,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -143,6 +150,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         checkpoint: !a.no_checkpoint,
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
+        stages: a.pipeline as usize,
     };
     let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a

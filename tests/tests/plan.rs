@@ -206,10 +206,10 @@ fn explain_renders_and_the_loader_rejects_corrupt_plans() -> Result<()> {
     let mut q = p.clone();
     let first_free = q.program.iter().position(|i| matches!(i, Instr::Free { .. })).context("no free")?;
     let freed = match &q.program[first_free] {
-        Instr::Free { values } => values[0],
+        Instr::Free { values, .. } => values[0],
         _ => unreachable!(),
     };
-    q.program.insert(first_free + 1, Instr::Free { values: vec![freed] });
+    q.program.insert(first_free + 1, Instr::Free { values: vec![freed], stage: 0 });
     ensure!(q.validate().is_err(), "double free accepted");
     Ok(())
 }
@@ -435,7 +435,10 @@ fn golden_lowered_plan_gpt2_tiny_2x2() -> Result<()> {
             Instr::Collective { input, output, collective, from, to, bytes, .. } => {
                 format!("{output} = {collective}({input}) [{from}] -> [{to}] {bytes} B")
             }
-            Instr::Free { values } => format!("free {}", list(values)),
+            Instr::Free { values, .. } => format!("free {}", list(values)),
+            Instr::Transfer { value, spec, from, to, bytes, .. } => {
+                format!("send {value} [{spec}] stage {from} -> {to} {bytes} B")
+            }
         };
         text.push_str(&format!("{k:4} {line}\n"));
     }
@@ -494,7 +497,7 @@ fn a_plan_with_five_errors_reports_all_five() -> Result<()> {
         inputs[0] = inputs[0].with_copy(99_999);
     }
     // 4. A free of a value that is not live.
-    if let Instr::Free { values } = &mut p.program[free] {
+    if let Instr::Free { values, .. } = &mut p.program[free] {
         values.push(codegen::plan::ValueRef::new(0, 7));
     }
     // 5. A parameter's offsets for too few ranks.
@@ -515,5 +518,63 @@ fn a_plan_with_five_errors_reports_all_five() -> Result<()> {
     // The error names them all (three shown, the rest counted) and the JSON loader agrees.
     let err = Plan::from_json(&p.to_json()?).err().context("accepted")?.to_string();
     ensure!(err.contains("and 2 more"), "{err}");
+    Ok(())
+}
+
+/// A pipelined plan (issue 18) is checked like any other, stage by stage: each edit below is
+/// refused with the instruction it breaks.
+#[test]
+fn pipelined_plans_are_validated_stage_by_stage() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let mesh = DeviceMesh::uniform(&[2, 2])?;
+    let p = codegen::plan(&g, &mesh, &cpu, &PlanOptions { stages: 2, ..opts(1 << 30, Baseline::Auto) })?;
+    let p = round_trip(&p)?;
+    let pp = p.pipeline.as_ref().context("no pipeline")?;
+    ensure!(pp.stages == 2 && pp.per_stage.iter().all(|s| s.ops > 0), "{:?}", pp.per_stage);
+    // The tied embedding is read on both stages: some transfer goes back to stage 0 (its
+    // gradient) and the loss goes to stage 0 at the end.
+    let transfers: Vec<usize> =
+        (0..p.program.len()).filter(|&k| matches!(p.program[k], Instr::Transfer { .. })).collect();
+    ensure!(transfers.iter().any(|&k| matches!(p.program[k], Instr::Transfer { from: 1, to: 0, .. })), "no 1 -> 0");
+    let first = transfers[0];
+    let refused = |q: &Plan, want: &str| -> Result<()> {
+        let err = Plan::from_json(&q.to_json()?).err().context(format!("accepted (want `{want}`)"))?.to_string();
+        ensure!(err.contains(want), "want `{want}` in: {err}");
+        Ok(())
+    };
+    // A transfer removed: its receiver reads a value its stage never got.
+    let mut q = p.clone();
+    let Instr::Transfer { value, to, .. } = q.program.remove(first) else { unreachable!() };
+    refused(&q, &format!("reads {value} before it is written or after it is freed (on stage {to})"))?;
+    // A transfer from a stage that does not hold the value.
+    let mut q = p.clone();
+    if let Instr::Transfer { from, to, .. } = &mut q.program[first] {
+        std::mem::swap(from, to);
+    }
+    refused(&q, &format!("instruction {first}: sends"))?;
+    // An op moved to a stage the plan does not have.
+    let mut q = p.clone();
+    let op = (0..q.program.len()).find(|&k| matches!(q.program[k], Instr::Op { .. })).context("no op")?;
+    if let Instr::Op { stage, .. } = &mut q.program[op] {
+        *stage = 2;
+    }
+    refused(&q, &format!("instruction {op}: runs on stage 2, but the plan has 2 stages"))?;
+    // A layout split over the stage axis.
+    let mut q = p.clone();
+    if let Instr::Transfer { spec, .. } = &mut q.program[first] {
+        *spec = sharding::ShardingSpec::shard(spec.rank().max(1), 0, &[0]);
+    }
+    refused(&q, "the pipeline's stage axis")?;
+    // Stages that are not the outermost axis.
+    let mut q = p.clone();
+    if let Some(pp) = &mut q.pipeline {
+        pp.stages = 3;
+    }
+    refused(&q, "3 pipeline stages on mesh")?;
+    // A parameter claimed by the other stage.
+    let mut q = p.clone();
+    q.params[0].stage = 1 - q.params[0].stage;
+    refused(&q, &format!("parameter {}: on stage", q.params[0].name))?;
     Ok(())
 }

@@ -38,11 +38,12 @@ pub use error::{Error, Result};
 pub use validate::{Location, Problem, Problems, Valid};
 pub use value::{BadValueRef, ValueRef};
 
-/// The plan format's version. 4: the graph is JSON (nodes with typed ops, read without a text
+/// The plan format's version. 5: pipeline stages (`pipeline`, each instruction's and
+/// parameter's `stage`, `transfer` instructions between stages). 4: the graph is JSON (nodes with typed ops, read without a text
 /// parse) and each `op` instruction holds the local op it runs, attributes resolved for the
 /// rank's blocks (was the op's name; the runtime re-derived the attributes). 3: the solver's
 /// status is `optimal`, `within_gap` or `feasible` (was a Rust debug string).
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Which strategies a plan may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -221,11 +222,20 @@ pub struct ParamShard {
     pub spec: ShardingSpec,
     /// Shape of each rank's block.
     pub local_shape: Vec<usize>,
-    /// Offset of each rank's block (index = rank).
+    /// Offset of each rank's block (index = rank; in a pipelined plan only the ranks of its
+    /// stage hold it).
     pub offsets: Vec<Vec<usize>>,
+    /// The pipeline stage holding it (0 without stages).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stage: usize,
 }
 
-/// One instruction of the SPMD program (every rank runs all of them on its blocks).
+fn is_zero(x: &usize) -> bool {
+    *x == 0
+}
+
+/// One instruction of the SPMD program: every rank of its stage runs it on its blocks (without
+/// pipeline stages, every rank runs every instruction).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Instr {
@@ -262,6 +272,9 @@ pub enum Instr {
         /// (activation checkpointing).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         recompute: bool,
+        /// The pipeline stage whose ranks run it (0 without stages).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        stage: usize,
     },
     /// A layout conversion step of a value.
     Collective {
@@ -279,12 +292,82 @@ pub enum Instr {
         bytes: usize,
         /// Estimated seconds.
         seconds: f64,
+        /// The pipeline stage whose ranks run it (0 without stages).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        stage: usize,
     },
-    /// Values no longer needed.
+    /// Values no longer needed (on the ranks of `stage`).
     Free {
         /// The values.
         values: Vec<ValueRef>,
+        /// The pipeline stage whose ranks free them (0 without stages).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        stage: usize,
     },
+    /// A value sent from the ranks of stage `from` to those of stage `to`: each sender sends
+    /// its block to the rank of stage `to` at the same coordinates on the other mesh axes, so
+    /// the value keeps its layout (`spec`, which never splits over the stage axis). Both
+    /// stages run it, at the same point of their programs.
+    Transfer {
+        /// The value.
+        value: ValueRef,
+        /// Its layout on both stages.
+        spec: ShardingSpec,
+        /// Sending stage.
+        from: usize,
+        /// Receiving stage.
+        to: usize,
+        /// Bytes of each rank's block.
+        bytes: usize,
+        /// Estimated seconds.
+        seconds: f64,
+    },
+}
+
+impl Instr {
+    /// Whether the ranks of `stage` run it (a transfer: as sender or receiver).
+    pub fn runs_on(&self, stage: usize) -> bool {
+        match self {
+            Instr::Op { stage: s, .. } | Instr::Collective { stage: s, .. } | Instr::Free { stage: s, .. } => {
+                *s == stage
+            }
+            Instr::Transfer { from, to, .. } => *from == stage || *to == stage,
+        }
+    }
+}
+
+/// Pipeline stages: the outermost mesh axis is the stage axis; stage `s` is run by the ranks
+/// whose first mesh coordinate is `s`, each an SPMD program over the other axes. Layouts never
+/// split over the stage axis; values crossing stages move by [`Instr::Transfer`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Pipeline {
+    /// Number of stages (the size of mesh axis 0).
+    pub stages: usize,
+    /// Microbatches per step (the batch is split into this many, gradients accumulate).
+    pub microbatches: usize,
+    /// Per stage, what it runs and holds.
+    pub per_stage: Vec<StageEstimate>,
+}
+
+/// One pipeline stage's share of the plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StageEstimate {
+    /// Op instructions it runs.
+    pub ops: usize,
+    /// The first and last forward node it runs (by topological order).
+    pub first: String,
+    /// See `first`.
+    pub last: String,
+    /// Compute seconds.
+    pub compute_seconds: f64,
+    /// Seconds of its collectives and conversions.
+    pub comm_seconds: f64,
+    /// Seconds of the transfers it receives.
+    pub transfer_seconds: f64,
+    /// Peak bytes per rank of the stage ([`crate::memory::simulate_stage`]).
+    pub peak_bytes: u64,
+    /// Parameter, optimizer-state and constant bytes per rank of the stage.
+    pub resident_bytes: u64,
 }
 
 /// Cost of one op in the estimate.
@@ -404,6 +487,9 @@ pub struct Plan {
     /// program node `i` (nodes are numbered in topological order).
     #[schemars(with = "form::GraphForm")]
     pub graph: ir::Graph,
+    /// Pipeline stages (`None`: one SPMD program over the whole mesh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<Pipeline>,
     /// Parameter and optimizer-state layouts.
     pub params: Vec<ParamShard>,
     /// The SPMD program.
@@ -513,6 +599,17 @@ impl Plan {
             }
         }
         Ok(plan)
+    }
+
+    /// Number of pipeline stages (1 without).
+    pub fn stages(&self) -> usize {
+        self.pipeline.as_ref().map_or(1, |p| p.stages)
+    }
+
+    /// The stage of `rank` (0 without stages): its coordinate on mesh axis 0.
+    pub fn stage_of(&self, rank: usize) -> usize {
+        let s = self.stages();
+        if s <= 1 { 0 } else { rank / (self.mesh.shape.iter().product::<usize>() / s).max(1) }
     }
 
     /// The mesh of the plan.

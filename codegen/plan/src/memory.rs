@@ -11,7 +11,9 @@
 //!   outputs are both held.
 //!
 //! Every rank holds blocks of the same shapes (uneven splits are rejected), so one walk gives
-//! the figure of every rank. Kernel scratch space (e.g. a convolution's column buffer) is outside
+//! the figure of every rank of a stage. With pipeline stages a stage's walk takes its own
+//! instructions only: a transfer adds the bytes of the value it receives (a send adds nothing;
+//! the sender frees the value after its last read, the send included). Kernel scratch space (e.g. a convolution's column buffer) is outside
 //! this accounting, on both sides.
 
 use std::collections::HashMap;
@@ -32,12 +34,34 @@ pub struct MemoryProfile {
     pub peak_at: Option<usize>,
 }
 
-/// Walks `program` (see the module docs). `graph` is the plan's graph (node `%i` is index `i`).
+/// Walks `program` (see the module docs) on every stage and returns the profile of the stage
+/// with the highest peak. `graph` is the plan's graph (node `%i` is index `i`).
 pub fn simulate(graph: &Graph, mesh: &DeviceMesh, program: &[Instr]) -> Result<MemoryProfile> {
+    let stages: std::collections::BTreeSet<usize> = program
+        .iter()
+        .flat_map(|i| match i {
+            Instr::Op { stage, .. } | Instr::Collective { stage, .. } | Instr::Free { stage, .. } => [*stage, *stage],
+            Instr::Transfer { from, to, .. } => [*from, *to],
+        })
+        .collect();
+    let mut best: Option<MemoryProfile> = None;
+    for s in stages {
+        let m = simulate_stage(graph, mesh, program, s)?;
+        if best.as_ref().is_none_or(|b| m.peak > b.peak) {
+            best = Some(m);
+        }
+    }
+    Ok(best.unwrap_or(MemoryProfile { resident: 0, peak: 0, peak_at: None }))
+}
+
+/// Walks the instructions of one pipeline stage (see the module docs); instruction indices
+/// are the program's.
+pub fn simulate_stage(graph: &Graph, mesh: &DeviceMesh, program: &[Instr], stage: usize) -> Result<MemoryProfile> {
     let bad = |k: usize, why: String| Error::Invalid(Problems(vec![Problem { at: Location::Instr(k), why }]));
     let mut bytes: HashMap<ValueRef, u64> = HashMap::new();
     let mut resident = 0u64;
-    for ins in program {
+    let program: Vec<(usize, &Instr)> = program.iter().enumerate().filter(|(_, i)| i.runs_on(stage)).collect();
+    for &(_, ins) in &program {
         if let Instr::Op { node, outputs, local_shapes, .. } = ins {
             let n = graph.g.node_weight(NodeIndex::new(*node));
             if let Some(n) = n
@@ -52,7 +76,7 @@ pub fn simulate(graph: &Graph, mesh: &DeviceMesh, program: &[Instr]) -> Result<M
         }
     }
     let (mut live, mut peak, mut peak_at) = (resident, resident, None);
-    for (k, ins) in program.iter().enumerate() {
+    for &(k, ins) in &program {
         let added = match ins {
             Instr::Op { node, outputs, local_shapes, .. } => {
                 let n = graph.g.node_weight(NodeIndex::new(*node)).ok_or_else(|| bad(k, format!("no node %{node}")))?;
@@ -78,7 +102,18 @@ pub fn simulate(graph: &Graph, mesh: &DeviceMesh, program: &[Instr]) -> Result<M
                 bytes.insert(*output, b);
                 b
             }
-            Instr::Free { values } => {
+            Instr::Transfer { value, spec, to, .. } if *to == stage => {
+                let m = graph
+                    .g
+                    .node_weight(NodeIndex::new(value.node))
+                    .and_then(|x| x.outputs.get(value.slot))
+                    .ok_or_else(|| bad(k, format!("unknown value {value}")))?;
+                let b = (spec.local_shape(&m.shape, mesh).iter().product::<usize>() * m.dtype.size()) as u64;
+                bytes.insert(*value, b);
+                b
+            }
+            Instr::Transfer { .. } => 0,
+            Instr::Free { values, .. } => {
                 for v in values {
                     let b = bytes.remove(v).ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?;
                     live = live.saturating_sub(b);

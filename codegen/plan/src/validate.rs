@@ -24,11 +24,18 @@
 //!    - a `collective` names distinct mesh axes and tensor dims in range, reads its input in
 //!      the layout `from`, turns `from` into exactly `to`, writes a converted copy of the same
 //!      value, and its `bytes` are what the collective moves;
-//!    - at the end, the graph's outputs, updated values and frozen parameters are live, and
-//!      every updated value has its parameter's layout (it is the next step's storage).
+//!    - with pipeline stages (`pipeline`: at least two, the size of mesh axis 0), every
+//!      instruction runs on a stage in range and never uses the stage axis, values are live per
+//!      stage, and a `transfer` sends a value the sending stage holds in its `spec` to a stage
+//!      that does not hold it; without stages every instruction is on stage 0 and there are no
+//!      transfers;
+//!    - at the end, the graph's outputs are live (on every stage), updated values and frozen
+//!      parameters are live on their parameter's stage, and every updated value has its
+//!      parameter's layout (it is the next step's storage).
 //! 4. **Parameter layouts** (`params`): one entry per parameter and optimizer state, naming its
 //!    node, shape and dtype, with the layout the program gives it, and the local shape and every
-//!    rank's offsets that layout implies (one offset per rank of the mesh).
+//!    rank's offsets that layout implies (one offset per rank of the mesh), on the stage the
+//!    program reads it.
 //!
 //! Every problem is collected with its location (as Cranelift's verifier does), so one run names
 //! all of them; [`Problems`] prints the first few on one line.
@@ -322,6 +329,7 @@ impl std::ops::Deref for Valid {
 
 /// What the walk knows about one graph node's first execution.
 struct Ran<'a> {
+    stage: usize,
     ins: &'a [ShardingSpec],
     outs: &'a [ShardingSpec],
     local: &'a sharding::Local,
@@ -383,6 +391,25 @@ impl Plan {
                 out.push(Problem { at: Location::Node(node.name.clone()), why });
             }
         }
+        if let Some(p) = &self.pipeline {
+            let why = if p.stages < 2 {
+                Some(format!("{} pipeline stages (a pipeline has at least 2)", p.stages))
+            } else if self.mesh.shape.first() != Some(&p.stages) {
+                Some(format!(
+                    "{} pipeline stages on mesh {mesh}: the stages are the coordinates of mesh axis 0",
+                    p.stages
+                ))
+            } else if p.microbatches != 1 {
+                Some(format!("{} microbatches: this autopar runs pipelines of one microbatch", p.microbatches))
+            } else if p.per_stage.len() != p.stages {
+                Some(format!("{} stage estimates for {} stages", p.per_stage.len(), p.stages))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return (vec![Problem { at: Location::Plan, why }], None);
+            }
+        }
         let ran = self.walk(g, &mesh, &mut out);
         self.check_params(g, &mesh, &ran, &mut out);
         drop(ran);
@@ -394,14 +421,45 @@ impl Plan {
         // Strategies only need a profile for their costs, which are not compared.
         let profile = DeviceProfile::builtin("cpu");
         let mut known = Known::new();
-        let mut live: HashMap<ValueRef, &ShardingSpec> = HashMap::new();
+        // The layout of every live value, by stage.
+        let mut live: HashMap<(usize, ValueRef), &ShardingSpec> = HashMap::new();
         let mut ran: HashMap<NodeIndex, Ran> = HashMap::new();
+        let stages = self.stages();
+        // A stage index in range, and (with stages) no use of the stage axis.
+        let staged = |stage: usize, axes: &[usize]| -> Option<String> {
+            if stage >= stages {
+                Some(if stages == 1 {
+                    format!("runs on stage {stage}, but the plan has no pipeline stages")
+                } else {
+                    format!("runs on stage {stage}, but the plan has {stages} stages")
+                })
+            } else if stages > 1 && axes.contains(&0) {
+                Some("uses mesh axis 0, the pipeline's stage axis (layouts never split over it)".into())
+            } else {
+                None
+            }
+        };
         for (k, ins) in self.program.iter().enumerate() {
             let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
             match ins {
                 Instr::Op {
-                    node, name, op, inputs, input_specs, outputs, output_specs, local_shapes, local, ..
+                    node,
+                    name,
+                    op,
+                    inputs,
+                    input_specs,
+                    outputs,
+                    output_specs,
+                    local_shapes,
+                    local,
+                    stage,
+                    ..
                 } => {
+                    let stage = *stage;
+                    if let Some(why) = staged(stage, &used_axes(input_specs.iter().chain(output_specs), local)) {
+                        bad(why);
+                        continue;
+                    }
                     let idx = NodeIndex::new(*node);
                     let Some(n) = g.g.node_weight(idx) else {
                         bad(format!("no node %{node} in the graph"));
@@ -449,8 +507,12 @@ impl Plan {
                                 ValueRef::of(*v)
                             ));
                         } else {
-                            match live.get(id) {
-                                None => bad(format!("reads {id} before it is written or after it is freed")),
+                            match live.get(&(stage, *id)) {
+                                None => bad(if stages > 1 {
+                                    format!("reads {id} before it is written or after it is freed (on stage {stage})")
+                                } else {
+                                    format!("reads {id} before it is written or after it is freed")
+                                }),
                                 Some(&have) if have != spec => bad(format!(
                                     "reads {id} as `{spec}`, but it is laid out as `{have}` (a conversion is missing)"
                                 )),
@@ -527,16 +589,21 @@ impl Plan {
                             {
                                 bad(format!("{}: {why}", n.name));
                             }
-                            ran.insert(idx, Ran { ins: input_specs, outs: output_specs, local });
+                            ran.insert(idx, Ran { stage, ins: input_specs, outs: output_specs, local });
                         }
                     }
                     for (id, spec) in outputs.iter().zip(output_specs) {
-                        if live.insert(*id, spec).is_some() {
+                        if live.insert((stage, *id), spec).is_some() {
                             bad(format!("writes {id} while it is live (free it first)"));
                         }
                     }
                 }
-                Instr::Collective { input, output, collective, from, to, bytes, .. } => {
+                Instr::Collective { input, output, collective, from, to, bytes, stage, .. } => {
+                    let stage = *stage;
+                    if let Some(why) = staged(stage, collective.axes()) {
+                        bad(why);
+                        continue;
+                    }
                     if output.base() != input.base() || output.copy.is_none() {
                         bad(format!("writes `{output}`, which is not a converted copy of {}", input.base()));
                     }
@@ -546,7 +613,7 @@ impl Plan {
                         bad(format!("converts {input}, which the graph does not have"));
                         continue;
                     };
-                    match live.get(input) {
+                    match live.get(&(stage, *input)) {
                         None => bad(format!("converts {input} before it is written or after it is freed")),
                         Some(&have) if have != from => {
                             bad(format!("converts {input} from `{from}`, but it is laid out as `{have}`"))
@@ -570,15 +637,58 @@ impl Plan {
                             }
                         },
                     }
-                    if live.insert(*output, to).is_some() {
+                    if live.insert((stage, *output), to).is_some() {
                         bad(format!("writes {output} while it is live (free it first)"));
                     }
                 }
-                Instr::Free { values } => {
+                Instr::Free { values, stage } => {
+                    if let Some(why) = staged(*stage, &[]) {
+                        bad(why);
+                        continue;
+                    }
                     for v in values {
-                        if live.remove(v).is_none() {
+                        if live.remove(&(*stage, *v)).is_none() {
                             bad(format!("frees {v}, which is not live"));
                         }
+                    }
+                }
+                Instr::Transfer { value, spec, from, to, bytes, .. } => {
+                    if stages == 1 {
+                        bad("a transfer between stages in a plan without pipeline stages".into());
+                        continue;
+                    }
+                    if let Some(why) = staged(*from, &spec.used_axes()).or_else(|| staged(*to, &[])) {
+                        bad(why);
+                        continue;
+                    }
+                    if from == to {
+                        bad(format!("transfers {value} from stage {from} to itself"));
+                        continue;
+                    }
+                    let Some(meta) =
+                        g.g.node_weight(NodeIndex::new(value.node)).and_then(|n| n.outputs.get(value.slot))
+                    else {
+                        bad(format!("transfers {value}, which the graph does not have"));
+                        continue;
+                    };
+                    match live.get(&(*from, *value)) {
+                        None => bad(format!("sends {value}, which stage {from} does not hold")),
+                        Some(&have) if have != spec => {
+                            bad(format!("sends {value} as `{spec}`, but stage {from} holds it as `{have}`"))
+                        }
+                        Some(_) => {}
+                    }
+                    match spec.check(&meta.shape, mesh) {
+                        Err(e) => bad(format!("transfer of {value}: {e}")),
+                        Ok(()) => {
+                            let want = spec.local_bytes(&meta.shape, mesh, meta.dtype.size());
+                            if *bytes != want {
+                                bad(format!("transfer of {value}: {bytes} bytes, but its blocks are {want}"));
+                            }
+                        }
+                    }
+                    if live.insert((*to, *value), spec).is_some() {
+                        bad(format!("stage {to} receives {value} while it holds it (free it first)"));
                     }
                 }
             }
@@ -587,14 +697,16 @@ impl Plan {
         let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
         let mut end = |why: String| out.push(Problem { at: Location::End, why });
         for (name, v) in &g.outputs {
-            if !live.contains_key(&ValueRef::of(*v)) {
-                end(format!("output {name} ({}) is not live", ValueRef::of(*v)));
+            // Every stage returns the outputs.
+            if let Some(s) = (0..stages).find(|&s| !live.contains_key(&(s, ValueRef::of(*v)))) {
+                let on = if stages > 1 { format!(" on stage {s}") } else { String::new() };
+                end(format!("output {name} ({}) is not live{on}", ValueRef::of(*v)));
             }
         }
         for (p, v) in &g.updates {
             let id = ValueRef::of(*v);
             let pname = &g.node(*p).name;
-            match (live.get(&id), ran.get(p)) {
+            match (live.get(&(ran.get(p).map_or(0, |r| r.stage), id)), ran.get(p)) {
                 (None, _) => end(format!("the update of {pname} ({id}) is not live")),
                 (Some(_), None) => end(format!("{pname} is updated but never read")),
                 (Some(&s), Some(r)) if Some(s) != r.outs.first() => end(format!(
@@ -606,7 +718,9 @@ impl Plan {
         }
         for &p in g.params.iter().chain(&g.states).filter(|p| !updated.contains(p)) {
             let id = ValueRef::new(p.index(), 0);
-            if ran.contains_key(&p) && !live.contains_key(&id) {
+            if let Some(r) = ran.get(&p)
+                && !live.contains_key(&(r.stage, id))
+            {
                 end(format!("the frozen parameter {} ({id}) is freed: the next step needs it", g.node(p).name));
             }
         }
@@ -639,6 +753,11 @@ impl Plan {
             if let Err(e) = p.spec.check(&p.shape, mesh) {
                 bad(e.to_string());
                 continue;
+            }
+            if let Some(r) = ran.get(&idx)
+                && r.stage != p.stage
+            {
+                bad(format!("on stage {}, but the program reads it on stage {}", p.stage, r.stage));
             }
             match ran.get(&idx).and_then(|r| r.outs.first()) {
                 Some(s) if s == &p.spec => {}

@@ -611,13 +611,15 @@ pub fn gather_params(
     let everyone: Vec<usize> = (0..program.ranks()).collect();
     let mut out = std::collections::BTreeMap::new();
     for r in program.resident.iter().filter(|r| !r.is_state) {
-        let mine = st
-            .storage
-            .get(&r.name)
-            .cloned()
-            .ok_or_else(|| DistError::Data { rank: st.rank, message: format!("no block of {}", r.name) })?;
-        let blocks: Vec<Tensor> =
-            comm.exchange(&everyone, std::sync::Arc::new(mine))?.iter().map(|t| (**t).clone()).collect();
+        // With pipeline stages only the ranks of the holding stage have a block; the others
+        // put an empty one, and every rank's block is its peer's on that stage.
+        let mine = match st.storage.get(&r.name) {
+            Some(t) => t.clone(),
+            None if program.stage_of(st.rank) != r.stage => Tensor::zeros(&ir::TensorMeta::new(r.meta.dtype, vec![0])),
+            None => return Err(DistError::Data { rank: st.rank, message: format!("no block of {}", r.name) }),
+        };
+        let all = comm.exchange(&everyone, std::sync::Arc::new(mine))?;
+        let blocks: Vec<Tensor> = (0..all.len()).map(|k| (*all[program.peer(k, r.stage)]).clone()).collect();
         let t = sharding::sim::assemble(&blocks, &r.spec, &r.meta.shape, program.mesh(), 0.0)
             .map_err(|e| DistError::Plan(format!("assembling {}: {e}", r.name)))?;
         out.insert(r.name.clone(), t);
