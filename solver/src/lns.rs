@@ -147,7 +147,7 @@ pub(crate) fn solve_region(
         if worst <= rhs || terms.is_empty() {
             continue;
         }
-        pending.push(Constraint { terms, lo: f64::NEG_INFINITY, hi: rhs as f64 });
+        pending.push(crate::ilp::memory_row(terms, rhs));
     }
     // The MIP objective leaves out what the fixed nodes cost on their own.
     let init_obj: f64 = mip.objective.iter().map(|&(v, c)| c * init[v]).sum();
