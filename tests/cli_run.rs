@@ -499,3 +499,65 @@ fn pipelined_plans_run_and_resume_from_the_command_line() {
     let explained = ok(&["explain", &s(&p)]);
     assert!(explained.contains("stage 1: "), "{explained}");
 }
+
+/// `plan --microbatches 2` (issue 18): feeds hold two microbatches of the model's batch; a feed
+/// of one is refused with both shapes named, and the run trains.
+#[test]
+fn microbatched_plans_run_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = s(&data("models/mlp.onnx"));
+    let p = s(&dir.path().join("mb.json"));
+    let out = ok(&[
+        "plan",
+        &model,
+        "--mesh",
+        "2x2",
+        "--memory",
+        "4GiB",
+        "--loss",
+        "mse:y:target",
+        "--microbatches",
+        "2",
+        "-o",
+        &p,
+    ]);
+    assert!(out.contains("plan      mlp"), "{out}");
+    let x = runtime::npy::read_npy(&data("models/mlp.x.npy")).unwrap();
+    let t = runtime::npy::read_npy(&data("refgrad/mlp/mlp.target.npy")).unwrap();
+    let twice = |a: &ir::Tensor| ir::Tensor::f32(vec![64, 256], [a.to_f32_vec(), a.to_f32_vec()].concat());
+    let (xf, tf) = (dir.path().join("x64.npy"), dir.path().join("t64.npy"));
+    runtime::npy::write_npy(&xf, &twice(&x)).unwrap();
+    runtime::npy::write_npy(&tf, &twice(&t)).unwrap();
+    let one = autopar(&["run", &p, "--steps", "1", "--feed", &format!("x={}", s(&data("models/mlp.x.npy")))]);
+    let err = String::from_utf8_lossy(&one.stderr);
+    assert!(!one.status.success() && err.contains("2 microbatches of f32[32,256]"), "{err}");
+    let l = losses(&ok(&[
+        "run",
+        &p,
+        "--steps",
+        "2",
+        "--json",
+        "--feed",
+        &format!("x={}", s(&xf)),
+        "--feed",
+        &format!("target={}", s(&tf)),
+    ]));
+    assert_eq!(l.len(), 2);
+    // Two equal microbatches: the loss is the one-microbatch plan's.
+    let single = s(&dir.path().join("one.json"));
+    ok(&["plan", &model, "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target", "-o", &single]);
+    let want = losses(&ok(&[
+        "run",
+        &single,
+        "--steps",
+        "2",
+        "--json",
+        "--feed",
+        &format!("x={}", s(&data("models/mlp.x.npy"))),
+        "--feed",
+        &format!("target={}", s(&data("refgrad/mlp/mlp.target.npy"))),
+    ]));
+    for (a, b) in l.iter().zip(&want) {
+        assert!((a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "step {}: {} vs {}", a.0, a.1, b.1);
+    }
+}

@@ -16,6 +16,7 @@
 pub mod checkpoint;
 mod error;
 pub mod explain;
+pub mod microbatch;
 pub mod pipeline;
 pub mod plan;
 pub mod problem;

@@ -161,6 +161,12 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
     let stage_of: Vec<usize> = stage_of.into_iter().map(|s| s.unwrap_or(0)).collect();
 
     // 3. Stages of instructions, transfers, frees.
+    // The update part of a microbatched plan: from its `boundary`-th instruction (frees aside).
+    let boundary = plan.program[..plan.update_from.min(plan.program.len())]
+        .iter()
+        .filter(|i| !matches!(i, Instr::Free { .. }))
+        .count();
+    let microbatches = plan.microbatches;
     let mut program: Vec<Instr> = plan.program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
     let mut next_op_stage = 0;
     for ins in program.iter_mut().rev() {
@@ -182,7 +188,11 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
     let mut out = Vec::with_capacity(program.len() * 2);
     let mut home: HashMap<ValueRef, (usize, ShardingSpec)> = HashMap::new();
     let mut held: HashSet<(usize, ValueRef)> = HashSet::new();
-    for ins in program {
+    let mut boundary_out = None;
+    for (k, ins) in program.into_iter().enumerate() {
+        if k == boundary {
+            boundary_out = Some(out.len());
+        }
         let (stage, reads): (usize, Vec<ValueRef>) = match &ins {
             Instr::Op { stage, inputs, .. } => (*stage, inputs.clone()),
             Instr::Collective { stage, input, .. } => (*stage, vec![*input]),
@@ -213,6 +223,7 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
         }
         out.push(ins);
     }
+    let boundary_out = boundary_out.unwrap_or(out.len());
     for (_, v) in &g.outputs {
         let r = ValueRef::of(*v);
         let (from, spec) =
@@ -234,6 +245,7 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
         }))
         .collect();
     let program = crate::checkpoint::insert_frees(out, &keep);
+    let update_from = crate::microbatch::position_of_nth_non_free(&program, boundary_out);
 
     // Estimates.
     let compute_of: HashMap<&str, f64> =
@@ -243,22 +255,32 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
     let mut transfer_total = 0.0;
     for s in 0..stages {
         let mem = crate::memory::simulate_stage(g, mesh, &program, s)?;
+        // The values this stage accumulates over microbatches are held once more meanwhile.
+        let mine: Vec<ValueRef> = plan
+            .accumulate
+            .iter()
+            .copied()
+            .filter(|v| program[..update_from].iter().any(|i| writes_on(i, v, s)))
+            .collect();
+        let acc = if microbatches > 1 { crate::microbatch::accumulated_bytes_in(g, mesh, &program, &mine) } else { 0 };
         let (mut ops, mut compute, mut comm, mut recv) = (0, 0.0, 0.0, 0.0);
         let mut names = vec![];
-        for ins in &program {
+        for (k, ins) in program.iter().enumerate() {
+            // The microbatch part runs once per microbatch.
+            let times = if k < update_from { microbatches as f64 } else { 1.0 };
             match ins {
                 Instr::Op { stage, node, name, seconds, .. } if *stage == s => {
                     ops += 1;
                     // An op's seconds are its compute and its own collectives.
                     let c = compute_of.get(name.as_str()).copied().unwrap_or(*seconds).min(*seconds);
-                    compute += c;
-                    comm += seconds - c;
+                    compute += c * times;
+                    comm += (seconds - c) * times;
                     if forward[*node] && !is_source(*node) {
                         names.push(&g.node(NodeIndex::new(*node)).name);
                     }
                 }
-                Instr::Collective { stage, seconds, .. } if *stage == s => comm += seconds,
-                Instr::Transfer { to, seconds, .. } if *to == s => recv += seconds,
+                Instr::Collective { stage, seconds, .. } if *stage == s => comm += seconds * times,
+                Instr::Transfer { to, seconds, .. } if *to == s => recv += seconds * times,
                 _ => {}
             }
         }
@@ -271,7 +293,11 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
             compute_seconds: compute,
             comm_seconds: comm,
             transfer_seconds: recv,
-            peak_bytes: mem.peak,
+            peak_bytes: if acc > 0 {
+                mem.peak.max(crate::memory::simulate_stage(g, mesh, &program[..update_from], s)?.peak + acc)
+            } else {
+                mem.peak
+            },
             resident_bytes: mem.resident,
         });
     }
@@ -305,10 +331,20 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
     Ok(Plan {
         mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
         options,
-        pipeline: Some(Pipeline { stages, microbatches: 1, per_stage }),
+        pipeline: Some(Pipeline { stages, microbatches, per_stage }),
+        update_from,
         params,
         program,
         estimate,
         ..plan
     })
+}
+
+/// Whether `ins` writes `v` on stage `s`.
+fn writes_on(ins: &Instr, v: &ValueRef, s: usize) -> bool {
+    match ins {
+        Instr::Op { outputs, stage, .. } => *stage == s && outputs.contains(v),
+        Instr::Collective { output, stage, .. } => *stage == s && output == v,
+        _ => false,
+    }
 }

@@ -47,6 +47,10 @@ pub struct PlanOptions {
     /// the budget, then the stages are cut and each is checked against the budget; activation
     /// checkpointing is off.
     pub stages: usize,
+    /// Microbatches per step (gradient accumulation; see [`crate::microbatch`]): `graph` is
+    /// one microbatch's training graph with its gradients scaled by 1/`microbatches`.
+    /// Activation checkpointing is off.
+    pub microbatches: usize,
 }
 
 impl Default for PlanOptions {
@@ -61,6 +65,7 @@ impl Default for PlanOptions {
             tie_layers: true,
             merge: Merge::Proven,
             stages: 1,
+            microbatches: 1,
         }
     }
 }
@@ -207,6 +212,10 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         let budget = opts.budget.saturating_mul(opts.stages as u64);
         let one = PlanOptions { stages: 1, checkpoint: false, budget, ..opts.clone() };
         return crate::pipeline::stage(plan(graph, &sub, profile, &one)?, mesh, opts.stages, opts.budget);
+    }
+    if opts.microbatches > 1 {
+        let one = PlanOptions { microbatches: 1, checkpoint: false, ..opts.clone() };
+        return crate::microbatch::split(plan(graph, mesh, profile, &one)?, mesh, opts.microbatches);
     }
     let t0 = Instant::now();
     let mut timings = BTreeMap::new();
@@ -556,6 +565,9 @@ fn lower(
             time_limit_seconds: opts.time_limit.as_secs_f64(),
         },
         graph: g.clone(),
+        microbatches: 1,
+        update_from: 0,
+        accumulate: vec![],
         pipeline: None,
         params,
         program,

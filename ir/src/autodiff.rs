@@ -186,6 +186,8 @@ pub struct TrainingGraph {
     pub trainable: Vec<String>,
     /// The phase of every node.
     pub phases: HashMap<NodeIndex, Phase>,
+    /// The constant the reverse sweep starts from (d loss / d loss, 1).
+    pub seed: NodeIndex,
 }
 
 impl TrainingGraph {
@@ -193,6 +195,19 @@ impl TrainingGraph {
     /// ids, phases and gradient values are unchanged.
     pub fn with_float_type(&self, to: DType) -> Result<TrainingGraph, crate::GraphError> {
         Ok(TrainingGraph { graph: self.graph.with_float_type(to)?, ..self.clone() })
+    }
+
+    /// The same step with every gradient scaled by `scale` (the reverse sweep starts from
+    /// `scale` instead of 1); the loss is unchanged. With `1/M`, gradients of M microbatches
+    /// sum to the gradient of their mean loss.
+    pub fn with_gradient_scale(&self, scale: f32) -> TrainingGraph {
+        let mut t = self.clone();
+        if let Some(n) = t.graph.g.node_weight_mut(t.seed)
+            && let Op::Constant(c) = &mut n.op
+        {
+            *c = Tensor::scalar_f32(scale);
+        }
+        t
     }
 
     /// Values computed in the forward or loss phase and read by the backward phase: the
@@ -387,7 +402,14 @@ pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGr
     mark(&g, &mut phases, Phase::Update);
 
     crate::verify(&g)?;
-    Ok(TrainingGraph { graph: g, loss, grads, trainable: trainable.into_iter().map(|(n, _)| n).collect(), phases })
+    Ok(TrainingGraph {
+        graph: g,
+        loss,
+        grads,
+        trainable: trainable.into_iter().map(|(n, _)| n).collect(),
+        phases,
+        seed: one.node,
+    })
 }
 
 fn forward_has_param(g: &Graph, name: &str) -> bool {

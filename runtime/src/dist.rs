@@ -100,6 +100,23 @@ fn storage_hash(model_hash: &str, mesh: &DeviceMesh, resident: &[Resident]) -> S
     plan::fnv(&text)
 }
 
+/// `t` cut into `m` equal pieces along its first dim (`t` itself when `m` is 1).
+fn microbatch_pieces(t: &Tensor, m: usize) -> Vec<Tensor> {
+    if m <= 1 {
+        return vec![t.clone()];
+    }
+    let rows = t.shape().first().copied().unwrap_or(0) / m;
+    (0..m)
+        .map(|k| {
+            let mut offsets = vec![0; t.shape().len()];
+            offsets[0] = k * rows;
+            let mut size = t.shape().to_vec();
+            size[0] = rows;
+            sim::checked_block(t, &offsets, &size).unwrap_or_else(|_| t.clone())
+        })
+        .collect()
+}
+
 /// Local computation of one op instruction.
 #[derive(Clone, Debug)]
 pub(crate) enum Kernel {
@@ -184,6 +201,13 @@ pub struct Program {
     stages: usize,
     /// The code of each stage (one without stages).
     pub(crate) code: Vec<Vec<Exec>>,
+    /// Microbatches per step: `code[s][..update_from[s]]` runs once per microbatch, the rest
+    /// once per step.
+    pub(crate) microbatches: usize,
+    /// Per stage, where the once-per-step part of its code starts.
+    pub(crate) update_from: Vec<usize>,
+    /// Slots summed over microbatches (the accumulated values and the graph's outputs).
+    pub(crate) accumulate: Vec<usize>,
     pub(crate) slot_names: Vec<ValueRef>,
     /// Parameters and optimizer state, in plan order.
     pub resident: Vec<Resident>,
@@ -545,6 +569,9 @@ impl Program {
             plan_hash: String::new(),
             mesh,
             stages: 1,
+            microbatches: 1,
+            update_from: vec![code.len()],
+            accumulate: vec![],
             code: vec![code],
             slot_names,
             resident,
@@ -587,7 +614,11 @@ impl Program {
         let mut constants = vec![];
         let mut inputs = vec![];
         let mut out_specs: HashMap<ValueRef, ShardingSpec> = HashMap::new();
-        for ins in &plan.program {
+        let mut update_from: Option<Vec<usize>> = None;
+        for (k, ins) in plan.program.iter().enumerate() {
+            if k == plan.update_from {
+                update_from = Some(codes.iter().map(Vec::len).collect());
+            }
             let stage = match ins {
                 Instr::Op { stage, .. } | Instr::Collective { stage, .. } | Instr::Free { stage, .. } => *stage,
                 Instr::Transfer { from, .. } => *from,
@@ -746,10 +777,20 @@ impl Program {
             kept[r.stage].push((r.name.clone(), slot_of(&ValueRef::new(n.index(), 0))));
         }
         let plan_hash = storage_hash(&plan.model.hash, &mesh, &resident);
+        let update_from = update_from.unwrap_or_else(|| codes.iter().map(Vec::len).collect());
+        let mut accumulate: Vec<usize> = plan.accumulate.iter().map(&mut slot_of).collect();
+        if plan.microbatches > 1 {
+            accumulate.extend(outputs.iter().map(|o: &(String, usize, ShardingSpec, Vec<usize>)| o.1));
+        }
+        accumulate.sort_unstable();
+        accumulate.dedup();
         Ok(Program {
             plan_hash,
             mesh,
             stages,
+            microbatches: plan.microbatches.max(1),
+            update_from,
+            accumulate,
             code: codes,
             slot_names,
             resident,
@@ -835,9 +876,10 @@ impl Program {
         groups
     }
 
-    /// The global batch size (first dim of the first input), for samples per second.
+    /// The global batch size (first dim of the first input, times the microbatches), for
+    /// samples per second.
     pub fn batch(&self) -> usize {
-        self.inputs.first().and_then(|i| i.meta.shape.first().copied()).unwrap_or(1)
+        self.inputs.first().and_then(|i| i.meta.shape.first().copied()).unwrap_or(1) * self.microbatches
     }
 
     /// Rank `rank`'s state: its parameter blocks from `params` (every parameter must be
@@ -937,25 +979,50 @@ impl Program {
                 names.join(", ")
             )));
         }
-        st.feeds = self
-            .inputs
-            .iter()
-            .map(|i| {
-                let t = feeds.get(&i.name).ok_or_else(|| {
-                    data(format!(
-                        "missing feed for input {} (expects {}); pass it with --feed {}=FILE.npy",
-                        i.name, i.meta, i.name
-                    ))
-                })?;
-                let widen = crate::widens(t.dtype(), i.meta.dtype);
-                if t.shape() != i.meta.shape.as_slice() || (t.dtype() != i.meta.dtype && !widen) {
-                    return Err(data(format!("feed {} is {} but the plan expects {}", i.name, t.meta(), i.meta)));
-                }
-                let block = sim::local_block(t, &i.spec, &self.mesh, st.rank).map_err(|e| data(e.to_string()))?;
-                Ok(Arc::new(if widen { block.with_float_type(i.meta.dtype) } else { block }))
-            })
-            .collect::<Result<_, _>>()?;
+        // With microbatches, each feed holds all of them along its first dim: microbatch m's
+        // blocks are `feeds[m * inputs + i]`.
+        let m = self.microbatches;
+        let mut blocks: Vec<Vec<Arc<Tensor>>> = vec![vec![]; m];
+        for i in &self.inputs {
+            let t = feeds.get(&i.name).ok_or_else(|| {
+                data(format!(
+                    "missing feed for input {} (expects {}); pass it with --feed {}=FILE.npy",
+                    i.name,
+                    self.global_meta(i),
+                    i.name
+                ))
+            })?;
+            let widen = crate::widens(t.dtype(), i.meta.dtype);
+            if t.shape() != self.global_meta(i).shape.as_slice() || (t.dtype() != i.meta.dtype && !widen) {
+                let per = if m > 1 { format!(" ({m} microbatches of {})", i.meta) } else { String::new() };
+                return Err(data(format!(
+                    "feed {} is {} but the plan expects {}{per}",
+                    i.name,
+                    t.meta(),
+                    self.global_meta(i)
+                )));
+            }
+            for (k, piece) in microbatch_pieces(t, m).into_iter().enumerate() {
+                let block = sim::local_block(&piece, &i.spec, &self.mesh, st.rank).map_err(|e| data(e.to_string()))?;
+                blocks[k].push(Arc::new(if widen { block.with_float_type(i.meta.dtype) } else { block }));
+            }
+        }
+        st.feeds = blocks.into_iter().flatten().collect();
         Ok(())
+    }
+
+    /// The meta a feed of input `i` has: the microbatches' blocks one after the other.
+    fn global_meta(&self, i: &InputInfo) -> TensorMeta {
+        let mut shape = i.meta.shape.clone();
+        if let Some(d) = shape.first_mut() {
+            *d *= self.microbatches;
+        }
+        TensorMeta::new(i.meta.dtype, shape)
+    }
+
+    /// Microbatches per step.
+    pub fn microbatches(&self) -> usize {
+        self.microbatches
     }
 
     /// Runs one training step on a rank (the executor every back end shares): kernels on `ctx`, collectives

@@ -138,106 +138,165 @@ pub(crate) fn step<'a, B: Backend>(
     if program.ranks() > 1 {
         b.prepare(&program.groups_of(rank))?;
     }
-    for ins in code {
-        b.check()?;
-        match ins {
-            Exec::Storage { slot, name } => {
-                let none = || DistError::Data { rank, message: format!("no storage for {name}") };
-                vals[*slot] = Some(match &borrowed {
-                    None => Held::Owned(taken.remove(name).ok_or_else(none)?),
-                    Some((params, _)) => Held::Borrowed(params.get(name).ok_or_else(none)?),
+    // With microbatches: the microbatch part once per microbatch (its inputs' blocks), the
+    // accumulated slots summed after each, then the update part once.
+    let microbatches = program.microbatches.max(1);
+    let split = program.update_from.get(stage).copied().unwrap_or(code.len()).min(code.len());
+    let runs: Vec<(std::ops::Range<usize>, usize)> = if microbatches == 1 {
+        vec![(0..code.len(), 0)]
+    } else {
+        (0..microbatches).map(|m| (0..split, m)).chain(std::iter::once((split..code.len(), 0))).collect()
+    };
+    let n_inputs = program.inputs.len();
+    let mut acc: Vec<Option<B::T>> = vec![None; program.accumulate.len()];
+    for (run, (range, mb)) in runs.into_iter().enumerate() {
+        for ins in &code[range] {
+            b.check()?;
+            match ins {
+                Exec::Storage { slot, name } => {
+                    // Read once per step (a later microbatch finds it in place).
+                    if vals[*slot].is_some() {
+                        continue;
+                    }
+                    let none = || DistError::Data { rank, message: format!("no storage for {name}") };
+                    vals[*slot] = Some(match &borrowed {
+                        None => Held::Owned(taken.remove(name).ok_or_else(none)?),
+                        Some((params, _)) => Held::Borrowed(params.get(name).ok_or_else(none)?),
+                    });
+                }
+                Exec::Input { slot, index } => {
+                    // A state made by another program may lack the block.
+                    let t = feeds.get(mb * n_inputs + *index).ok_or_else(|| DistError::Data {
+                        rank,
+                        message: format!("no block of input {}", program.slot_names[*slot]),
+                    })?;
+                    live += B::bytes(t);
+                    vals[*slot] = Some(Held::Borrowed(t));
+                }
+                Exec::Constant { slot, index } => {
+                    let t = constants.get(*index).ok_or_else(|| DistError::Data {
+                        rank,
+                        message: format!("no block of constant {}", program.slot_names[*slot]),
+                    })?;
+                    vals[*slot] = Some(Held::Borrowed(t));
+                }
+                Exec::Op { id, node, op, kernel, inputs, outputs, shapes } => {
+                    let ins: Vec<&B::T> = inputs
+                        .iter()
+                        .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
+                        .collect::<Result<_, _>>()?;
+                    let kerr =
+                        |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
+                    let t1 = profile.then(Instant::now);
+                    let (outs, waited) = b.eval(kernel, &ins, mesh).map_err(|e| match e {
+                        KernelFailure::Kernel(m) => kerr(m),
+                        KernelFailure::Comm(c) => DistError::Comm(c),
+                    })?;
+                    if let Some(t1) = t1 {
+                        op_seconds.push((*id, t1.elapsed().as_secs_f64()));
+                    }
+                    comm_seconds += waited;
+                    if outs.len() != outputs.len() {
+                        return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
+                    }
+                    // Blocks of any other shape would only fail later, at a reader, or not at all.
+                    if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| B::shape(t) != want.as_slice()) {
+                        return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", B::shape(t))));
+                    }
+                    for (t, &s) in outs.into_iter().zip(outputs) {
+                        live += B::bytes(&t);
+                        // A value a later microbatch computes again (the same): the old one goes.
+                        if let Some(old) = vals[s].replace(Held::Owned(t)) {
+                            live = live.saturating_sub(B::bytes(old.get()));
+                        }
+                    }
+                    peak = peak.max(live);
+                }
+                Exec::View { id, node, input, output, shape } => {
+                    // The input's last read: its buffer becomes the output's.
+                    let x = vals[*input].take().ok_or_else(|| missing(*input))?;
+                    let t1 = profile.then(Instant::now);
+                    let y = match x {
+                        Held::Owned(t) => b.reshape(t, shape, mesh),
+                        Held::Borrowed(t) => b.reshape(t.clone(), shape, mesh),
+                    }
+                    .map_err(|e| match e {
+                        KernelFailure::Kernel(m) => {
+                            DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m }
+                        }
+                        KernelFailure::Comm(c) => DistError::Comm(c),
+                    })?;
+                    if let Some(t1) = t1 {
+                        op_seconds.push((*id, t1.elapsed().as_secs_f64()));
+                    }
+                    vals[*output] = Some(Held::Owned(y));
+                }
+                Exec::Collective { input, output, c } => {
+                    let t1 = Instant::now();
+                    let x = vals[*input].as_ref().map(Held::get).ok_or_else(|| missing(*input))?;
+                    let y = b.collective(c, mesh, x)?;
+                    comm_seconds += t1.elapsed().as_secs_f64();
+                    live += B::bytes(&y);
+                    peak = peak.max(live);
+                    if let Some(old) = vals[*output].replace(Held::Owned(y)) {
+                        live = live.saturating_sub(B::bytes(old.get()));
+                    }
+                }
+                Exec::Send { slot, to } => {
+                    let t1 = Instant::now();
+                    let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
+                    b.send(program.peer(rank, *to), x)?;
+                    comm_seconds += t1.elapsed().as_secs_f64();
+                }
+                Exec::Recv { slot, from, meta } => {
+                    let t1 = Instant::now();
+                    let y = b.recv(program.peer(rank, *from), meta)?;
+                    comm_seconds += t1.elapsed().as_secs_f64();
+                    live += B::bytes(&y);
+                    peak = peak.max(live);
+                    if let Some(old) = vals[*slot].replace(Held::Owned(y)) {
+                        live = live.saturating_sub(B::bytes(old.get()));
+                    }
+                }
+                Exec::Free { slots } => {
+                    for &s in slots {
+                        let h = vals[s].take().ok_or_else(|| missing(s))?;
+                        live = live.saturating_sub(B::bytes(h.get()));
+                    }
+                }
+            }
+        }
+        if microbatches > 1 && run < microbatches {
+            // Sum this microbatch's values into the accumulators (in microbatch order).
+            for (j, &slot) in program.accumulate.iter().enumerate() {
+                let Some(h) = vals[slot].take() else { continue };
+                let x = h.into_owned();
+                acc[j] = Some(match acc[j].take() {
+                    None => x,
+                    Some(a) => {
+                        let add = Kernel::Same(ir::Op::Binary(ir::BinaryOp::Add));
+                        let (mut outs, _) = b.eval(&add, &[&a, &x], mesh).map_err(|e| match e {
+                            KernelFailure::Kernel(m) => DistError::Kernel {
+                                rank,
+                                node: program.slot_names[slot].to_string(),
+                                op: "accumulate".into(),
+                                message: m,
+                            },
+                            KernelFailure::Comm(c) => DistError::Comm(c),
+                        })?;
+                        let y = outs.pop().ok_or_else(|| DistError::Plan("accumulating: no sum".into()))?;
+                        live += B::bytes(&y);
+                        peak = peak.max(live);
+                        live = live.saturating_sub(B::bytes(&a) + B::bytes(&x));
+                        y
+                    }
                 });
             }
-            Exec::Input { slot, index } => {
-                // A state made by another program may lack the block.
-                let t = feeds.get(*index).ok_or_else(|| DistError::Data {
-                    rank,
-                    message: format!("no block of input {}", program.slot_names[*slot]),
-                })?;
-                live += B::bytes(t);
-                vals[*slot] = Some(Held::Borrowed(t));
-            }
-            Exec::Constant { slot, index } => {
-                let t = constants.get(*index).ok_or_else(|| DistError::Data {
-                    rank,
-                    message: format!("no block of constant {}", program.slot_names[*slot]),
-                })?;
-                vals[*slot] = Some(Held::Borrowed(t));
-            }
-            Exec::Op { id, node, op, kernel, inputs, outputs, shapes } => {
-                let ins: Vec<&B::T> = inputs
-                    .iter()
-                    .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
-                    .collect::<Result<_, _>>()?;
-                let kerr = |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
-                let t1 = profile.then(Instant::now);
-                let (outs, waited) = b.eval(kernel, &ins, mesh).map_err(|e| match e {
-                    KernelFailure::Kernel(m) => kerr(m),
-                    KernelFailure::Comm(c) => DistError::Comm(c),
-                })?;
-                if let Some(t1) = t1 {
-                    op_seconds.push((*id, t1.elapsed().as_secs_f64()));
-                }
-                comm_seconds += waited;
-                if outs.len() != outputs.len() {
-                    return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
-                }
-                // Blocks of any other shape would only fail later, at a reader, or not at all.
-                if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| B::shape(t) != want.as_slice()) {
-                    return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", B::shape(t))));
-                }
-                for (t, &s) in outs.into_iter().zip(outputs) {
-                    live += B::bytes(&t);
-                    vals[s] = Some(Held::Owned(t));
-                }
-                peak = peak.max(live);
-            }
-            Exec::View { id, node, input, output, shape } => {
-                // The input's last read: its buffer becomes the output's.
-                let x = vals[*input].take().ok_or_else(|| missing(*input))?;
-                let t1 = profile.then(Instant::now);
-                let y = match x {
-                    Held::Owned(t) => b.reshape(t, shape, mesh),
-                    Held::Borrowed(t) => b.reshape(t.clone(), shape, mesh),
-                }
-                .map_err(|e| match e {
-                    KernelFailure::Kernel(m) => {
-                        DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m }
+            if run + 1 == microbatches {
+                for (j, &slot) in program.accumulate.iter().enumerate() {
+                    if let Some(a) = acc[j].take() {
+                        vals[slot] = Some(Held::Owned(a));
                     }
-                    KernelFailure::Comm(c) => DistError::Comm(c),
-                })?;
-                if let Some(t1) = t1 {
-                    op_seconds.push((*id, t1.elapsed().as_secs_f64()));
-                }
-                vals[*output] = Some(Held::Owned(y));
-            }
-            Exec::Collective { input, output, c } => {
-                let t1 = Instant::now();
-                let x = vals[*input].as_ref().map(Held::get).ok_or_else(|| missing(*input))?;
-                let y = b.collective(c, mesh, x)?;
-                comm_seconds += t1.elapsed().as_secs_f64();
-                live += B::bytes(&y);
-                peak = peak.max(live);
-                vals[*output] = Some(Held::Owned(y));
-            }
-            Exec::Send { slot, to } => {
-                let t1 = Instant::now();
-                let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
-                b.send(program.peer(rank, *to), x)?;
-                comm_seconds += t1.elapsed().as_secs_f64();
-            }
-            Exec::Recv { slot, from, meta } => {
-                let t1 = Instant::now();
-                let y = b.recv(program.peer(rank, *from), meta)?;
-                comm_seconds += t1.elapsed().as_secs_f64();
-                live += B::bytes(&y);
-                peak = peak.max(live);
-                vals[*slot] = Some(Held::Owned(y));
-            }
-            Exec::Free { slots } => {
-                for &s in slots {
-                    let h = vals[s].take().ok_or_else(|| missing(s))?;
-                    live = live.saturating_sub(B::bytes(h.get()));
                 }
             }
         }
@@ -269,7 +328,8 @@ pub(crate) fn step<'a, B: Backend>(
             sim::assemble(&blocks, spec, shape, &stage_mesh, f32::INFINITY)
                 .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?
         };
-        outputs.insert(name.clone(), t);
+        // The mean over microbatches of what each computed.
+        outputs.insert(name.clone(), if microbatches > 1 { mean_of(t, microbatches) } else { t });
     }
     for (name, slot) in updates.iter().chain(frozen) {
         let t = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
@@ -295,4 +355,15 @@ pub(crate) fn step<'a, B: Backend>(
 fn take_read<T: Clone>(vals: &mut [Option<Held<'_, T>>], reads: &mut [usize], s: usize) -> Option<T> {
     reads[s] = reads[s].saturating_sub(1);
     if reads[s] == 0 { vals[s].take().map(Held::into_owned) } else { vals[s].as_ref().map(|h| h.get().clone()) }
+}
+
+/// `t` (a sum over `n` microbatches) divided by `n`; tensors of other element types as they are.
+fn mean_of(t: Tensor, n: usize) -> Tensor {
+    let shape = t.shape().to_vec();
+    let data = match t.into_data() {
+        ir::Data::F32(v) => ir::Data::F32(v.into_iter().map(|x| x / n as f32).collect()),
+        ir::Data::F64(v) => ir::Data::F64(v.into_iter().map(|x| x / n as f64).collect()),
+        d => d,
+    };
+    Tensor::new(shape, data).unwrap_or_else(|e| unreachable!("same shape and length: {e}"))
 }

@@ -83,6 +83,13 @@ pub struct PlanArgs {
     /// stages cut by estimated time; activation recomputation is off. One microbatch per step.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub pipeline: u32,
+    /// Microbatches per step (gradient accumulation): the model's batch is one microbatch, a
+    /// step trains on M of them (feeds hold M times the model's batch along their first dim),
+    /// summing their gradients (each scaled by 1/M: the gradient of the mean loss) and updating
+    /// once. With --pipeline, every stage runs the microbatches one after the other (no
+    /// overlap between stages yet). Activation recomputation is off.
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub microbatches: u32,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -132,7 +139,10 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if progress {
         eprintln!("building the training graph ({loss}) ...");
     }
-    let tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: a.freeze.clone() })?;
+    let mut tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: a.freeze.clone() })?;
+    if a.microbatches > 1 {
+        tg = tg.with_gradient_scale(1.0 / a.microbatches as f32);
+    }
     if progress {
         eprintln!(
             "planning {} nodes on mesh {mesh} with {} per rank (solver limit {} s) ...",
@@ -151,6 +161,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
         stages: a.pipeline as usize,
+        microbatches: a.microbatches as usize,
     };
     let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a

@@ -578,3 +578,36 @@ fn pipelined_plans_are_validated_stage_by_stage() -> Result<()> {
     refused(&q, &format!("parameter {}: on stage", q.params[0].name))?;
     Ok(())
 }
+
+/// A microbatched plan (issue 18, item 2) moves its update part to the end and names the values
+/// it accumulates; edits that break that are refused.
+#[test]
+fn microbatched_plans_are_validated() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let mesh = DeviceMesh::uniform(&[2])?;
+    let p = codegen::plan(&g, &mesh, &cpu, &PlanOptions { microbatches: 4, ..opts(1 << 30, Baseline::Auto) })?;
+    let p = round_trip(&p)?;
+    ensure!(p.microbatches == 4 && !p.accumulate.is_empty() && p.update_from < p.program.len(), "not microbatched");
+    // Every update op is in the update part.
+    for (k, ins) in p.program.iter().enumerate() {
+        if let Instr::Op { op: ir::Op::AdamWUpdate { .. } | ir::Op::SgdUpdate { .. }, .. } = ins {
+            ensure!(k >= p.update_from, "update op at {k}, before update_from {}", p.update_from);
+        }
+    }
+    let refused = |q: &Plan, want: &str| -> Result<()> {
+        let err = Plan::from_json(&q.to_json()?).err().context(format!("accepted (want `{want}`)"))?.to_string();
+        ensure!(err.contains(want), "want `{want}` in: {err}");
+        Ok(())
+    };
+    let mut q = p.clone();
+    q.update_from = 0;
+    refused(&q, "which is not live where the microbatches end")?;
+    let mut q = p.clone();
+    q.microbatches = 0;
+    refused(&q, "0 microbatches")?;
+    let mut q = p.clone();
+    q.update_from = q.program.len() + 1;
+    refused(&q, "is past the program's")?;
+    Ok(())
+}

@@ -234,6 +234,14 @@ fn is_zero(x: &usize) -> bool {
     *x == 0
 }
 
+fn is_one(x: &usize) -> bool {
+    *x == 1
+}
+
+fn one() -> usize {
+    1
+}
+
 /// One instruction of the SPMD program: every rank of its stage runs it on its blocks (without
 /// pipeline stages, every rank runs every instruction).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -487,6 +495,20 @@ pub struct Plan {
     /// program node `i` (nodes are numbered in topological order).
     #[schemars(with = "form::GraphForm")]
     pub graph: ir::Graph,
+    /// Microbatches per step: the graph is one microbatch's (its inputs' first dim is the
+    /// microbatch), a step feeds `microbatches` of them, runs `program[..update_from]` once per
+    /// microbatch, sums the `accumulate` values (and the outputs) over them, and then runs
+    /// `program[update_from..]` once. The graph's gradients are scaled by 1/`microbatches`, so
+    /// the sums are the gradients of the mean loss; the outputs are averaged.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub microbatches: usize,
+    /// The first instruction run once per step after the microbatches (with one microbatch,
+    /// any index: all instructions run once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub update_from: usize,
+    /// The values summed over microbatches: written before `update_from`, read after it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accumulate: Vec<ValueRef>,
     /// Pipeline stages (`None`: one SPMD program over the whole mesh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<Pipeline>,

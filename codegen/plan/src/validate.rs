@@ -189,6 +189,9 @@ fn used_axes<'a>(specs: impl Iterator<Item = &'a ShardingSpec>, local: &sharding
     v
 }
 
+/// The most microbatches a plan may ask for.
+const MAX_MICROBATCHES: usize = 1 << 20;
+
 /// Strategy enumerations larger than this are not attempted (the planner could not have made
 /// such a plan either: it enumerates the same assignments).
 const MAX_ASSIGNMENTS: f64 = (1u64 << 20) as f64;
@@ -391,6 +394,18 @@ impl Plan {
                 out.push(Problem { at: Location::Node(node.name.clone()), why });
             }
         }
+        let why = if self.microbatches == 0 || self.microbatches > MAX_MICROBATCHES {
+            Some(format!("{} microbatches (1 to {MAX_MICROBATCHES})", self.microbatches))
+        } else if self.update_from > self.program.len() {
+            Some(format!("update_from {} is past the program's {} instructions", self.update_from, self.program.len()))
+        } else if self.microbatches == 1 && !self.accumulate.is_empty() {
+            Some("values to accumulate over one microbatch".into())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return (vec![Problem { at: Location::Plan, why }], None);
+        }
         if let Some(p) = &self.pipeline {
             let why = if p.stages < 2 {
                 Some(format!("{} pipeline stages (a pipeline has at least 2)", p.stages))
@@ -399,8 +414,8 @@ impl Plan {
                     "{} pipeline stages on mesh {mesh}: the stages are the coordinates of mesh axis 0",
                     p.stages
                 ))
-            } else if p.microbatches != 1 {
-                Some(format!("{} microbatches: this autopar runs pipelines of one microbatch", p.microbatches))
+            } else if p.microbatches != self.microbatches {
+                Some(format!("the pipeline has {} microbatches, the plan {}", p.microbatches, self.microbatches))
             } else if p.per_stage.len() != p.stages {
                 Some(format!("{} stage estimates for {} stages", p.per_stage.len(), p.stages))
             } else {
@@ -439,7 +454,21 @@ impl Plan {
                 None
             }
         };
+        // The accumulated values are live where the microbatches end.
+        let check_accumulated = |live: &HashMap<(usize, ValueRef), &ShardingSpec>, out: &mut Vec<Problem>| {
+            for v in &self.accumulate {
+                if !(0..stages).any(|s| live.contains_key(&(s, *v))) {
+                    out.push(Problem {
+                        at: Location::Instr(self.update_from),
+                        why: format!("accumulates {v}, which is not live where the microbatches end"),
+                    });
+                }
+            }
+        };
         for (k, ins) in self.program.iter().enumerate() {
+            if k == self.update_from && self.microbatches > 1 {
+                check_accumulated(&live, out);
+            }
             let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
             match ins {
                 Instr::Op {
@@ -692,6 +721,9 @@ impl Plan {
                     }
                 }
             }
+        }
+        if self.update_from == self.program.len() && self.microbatches > 1 {
+            check_accumulated(&live, out);
         }
         // What the step hands back: the outputs, and the next step's storage.
         let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
