@@ -36,6 +36,24 @@ use crate::{Error, Result};
 
 pub use ::plan::CheckpointReport;
 
+/// The values a step keeps to its end (never freed): the graph's outputs, updated values,
+/// constants, and parameters and state nobody updates (frozen). An updated parameter or state
+/// gives its storage up after its last read: its new value (kept, as nothing reads it) becomes
+/// the storage of the next step.
+pub fn kept_to_the_end(g: &Graph) -> HashSet<ValueRef> {
+    let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
+    g.outputs
+        .iter()
+        .map(|(_, v)| ValueRef::of(*v))
+        .chain(g.updates.iter().map(|(_, v)| ValueRef::of(*v)))
+        .chain(g.g.node_indices().filter_map(|n| match g.node(n).op {
+            Op::Param { .. } | Op::State { .. } if !updated.contains(&n) => Some(ValueRef::new(n.index(), 0)),
+            Op::Constant(_) => Some(ValueRef::new(n.index(), 0)),
+            _ => None,
+        }))
+        .collect()
+}
+
 /// Places `free` instructions: every definition of a value is freed right after its last read
 /// before the value is defined again (or right after it is written, when nothing reads it),
 /// except values in `keep`, which live to the end. Existing frees are dropped first.

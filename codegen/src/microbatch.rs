@@ -99,18 +99,7 @@ pub fn split(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<P
     }
     let update_from = reordered.len();
     reordered.extend(last);
-    let updated: HashSet<usize> = g.updates.iter().map(|(p, _)| p.index()).collect();
-    let keep: HashSet<ValueRef> = g
-        .outputs
-        .iter()
-        .map(|(_, v)| ValueRef::of(*v))
-        .chain(g.updates.iter().map(|(_, v)| ValueRef::of(*v)))
-        .chain((0..n).filter_map(|i| match node(i).op {
-            Op::Param { .. } | Op::State { .. } if !updated.contains(&i) => Some(ValueRef::new(i, 0)),
-            Op::Constant(_) => Some(ValueRef::new(i, 0)),
-            _ => None,
-        }))
-        .collect();
+    let keep = crate::checkpoint::kept_to_the_end(g);
     let freed = crate::checkpoint::insert_frees(reordered, &keep);
     plan.update_from = position_of_nth_non_free(&freed, update_from);
     plan.program = freed;

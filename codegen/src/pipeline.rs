@@ -232,18 +232,7 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
             out.push(transfer(r, &spec, from, to));
         }
     }
-    let updated: HashSet<usize> = g.updates.iter().map(|(p, _)| p.index()).collect();
-    let keep: HashSet<ValueRef> = g
-        .outputs
-        .iter()
-        .chain(&g.updates.iter().map(|(_, v)| (String::new(), *v)).collect::<Vec<_>>())
-        .map(|(_, v)| ValueRef::of(*v))
-        .chain((0..n_nodes).filter_map(|i| match node(i).op {
-            Op::Param { .. } | Op::State { .. } if !updated.contains(&i) => Some(ValueRef::new(i, 0)),
-            Op::Constant(_) => Some(ValueRef::new(i, 0)),
-            _ => None,
-        }))
-        .collect();
+    let keep = crate::checkpoint::kept_to_the_end(g);
     let program = crate::checkpoint::insert_frees(out, &keep);
     let update_from = crate::microbatch::position_of_nth_non_free(&program, boundary_out);
 

@@ -1,7 +1,7 @@
 //! Planning: solving the problem and lowering the chosen strategies into one SPMD program, a
 //! [`Plan`] of the `plan` crate (the format, re-exported here), which checks what it holds.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use ir::{Graph, NodeIndex, Op};
@@ -403,27 +403,7 @@ fn lower(
     let pos: HashMap<NodeIndex, usize> = b.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let picked = b.chosen(sol);
     let chosen = |n: NodeIndex| picked[pos[&n]];
-    // Kept to the end of the step: outputs, updated values, constants, and parameters nobody
-    // updates (frozen).
-    // An updated parameter or state gives its storage up after its last read: its new value
-    // (kept, as nothing reads it) becomes the storage for the next step.
-    let updated: HashSet<NodeIndex> = g.updates.iter().map(|(p, _)| *p).collect();
-    let keep: HashSet<ValueRef> = g
-        .outputs
-        .iter()
-        .map(|(_, v)| ValueRef::of(*v))
-        .chain(g.updates.iter().map(|(_, v)| ValueRef::of(*v)))
-        .chain(
-            b.nodes
-                .iter()
-                .filter(|&&n| match g.node(n).op {
-                    Op::Param { .. } | Op::State { .. } => !updated.contains(&n),
-                    Op::Constant(_) => true,
-                    _ => false,
-                })
-                .map(|&n| ValueRef::new(n.index(), 0)),
-        )
-        .collect();
+    let keep = crate::checkpoint::kept_to_the_end(g);
     let mut program = vec![];
     let mut per_op = vec![];
     let mut colls: BTreeMap<String, CollectiveSummary> = BTreeMap::new();
