@@ -2,9 +2,11 @@
 //!
 //! - Equivalence: for gpt2-tiny and mlp, on meshes of 2 and 4 processes (1x2, 2x1, 2x2, 1x4) with
 //!   the auto plan and each manual baseline, and pipelined auto plans of 2 and 4 stages (2x1,
-//!   2x2, 4x1; point-to-point transfers between stages), 3 steps under mpirun give the same losses and final
-//!   parameters as single-device training within 1e-5 relative (norm-wise), as
-//!   tests/tests/dist.rs checks for the threads back end.
+//!   2x2, 4x1; point-to-point transfers between stages), and pipelined plans with microbatches
+//!   under each overlapping schedule (gpipe, 1f1b, zb-h1, interleaved; the microbatches copies
+//!   of the batch), 3 steps under mpirun give the same losses and final parameters as
+//!   single-device training within 1e-5 relative (norm-wise), as tests/tests/dist.rs checks for
+//!   the threads back end.
 //! - Faults: a rank whose process dies, and a rank that fails with an error, end the whole job
 //!   with a non-zero exit within 10 s and a message naming the rank; no hang.
 //!
@@ -15,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use codegen::plan::ScheduleKind;
 use codegen::{Baseline, PlanOptions};
 use ir::Tensor;
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
@@ -96,13 +99,26 @@ fn mpi_runs_equal_single_device() {
             let mesh = DeviceMesh::uniform(&shape).unwrap();
             // Every strategy without stages (not on 4x1, which is only there for 4 stages), and
             // the auto plan with pipeline stages over the outer axis.
-            let mut configs: Vec<(Baseline, usize)> =
-                if shape[0] == 4 { vec![] } else { Baseline::ALL.iter().map(|&b| (b, 1)).collect() };
+            // With stages, a schedule over microbatches too (copies of the batch, so the
+            // single-device run is still the reference).
+            let one = (ScheduleKind::OneFOneB, 1);
+            let mut configs: Vec<(Baseline, usize, (ScheduleKind, usize))> =
+                if shape[0] == 4 { vec![] } else { Baseline::ALL.iter().map(|&b| (b, 1, one)).collect() };
             if shape[0] > 1 {
-                configs.push((Baseline::Auto, shape[0]));
+                configs.push((Baseline::Auto, shape[0], one));
+                let scheduled = match shape {
+                    [2, 1] => vec![(ScheduleKind::Gpipe, 2)],
+                    [2, 2] => vec![(ScheduleKind::OneFOneB, 2), (ScheduleKind::ZbH1, 4)],
+                    _ => vec![(ScheduleKind::Interleaved, 4)],
+                };
+                configs.extend(scheduled.into_iter().map(|s| (Baseline::Auto, shape[0], s)));
             }
-            for (b, stages) in configs {
-                let staged = if stages > 1 { format!(" in {stages} stages") } else { String::new() };
+            for (b, stages, (schedule, m)) in configs {
+                let staged = match (stages, m) {
+                    (1, _) => String::new(),
+                    (_, 1) => format!(" in {stages} stages"),
+                    _ => format!(" in {stages} stages, {schedule} over {m} microbatches"),
+                };
                 let what = format!("{} on {}x{} with {}{staged} under mpirun", c.model, shape[0], shape[1], b.name());
                 let opts = PlanOptions {
                     budget: 16 << 30,
@@ -110,9 +126,23 @@ fn mpi_runs_equal_single_device() {
                     time_limit: Duration::from_secs(1),
                     compare_baselines: false,
                     stages,
+                    microbatches: m,
+                    schedule,
+                    chunks: 2,
                     ..PlanOptions::default()
                 };
-                let mut plan = match codegen::plan(&tg.graph, &mesh, &cpu, &opts) {
+                let scaled = tg.with_gradient_scale(1.0 / m as f32);
+                let graph = if m > 1 { &scaled.graph } else { &tg.graph };
+                let mut feed_args = feed_args.clone();
+                if m > 1 {
+                    feed_args.clear();
+                    for (name, t) in &feeds {
+                        let f = dir.path().join(format!("{}-{name}-x{m}.npy", c.model));
+                        runtime::npy::write_npy(&f, &repeat_rows(t, m)).unwrap();
+                        feed_args.extend(["--feed".to_string(), format!("{name}={}", f.display())]);
+                    }
+                }
+                let mut plan = match codegen::plan(graph, &mesh, &cpu, &opts) {
                     Ok(p) => p,
                     Err(e) => {
                         println!("{what}: no plan ({e})");
@@ -124,7 +154,7 @@ fn mpi_runs_equal_single_device() {
                 let files = std::iter::once(path.as_path()).chain(index.external_files());
                 plan.model.source_hash = Some(codegen::ModelInfo::file_hash(files).unwrap());
                 plan.model.source = Some(path.display().to_string());
-                let tag = format!("{}-{}x{}-{}-{stages}", c.model, shape[0], shape[1], b.name());
+                let tag = format!("{}-{}x{}-{}-{stages}-{schedule}-{m}", c.model, shape[0], shape[1], b.name());
                 let pfile = dir.path().join(format!("{tag}.json"));
                 std::fs::write(&pfile, plan.to_json().unwrap()).unwrap();
                 let save = dir.path().join(format!("{tag}-saved"));
@@ -166,7 +196,20 @@ fn mpi_runs_equal_single_device() {
         }
     }
     println!("{combos} (model, mesh, plan) combinations ran under mpirun equal to single-device training");
-    assert!(combos >= 30, "only {combos} combinations ran");
+    assert!(combos >= 38, "only {combos} combinations ran");
+}
+
+/// `t` repeated `m` times along its first dim.
+fn repeat_rows(t: &Tensor, m: usize) -> Tensor {
+    let mut shape = t.shape().to_vec();
+    shape[0] *= m;
+    let data = match t.data() {
+        ir::Data::F32(v) => ir::Data::F32(v.repeat(m)),
+        ir::Data::F64(v) => ir::Data::F64(v.repeat(m)),
+        ir::Data::I64(v) => ir::Data::I64(v.repeat(m)),
+        ir::Data::Bool(v) => ir::Data::Bool(v.repeat(m)),
+    };
+    Tensor::new(shape, data).unwrap()
 }
 
 #[test]

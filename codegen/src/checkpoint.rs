@@ -97,14 +97,23 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
     }
     let mut out = Vec::with_capacity(program.len() * 2);
     for (ins, mut f) in program.into_iter().zip(frees_after) {
-        out.push(ins);
         f.sort();
         f.dedup();
-        // One free per stage, stages in order.
+        // One free per stage, stages in order, in the segment the last reader runs in.
         let mut rest = &f[..];
+        let segs: Vec<Option<crate::plan::Segment>> = f.iter().map(|(s, _)| ins.segment_on(*s)).collect();
+        out.push(ins);
+        let mut at = 0;
         while let Some(&(stage, _)) = rest.first() {
             let n = rest.iter().take_while(|(s, _)| *s == stage).count();
-            out.push(Instr::Free { values: rest[..n].iter().map(|(_, v)| *v).collect(), stage });
+            let seg = segs[at].unwrap_or(crate::plan::Segment { phase: crate::plan::Phase::Forward, chunk: 0 });
+            at += n;
+            out.push(Instr::Free {
+                values: rest[..n].iter().map(|(_, v)| *v).collect(),
+                stage,
+                phase: seg.phase,
+                chunk: seg.chunk,
+            });
             rest = &rest[n..];
         }
     }

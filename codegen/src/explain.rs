@@ -48,16 +48,24 @@ pub fn summary(p: &Plan) -> String {
         fmt_bytes(e.resident_bytes_per_rank)
     );
     if let Some(pp) = &p.pipeline {
-        // Each rank is busy with its stage's share; the rest of the step it waits (the bubble).
-        let busy: f64 = pp.per_stage.iter().map(|s| s.compute_seconds + s.comm_seconds + s.transfer_seconds).sum();
-        let idle = if e.step_seconds > 0.0 { 1.0 - busy / (pp.stages as f64 * e.step_seconds) } else { 0.0 };
+        let sc = &pp.schedule;
+        let chunks = if sc.chunks > 1 { format!(" ({} chunks per stage)", sc.chunks) } else { String::new() };
         let _ = writeln!(
             o,
-            "pipeline  {} stages x {} microbatch(es): each rank idle {:.0}% of the step (the bubble)",
+            "pipeline  {} stages x {} microbatch(es), {} schedule{chunks}: microbatches take {}, the stages idle {:.1}% \
+             of it (the bubble)",
             pp.stages,
             pp.microbatches,
-            100.0 * idle.max(0.0)
+            sc.kind,
+            ms(sc.seconds),
+            100.0 * sc.bubble
         );
+        for (i, steps) in sc.steps.iter().enumerate() {
+            let shown: Vec<String> = steps.iter().take(24).map(|s| s.to_string()).collect();
+            let more = if steps.len() > 24 { format!(" ... ({} steps)", steps.len()) } else { String::new() };
+            let _ =
+                writeln!(o, "{}stage {i}: {}{more}", if i == 0 { "schedule  " } else { "          " }, shown.join(" "));
+        }
         for (i, st) in pp.per_stage.iter().enumerate() {
             let _ = writeln!(
                 o,

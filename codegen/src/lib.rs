@@ -20,6 +20,7 @@ pub mod microbatch;
 pub mod pipeline;
 pub mod plan;
 pub mod problem;
+pub mod schedule;
 
 /// The liveness walk of a program (in the `plan` crate, re-exported).
 pub use ::plan::memory;

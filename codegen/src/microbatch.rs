@@ -11,9 +11,9 @@
 //! 2. **Accumulated values** are the batch-dependent values the update part reads (the
 //!    gradients, in the layouts the pass writes them): the runtime sums them over the
 //!    microbatches before the update part runs once.
-//! 3. Frees are placed again; the memory estimate is the larger of the whole walk's peak and
-//!    the microbatch part's peak plus one accumulator of those values (held while the next
-//!    microbatch runs) and the largest of them (a sum being formed).
+//! 3. Frees are placed again; the update part's instructions are in [`Phase::Update`]. The
+//!    memory estimate is the walk of the microbatches one after the other with the runtime's
+//!    accounting (`plan::memory::simulate_steps`: the sums held while later microbatches run).
 //!
 //! Invariant: with M microbatches of the graph's batch, a step computes the gradient of the
 //! mean of their losses (each microbatch's mean loss, scaled by 1/M) and applies it once.
@@ -23,15 +23,25 @@ use std::collections::HashSet;
 use ir::{NodeIndex, Op};
 use sharding::DeviceMesh;
 
-use crate::plan::{Instr, Plan, ValueRef};
+use crate::plan::{Instr, Phase, Plan, ValueRef};
 use crate::{Error, Result};
 
 /// Rewrites `plan` (lowered for one microbatch, checkpointing off) to run `microbatches` of
 /// them per step (see the module docs).
-pub fn split(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
+pub fn split(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
     if microbatches <= 1 {
         return Ok(plan);
     }
+    split_at_update(plan, mesh, microbatches)
+}
+
+/// Moves the update part of `plan` (one microbatch) to its end in [`Phase::Update`], as
+/// [`split`] does for one microbatch (pipeline stages run it after their steps).
+pub fn update_phase(plan: Plan, mesh: &DeviceMesh) -> Result<Plan> {
+    split_at_update(plan, mesh, 1)
+}
+
+fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
     let g = &plan.graph;
     let n = g.g.node_count();
     let node = |i: usize| g.node(NodeIndex::new(i));
@@ -54,6 +64,9 @@ pub fn split(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<P
             || (!batch[i] && !consumers[i].is_empty() && consumers[i].iter().all(|&c| update[c]));
     }
     if !update.iter().any(|&u| u) {
+        if microbatches == 1 {
+            return Ok(plan);
+        }
         return Err(Error::Pipeline("microbatches need an optimizer: the graph has no update ops".into()));
     }
     // Conversions belong to the op they convert for (they come right before it).
@@ -92,38 +105,40 @@ pub fn split(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<P
         .collect();
     accumulate.sort();
     accumulate.dedup();
+    if microbatches == 1 {
+        accumulate.clear();
+    }
     let mut reordered: Vec<Instr> = Vec::with_capacity(program.len());
     let mut last: Vec<Instr> = vec![];
-    for (ins, o) in program.into_iter().zip(once) {
-        if o { last.push(ins) } else { reordered.push(ins) }
+    for (mut ins, o) in program.into_iter().zip(once) {
+        if o {
+            set_phase(&mut ins, Phase::Update);
+            last.push(ins)
+        } else {
+            reordered.push(ins)
+        }
     }
-    let update_from = reordered.len();
     reordered.extend(last);
     let keep = crate::checkpoint::kept_to_the_end(g);
-    let freed = crate::checkpoint::insert_frees(reordered, &keep);
-    plan.update_from = position_of_nth_non_free(&freed, update_from);
-    plan.program = freed;
+    plan.program = crate::checkpoint::insert_frees(reordered, &keep);
     plan.microbatches = microbatches;
-    // One accumulator, and one sum being formed (the largest value) when a microbatch ends.
-    let acc_bytes = accumulated_bytes(&plan, mesh, &accumulate) + largest_accumulated(&plan, mesh, &accumulate);
     plan.accumulate = accumulate;
-    // The accumulator is held while a microbatch runs; the update part reads the sums.
-    let mem = crate::memory::simulate(&plan.graph, mesh, &plan.program)?;
-    let pass = crate::memory::simulate(&plan.graph, mesh, &plan.program[..plan.update_from])?;
-    plan.estimate.peak_bytes_per_rank = mem.peak.max(pass.peak + acc_bytes);
+    // Memory under the runtime's accounting of microbatches (the accumulators included).
+    plan.estimate.peak_bytes_per_rank = crate::memory::simulate_plan(&plan, mesh)?.peak;
     // The microbatch part runs once per microbatch.
-    let seconds = |range: &[Instr]| -> f64 {
-        range
+    let seconds = |update: bool| -> f64 {
+        plan.program
             .iter()
+            .filter(|i| (i.phase() == Phase::Update) == update)
             .map(|i| match i {
                 Instr::Op { seconds, .. } | Instr::Collective { seconds, .. } => *seconds,
                 _ => 0.0,
             })
             .sum()
     };
-    let (pass, once) = plan.program.split_at(plan.update_from);
-    let total = seconds(pass) + seconds(once);
-    let step = microbatches as f64 * seconds(pass) + seconds(once);
+    let (pass, once) = (seconds(false), seconds(true));
+    let total = pass + once;
+    let step = microbatches as f64 * pass + once;
     let e = &mut plan.estimate;
     if total > 0.0 {
         e.compute_seconds *= step / total;
@@ -133,50 +148,12 @@ pub fn split(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<P
     Ok(plan)
 }
 
-/// The index in `program` of its `k`-th instruction that is not a free (its length if none).
-pub(crate) fn position_of_nth_non_free(program: &[Instr], k: usize) -> usize {
-    program
-        .iter()
-        .enumerate()
-        .filter(|(_, i)| !matches!(i, Instr::Free { .. }))
-        .nth(k)
-        .map_or(program.len(), |(p, _)| p)
-}
-
-/// Bytes per rank of the accumulated values, in the layouts the program writes them.
-pub(crate) fn accumulated_bytes(plan: &Plan, mesh: &DeviceMesh, values: &[ValueRef]) -> u64 {
-    accumulated_bytes_in(&plan.graph, mesh, &plan.program, values)
-}
-
-/// The bytes per rank of the largest accumulated value.
-pub(crate) fn largest_accumulated(plan: &Plan, mesh: &DeviceMesh, values: &[ValueRef]) -> u64 {
-    values.iter().map(|v| accumulated_bytes(plan, mesh, std::slice::from_ref(v))).max().unwrap_or(0)
-}
-
-/// [`accumulated_bytes`] of a program of `graph`.
-pub(crate) fn accumulated_bytes_in(
-    graph: &ir::Graph,
-    mesh: &DeviceMesh,
-    program: &[Instr],
-    values: &[ValueRef],
-) -> u64 {
-    let want: HashSet<&ValueRef> = values.iter().collect();
-    let mut total = 0u64;
-    for ins in program {
-        let written: Vec<(ValueRef, Vec<usize>)> = match ins {
-            Instr::Op { outputs, local_shapes, .. } => outputs.iter().copied().zip(local_shapes.clone()).collect(),
-            Instr::Collective { output, to, input, .. } => {
-                let m = &graph.node(NodeIndex::new(input.node)).outputs[input.slot];
-                vec![(*output, to.local_shape(&m.shape, mesh))]
-            }
-            _ => vec![],
-        };
-        for (v, shape) in written {
-            if want.contains(&v) {
-                let dt = graph.node(NodeIndex::new(v.node)).outputs[v.slot].dtype.size();
-                total += (shape.iter().product::<usize>() * dt) as u64;
-            }
-        }
+/// Sets the phase of an instruction.
+pub(crate) fn set_phase(ins: &mut Instr, to: Phase) {
+    match ins {
+        Instr::Op { phase, .. }
+        | Instr::Collective { phase, .. }
+        | Instr::Free { phase, .. }
+        | Instr::Transfer { phase, .. } => *phase = to,
     }
-    total
 }

@@ -1,35 +1,53 @@
 //! Pipeline stages: a plan whose mesh's outermost axis is cut into stages, each stage an SPMD
-//! program over the other axes running its part of the training graph.
+//! program over the other axes running its part of the training graph, its microbatches in
+//! the order of a schedule ([`crate::schedule`]).
 //!
 //! [`stage`] takes a plan made on the mesh with axis 0 of size 1 (every layout is then one of
 //! the stage's submesh, and never splits over the stage axis) and places it on the whole mesh:
 //!
-//! 1. **Forward cut.** The forward nodes (the ancestors of the loss) that are not sources are
-//!    cut, in the plan's topological order, into contiguous ranges of equal estimated seconds,
-//!    one per stage; a forward op weighs its own seconds and those of the gradient ops derived
-//!    from it (named `grad/<op>/…` by the training graph) and of the updates of the parameters
-//!    it is the first to read.
-//! 2. **The rest follows.** A node outside the forward (gradients, loss-scaled seeds) runs on the
-//!    earliest stage among its computed inputs: a gradient op reads its forward op's
-//!    activations, so it lands on that op's stage. Sources (parameters, optimizer state,
-//!    constants, inputs) and nodes reading only sources go to the earliest stage reading them;
-//!    an optimizer update runs on its parameter's stage (the next step's storage is there).
-//! 3. **Transfers.** A conversion runs on the stage of the op it converts for. A value read on a
-//!    stage that does not hold it is sent there, in its layout, right before the first reader
-//!    ([`Instr::Transfer`]); the graph's outputs are sent to every stage at the end, so every
-//!    rank returns them. Frees are then placed per stage.
+//! 1. **Forward cut.** The forward nodes (the ancestors of the outputs) that are not sources are
+//!    cut, in the plan's topological order, into contiguous ranges of equal estimated seconds:
+//!    one per stage, or with the interleaved schedule `chunks` per stage (virtual stage `v` is
+//!    chunk `v / S` of stage `v % S`). A forward op weighs its own seconds and those of the
+//!    gradient ops derived from it (named `grad/<op>/…` by the training graph) and of the
+//!    updates of the parameters it is the first to read.
+//! 2. **The rest follows.** A gradient op runs with the forward op it was derived from (its
+//!    activations are there); another backward node with its earliest backward input (a sum of
+//!    gradients, where the gradient goes next), else its earliest computed input. An optimizer
+//!    update runs on its parameter's stage (the next step's storage is there); sources and
+//!    nodes reading only sources go where they are first read in the order a microbatch runs.
+//! 3. **Phases.** Forward nodes run in the forward phase, the rest of the microbatch part in
+//!    the backward; the update part (optimizer updates and the batch-independent values only
+//!    they read; `crate::microbatch`) runs once per step. For ZB-H1, a stage's backward keeps
+//!    only what the gradients it sends to earlier stages need (the input gradients); the rest
+//!    is its weight gradients ([`Phase::Weight`]).
+//! 4. **Transfers.** A conversion runs with the op it converts for. A value read on a stage
+//!    that does not hold it is sent there, in its layout, before the first reader
+//!    ([`Instr::Transfer`]): towards later stages in the producer's phase, towards earlier ones
+//!    in the reader's (at most the backward); the graph's outputs go to every stage in the update
+//!    phase, so every rank returns them.
+//! 5. **Order.** The instructions are sorted (stably) into the order one microbatch runs them:
+//!    forward by virtual stage, then backward and weight gradients by virtual stage from last
+//!    to first, then the update; nothing reads a later phase or virtual stage, so each value's
+//!    writer stays before its readers, and each stage's code is contiguous segments
+//!    ([`crate::plan::Segment`]). Frees are placed per stage, in the segment of the last read.
+//! 6. **Schedule and estimate.** The schedule's steps come from each stage's forward, backward
+//!    and weight-gradient seconds; `plan::schedule::timeline` plays them (an error if they
+//!    deadlock) for the step's seconds and the bubble, and `plan::memory::simulate_steps`
+//!    walks each stage's steps for its peak, which must fit the budget.
 //!
 //! Any placement computes the same values (transfers move blocks unchanged); the cut only
-//! decides how balanced the stages are. Invariant: the program's instructions keep the plan's
-//! order, each stage's program is that order restricted to the stage, and every value a stage
-//! reads is written on it or transferred to it before.
+//! decides how balanced the stages are, the schedule how long they wait.
 
 use std::collections::{HashMap, HashSet};
 
 use ir::{NodeIndex, Op};
 use sharding::{DeviceMesh, ShardingSpec};
 
-use crate::plan::{Instr, MeshInfo, ParamShard, Pipeline, Plan, StageEstimate, ValueRef};
+use crate::plan::{
+    Instr, MeshInfo, ParamShard, Phase, Pipeline, Plan, Schedule, ScheduleKind, Segment, StageEstimate, ValueRef,
+};
+use crate::schedule::StepSeconds;
 use crate::{Error, Result, fmt_bytes};
 
 /// The mesh a pipelined plan is solved on: `mesh` with axis 0 of size 1.
@@ -49,9 +67,34 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
     Ok(DeviceMesh::new(shape, mesh.names().to_vec(), mesh.links().to_vec())?)
 }
 
-/// Places `plan` (made on [`stage_mesh`]) on `mesh` as `stages` pipeline stages (see the module
-/// docs); every stage's peak must fit `budget`.
-pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Result<Plan> {
+/// How to pipeline a plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PipelineOptions {
+    /// Pipeline stages (the size of mesh axis 0).
+    pub stages: usize,
+    /// The schedule.
+    pub schedule: ScheduleKind,
+    /// Model chunks per stage (interleaved schedules; 1 otherwise).
+    pub chunks: usize,
+    /// Memory budget per rank, bytes.
+    pub budget: u64,
+}
+
+/// A node's place in the pipelined program: virtual stage (`chunk * stages + stage`) and
+/// phase.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Place {
+    vstage: usize,
+    phase: Phase,
+}
+
+/// Places `plan` (made on [`stage_mesh`]) on `mesh` as pipeline stages (see the module docs);
+/// every stage's peak under the schedule must fit the budget.
+pub fn stage(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
+    let stages = opts.stages;
+    let chunks = if opts.schedule == ScheduleKind::Interleaved { opts.chunks.max(2) } else { 1 };
+    let vstages = stages * chunks;
+    let budget = opts.budget;
     let g = &plan.graph;
     let n_nodes = g.g.node_count();
     let node = |i: usize| g.node(NodeIndex::new(i));
@@ -65,16 +108,29 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
             consumers[j].push(i);
         }
     }
-    let Some(loss) = g.outputs.iter().find(|(n, _)| n == "loss").or(g.outputs.first()).map(|(_, v)| v.node.index())
-    else {
-        return Err(Error::Pipeline("the graph has no output to pipeline towards".into()));
-    };
+    // Forward: the ancestors of the outputs.
     let mut forward = vec![false; n_nodes];
-    let mut stack = vec![loss];
+    let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
+    if stack.is_empty() {
+        return Err(Error::Pipeline("the graph has no output to pipeline towards".into()));
+    }
     while let Some(n) = stack.pop() {
         if !forward[n] {
             forward[n] = true;
             stack.extend(&inputs_of[n]);
+        }
+    }
+    // The update phase (the microbatch split's, or the optimizer's ops of a plan without
+    // microbatches) runs once per step.
+    let mut update = vec![false; n_nodes];
+    for ins in &plan.program {
+        if let Instr::Op { node, phase: Phase::Update, .. } = ins {
+            update[*node] = true;
+        }
+    }
+    if !update.iter().any(|&u| u) {
+        for (i, u) in update.iter_mut().enumerate() {
+            *u = matches!(node(i).op, Op::SgdUpdate { .. } | Op::AdamWUpdate { .. });
         }
     }
     // 1. The forward cut, by estimated seconds (a floor keeps free ops from piling up).
@@ -85,18 +141,24 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
         }
     }
     let fwd: Vec<usize> = (0..n_nodes).filter(|&i| forward[i] && !is_source(i)).collect();
-    if fwd.len() < stages {
-        return Err(Error::Pipeline(format!("the model has {} forward ops: too few for {stages} stages", fwd.len())));
+    if fwd.len() < vstages {
+        let what = if chunks > 1 { format!("{stages} stages of {chunks} chunks") } else { format!("{stages} stages") };
+        return Err(Error::Pipeline(format!("the model has {} forward ops: too few for {what}", fwd.len())));
     }
     // A forward op's weight: its seconds and those of the gradient ops the training graph
     // derived from it (named `grad/<op>/...`) and of the updates of the parameters it reads
     // first, which will run on its stage.
     let index_of: HashMap<&str, usize> = fwd.iter().map(|&i| (node(i).name.as_str(), i)).collect();
     let mut extra = vec![0.0f64; n_nodes];
+    // The forward op a gradient op was derived from.
+    let grad_owner = |i: usize| -> Option<usize> {
+        let rest = node(i).name.strip_prefix("grad/")?;
+        rest.match_indices('/').map(|(p, _)| &rest[..p]).find_map(|cand| index_of.get(cand).copied())
+    };
     for i in (0..n_nodes).filter(|&i| !forward[i]) {
         let name = &node(i).name;
-        let owner = if let Some(rest) = name.strip_prefix("grad/") {
-            rest.match_indices('/').map(|(p, _)| &rest[..p]).find_map(|cand| index_of.get(cand).copied())
+        let owner = if name.starts_with("grad/") {
+            grad_owner(i)
         } else if name.starts_with("update/") {
             inputs_of[i]
                 .iter()
@@ -111,152 +173,250 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
     }
     let weight: Vec<f64> = fwd.iter().map(|&i| seconds[i] + extra[i] + 1e-9).collect();
     let total: f64 = weight.iter().sum();
-    let mut stage_of: Vec<Option<usize>> = vec![None; n_nodes];
+    let mut place: Vec<Option<Place>> = vec![None; n_nodes];
     let mut acc = 0.0;
+    let mut prev = 0;
     for (k, &i) in fwd.iter().enumerate() {
         let mid = acc + weight[k] / 2.0;
         acc += weight[k];
-        // Stages in order, none empty: at least one op per later stage stays.
-        let by_cost = ((mid / total) * stages as f64) as usize;
-        let prev = if k == 0 { 0 } else { stage_of[fwd[k - 1]].unwrap_or(0) };
-        // The earliest stage that still leaves one op to each later stage, and the latest that
-        // leaves none empty before.
-        let earliest = stages.saturating_sub(fwd.len() - k);
+        // Virtual stages in order, none empty: at least one op per later one stays.
+        let by_cost = ((mid / total) * vstages as f64) as usize;
+        let earliest = vstages.saturating_sub(fwd.len() - k);
         let latest = if k == 0 { 0 } else { prev + 1 };
-        stage_of[i] = Some(by_cost.min(stages - 1).max(prev).max(earliest).min(latest));
+        let v = by_cost.min(vstages - 1).max(prev).max(earliest).min(latest);
+        prev = v;
+        place[i] = Some(Place { vstage: v, phase: Phase::Forward });
     }
-    // 2. The rest: update ops wait for their parameters' stages (an update writing a parameter
-    // and its optimizer state goes with the parameter).
-    let mut update_node: HashMap<usize, usize> = HashMap::new();
-    for (p, v) in &g.updates {
-        let e = update_node.entry(v.node.index()).or_insert(p.index());
-        if matches!(node(p.index()).op, Op::Param { .. }) {
-            *e = p.index();
+    // 2. The rest. The order a microbatch runs (virtual stage, phase) in.
+    let key = |p: Place| -> (u8, usize) {
+        match p.phase {
+            Phase::Forward => (0, p.vstage),
+            Phase::Backward => (1, vstages - 1 - p.vstage),
+            Phase::Weight => (2, vstages - 1 - p.vstage),
+            Phase::Update => (3, 0),
         }
-    }
+    };
+    let phase_of = |i: usize| {
+        if update[i] {
+            Phase::Update
+        } else if forward[i] {
+            Phase::Forward
+        } else {
+            Phase::Backward
+        }
+    };
+    // Backward ops run with the forward op they were derived from (its activations are there);
+    // others with their earliest computed backward input (a sum of gradients where the
+    // gradient goes next), else their earliest computed input. (The earliest computed input
+    // alone would pull a gradient op that reads an early stage's value, a mask or a tied
+    // weight, and every op after it, to that stage.)
     for i in 0..n_nodes {
-        if stage_of[i].is_some() || is_source(i) || update_node.contains_key(&i) {
+        if place[i].is_some() || is_source(i) || update[i] {
             continue;
         }
-        stage_of[i] = inputs_of[i].iter().filter(|&&j| !is_source(j)).filter_map(|&j| stage_of[j]).min();
+        let computed = || inputs_of[i].iter().filter(|&&j| !is_source(j)).filter_map(|&j| place[j].map(|p| (j, p)));
+        let v = grad_owner(i)
+            .and_then(|o| place[o])
+            .map(|p| p.vstage)
+            .or_else(|| computed().filter(|(j, _)| !forward[*j]).map(|(_, p)| p.vstage).min())
+            .or_else(|| computed().map(|(_, p)| p.vstage).min());
+        place[i] = v.map(|vstage| Place { vstage, phase: phase_of(i) });
     }
-    let by_consumers = |stage_of: &mut Vec<Option<usize>>, skip_updates: bool| {
+    // What is left (sources, nodes reading only sources) runs where it is first needed, in
+    // the order a microbatch runs; updates with their parameter (the next step's storage).
+    let mut update_of_param: HashMap<usize, usize> = HashMap::new();
+    for (p, v) in &g.updates {
+        if matches!(node(p.index()).op, Op::Param { .. }) {
+            update_of_param.insert(v.node.index(), p.index());
+        }
+    }
+    let by_consumers = |place: &mut Vec<Option<Place>>, skip_updates: bool| {
         for i in (0..n_nodes).rev() {
-            if stage_of[i].is_some() && !is_source(i) {
+            if place[i].is_some() && !is_source(i) {
                 continue;
             }
-            let s = consumers[i]
+            let first = consumers[i]
                 .iter()
-                .filter(|c| !(skip_updates && update_node.contains_key(c)))
-                .filter_map(|&c| stage_of[c])
-                .min();
-            stage_of[i] = s.or(stage_of[i]);
+                .filter(|&&c| !(skip_updates && update[c]))
+                .filter_map(|&c| place[c])
+                .min_by_key(|&p| key(p));
+            if let Some(p) = first {
+                // A source takes its first reader's phase (an update's: the update phase).
+                let phase = if is_source(i) { p.phase } else { phase_of(i) };
+                place[i] = Some(Place { vstage: p.vstage, phase });
+            }
         }
     };
-    by_consumers(&mut stage_of, true);
-    for (&u, &p) in &update_node {
-        stage_of[u] = Some(stage_of[p].unwrap_or(0));
-    }
-    by_consumers(&mut stage_of, false);
-    let stage_of: Vec<usize> = stage_of.into_iter().map(|s| s.unwrap_or(0)).collect();
-
-    // 3. Stages of instructions, transfers, frees.
-    // The update part of a microbatched plan: from its `boundary`-th instruction (frees aside).
-    let boundary = plan.program[..plan.update_from.min(plan.program.len())]
-        .iter()
-        .filter(|i| !matches!(i, Instr::Free { .. }))
-        .count();
-    let microbatches = plan.microbatches;
-    let mut program: Vec<Instr> = plan.program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
-    let mut next_op_stage = 0;
-    for ins in program.iter_mut().rev() {
-        match ins {
-            Instr::Op { node, stage, .. } => {
-                *stage = stage_of[*node];
-                next_op_stage = *stage;
-            }
-            Instr::Collective { stage, .. } => *stage = next_op_stage,
-            Instr::Free { .. } | Instr::Transfer { .. } => {}
+    by_consumers(&mut place, true);
+    for i in 0..n_nodes {
+        if update[i] && !is_source(i) {
+            let owner = update_of_param.get(&i).and_then(|&p| place[p]).map(|p| p.vstage);
+            let v = owner.or_else(|| inputs_of[i].iter().filter_map(|&j| place[j]).map(|p| p.vstage).min());
+            place[i] = Some(Place { vstage: v.unwrap_or(0), phase: Phase::Update });
         }
+    }
+    by_consumers(&mut place, false);
+    let place: Vec<Place> =
+        place.into_iter().map(|p| p.unwrap_or(Place { vstage: 0, phase: Phase::Forward })).collect();
+    // Device stage and model chunk (the update phase is one segment per stage: chunk 0).
+    let dev = |p: Place| (p.vstage % stages, if p.phase == Phase::Update { 0 } else { p.vstage / stages });
+
+    // 3. Instructions' places, transfers, frees.
+    let microbatches = plan.microbatches;
+    let program: Vec<Instr> = plan.program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
+    // Each instruction's place: an op's node's; a conversion's, the op it converts for.
+    let mut places: Vec<Place> = vec![Place { vstage: 0, phase: Phase::Forward }; program.len()];
+    let mut next = Place { vstage: 0, phase: Phase::Forward };
+    for (k, ins) in program.iter().enumerate().rev() {
+        if let Instr::Op { node, .. } = ins {
+            next = place[*node];
+        }
+        places[k] = next;
     }
     let meta = |v: &ValueRef| g.node(NodeIndex::new(v.node)).outputs[v.slot].clone();
-    let transfer = |value: ValueRef, spec: &ShardingSpec, from: usize, to: usize| {
+    let transfer = |value: ValueRef, spec: &ShardingSpec, from: usize, to: usize, phase: Phase, to_chunk: usize| {
         let m = meta(&value);
         let bytes = spec.local_bytes(&m.shape, mesh, m.dtype.size());
-        Instr::Transfer { value, spec: spec.clone(), from, to, bytes, seconds: mesh.time(&[0], bytes as f64, true) }
+        let seconds = mesh.time(&[0], bytes as f64, true);
+        Instr::Transfer { value, spec: spec.clone(), from, to, bytes, seconds, phase, from_chunk: 0, to_chunk }
     };
-    let mut out = Vec::with_capacity(program.len() * 2);
-    let mut home: HashMap<ValueRef, (usize, ShardingSpec)> = HashMap::new();
+    // (instruction, its sort key)
+    let mut out: Vec<(Instr, (u8, usize))> = Vec::with_capacity(program.len() * 2);
+    let mut home: HashMap<ValueRef, (usize, ShardingSpec, Place)> = HashMap::new();
     let mut held: HashSet<(usize, ValueRef)> = HashSet::new();
-    let mut boundary_out = None;
-    for (k, ins) in program.into_iter().enumerate() {
-        if k == boundary {
-            boundary_out = Some(out.len());
-        }
-        let (stage, reads): (usize, Vec<ValueRef>) = match &ins {
-            Instr::Op { stage, inputs, .. } => (*stage, inputs.clone()),
-            Instr::Collective { stage, input, .. } => (*stage, vec![*input]),
+    for (mut ins, p) in program.into_iter().zip(places) {
+        let (stage, chunk) = dev(p);
+        let reads: Vec<ValueRef> = match &ins {
+            Instr::Op { inputs, .. } => inputs.clone(),
+            Instr::Collective { input, .. } => vec![*input],
             Instr::Free { .. } | Instr::Transfer { .. } => unreachable!("removed or not yet placed"),
         };
         for r in reads {
             if !held.contains(&(stage, r)) {
-                let (from, spec) = home
+                let (from, spec, at) = home
                     .get(&r)
                     .cloned()
                     .ok_or_else(|| Error::Internal(format!("pipelining: {r} is read before it is written")))?;
-                out.push(transfer(r, &spec, from, stage));
+                // Forward transfers go with the microbatch's forward; those towards earlier
+                // stages with the reader's phase (at most the backward, so that what flows
+                // backwards is all in one phase).
+                let phase = if from < stage { at.phase } else { p.phase.min(Phase::Backward).max(at.phase) };
+                let to_chunk = if phase == Phase::Update { 0 } else { chunk };
+                out.push((transfer(r, &spec, from, stage, phase, to_chunk), key(Place { vstage: p.vstage, phase })));
                 held.insert((stage, r));
             }
         }
-        match &ins {
-            Instr::Op { stage, outputs, output_specs, .. } => {
-                for (o, s) in outputs.iter().zip(output_specs) {
-                    home.insert(*o, (*stage, s.clone()));
-                    held.insert((*stage, *o));
+        match &mut ins {
+            Instr::Op { outputs, output_specs, stage: st, phase, chunk: c, .. } => {
+                for (o, sp) in outputs.iter().zip(output_specs.iter()) {
+                    home.insert(*o, (stage, sp.clone(), p));
+                    held.insert((stage, *o));
                 }
+                (*st, *phase, *c) = (stage, p.phase, chunk);
             }
-            Instr::Collective { stage, output, to, .. } => {
-                home.insert(*output, (*stage, to.clone()));
-                held.insert((*stage, *output));
+            Instr::Collective { output, to, stage: st, phase, chunk: c, .. } => {
+                home.insert(*output, (stage, to.clone(), p));
+                held.insert((stage, *output));
+                (*st, *phase, *c) = (stage, p.phase, chunk);
             }
             _ => {}
         }
-        out.push(ins);
+        out.push((ins, key(p)));
     }
-    let boundary_out = boundary_out.unwrap_or(out.len());
     for (_, v) in &g.outputs {
         let r = ValueRef::of(*v);
-        let (from, spec) =
+        let (from, spec, _) =
             home.get(&r).cloned().ok_or_else(|| Error::Internal(format!("pipelining: output {r} is never written")))?;
         for to in (0..stages).filter(|&s| !held.contains(&(s, r))) {
-            out.push(transfer(r, &spec, from, to));
+            out.push((transfer(r, &spec, from, to, Phase::Update, 0), (3, 0)));
+        }
+    }
+    // Zero bubble: a stage's backward keeps what the gradients it sends need; the rest of its
+    // backward is weight gradients (W).
+    if opts.schedule == ScheduleKind::ZbH1 {
+        split_weight_gradients(&mut out, stages);
+    }
+    // Every stage's instructions in the order a microbatch runs them (a stable sort keeps each
+    // value's writer before its readers: nothing reads a later phase or virtual stage).
+    out.sort_by_key(|(_, k)| *k);
+    let mut program: Vec<Instr> = out.into_iter().map(|(i, _)| i).collect();
+    // A transfer leaves its sender in the segment the sender is in by then.
+    let mut cur: Vec<Option<Segment>> = vec![None; stages];
+    for ins in &mut program {
+        match ins {
+            Instr::Transfer { from, phase, from_chunk, .. } => {
+                *from_chunk = match cur[*from] {
+                    Some(seg) if seg.phase == *phase => seg.chunk,
+                    _ if matches!(*phase, Phase::Forward | Phase::Update) => 0,
+                    _ => chunks - 1,
+                };
+                let seg = Segment { phase: *phase, chunk: *from_chunk };
+                cur[*from] = Some(seg);
+            }
+            _ => {
+                for (s, c) in cur.iter_mut().enumerate() {
+                    if let Some(seg) = ins.segment_on(s) {
+                        *c = Some(seg);
+                    }
+                }
+            }
         }
     }
     let keep = crate::checkpoint::kept_to_the_end(g);
-    let program = crate::checkpoint::insert_frees(out, &keep);
-    let update_from = crate::microbatch::position_of_nth_non_free(&program, boundary_out);
+    let program = crate::checkpoint::insert_frees(program, &keep);
 
-    // Estimates.
+    // 4. The schedule, from each stage's step seconds.
+    let mut step_seconds = StepSeconds { per_stage: vec![[0.0; 3]; stages] };
+    for ins in &program {
+        let (s, secs) = match ins {
+            Instr::Op { stage, seconds, .. } | Instr::Collective { stage, seconds, .. } => (*stage, *seconds),
+            Instr::Transfer { to, seconds, .. } => (*to, *seconds),
+            Instr::Free { .. } => continue,
+        };
+        let p = match ins.phase() {
+            Phase::Forward => 0,
+            Phase::Backward => 1,
+            Phase::Weight => 2,
+            Phase::Update => continue,
+        };
+        step_seconds.per_stage[s][p] += secs;
+    }
+    let steps = crate::schedule::steps(opts.schedule, stages, microbatches, chunks, &step_seconds)?;
+    let schedule = Schedule { kind: opts.schedule, chunks, steps, seconds: 0.0, bubble: 0.0 };
+    let params = plan
+        .params
+        .into_iter()
+        .map(|p| ParamShard {
+            offsets: (0..mesh.size()).map(|r| p.spec.offsets(&p.shape, mesh, r)).collect(),
+            stage: dev(place[p.node]).0,
+            ..p
+        })
+        .collect();
+    let shown: Vec<bool> = (0..n_nodes).map(|i| forward[i] && !is_source(i)).collect();
+    let mut options = plan.options;
+    options.budget_bytes = budget;
+    let mut out = Plan {
+        mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
+        options,
+        pipeline: Some(Pipeline { stages, microbatches, per_stage: vec![], schedule }),
+        params,
+        program,
+        ..plan
+    };
+
+    // 5. Estimates: the schedule played, and each stage's memory under it.
+    let timeline = ::plan::schedule::timeline(&out).map_err(|why| Error::Internal(format!("pipelining: {why}")))?;
     let compute_of: HashMap<&str, f64> =
-        plan.estimate.per_op.iter().map(|o| (o.node.as_str(), o.compute_seconds)).collect();
+        out.estimate.per_op.iter().map(|o| (o.node.as_str(), o.compute_seconds)).collect();
     let mut per_stage = vec![];
-    let mut step = 0.0;
     let mut transfer_total = 0.0;
     for s in 0..stages {
-        let mem = crate::memory::simulate_stage(g, mesh, &program, s)?;
-        // The values this stage accumulates over microbatches are held once more meanwhile.
-        let mine: Vec<ValueRef> = plan
-            .accumulate
-            .iter()
-            .copied()
-            .filter(|v| program[..update_from].iter().any(|i| writes_on(i, v, s)))
-            .collect();
-        let acc = if microbatches > 1 { crate::microbatch::accumulated_bytes_in(g, mesh, &program, &mine) } else { 0 };
+        let mem = crate::memory::simulate_steps(&out, mesh, s)?;
         let (mut ops, mut compute, mut comm, mut recv) = (0, 0.0, 0.0, 0.0);
         let mut names = vec![];
-        for (k, ins) in program.iter().enumerate() {
+        for ins in &out.program {
             // The microbatch part runs once per microbatch.
-            let times = if k < update_from { microbatches as f64 } else { 1.0 };
+            let times = if ins.phase() == Phase::Update { 1.0 } else { microbatches as f64 };
             match ins {
                 Instr::Op { stage, node, name, seconds, .. } if *stage == s => {
                     ops += 1;
@@ -264,8 +424,8 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
                     let c = compute_of.get(name.as_str()).copied().unwrap_or(*seconds).min(*seconds);
                     compute += c * times;
                     comm += (seconds - c) * times;
-                    if forward[*node] && !is_source(*node) {
-                        names.push(&g.node(NodeIndex::new(*node)).name);
+                    if shown[*node] {
+                        names.push(&out.graph.node(NodeIndex::new(*node)).name);
                     }
                 }
                 Instr::Collective { stage, seconds, .. } if *stage == s => comm += seconds * times,
@@ -273,7 +433,6 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
                 _ => {}
             }
         }
-        step += compute + comm + recv;
         transfer_total += recv;
         per_stage.push(StageEstimate {
             ops,
@@ -282,11 +441,7 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
             compute_seconds: compute,
             comm_seconds: comm,
             transfer_seconds: recv,
-            peak_bytes: if acc > 0 {
-                mem.peak.max(crate::memory::simulate_stage(g, mesh, &program[..update_from], s)?.peak + acc)
-            } else {
-                mem.peak
-            },
+            peak_bytes: mem.peak,
             resident_bytes: mem.resident,
         });
     }
@@ -294,46 +449,55 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, stages: usize, budget: u64) -> Resul
     if peak > budget {
         let worst = per_stage.iter().position(|s| s.peak_bytes == peak).unwrap_or(0);
         return Err(Error::Pipeline(format!(
-            "stage {worst} needs {} per rank, over the budget of {}; use more stages, a larger mesh per stage or \
-             --memory {}",
+            "stage {worst} needs {} per rank under the {} schedule, over the budget of {}; use more stages, a larger \
+             mesh per stage, another schedule or --memory {}",
             fmt_bytes(peak),
+            opts.schedule,
             fmt_bytes(budget),
             fmt_bytes(peak + peak / 100 + 1)
         )));
     }
-    let params = plan
-        .params
-        .into_iter()
-        .map(|p| ParamShard {
-            offsets: (0..mesh.size()).map(|r| p.spec.offsets(&p.shape, mesh, r)).collect(),
-            stage: stage_of[p.node],
-            ..p
-        })
-        .collect();
-    let mut estimate = plan.estimate;
-    estimate.step_seconds = step;
-    estimate.comm_seconds += transfer_total;
-    estimate.peak_bytes_per_rank = peak;
-    estimate.resident_bytes_per_rank = per_stage.iter().map(|s| s.resident_bytes).max().unwrap_or(0);
-    let mut options = plan.options;
-    options.budget_bytes = budget;
-    Ok(Plan {
-        mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
-        options,
-        pipeline: Some(Pipeline { stages, microbatches, per_stage }),
-        update_from,
-        params,
-        program,
-        estimate,
-        ..plan
-    })
+    let e = &mut out.estimate;
+    e.step_seconds = timeline.step_seconds;
+    e.comm_seconds += transfer_total;
+    e.peak_bytes_per_rank = peak;
+    e.resident_bytes_per_rank = per_stage.iter().map(|s| s.resident_bytes).max().unwrap_or(0);
+    if let Some(p) = &mut out.pipeline {
+        p.per_stage = per_stage;
+        p.schedule.seconds = timeline.seconds;
+        p.schedule.bubble = timeline.bubble;
+    }
+    Ok(out)
 }
 
-/// Whether `ins` writes `v` on stage `s`.
-fn writes_on(ins: &Instr, v: &ValueRef, s: usize) -> bool {
-    match ins {
-        Instr::Op { outputs, stage, .. } => *stage == s && outputs.contains(v),
-        Instr::Collective { output, stage, .. } => *stage == s && output == v,
-        _ => false,
+/// Marks as weight gradients ([`Phase::Weight`]) the backward instructions of each stage that
+/// no transfer out of the stage needs (see [`stage`]); `program` is in program order.
+fn split_weight_gradients(program: &mut [(Instr, (u8, usize))], stages: usize) {
+    for s in 0..stages {
+        let mut needed: HashSet<ValueRef> = HashSet::new();
+        for (ins, key) in program.iter_mut().rev() {
+            match ins {
+                Instr::Transfer { from, value, phase: Phase::Backward, .. } if *from == s => {
+                    needed.insert(*value);
+                }
+                Instr::Op { stage, phase: phase @ Phase::Backward, outputs, inputs, .. } if *stage == s => {
+                    if outputs.iter().any(|o| needed.contains(o)) {
+                        needed.extend(inputs.iter().copied());
+                    } else {
+                        *phase = Phase::Weight;
+                        key.0 = 2;
+                    }
+                }
+                Instr::Collective { stage, phase: phase @ Phase::Backward, output, input, .. } if *stage == s => {
+                    if needed.contains(output) {
+                        needed.insert(*input);
+                    } else {
+                        *phase = Phase::Weight;
+                        key.0 = 2;
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 }

@@ -9,7 +9,8 @@ use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
 pub use ::plan::{
     Baseline, CheckpointReport, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
-    ParamShard, Pipeline, Plan, Problem, Problems, Size, SolveStatus, SolverInfo, StageEstimate, VERSION, ValueRef,
+    ParamShard, Phase, Pipeline, Plan, Problem, Problems, Schedule, ScheduleKind, Segment, Size, SolveStatus,
+    SolverInfo, StageEstimate, Step, VERSION, ValueRef,
 };
 
 use crate::problem::{Built, FORBIDDEN, Grouping, Merge, build};
@@ -51,6 +52,10 @@ pub struct PlanOptions {
     /// one microbatch's training graph with its gradients scaled by 1/`microbatches`.
     /// Activation checkpointing is off.
     pub microbatches: usize,
+    /// The pipeline schedule (with `stages > 1`; see [`crate::schedule`]).
+    pub schedule: ScheduleKind,
+    /// Model chunks per stage for the interleaved schedule (at least 2 there; 1 otherwise).
+    pub chunks: usize,
 }
 
 impl Default for PlanOptions {
@@ -66,6 +71,8 @@ impl Default for PlanOptions {
             merge: Merge::Proven,
             stages: 1,
             microbatches: 1,
+            schedule: ScheduleKind::OneFOneB,
+            chunks: 1,
         }
     }
 }
@@ -211,7 +218,17 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
         let budget = opts.budget.saturating_mul(opts.stages as u64);
         let one = PlanOptions { stages: 1, checkpoint: false, budget, ..opts.clone() };
-        return crate::pipeline::stage(plan(graph, &sub, profile, &one)?, mesh, opts.stages, opts.budget);
+        let how = crate::pipeline::PipelineOptions {
+            stages: opts.stages,
+            schedule: opts.schedule,
+            chunks: opts.chunks,
+            budget: opts.budget,
+        };
+        let mut inner = plan(graph, &sub, profile, &one)?;
+        if !inner.program.iter().any(|i| i.phase() == Phase::Update) {
+            inner = crate::microbatch::update_phase(inner, &sub)?;
+        }
+        return crate::pipeline::stage(inner, mesh, &how);
     }
     if opts.microbatches > 1 {
         let one = PlanOptions { microbatches: 1, checkpoint: false, ..opts.clone() };
@@ -444,6 +461,8 @@ fn lower(
                         bytes: step.bytes,
                         seconds: step.cost,
                         stage: 0,
+                        phase: Phase::Forward,
+                        chunk: 0,
                     });
                     cur = out;
                 }
@@ -496,6 +515,8 @@ fn lower(
             seconds: s.seconds(),
             recompute: false,
             stage: 0,
+            phase: Phase::Forward,
+            chunk: 0,
         });
     }
     // Frees after last reads, and recomputation of activations when the plan exceeds its budget.
@@ -546,7 +567,6 @@ fn lower(
         },
         graph: g.clone(),
         microbatches: 1,
-        update_from: 0,
         accumulate: vec![],
         pipeline: None,
         params,

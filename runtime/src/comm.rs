@@ -84,17 +84,20 @@ pub trait Communicator {
         let all = self.exchange(group, Arc::new(block.clone()))?;
         concat(&all, dim).map_err(|why| CommError::Bad { rank, why })
     }
-    /// Sends `block` to rank `to`, which takes it with [`Communicator::recv`]: the n-th send
-    /// from one rank to another meets the n-th receive there. By default a rendezvous of the
-    /// two ranks through [`Communicator::exchange`] (the receiver puts an empty block).
-    fn send(&mut self, to: usize, block: &Tensor) -> Result<(), CommError> {
+    /// Sends `block` to rank `to`, which takes it with [`Communicator::recv`] of the same
+    /// `tag` (blocks of one tag between two ranks meet in the order sent). By default a
+    /// rendezvous of the two ranks through [`Communicator::exchange`] (the receiver puts an
+    /// empty block), which ignores the tag: the n-th send meets the n-th receive.
+    fn send(&mut self, to: usize, tag: u64, block: &Tensor) -> Result<(), CommError> {
+        let _ = tag;
         let group = pair(self.rank(), to).map_err(|why| CommError::Bad { rank: self.rank(), why })?;
         self.exchange(&group, Arc::new(block.clone()))?;
         Ok(())
     }
-    /// Receives the block rank `from` sends with [`Communicator::send`]; it must be a tensor of
-    /// `meta`.
-    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<Tensor, CommError> {
+    /// Receives the block rank `from` sends with [`Communicator::send`] and `tag`; it must be a
+    /// tensor of `meta`.
+    fn recv(&mut self, from: usize, tag: u64, meta: &TensorMeta) -> Result<Tensor, CommError> {
+        let _ = tag;
         let rank = self.rank();
         let group = pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
         let empty = Tensor::zeros(&TensorMeta::new(meta.dtype, vec![0]));
@@ -369,11 +372,15 @@ struct Slot {
 #[derive(Default)]
 struct State {
     slots: HashMap<(Vec<usize>, u64), Slot>,
+    /// Point-to-point blocks sent and not yet received, by (from, to), in the order sent.
+    mail: HashMap<(usize, usize), std::collections::VecDeque<(u64, Tensor)>>,
     aborted: Option<(usize, String)>,
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// Signalled when a block is sent (or on abort): receivers wake and look.
+    mail: Condvar,
     /// Set once `state.aborted` is.
     aborted: AtomicBool,
     timeout: Duration,
@@ -414,7 +421,12 @@ impl ThreadWorld {
     /// Communicators for `n` ranks; a collective waiting longer than `timeout` fails.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(n: usize, timeout: Duration) -> Vec<ThreadComm> {
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), aborted: AtomicBool::new(false), timeout });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            mail: Condvar::new(),
+            aborted: AtomicBool::new(false),
+            timeout,
+        });
         (0..n).map(|rank| ThreadComm { rank, size: n, shared: shared.clone(), seq: HashMap::new() }).collect()
     }
 }
@@ -461,6 +473,53 @@ impl Communicator for ThreadComm {
     fn check(&self) -> Result<(), CommError> {
         self.check_world()
     }
+
+    /// Buffered: the block is queued for `to` and the sender goes on (a pipeline schedule has
+    /// two stages send to each other at once); the receiver takes the first of its tag.
+    fn send(&mut self, to: usize, tag: u64, block: &Tensor) -> Result<(), CommError> {
+        let rank = self.rank;
+        pair(rank, to).map_err(|why| CommError::Bad { rank, why })?;
+        if to >= self.size {
+            return Err(CommError::Bad { rank, why: format!("sends to rank {to} of {}", self.size) });
+        }
+        let poisoned = || CommError::Aborted { rank, cause: "a rank panicked while sending".into() };
+        let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
+        if let Some((r, cause)) = &st.aborted {
+            return Err(CommError::Aborted { rank: *r, cause: cause.clone() });
+        }
+        st.mail.entry((rank, to)).or_default().push_back((tag, block.clone()));
+        drop(st);
+        self.shared.mail.notify_all();
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, tag: u64, meta: &TensorMeta) -> Result<Tensor, CommError> {
+        let rank = self.rank;
+        pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
+        let poisoned = || CommError::Aborted { rank, cause: "a rank panicked while receiving".into() };
+        let deadline = Instant::now() + self.shared.timeout;
+        let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
+        loop {
+            if let Some((r, cause)) = &st.aborted {
+                return Err(CommError::Aborted { rank: *r, cause: cause.clone() });
+            }
+            if let Some(q) = st.mail.get_mut(&(from, rank))
+                && let Some(at) = q.iter().position(|(t, _)| *t == tag)
+                && let Some((_, t)) = q.remove(at)
+            {
+                return received(rank, from, meta, Some(t));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank,
+                    group: vec![from, rank],
+                    seconds: self.shared.timeout.as_secs_f64(),
+                });
+            }
+            st = self.shared.mail.wait_timeout(st, deadline - now).map_err(|_| poisoned())?.0;
+        }
+    }
 }
 
 /// How long a member waiting at a rendezvous polls before it sleeps on the slot's condvar.
@@ -479,6 +538,7 @@ impl Shared {
                 slot.cv.notify_all();
             }
         }
+        self.mail.notify_all();
     }
 }
 

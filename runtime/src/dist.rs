@@ -159,9 +159,9 @@ pub(crate) enum Exec {
     Collective { input: usize, output: usize, c: Collective },
     /// This rank's block sent to its peer on pipeline stage `to` (the rank there at the same
     /// coordinates of the other mesh axes).
-    Send { slot: usize, to: usize },
+    Send { slot: usize, to: usize, id: u64 },
     /// The block of the peer on pipeline stage `from`, a tensor of `meta`.
-    Recv { slot: usize, from: usize, meta: TensorMeta },
+    Recv { slot: usize, from: usize, meta: TensorMeta, id: u64 },
     /// Values no longer needed.
     Free { slots: Vec<usize> },
 }
@@ -201,11 +201,19 @@ pub struct Program {
     stages: usize,
     /// The code of each stage (one without stages).
     pub(crate) code: Vec<Vec<Exec>>,
-    /// Microbatches per step: `code[s][..update_from[s]]` runs once per microbatch, the rest
-    /// once per step.
+    /// Microbatches per step: each stage runs its `steps`, a segment of its code for one
+    /// microbatch each, then its update segment once.
     pub(crate) microbatches: usize,
-    /// Per stage, where the once-per-step part of its code starts.
-    pub(crate) update_from: Vec<usize>,
+    /// Per stage, where each segment of its code is (its instructions are in segment order).
+    pub(crate) segments: Vec<HashMap<plan::Segment, std::ops::Range<usize>>>,
+    /// Per stage, the schedule's steps.
+    pub(crate) steps: Vec<Vec<plan::Step>>,
+    /// The pipeline's schedule, if any, and whether its transfers between two ranks are
+    /// received in the order sent ([`plan::schedule::Timeline::in_order`]).
+    schedule: Option<(plan::ScheduleKind, bool)>,
+    /// Per stage, the bytes a rank of it sends in one step, with room for each message's
+    /// header (a buffer that holds every send of a step lets sends never wait).
+    send_bytes: Vec<usize>,
     /// Slots summed over microbatches (the accumulated values and the graph's outputs).
     pub(crate) accumulate: Vec<usize>,
     pub(crate) slot_names: Vec<ValueRef>,
@@ -418,11 +426,11 @@ impl crate::exec::Backend for CpuBackend<'_> {
     fn prepare(&mut self, groups: &[Vec<usize>]) -> Result<(), DistError> {
         Ok(self.comm.prepare(groups)?)
     }
-    fn send(&mut self, to: usize, x: &Tensor) -> Result<(), DistError> {
-        Ok(self.comm.send(to, x)?)
+    fn send(&mut self, to: usize, tag: u64, x: &Tensor) -> Result<(), DistError> {
+        Ok(self.comm.send(to, tag, x)?)
     }
-    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<Tensor, DistError> {
-        Ok(self.comm.recv(from, meta)?)
+    fn recv(&mut self, from: usize, tag: u64, meta: &TensorMeta) -> Result<Tensor, DistError> {
+        Ok(self.comm.recv(from, tag, meta)?)
     }
     fn download(&mut self, x: Tensor) -> Result<Tensor, DistError> {
         Ok(x)
@@ -570,7 +578,10 @@ impl Program {
             mesh,
             stages: 1,
             microbatches: 1,
-            update_from: vec![code.len()],
+            segments: vec![HashMap::from([(plan::Segment { phase: plan::Phase::Forward, chunk: 0 }, 0..code.len())])],
+            steps: vec![plan::schedule::sequential(1, 1, false)],
+            send_bytes: vec![0],
+            schedule: None,
             accumulate: vec![],
             code: vec![code],
             slot_names,
@@ -614,15 +625,38 @@ impl Program {
         let mut constants = vec![];
         let mut inputs = vec![];
         let mut out_specs: HashMap<ValueRef, ShardingSpec> = HashMap::new();
-        let mut update_from: Option<Vec<usize>> = None;
-        for (k, ins) in plan.program.iter().enumerate() {
-            if k == plan.update_from {
-                update_from = Some(codes.iter().map(Vec::len).collect());
+        let mut segments: Vec<HashMap<plan::Segment, std::ops::Range<usize>>> = vec![HashMap::new(); stages];
+        let mut current: Vec<Option<plan::Segment>> = vec![None; stages];
+        let mut send_bytes = vec![0usize; stages];
+        // Transfers are numbered in program order: with the microbatch, a message's tag.
+        let mut transfers = 0u64;
+        // Each stage's code is in segment order (validated): a segment is one range.
+        let mut extend = |s: usize, seg: plan::Segment, at: usize| -> Result<(), DistError> {
+            let r = segments[s].entry(seg).or_insert(at..at);
+            if current[s] != Some(seg) && r.end != at {
+                return Err(DistError::Plan(format!("stage {s}'s {seg:?} is not contiguous")));
             }
+            current[s] = Some(seg);
+            r.end = at + 1;
+            Ok(())
+        };
+        for ins in plan.program.iter() {
             let stage = match ins {
                 Instr::Op { stage, .. } | Instr::Collective { stage, .. } | Instr::Free { stage, .. } => *stage,
                 Instr::Transfer { from, .. } => *from,
             };
+            if stage >= stages {
+                return Err(bad(format!("stage {stage} of {stages}")));
+            }
+            if let Some(seg) = ins.segment_on(stage) {
+                extend(stage, seg, codes[stage].len())?;
+            }
+            if let Instr::Transfer { to, .. } = ins
+                && let Some(seg) = ins.segment_on(*to)
+                && *to < stages
+            {
+                extend(*to, seg, codes[*to].len())?;
+            }
             let code = codes.get_mut(stage).ok_or_else(|| bad(format!("stage {stage} of {stages}")))?;
             match ins {
                 Instr::Op {
@@ -736,14 +770,18 @@ impl Program {
                 }
                 Instr::Transfer { value, spec, from, to, .. } => {
                     let slot = slot_of(value);
-                    code.push(Exec::Send { slot, to: *to });
+                    let id = transfers;
+                    transfers += 1;
+                    code.push(Exec::Send { slot, to: *to, id });
                     let m =
                         g.g.node_weight(NodeIndex::new(value.node))
                             .and_then(|n| n.outputs.get(value.slot))
                             .ok_or_else(|| bad(format!("transfer of unknown value {value}")))?;
                     let meta = TensorMeta::new(m.dtype, spec.local_shape(&m.shape, &mesh));
+                    let times = if ins.phase() == plan::Phase::Update { 1 } else { plan.microbatches.max(1) };
+                    send_bytes[*from] += (meta.bytes() + 8 * meta.shape.len() + 1024) * times;
                     let code = codes.get_mut(*to).ok_or_else(|| bad(format!("stage {to} of {stages}")))?;
-                    code.push(Exec::Recv { slot, from: *from, meta });
+                    code.push(Exec::Recv { slot, from: *from, meta, id });
                 }
             }
         }
@@ -777,7 +815,6 @@ impl Program {
             kept[r.stage].push((r.name.clone(), slot_of(&ValueRef::new(n.index(), 0))));
         }
         let plan_hash = storage_hash(&plan.model.hash, &mesh, &resident);
-        let update_from = update_from.unwrap_or_else(|| codes.iter().map(Vec::len).collect());
         let mut accumulate: Vec<usize> = plan.accumulate.iter().map(&mut slot_of).collect();
         if plan.microbatches > 1 {
             accumulate.extend(outputs.iter().map(|o: &(String, usize, ShardingSpec, Vec<usize>)| o.1));
@@ -789,7 +826,13 @@ impl Program {
             mesh,
             stages,
             microbatches: plan.microbatches.max(1),
-            update_from,
+            segments,
+            steps: plan.steps(),
+            send_bytes,
+            schedule: plan
+                .pipeline
+                .as_ref()
+                .map(|p| (p.schedule.kind, plan::schedule::timeline(plan).is_ok_and(|t| t.in_order))),
             accumulate,
             code: codes,
             slot_names,
@@ -874,6 +917,29 @@ impl Program {
         groups.push(self.stage_ranks(rank));
         groups.retain(|g| g.len() > 1);
         groups
+    }
+
+    /// Why a back end whose sends wait for their receives cannot run this program (a schedule
+    /// where two stages send to each other at once: 1F1B, interleaved, zero bubble); `None`
+    /// when it can.
+    pub fn needs_buffered_sends(&self) -> Option<String> {
+        let (kind, in_order) = self.schedule?;
+        match kind {
+            _ if !in_order => Some(format!(
+                "under this plan's {kind} schedule, blocks between two ranks are not received in the order they are \
+                 sent, and this back end has no tags to tell them apart"
+            )),
+            plan::ScheduleKind::Sequential | plan::ScheduleKind::Gpipe => None,
+            _ => Some(format!(
+                "the {kind} schedule has stages send to each other at once, and this back end's sends wait for their \
+                 receives; plan with --schedule gpipe"
+            )),
+        }
+    }
+
+    /// The bytes rank `rank` sends in one step, headers included (see `send_bytes`).
+    pub fn send_bytes(&self, rank: usize) -> usize {
+        self.send_bytes.get(self.stage_of(rank)).copied().unwrap_or(0)
     }
 
     /// The global batch size (first dim of the first input, times the microbatches), for

@@ -18,10 +18,11 @@
 //!   in the plan's order (a consistent order of every stage's transfers, so none waits for a
 //!   transfer that comes later), and the outputs come from the ranks of its own stage.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use ir::Tensor;
+use plan::{Phase, Segment};
 use sharding::{Collective, DeviceMesh, sim};
 
 use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, StepResult};
@@ -52,10 +53,10 @@ pub(crate) trait Backend {
     fn prepare(&mut self, _groups: &[Vec<usize>]) -> Result<(), DistError> {
         Ok(())
     }
-    /// Sends a block to rank `to` (a pipeline transfer).
-    fn send(&mut self, to: usize, x: &Self::T) -> Result<(), DistError>;
-    /// Receives a block of `meta` from rank `from`.
-    fn recv(&mut self, from: usize, meta: &ir::TensorMeta) -> Result<Self::T, DistError>;
+    /// Sends a block to rank `to` (a pipeline transfer), tagged.
+    fn send(&mut self, to: usize, tag: u64, x: &Self::T) -> Result<(), DistError>;
+    /// Receives the block of `meta` rank `from` sends with `tag`.
+    fn recv(&mut self, from: usize, tag: u64, meta: &ir::TensorMeta) -> Result<Self::T, DistError>;
     /// A block on the host (a single rank's output, which needs no assembly).
     fn download(&mut self, x: Self::T) -> Result<Tensor, DistError>;
     /// `x` with another shape of the same size, reusing its buffer where the back end can
@@ -138,52 +139,86 @@ pub(crate) fn step<'a, B: Backend>(
     if program.ranks() > 1 {
         b.prepare(&program.groups_of(rank))?;
     }
-    // With microbatches: the microbatch part once per microbatch (its inputs' blocks), the
-    // accumulated slots summed after each, then the update part once.
+    // The steps of the stage's schedule, each a segment of its code for one microbatch, then
+    // the update segment once. Every microbatch in flight has its own values; parameters and
+    // optimizer state (and, once a microbatch ends, what it leaves for the update) are shared.
     let microbatches = program.microbatches.max(1);
-    let split = program.update_from.get(stage).copied().unwrap_or(code.len()).min(code.len());
-    let runs: Vec<(std::ops::Range<usize>, usize)> = if microbatches == 1 {
-        vec![(0..code.len(), 0)]
-    } else {
-        (0..microbatches).map(|m| (0..split, m)).chain(std::iter::once((split..code.len(), 0))).collect()
+    let steps = program.steps.get(stage).map(Vec::as_slice).unwrap_or(&[]);
+    let segments = &program.segments[stage];
+    let mut last_step: HashMap<usize, usize> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        last_step.insert(st.microbatch, i);
+    }
+    let is_const: Vec<bool> = {
+        let mut v = vec![false; program.slot_names.len()];
+        for ins in code {
+            if let Exec::Constant { slot, .. } = ins {
+                v[*slot] = true;
+            }
+        }
+        v
     };
+    // Bytes a held value counts for (a constant's block stays with the rank's constants).
+    let cost = |slot: usize, t: &B::T| if is_const[slot] { 0 } else { B::bytes(t) };
+    let update = Segment { phase: Phase::Update, chunk: 0 };
+    let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
     let n_inputs = program.inputs.len();
+    let mut tables: HashMap<usize, Vec<Option<Held<'a, B::T>>>> = HashMap::new();
     let mut acc: Vec<Option<B::T>> = vec![None; program.accumulate.len()];
-    for (run, (range, mb)) in runs.into_iter().enumerate() {
+    let fresh = || -> Vec<Option<Held<'a, B::T>>> { (0..program.slot_names.len()).map(|_| None).collect() };
+    for (run, (mb, seg)) in runs.enumerate() {
+        if mb.is_none() {
+            // The sums are what the update reads.
+            for (j, &slot) in program.accumulate.iter().enumerate() {
+                if let Some(a) = acc[j].take() {
+                    vals[slot] = Some(Held::Owned(a));
+                }
+            }
+        }
+        let mut table = match mb {
+            Some(m) => tables.remove(&m).unwrap_or_else(fresh),
+            None => std::mem::take(&mut vals),
+        };
+        let range = segments.get(&seg).cloned().unwrap_or(0..0);
+        let m = mb.unwrap_or(0);
         for ins in &code[range] {
             b.check()?;
             match ins {
                 Exec::Storage { slot, name } => {
                     // Read once per step (a later microbatch finds it in place).
-                    if vals[*slot].is_some() {
+                    let home = if mb.is_some() { &mut vals } else { &mut table };
+                    if home[*slot].is_some() {
                         continue;
                     }
                     let none = || DistError::Data { rank, message: format!("no storage for {name}") };
-                    vals[*slot] = Some(match &borrowed {
+                    home[*slot] = Some(match &borrowed {
                         None => Held::Owned(taken.remove(name).ok_or_else(none)?),
                         Some((params, _)) => Held::Borrowed(params.get(name).ok_or_else(none)?),
                     });
                 }
                 Exec::Input { slot, index } => {
                     // A state made by another program may lack the block.
-                    let t = feeds.get(mb * n_inputs + *index).ok_or_else(|| DistError::Data {
+                    let t = feeds.get(m * n_inputs + *index).ok_or_else(|| DistError::Data {
                         rank,
                         message: format!("no block of input {}", program.slot_names[*slot]),
                     })?;
                     live += B::bytes(t);
-                    vals[*slot] = Some(Held::Borrowed(t));
+                    if let Some(old) = table[*slot].replace(Held::Borrowed(t)) {
+                        live = live.saturating_sub(cost(*slot, old.get()));
+                    }
+                    peak = peak.max(live);
                 }
                 Exec::Constant { slot, index } => {
                     let t = constants.get(*index).ok_or_else(|| DistError::Data {
                         rank,
                         message: format!("no block of constant {}", program.slot_names[*slot]),
                     })?;
-                    vals[*slot] = Some(Held::Borrowed(t));
+                    table[*slot] = Some(Held::Borrowed(t));
                 }
                 Exec::Op { id, node, op, kernel, inputs, outputs, shapes } => {
                     let ins: Vec<&B::T> = inputs
                         .iter()
-                        .map(|&s| vals[s].as_ref().map(Held::get).ok_or_else(|| missing(s)))
+                        .map(|&s| get(&table, &vals, s).ok_or_else(|| missing(s)))
                         .collect::<Result<_, _>>()?;
                     let kerr =
                         |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
@@ -205,16 +240,21 @@ pub(crate) fn step<'a, B: Backend>(
                     }
                     for (t, &s) in outs.into_iter().zip(outputs) {
                         live += B::bytes(&t);
-                        // A value a later microbatch computes again (the same): the old one goes.
-                        if let Some(old) = vals[s].replace(Held::Owned(t)) {
-                            live = live.saturating_sub(B::bytes(old.get()));
+                        if let Some(old) = table[s].replace(Held::Owned(t)) {
+                            live = live.saturating_sub(cost(s, old.get()));
                         }
                     }
                     peak = peak.max(live);
                 }
                 Exec::View { id, node, input, output, shape } => {
-                    // The input's last read: its buffer becomes the output's.
-                    let x = vals[*input].take().ok_or_else(|| missing(*input))?;
+                    // The input's last read: its buffer becomes the output's (a shared value is
+                    // copied: later microbatches read it).
+                    let x = match table[*input].take() {
+                        Some(x) => x,
+                        None => Held::Owned(
+                            vals.get(*input).and_then(Option::as_ref).ok_or_else(|| missing(*input))?.get().clone(),
+                        ),
+                    };
                     let t1 = profile.then(Instant::now);
                     let y = match x {
                         Held::Owned(t) => b.reshape(t, shape, mesh),
@@ -229,77 +269,90 @@ pub(crate) fn step<'a, B: Backend>(
                     if let Some(t1) = t1 {
                         op_seconds.push((*id, t1.elapsed().as_secs_f64()));
                     }
-                    vals[*output] = Some(Held::Owned(y));
+                    table[*output] = Some(Held::Owned(y));
                 }
                 Exec::Collective { input, output, c } => {
                     let t1 = Instant::now();
-                    let x = vals[*input].as_ref().map(Held::get).ok_or_else(|| missing(*input))?;
+                    let x = get(&table, &vals, *input).ok_or_else(|| missing(*input))?;
                     let y = b.collective(c, mesh, x)?;
                     comm_seconds += t1.elapsed().as_secs_f64();
                     live += B::bytes(&y);
                     peak = peak.max(live);
-                    if let Some(old) = vals[*output].replace(Held::Owned(y)) {
-                        live = live.saturating_sub(B::bytes(old.get()));
+                    if let Some(old) = table[*output].replace(Held::Owned(y)) {
+                        live = live.saturating_sub(cost(*output, old.get()));
                     }
                 }
-                Exec::Send { slot, to } => {
+                Exec::Send { slot, to, id } => {
                     let t1 = Instant::now();
-                    let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
-                    b.send(program.peer(rank, *to), x)?;
+                    let x = get(&table, &vals, *slot).ok_or_else(|| missing(*slot))?;
+                    b.send(program.peer(rank, *to), id * microbatches as u64 + m as u64, x)?;
                     comm_seconds += t1.elapsed().as_secs_f64();
                 }
-                Exec::Recv { slot, from, meta } => {
+                Exec::Recv { slot, from, meta, id } => {
                     let t1 = Instant::now();
-                    let y = b.recv(program.peer(rank, *from), meta)?;
+                    let y = b.recv(program.peer(rank, *from), id * microbatches as u64 + m as u64, meta)?;
                     comm_seconds += t1.elapsed().as_secs_f64();
                     live += B::bytes(&y);
                     peak = peak.max(live);
-                    if let Some(old) = vals[*slot].replace(Held::Owned(y)) {
-                        live = live.saturating_sub(B::bytes(old.get()));
+                    if let Some(old) = table[*slot].replace(Held::Owned(y)) {
+                        live = live.saturating_sub(cost(*slot, old.get()));
                     }
                 }
                 Exec::Free { slots } => {
                     for &s in slots {
-                        let h = vals[s].take().ok_or_else(|| missing(s))?;
-                        live = live.saturating_sub(B::bytes(h.get()));
+                        let h = match table[s].take() {
+                            Some(h) => h,
+                            None => vals.get_mut(s).and_then(Option::take).ok_or_else(|| missing(s))?,
+                        };
+                        live = live.saturating_sub(cost(s, h.get()));
                     }
                 }
             }
         }
-        if microbatches > 1 && run < microbatches {
-            // Sum this microbatch's values into the accumulators (in microbatch order).
-            for (j, &slot) in program.accumulate.iter().enumerate() {
-                let Some(h) = vals[slot].take() else { continue };
-                let x = h.into_owned();
-                acc[j] = Some(match acc[j].take() {
-                    None => x,
-                    Some(a) => {
-                        let add = Kernel::Same(ir::Op::Binary(ir::BinaryOp::Add));
-                        let (mut outs, _) = b.eval(&add, &[&a, &x], mesh).map_err(|e| match e {
-                            KernelFailure::Kernel(m) => DistError::Kernel {
-                                rank,
-                                node: program.slot_names[slot].to_string(),
-                                op: "accumulate".into(),
-                                message: m,
-                            },
-                            KernelFailure::Comm(c) => DistError::Comm(c),
-                        })?;
-                        let y = outs.pop().ok_or_else(|| DistError::Plan("accumulating: no sum".into()))?;
-                        live += B::bytes(&y);
-                        peak = peak.max(live);
-                        live = live.saturating_sub(B::bytes(&a) + B::bytes(&x));
-                        y
-                    }
-                });
-            }
-            if run + 1 == microbatches {
+        match mb {
+            None => vals = table,
+            Some(m) if last_step.get(&m) == Some(&run) => {
+                // The microbatch's last step here: its values join the sums (in the order the
+                // microbatches end), and what else it holds is left for the update.
                 for (j, &slot) in program.accumulate.iter().enumerate() {
-                    if let Some(a) = acc[j].take() {
-                        vals[slot] = Some(Held::Owned(a));
+                    let Some(h) = table[slot].take() else { continue };
+                    let x = h.into_owned();
+                    acc[j] = Some(match acc[j].take() {
+                        None => x,
+                        Some(a) => {
+                            let add = Kernel::Same(ir::Op::Binary(ir::BinaryOp::Add));
+                            let (mut outs, _) = b.eval(&add, &[&a, &x], mesh).map_err(|e| match e {
+                                KernelFailure::Kernel(msg) => DistError::Kernel {
+                                    rank,
+                                    node: program.slot_names[slot].to_string(),
+                                    op: "accumulate".into(),
+                                    message: msg,
+                                },
+                                KernelFailure::Comm(c) => DistError::Comm(c),
+                            })?;
+                            let y = outs.pop().ok_or_else(|| DistError::Plan("accumulating: no sum".into()))?;
+                            live += B::bytes(&y);
+                            peak = peak.max(live);
+                            live = live.saturating_sub(B::bytes(&a) + B::bytes(&x));
+                            y
+                        }
+                    });
+                }
+                for (s, h) in table.into_iter().enumerate() {
+                    if let Some(h) = h
+                        && let Some(old) = vals[s].replace(h)
+                    {
+                        live = live.saturating_sub(cost(s, old.get()));
                     }
                 }
             }
+            Some(m) => {
+                tables.insert(m, table);
+            }
         }
+    }
+    if !tables.is_empty() {
+        return Err(DistError::Plan(format!("rank {rank}: the schedule leaves microbatches unfinished")));
     }
     // Values read at the end: outputs, updates and (into owned storage) frozen parameters. The
     // last read of each moves it; earlier ones copy.
@@ -349,6 +402,11 @@ pub(crate) fn step<'a, B: Backend>(
         comm_seconds,
         op_seconds,
     })
+}
+
+/// A value of a microbatch's `table`, or else a shared one.
+fn get<'x, T: Clone>(table: &'x [Option<Held<'_, T>>], shared: &'x [Option<Held<'_, T>>], s: usize) -> Option<&'x T> {
+    table.get(s).and_then(Option::as_ref).or_else(|| shared.get(s).and_then(Option::as_ref)).map(Held::get)
 }
 
 /// A value read at the end of a step: moved out at its last read, copied before.

@@ -308,7 +308,9 @@ impl crate::exec::Backend for GpuExec<'_> {
         x.download(self.ctx).map_err(|e| DistError::Data { rank, message: e.to_string() })
     }
     /// On the communicator of the two ranks (made on first use by both), NCCL's send.
-    fn send(&mut self, to: usize, x: &CudaTensor) -> Result<(), DistError> {
+    /// NCCL has no tags: blocks meet in the order sent (the launcher runs only plans whose
+    /// transfers between two ranks are received in that order).
+    fn send(&mut self, to: usize, _tag: u64, x: &CudaTensor) -> Result<(), DistError> {
         let rank = self.rank;
         let pair = crate::comm::pair(rank, to).map_err(|why| CommError::Bad { rank, why })?;
         let err = |e: kernels::Error| DistError::Comm(CommError::Backend { rank, message: e.to_string() });
@@ -316,7 +318,7 @@ impl crate::exec::Backend for GpuExec<'_> {
         comm.send(x, usize::from(to > rank)).map_err(err)?;
         self.ctx.synchronize().map_err(err)
     }
-    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<CudaTensor, DistError> {
+    fn recv(&mut self, from: usize, _tag: u64, meta: &TensorMeta) -> Result<CudaTensor, DistError> {
         let rank = self.rank;
         let pair = crate::comm::pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
         let err = |e: kernels::Error| DistError::Comm(CommError::Backend { rank, message: e.to_string() });

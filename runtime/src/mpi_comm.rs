@@ -6,7 +6,8 @@
 //! splits for the same axis sets in the same order, so the splits, collectives over the world,
 //! meet even when pipeline stages run different programs), or else the first time the group
 //! is used: every rank of an SPMD program reaches its first collective over a given set of mesh
-//! axes at the same instruction. Pipeline transfers are point to point on the world. Sub-communicators rank
+//! axes at the same instruction. Pipeline transfers are point to point on the world, buffered
+//! (`MPI_Bsend` into a buffer sized for a step's sends), so a send never waits. Sub-communicators rank
 //! their members in group order, so blocks come back in the order [`Communicator::exchange`]
 //! promises and reductions stay deterministic.
 //!
@@ -50,6 +51,24 @@ impl MpiWorld {
         let size = world.size() as usize;
         MpiComm { world, rank, size, subs: HashMap::new() }
     }
+
+    /// Attaches a buffer of `bytes` for this process's point-to-point sends (every send of a
+    /// step: [`crate::Program::send_bytes`]), so that a send never waits for its receive. At
+    /// most 2 GiB (MPI counts in a C int): a larger need is an error.
+    pub fn reserve_sends(&mut self, bytes: usize) -> Result<(), CommError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let rank = self.universe.world().rank() as usize;
+        if bytes > i32::MAX as usize {
+            return Err(CommError::Bad {
+                rank,
+                why: format!("a step sends {bytes} bytes between pipeline stages; MPI buffers at most 2 GiB"),
+            });
+        }
+        self.universe.set_buffer_size(bytes);
+        Ok(())
+    }
 }
 
 /// One rank's communicator over MPI (see the module docs).
@@ -58,6 +77,11 @@ pub struct MpiComm {
     rank: usize,
     size: usize,
     subs: HashMap<Vec<usize>, SimpleCommunicator>,
+}
+
+/// The MPI tag of a block's tag (MPI promises tags up to 32767).
+fn mpi_tag(tag: u64) -> i32 {
+    (tag % 32768) as i32
 }
 
 fn encode(t: &Tensor) -> Vec<u8> {
@@ -317,24 +341,43 @@ impl Communicator for MpiComm {
         Tensor::new(out_shape, Data::F32(data)).map_err(|e| bad(e.to_string()))
     }
 
-    /// Point to point on the world communicator (`MPI_Send`/`MPI_Recv` of the encoded block).
-    fn send(&mut self, to: usize, block: &Tensor) -> Result<(), CommError> {
+    /// Point to point on the world communicator (`MPI_Bsend`/`MPI_Recv` of the encoded block,
+    /// after the full tag). MPI tags only go to 32767 for sure: the message's MPI tag is the tag
+    /// modulo 32768, and the receiver checks the full one (two blocks whose tags wrap to the
+    /// same number are received in the order sent, which a plan may not give: an error then,
+    /// never a wrong block).
+    fn send(&mut self, to: usize, tag: u64, block: &Tensor) -> Result<(), CommError> {
         crate::comm::pair(self.rank, to).map_err(|why| CommError::Bad { rank: self.rank, why })?;
         if to >= self.size {
             return Err(CommError::Bad { rank: self.rank, why: format!("sends to rank {to} of {}", self.size) });
         }
-        self.world.process_at_rank(to as i32).send(&encode(block)[..]);
+        // Buffered (MPI_Bsend, into the buffer `MpiWorld::reserve_sends` attached): a pipeline
+        // schedule has two stages send to each other at once, and a blocking send of a large
+        // block would wait for its receive forever.
+        let mut msg = tag.to_le_bytes().to_vec();
+        msg.extend(encode(block));
+        self.world.process_at_rank(to as i32).buffered_send_with_tag(&msg[..], mpi_tag(tag));
         Ok(())
     }
 
-    fn recv(&mut self, from: usize, meta: &TensorMeta) -> Result<Tensor, CommError> {
+    fn recv(&mut self, from: usize, tag: u64, meta: &TensorMeta) -> Result<Tensor, CommError> {
         let rank = self.rank;
         crate::comm::pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
         if from >= self.size {
             return Err(CommError::Bad { rank, why: format!("receives from rank {from} of {}", self.size) });
         }
-        let (bytes, _) = self.world.process_at_rank(from as i32).receive_vec::<u8>();
-        let t = decode(&bytes).map_err(|why| CommError::Bad { rank, why })?;
+        let (bytes, _) = self.world.process_at_rank(from as i32).receive_vec_with_tag::<u8>(mpi_tag(tag));
+        let (head, body) = bytes.split_at(8.min(bytes.len()));
+        let got = u64::from_le_bytes(head.try_into().unwrap_or([0xff; 8]));
+        if got != tag {
+            return Err(CommError::Bad {
+                rank,
+                why: format!(
+                    "expected block {tag} from rank {from}, got block {got} (their MPI tags wrap to the same)"
+                ),
+            });
+        }
+        let t = decode(body).map_err(|why| CommError::Bad { rank, why })?;
         crate::comm::received(rank, from, meta, Some(t))
     }
 

@@ -80,14 +80,25 @@ pub struct PlanArgs {
     /// have N devices, e.g. `--mesh 2x4 --pipeline 2`: 2 stages of 4 devices). Each stage runs
     /// its part of forward and backward as an SPMD program over the other axes; values crossing
     /// stages are sent point to point. Layouts are solved on one stage's devices, then the
-    /// stages cut by estimated time; activation recomputation is off. One microbatch per step.
+    /// stages cut by estimated time; activation recomputation is off. The stages run the
+    /// microbatches (--microbatches) in the order --schedule gives.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub pipeline: u32,
+    /// The pipeline schedule: `1f1b` (one forward one backward: stage i runs S-1-i forwards
+    /// ahead, then alternates; holds at most S-i microbatches), `gpipe` (all forwards, then all
+    /// backwards), `interleaved` (1F1B over --chunks model chunks per stage; microbatches a
+    /// multiple of the stages), `zb-h1` (zero bubble: weight gradients split from the backward
+    /// fill the waits), or `sequential` (one microbatch at a time).
+    #[arg(long, value_name = "KIND", default_value = "1f1b")]
+    pub schedule: String,
+    /// Model chunks per stage for `--schedule interleaved` (virtual stages).
+    #[arg(long, value_name = "V", default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub chunks: u32,
     /// Microbatches per step (gradient accumulation): the model's batch is one microbatch, a
     /// step trains on M of them (feeds hold M times the model's batch along their first dim),
     /// summing their gradients (each scaled by 1/M: the gradient of the mean loss) and updating
-    /// once. With --pipeline, every stage runs the microbatches one after the other (no
-    /// overlap between stages yet). Activation recomputation is off.
+    /// once. With --pipeline, the stages overlap them as --schedule says. Activation
+    /// recomputation is off.
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub microbatches: u32,
     /// Where to write the plan.
@@ -162,6 +173,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
         stages: a.pipeline as usize,
         microbatches: a.microbatches as usize,
+        schedule: a.schedule.parse().map_err(anyhow::Error::msg)?,
+        chunks: a.chunks as usize,
     };
     let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a

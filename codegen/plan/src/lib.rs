@@ -25,6 +25,7 @@ mod error;
 mod form;
 pub mod memory;
 mod pretty;
+pub mod schedule;
 pub mod validate;
 mod value;
 
@@ -38,12 +39,14 @@ pub use error::{Error, Result};
 pub use validate::{Location, Problem, Problems, Valid};
 pub use value::{BadValueRef, ValueRef};
 
-/// The plan format's version. 5: pipeline stages (`pipeline`, each instruction's and
+/// The plan format's version. 6: each instruction's `phase` (forward, backward, weight
+/// gradient, update) and model `chunk`, and a pipeline's `schedule` (the order of every stage's
+/// microbatch steps); `update_from` is gone (the update phase says it). 5: pipeline stages (`pipeline`, each instruction's and
 /// parameter's `stage`, `transfer` instructions between stages). 4: the graph is JSON (nodes with typed ops, read without a text
 /// parse) and each `op` instruction holds the local op it runs, attributes resolved for the
 /// rank's blocks (was the op's name; the runtime re-derived the attributes). 3: the solver's
 /// status is `optimal`, `within_gap` or `feasible` (was a Rust debug string).
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 /// Which strategies a plan may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -283,6 +286,12 @@ pub enum Instr {
         /// The pipeline stage whose ranks run it (0 without stages).
         #[serde(default, skip_serializing_if = "is_zero")]
         stage: usize,
+        /// The part of a step it belongs to.
+        #[serde(default, skip_serializing_if = "Phase::is_forward")]
+        phase: Phase,
+        /// The model chunk of its stage it belongs to (interleaved schedules; 0 otherwise).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: usize,
     },
     /// A layout conversion step of a value.
     Collective {
@@ -303,6 +312,12 @@ pub enum Instr {
         /// The pipeline stage whose ranks run it (0 without stages).
         #[serde(default, skip_serializing_if = "is_zero")]
         stage: usize,
+        /// See [`Instr::Op`].
+        #[serde(default, skip_serializing_if = "Phase::is_forward")]
+        phase: Phase,
+        /// See [`Instr::Op`].
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: usize,
     },
     /// Values no longer needed (on the ranks of `stage`).
     Free {
@@ -311,6 +326,12 @@ pub enum Instr {
         /// The pipeline stage whose ranks free them (0 without stages).
         #[serde(default, skip_serializing_if = "is_zero")]
         stage: usize,
+        /// See [`Instr::Op`].
+        #[serde(default, skip_serializing_if = "Phase::is_forward")]
+        phase: Phase,
+        /// See [`Instr::Op`].
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: usize,
     },
     /// A value sent from the ranks of stage `from` to those of stage `to`: each sender sends
     /// its block to the rank of stage `to` at the same coordinates on the other mesh axes, so
@@ -329,10 +350,107 @@ pub enum Instr {
         bytes: usize,
         /// Estimated seconds.
         seconds: f64,
+        /// The part of a step both stages run it in.
+        #[serde(default, skip_serializing_if = "Phase::is_forward")]
+        phase: Phase,
+        /// The sender's model chunk.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        from_chunk: usize,
+        /// The receiver's model chunk.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        to_chunk: usize,
     },
 }
 
+/// The part of a training step an instruction belongs to. With microbatches, each microbatch
+/// runs the forward, backward and weight-gradient parts of its stage (in the order of the
+/// pipeline's [`Schedule`]), and the update part runs once per step after all of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The forward pass (and everything not split further, in a plan without phases).
+    #[default]
+    Forward,
+    /// The backward pass: with a zero-bubble schedule, only what computes the gradients other
+    /// stages wait for (the input gradients); otherwise all of it.
+    Backward,
+    /// Weight gradients that no other stage waits for (zero-bubble schedules).
+    Weight,
+    /// The optimizer's update, once per step on the gradients summed over the microbatches.
+    Update,
+}
+
+impl Phase {
+    /// Whether it is [`Phase::Forward`] (the default, not written).
+    pub fn is_forward(&self) -> bool {
+        *self == Phase::Forward
+    }
+    /// The letter of a schedule step (`F`, `B`, `W`, `U`).
+    pub fn letter(self) -> char {
+        match self {
+            Phase::Forward => 'F',
+            Phase::Backward => 'B',
+            Phase::Weight => 'W',
+            Phase::Update => 'U',
+        }
+    }
+}
+
+/// Where an instruction runs in a stage's step: its phase and model chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// The phase.
+    pub phase: Phase,
+    /// The model chunk.
+    pub chunk: usize,
+}
+
+impl Segment {
+    /// The order of segments within one microbatch on a stage with `chunks` model chunks: the
+    /// forward chunks first to last, then the backward and weight-gradient chunks last to
+    /// first, then the update.
+    pub fn rank(self, chunks: usize) -> (u8, usize) {
+        let back = chunks.saturating_sub(1).saturating_sub(self.chunk);
+        match self.phase {
+            Phase::Forward => (0, self.chunk),
+            Phase::Backward => (1, back),
+            Phase::Weight => (2, back),
+            Phase::Update => (3, 0),
+        }
+    }
+}
+
 impl Instr {
+    /// The segment it runs in on the ranks of `stage` (`None` when they do not run it).
+    pub fn segment_on(&self, stage: usize) -> Option<Segment> {
+        match self {
+            Instr::Op { stage: s, phase, chunk, .. }
+            | Instr::Collective { stage: s, phase, chunk, .. }
+            | Instr::Free { stage: s, phase, chunk, .. } => {
+                (*s == stage).then_some(Segment { phase: *phase, chunk: *chunk })
+            }
+            Instr::Transfer { from, to, phase, from_chunk, to_chunk, .. } => {
+                if *from == stage {
+                    Some(Segment { phase: *phase, chunk: *from_chunk })
+                } else if *to == stage {
+                    Some(Segment { phase: *phase, chunk: *to_chunk })
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Its phase.
+    pub fn phase(&self) -> Phase {
+        match self {
+            Instr::Op { phase, .. }
+            | Instr::Collective { phase, .. }
+            | Instr::Free { phase, .. }
+            | Instr::Transfer { phase, .. } => *phase,
+        }
+    }
+
     /// Whether the ranks of `stage` run it (a transfer: as sender or receiver).
     pub fn runs_on(&self, stage: usize) -> bool {
         match self {
@@ -355,6 +473,164 @@ pub struct Pipeline {
     pub microbatches: usize,
     /// Per stage, what it runs and holds.
     pub per_stage: Vec<StageEstimate>,
+    /// The order in which each stage runs its microbatches' phases.
+    pub schedule: Schedule,
+}
+
+/// Which pipeline schedule a plan uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ScheduleKind {
+    /// Each microbatch's forward and backward before the next microbatch starts (no overlap).
+    #[serde(rename = "sequential")]
+    Sequential,
+    /// All forwards, then all backwards (Huang et al. 2019).
+    #[serde(rename = "gpipe")]
+    Gpipe,
+    /// One forward one backward: stage `i` starts `S-1-i` forwards ahead, then alternates
+    /// (PipeDream-Flush; Narayanan et al. 2021).
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// 1F1B over several model chunks per stage (virtual stages; Narayanan et al. 2021).
+    #[serde(rename = "interleaved")]
+    Interleaved,
+    /// Zero bubble H1: the backward split into input and weight gradients, the weight
+    /// gradients filling the bubbles (Qi et al. 2024).
+    #[serde(rename = "zb-h1")]
+    ZbH1,
+}
+
+impl ScheduleKind {
+    /// All of them.
+    pub const ALL: [ScheduleKind; 5] = [
+        ScheduleKind::Sequential,
+        ScheduleKind::Gpipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+        ScheduleKind::ZbH1,
+    ];
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Sequential => "sequential",
+            ScheduleKind::Gpipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved => "interleaved",
+            ScheduleKind::ZbH1 => "zb-h1",
+        }
+    }
+}
+
+impl std::fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ScheduleKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<ScheduleKind, String> {
+        ScheduleKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown schedule `{s}` (sequential, gpipe, 1f1b, interleaved, zb-h1)"))
+    }
+}
+
+/// One step of a stage's schedule: one microbatch's phase of one model chunk. Written `F3`
+/// (forward of microbatch 3), `B3`, `W3`, with the chunk after a colon when there are several
+/// (`F3:1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Step {
+    /// The microbatch.
+    pub microbatch: usize,
+    /// The model chunk.
+    pub chunk: usize,
+    /// The phase (never [`Phase::Update`], which runs once after the steps).
+    pub phase: Phase,
+}
+
+impl Step {
+    /// Its segment.
+    pub fn segment(self) -> Segment {
+        Segment { phase: self.phase, chunk: self.chunk }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.phase.letter(), self.microbatch)?;
+        if self.chunk > 0 {
+            write!(f, ":{}", self.chunk)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Step {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Step, String> {
+        let bad = || format!("`{s}` is not a schedule step (F3, B3, W3, or F3:1 with a chunk)");
+        let mut chars = s.chars();
+        let phase = match chars.next() {
+            Some('F') => Phase::Forward,
+            Some('B') => Phase::Backward,
+            Some('W') => Phase::Weight,
+            _ => return Err(bad()),
+        };
+        let rest = chars.as_str();
+        let (mb, chunk) = match rest.split_once(':') {
+            Some((m, c)) => (m, c.parse::<usize>().map_err(|_| bad())?),
+            None => (rest, 0),
+        };
+        if mb.is_empty() || !mb.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        Ok(Step { microbatch: mb.parse().map_err(|_| bad())?, chunk, phase })
+    }
+}
+
+impl Serialize for Step {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Step, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for Step {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Step".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[FBW][0-9]+(:[0-9]+)?$",
+            "description": "A microbatch's phase: F3 (forward of microbatch 3), B3 (backward), W3 (weight gradients), with the model chunk after a colon (F3:1)"
+        })
+    }
+}
+
+/// The order of every stage's steps, which the runtime follows exactly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Schedule {
+    /// Which schedule.
+    pub kind: ScheduleKind,
+    /// Model chunks per stage (more than one: interleaved).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub chunks: usize,
+    /// Per stage, its steps in order: every microbatch's forward, backward (and weight
+    /// gradient) of every chunk, once. The update phase runs after them.
+    pub steps: Vec<Vec<Step>>,
+    /// Estimated seconds of the microbatch steps (the first start to the last end over the
+    /// stages; [`crate::schedule::timeline`]).
+    pub seconds: f64,
+    /// Estimated idle fraction of the stages over those seconds (the bubble).
+    pub bubble: f64,
 }
 
 /// One pipeline stage's share of the plan.
@@ -496,17 +772,15 @@ pub struct Plan {
     #[schemars(with = "form::GraphForm")]
     pub graph: ir::Graph,
     /// Microbatches per step: the graph is one microbatch's (its inputs' first dim is the
-    /// microbatch), a step feeds `microbatches` of them, runs `program[..update_from]` once per
-    /// microbatch, sums the `accumulate` values (and the outputs) over them, and then runs
-    /// `program[update_from..]` once. The graph's gradients are scaled by 1/`microbatches`, so
-    /// the sums are the gradients of the mean loss; the outputs are averaged.
+    /// microbatch), a step feeds `microbatches` of them, runs the instructions of every phase
+    /// but [`Phase::Update`] once per microbatch (in the order of the pipeline's schedule, or
+    /// one microbatch after the other), sums the `accumulate` values (and the outputs) over
+    /// them, and then runs the update phase once. The graph's gradients are scaled by
+    /// 1/`microbatches`, so the sums are the gradients of the mean loss; the outputs are
+    /// averaged.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub microbatches: usize,
-    /// The first instruction run once per step after the microbatches (with one microbatch,
-    /// any index: all instructions run once).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub update_from: usize,
-    /// The values summed over microbatches: written before `update_from`, read after it.
+    /// The values summed over microbatches: written before the update phase, read in it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accumulate: Vec<ValueRef>,
     /// Pipeline stages (`None`: one SPMD program over the whole mesh).
@@ -621,6 +895,20 @@ impl Plan {
             }
         }
         Ok(plan)
+    }
+
+    /// Model chunks per stage (1 without an interleaved schedule).
+    pub fn chunks(&self) -> usize {
+        self.pipeline.as_ref().map_or(1, |p| p.schedule.chunks.max(1))
+    }
+
+    /// Each stage's steps: the pipeline's schedule, or (without stages) the microbatches one
+    /// after the other, each running its phases in segment order.
+    pub fn steps(&self) -> Vec<Vec<Step>> {
+        match &self.pipeline {
+            Some(p) => p.schedule.steps.clone(),
+            None => vec![schedule::sequential(self.microbatches, 1, true)],
+        }
     }
 
     /// Number of pipeline stages (1 without).

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use ir::{Graph, NodeIndex, Op};
 use sharding::DeviceMesh;
 
-use crate::{Error, Instr, Location, Problem, Problems, Result, ValueRef};
+use crate::{Error, Instr, Location, Phase, Plan, Problem, Problems, Result, Segment, ValueRef};
 
 /// The memory profile of a program (bytes per rank).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,7 +116,9 @@ pub fn simulate_stage(graph: &Graph, mesh: &DeviceMesh, program: &[Instr], stage
             Instr::Free { values, .. } => {
                 for v in values {
                     let b = bytes.remove(v).ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?;
-                    live = live.saturating_sub(b);
+                    if !is_constant(graph, v) {
+                        live = live.saturating_sub(b);
+                    }
                 }
                 0
             }
@@ -126,6 +128,174 @@ pub fn simulate_stage(graph: &Graph, mesh: &DeviceMesh, program: &[Instr], stage
             if live > peak {
                 peak = live;
                 peak_at = Some(k);
+            }
+        }
+    }
+    Ok(MemoryProfile { resident, peak, peak_at })
+}
+
+/// Whether `v` is a constant's value (its block stays with the rank's constants when freed).
+fn is_constant(graph: &Graph, v: &ValueRef) -> bool {
+    graph.g.node_weight(NodeIndex::new(v.node)).is_some_and(|n| matches!(n.op, Op::Constant(_)))
+}
+
+/// The peak of the stage with the highest one under the plan's steps ([`simulate_steps`]).
+pub fn simulate_plan(plan: &Plan, mesh: &DeviceMesh) -> Result<MemoryProfile> {
+    let mut best: Option<MemoryProfile> = None;
+    for s in 0..plan.stages() {
+        let m = simulate_steps(plan, mesh, s)?;
+        if best.as_ref().is_none_or(|b| m.peak > b.peak) {
+            best = Some(m);
+        }
+    }
+    Ok(best.unwrap_or(MemoryProfile { resident: 0, peak: 0, peak_at: None }))
+}
+
+/// Walks one stage's instructions in the order its steps run them ([`Plan::steps`], then the
+/// update phase), with the runtime's accounting of microbatches: each microbatch in flight
+/// holds its own values; parameters, optimizer state and constants are resident and read by
+/// every microbatch; when a microbatch's last step on the stage ends, its accumulated values
+/// (and the outputs, with more than one microbatch) are added into one sum each (the first
+/// becomes the sum; a later one holds the new sum next to the old and the addend for a moment),
+/// and what else it still holds replaces the previous microbatch's copy, for the update phase
+/// to read. With one microbatch and no stages this is [`simulate_stage`]'s walk.
+pub fn simulate_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<MemoryProfile> {
+    let graph = &plan.graph;
+    let bad = |k: usize, why: String| Error::Invalid(Problems(vec![Problem { at: Location::Instr(k), why }]));
+    let meta_of = |k: usize, v: &ValueRef| {
+        graph
+            .g
+            .node_weight(NodeIndex::new(v.node))
+            .and_then(|x| x.outputs.get(v.slot))
+            .ok_or_else(|| bad(k, format!("unknown value {v}")))
+    };
+    let mut segs: HashMap<Segment, Vec<(usize, &Instr)>> = HashMap::new();
+    let mut shared: HashMap<ValueRef, u64> = HashMap::new();
+    let mut resident = 0u64;
+    for (k, ins) in plan.program.iter().enumerate() {
+        let Some(seg) = ins.segment_on(stage) else { continue };
+        segs.entry(seg).or_default().push((k, ins));
+        if let Instr::Op { node, outputs, local_shapes, .. } = ins {
+            let n = graph.g.node_weight(NodeIndex::new(*node)).ok_or_else(|| bad(k, format!("no node %{node}")))?;
+            if matches!(n.op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)) {
+                for (o, shape) in outputs.iter().zip(local_shapes) {
+                    let b = (shape.iter().product::<usize>() * n.outputs[0].dtype.size()) as u64;
+                    resident += b;
+                    if !matches!(n.op, Op::Constant(_)) {
+                        shared.insert(*o, b);
+                    }
+                }
+            }
+        }
+    }
+    let microbatches = plan.microbatches.max(1);
+    let mut accumulate: Vec<ValueRef> = plan.accumulate.clone();
+    if microbatches > 1 {
+        accumulate.extend(graph.outputs.iter().map(|(_, v)| ValueRef::of(*v)));
+    }
+    accumulate.sort();
+    accumulate.dedup();
+    let steps = plan.steps().into_iter().nth(stage).unwrap_or_default();
+    let mut last_step: HashMap<usize, usize> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        last_step.insert(st.microbatch, i);
+    }
+    let (mut live, mut peak, mut peak_at) = (resident, resident, None);
+    let mut tables: HashMap<usize, HashMap<ValueRef, u64>> = HashMap::new();
+    let mut sums: HashMap<ValueRef, u64> = HashMap::new();
+    let update = Segment { phase: Phase::Update, chunk: 0 };
+    let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
+    for (i, (mb, seg)) in runs.enumerate() {
+        if mb.is_none() {
+            // The sums are what the update phase reads.
+            shared.extend(sums.drain());
+        }
+        for &(k, ins) in segs.get(&seg).map(Vec::as_slice).unwrap_or(&[]) {
+            let mut table = match mb {
+                Some(m) => tables.remove(&m).unwrap_or_default(),
+                None => std::mem::take(&mut shared),
+            };
+            let mut write = |v: ValueRef, b: u64, table: &mut HashMap<ValueRef, u64>| {
+                live += b;
+                if let Some(old) = table.insert(v, b) {
+                    live = live.saturating_sub(old);
+                }
+            };
+            let size = |shape: &[usize], m: &ir::TensorMeta| (shape.iter().product::<usize>() * m.dtype.size()) as u64;
+            let added = match ins {
+                Instr::Op { node, outputs, local_shapes, .. } => {
+                    let n = graph.node(NodeIndex::new(*node));
+                    match n.op {
+                        Op::Param { .. } | Op::State { .. } => false,
+                        Op::Constant(_) => {
+                            for o in outputs {
+                                table.insert(*o, 0);
+                            }
+                            false
+                        }
+                        _ => {
+                            for ((o, shape), m) in outputs.iter().zip(local_shapes).zip(&n.outputs) {
+                                write(*o, size(shape, m), &mut table);
+                            }
+                            true
+                        }
+                    }
+                }
+                Instr::Collective { input, output, to, .. } => {
+                    let m = meta_of(k, input)?;
+                    write(*output, size(&to.local_shape(&m.shape, mesh), m), &mut table);
+                    true
+                }
+                Instr::Transfer { value, spec, to, .. } if *to == stage => {
+                    let m = meta_of(k, value)?;
+                    write(*value, size(&spec.local_shape(&m.shape, mesh), m), &mut table);
+                    true
+                }
+                Instr::Transfer { .. } => false,
+                Instr::Free { values, .. } => {
+                    for v in values {
+                        let b = match table.remove(v) {
+                            Some(b) => b,
+                            None => shared.remove(v).ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?,
+                        };
+                        live = live.saturating_sub(b);
+                    }
+                    false
+                }
+            };
+            match mb {
+                Some(m) => {
+                    tables.insert(m, table);
+                }
+                None => shared = table,
+            }
+            if added && live > peak {
+                peak = live;
+                peak_at = Some(k);
+            }
+        }
+        // A microbatch's last step on the stage: its sums, and what the update reads.
+        if let Some(m) = mb
+            && last_step.get(&m) == Some(&i)
+        {
+            let mut table = tables.remove(&m).unwrap_or_default();
+            for v in &accumulate {
+                let Some(x) = table.remove(v) else { continue };
+                match sums.get(v) {
+                    None => {
+                        sums.insert(*v, x);
+                    }
+                    Some(&a) => {
+                        live += x;
+                        peak = peak.max(live);
+                        live = live.saturating_sub(a + x);
+                    }
+                }
+            }
+            for (v, b) in table {
+                if let Some(old) = shared.insert(v, b) {
+                    live = live.saturating_sub(old);
+                }
             }
         }
     }

@@ -396,8 +396,6 @@ impl Plan {
         }
         let why = if self.microbatches == 0 || self.microbatches > MAX_MICROBATCHES {
             Some(format!("{} microbatches (1 to {MAX_MICROBATCHES})", self.microbatches))
-        } else if self.update_from > self.program.len() {
-            Some(format!("update_from {} is past the program's {} instructions", self.update_from, self.program.len()))
         } else if self.microbatches == 1 && !self.accumulate.is_empty() {
             Some("values to accumulate over one microbatch".into())
         } else {
@@ -428,6 +426,15 @@ impl Plan {
         let ran = self.walk(g, &mesh, &mut out);
         self.check_params(g, &mesh, &ran, &mut out);
         drop(ran);
+        self.check_phases(g, &mut out);
+        if out.is_empty() && self.pipeline.is_some() {
+            let steps = crate::schedule::check_steps(self);
+            let bad = !steps.is_empty();
+            out.extend(steps.into_iter().map(|why| Problem { at: Location::Plan, why }));
+            if !bad && let Err(why) = crate::schedule::timeline(self) {
+                out.push(Problem { at: Location::Plan, why });
+            }
+        }
         (out, Some(mesh))
     }
 
@@ -455,18 +462,20 @@ impl Plan {
             }
         };
         // The accumulated values are live where the microbatches end.
+        let update_from =
+            self.program.iter().position(|i| i.phase() == crate::Phase::Update).unwrap_or(self.program.len());
         let check_accumulated = |live: &HashMap<(usize, ValueRef), &ShardingSpec>, out: &mut Vec<Problem>| {
             for v in &self.accumulate {
                 if !(0..stages).any(|s| live.contains_key(&(s, *v))) {
                     out.push(Problem {
-                        at: Location::Instr(self.update_from),
+                        at: Location::Instr(update_from),
                         why: format!("accumulates {v}, which is not live where the microbatches end"),
                     });
                 }
             }
         };
         for (k, ins) in self.program.iter().enumerate() {
-            if k == self.update_from && self.microbatches > 1 {
+            if k == update_from && self.microbatches > 1 {
                 check_accumulated(&live, out);
             }
             let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
@@ -670,7 +679,7 @@ impl Plan {
                         bad(format!("writes {output} while it is live (free it first)"));
                     }
                 }
-                Instr::Free { values, stage } => {
+                Instr::Free { values, stage, .. } => {
                     if let Some(why) = staged(*stage, &[]) {
                         bad(why);
                         continue;
@@ -722,7 +731,7 @@ impl Plan {
                 }
             }
         }
-        if self.update_from == self.program.len() && self.microbatches > 1 {
+        if update_from == self.program.len() && self.microbatches > 1 {
             check_accumulated(&live, out);
         }
         // What the step hands back: the outputs, and the next step's storage.
@@ -760,6 +769,60 @@ impl Plan {
     }
 
     /// Step 4 of the module docs.
+    /// Phases and chunks: the update phase last, each stage's instructions in segment order
+    /// (the order a microbatch runs them; [`crate::Segment::rank`]), chunks in range, and no
+    /// parameter or optimizer state freed before the update phase when later microbatches read
+    /// it again.
+    fn check_phases(&self, g: &Graph, out: &mut Vec<Problem>) {
+        let chunks = self.chunks();
+        let stages = self.stages();
+        let mut seen_update = false;
+        let mut last: Vec<Option<crate::Segment>> = vec![None; stages];
+        for (k, ins) in self.program.iter().enumerate() {
+            let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
+            let update = ins.phase() == crate::Phase::Update;
+            if seen_update && !update {
+                bad(format!("runs in the {:?} phase after the update phase began", ins.phase()).to_lowercase());
+                continue;
+            }
+            seen_update |= update;
+            for (s, last) in last.iter_mut().enumerate() {
+                let Some(seg) = ins.segment_on(s) else { continue };
+                if seg.chunk >= chunks {
+                    bad(format!("runs in model chunk {} of stage {s}, which has {chunks}", seg.chunk));
+                    continue;
+                }
+                if let Some(prev) = *last
+                    && prev.rank(chunks) > seg.rank(chunks)
+                {
+                    bad(format!(
+                        "runs in {:?} of chunk {} on stage {s} after its {:?} of chunk {} (a stage's instructions are in \
+                         the order a microbatch runs them)",
+                        seg.phase, seg.chunk, prev.phase, prev.chunk
+                    ));
+                }
+                *last = Some(seg);
+            }
+            if self.microbatches > 1
+                && let Instr::Free { values, stage, .. } = ins
+                && !update
+            {
+                // On the stage that stores it (another stage frees the copy it received).
+                let home = |v: &ValueRef| self.params.iter().find(|p| p.node == v.node).map_or(0, |p| p.stage);
+                for v in values.iter().filter(|v| v.copy.is_none() && home(v) == *stage) {
+                    if let Some(n) = g.g.node_weight(NodeIndex::new(v.node))
+                        && matches!(n.op, Op::Param { .. } | Op::State { .. })
+                    {
+                        bad(format!(
+                            "frees {} ({v}) before the update phase: the next microbatch reads it again",
+                            n.name
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
     fn check_params(&self, g: &Graph, mesh: &DeviceMesh, ran: &HashMap<NodeIndex, Ran>, out: &mut Vec<Problem>) {
         let mut seen: HashSet<usize> = HashSet::new();
         for p in &self.params {

@@ -10,10 +10,10 @@ use crate::mpi_comm::{MpiComm, MpiWorld};
 /// process of the job (MPI has no other way to stop ranks waiting in a collective), so this
 /// returns only on success.
 pub fn mpi(setup: &mut dyn FnMut() -> Result<Job, String>, on: &mut OnEvent<'_>) -> Result<Finished, LaunchError> {
-    let world = MpiWorld::init().map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let mut world = MpiWorld::init().map_err(|e| LaunchError::Setup(e.to_string()))?;
     let mut comm = world.comm();
     let rank = comm.rank();
-    match run(&mut comm, setup, on) {
+    match run(&mut world, &mut comm, setup, on) {
         Ok(f) => Ok(f),
         Err(e) => {
             let msg = e.to_string().replace('\n', " ");
@@ -25,6 +25,7 @@ pub fn mpi(setup: &mut dyn FnMut() -> Result<Job, String>, on: &mut OnEvent<'_>)
 }
 
 fn run(
+    world: &mut MpiWorld,
     comm: &mut MpiComm,
     setup: &mut dyn FnMut() -> Result<Job, String>,
     on: &mut OnEvent<'_>,
@@ -39,6 +40,8 @@ fn run(
             program.ranks()
         )));
     }
+    // Room for two steps of sends: a rank may start the next step before its peers took the last one's.
+    world.reserve_sends(2 * program.send_bytes(rank)).map_err(|e| LaunchError::Setup(e.to_string()))?;
     // The run id (names temporary checkpoint directories) is rank 0's.
     let id = ir::Tensor::i64(vec![1], vec![std::process::id() as i64]);
     let everyone: Vec<usize> = (0..size).collect();

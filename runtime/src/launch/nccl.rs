@@ -55,6 +55,9 @@ fn run(
             job.program.ranks()
         )));
     }
+    if let Some(why) = job.program.needs_buffered_sends() {
+        return Err(LaunchError::Setup(format!("cuda: {why}")));
+    }
     let gpu = match o.gpu {
         Some(g) => g,
         None => rank % kernels::cuda::device_count().map_err(setup)?.max(1),

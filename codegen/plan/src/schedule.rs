@@ -1,0 +1,251 @@
+//! Pipeline schedules: the steps each stage runs, checked and timed.
+//!
+//! A stage's program is cut into *segments* ([`Segment`]: a phase of a model chunk). A step
+//! ([`Step`]) runs one segment for one microbatch; a stage runs its steps in the schedule's
+//! order and then its update segment once. [`timeline`] plays every stage's steps together:
+//!
+//! - a stage runs its steps' instructions in order: ops and collectives take their estimated
+//!   seconds, a send never waits (transfers are buffered), a receive waits until the transfer
+//!   was sent and then takes its seconds; a step's span runs from its first instruction to its
+//!   last (waits included), its work is the span without the waits;
+//! - a receive takes the block of its transfer and microbatch (messages are tagged with both);
+//!   whether every receive takes the oldest block in flight between its two stages is
+//!   recorded ([`Timeline::in_order`]: a back end without tags needs it);
+//! - a schedule under which no stage can go on before all have finished deadlocks: an error
+//!   naming the stages, their steps and what they wait for.
+//!
+//! The same play gives the estimate: the seconds of the microbatch steps, each stage's busy
+//! time, and the bubble (the idle share).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::{Instr, Phase, Plan, Segment, Step};
+
+/// Every microbatch's phases in segment order, one microbatch after the other (with `weight`,
+/// weight-gradient steps too).
+pub fn sequential(microbatches: usize, chunks: usize, weight: bool) -> Vec<Step> {
+    let mut out = vec![];
+    for m in 0..microbatches.max(1) {
+        out.extend((0..chunks).map(|c| Step { microbatch: m, chunk: c, phase: Phase::Forward }));
+        out.extend((0..chunks).rev().map(|c| Step { microbatch: m, chunk: c, phase: Phase::Backward }));
+        if weight {
+            out.extend((0..chunks).rev().map(|c| Step { microbatch: m, chunk: c, phase: Phase::Weight }));
+        }
+    }
+    out
+}
+
+/// One step as played by [`timeline`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span {
+    /// The step (`None`: the update, once after the steps).
+    pub step: Option<Step>,
+    /// Start, seconds from the start of the training step.
+    pub start: f64,
+    /// End.
+    pub end: f64,
+}
+
+/// The schedule as played (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timeline {
+    /// Per stage, its spans in order (the update last).
+    pub spans: Vec<Vec<Span>>,
+    /// From the first step's start to the last microbatch step's end.
+    pub seconds: f64,
+    /// The training step: until the last update ends.
+    pub step_seconds: f64,
+    /// Per stage, the seconds of its microbatch steps' work (ops, collectives, receiving; not
+    /// waiting).
+    pub busy: Vec<f64>,
+    /// The idle share of the stages over `seconds`: `1 - sum(busy) / (stages * seconds)`.
+    pub bubble: f64,
+    /// Whether every receive took the oldest transfer in flight from its sender (so blocks
+    /// meet in the order sent, without tags).
+    pub in_order: bool,
+}
+
+/// A transfer in flight: its instruction, microbatch, and when it was sent.
+type Sent = (usize, usize, f64);
+
+/// What a stage does in a segment, in program order.
+#[derive(Clone, Copy)]
+enum Event {
+    /// Computes (ops, collectives) for some seconds.
+    Busy(f64),
+    /// Sends transfer `k` to a stage.
+    Send(usize, usize),
+    /// Receives transfer `k` from a stage, taking some seconds.
+    Recv(usize, usize, f64),
+}
+
+/// What is wrong with the plan's steps as a list (each stage's steps a permutation of every
+/// microbatch's segments, in segment order within a microbatch); empty when nothing is.
+pub fn check_steps(plan: &Plan) -> Vec<String> {
+    let mut out = vec![];
+    let (m, chunks) = (plan.microbatches.max(1), plan.chunks());
+    let weight = plan.program.iter().any(|i| i.phase() == Phase::Weight);
+    let phases: Vec<Phase> =
+        [Phase::Forward, Phase::Backward].into_iter().chain(weight.then_some(Phase::Weight)).collect();
+    let want = m * chunks * phases.len();
+    let steps = plan.steps();
+    if steps.len() != plan.stages() {
+        out.push(format!("the schedule has steps for {} stages, the plan has {}", steps.len(), plan.stages()));
+        return out;
+    }
+    for (s, list) in steps.iter().enumerate() {
+        let mut seen = std::collections::HashSet::new();
+        let mut last: HashMap<usize, (u8, usize)> = HashMap::new();
+        for st in list {
+            let why = if st.microbatch >= m {
+                Some(format!("step {st} of a microbatch past the plan's {m}"))
+            } else if st.chunk >= chunks {
+                Some(format!("step {st} of a chunk past the plan's {chunks}"))
+            } else if !phases.contains(&st.phase) {
+                Some(format!("step {st}: the program has no {:?} phase", st.phase))
+            } else if !seen.insert(*st) {
+                Some(format!("step {st} twice"))
+            } else {
+                let r = st.segment().rank(chunks);
+                match last.insert(st.microbatch, r) {
+                    Some(prev) if prev >= r => Some(format!(
+                        "step {st} comes after a later part of microbatch {} (a microbatch runs its forward chunks \
+                         first to last, then its backward and weight-gradient chunks last to first)",
+                        st.microbatch
+                    )),
+                    _ => None,
+                }
+            };
+            if let Some(why) = why {
+                out.push(format!("stage {s}'s schedule: {why}"));
+            }
+        }
+        if out.is_empty() && seen.len() != want {
+            out.push(format!(
+                "stage {s}'s schedule has {} steps; {m} microbatches of {chunks} chunk(s) and {} phases make {want}",
+                seen.len(),
+                phases.len()
+            ));
+        }
+    }
+    out
+}
+
+/// Plays the plan's schedule (see the module docs): the timeline, or why the stages cannot
+/// run it (mismatched transfers, a deadlock).
+pub fn timeline(plan: &Plan) -> Result<Timeline, String> {
+    let stages = plan.stages();
+    let mut segs: HashMap<(usize, Segment), Vec<Event>> = HashMap::new();
+    for (k, ins) in plan.program.iter().enumerate() {
+        match ins {
+            Instr::Op { stage, seconds, .. } | Instr::Collective { stage, seconds, .. } => {
+                if let Some(seg) = ins.segment_on(*stage) {
+                    segs.entry((*stage, seg)).or_default().push(Event::Busy(*seconds));
+                }
+            }
+            Instr::Free { .. } => {}
+            Instr::Transfer { from, to, seconds, .. } => {
+                if let (Some(a), Some(b)) = (ins.segment_on(*from), ins.segment_on(*to)) {
+                    segs.entry((*from, a)).or_default().push(Event::Send(k, *to));
+                    segs.entry((*to, b)).or_default().push(Event::Recv(k, *from, *seconds));
+                }
+            }
+        }
+    }
+    let update = Segment { phase: Phase::Update, chunk: 0 };
+    // Each stage's steps, then its update (`None`).
+    let lists: Vec<Vec<Option<Step>>> =
+        plan.steps().into_iter().map(|l| l.into_iter().map(Some).chain(std::iter::once(None)).collect()).collect();
+    if lists.len() != stages {
+        return Err(format!("the schedule has steps for {} stages, the plan has {stages}", lists.len()));
+    }
+    let events = |s: usize, st: Option<Step>| -> &[Event] {
+        segs.get(&(s, st.map_or(update, Step::segment))).map(Vec::as_slice).unwrap_or(&[])
+    };
+    // In flight: per (from, to), the transfers sent and not yet received (instruction,
+    // microbatch, when sent).
+    let mut channels: HashMap<(usize, usize), VecDeque<Sent>> = HashMap::new();
+    // Per stage: its step, the event within it, and when the step started.
+    let mut pos = vec![(0usize, 0usize, 0.0f64); stages];
+    let mut clock = vec![0.0f64; stages];
+    let mut spans: Vec<Vec<Span>> = vec![vec![]; stages];
+    // Per stage, the seconds of its microbatch steps' work (waits excluded).
+    let mut busy = vec![0.0; stages];
+    let mut in_order = true;
+    let name = |k: usize| match &plan.program[k] {
+        Instr::Transfer { value, .. } => match plan.graph.g.node_weight(ir::NodeIndex::new(value.node)) {
+            Some(n) => format!("{value} ({})", n.name),
+            None => value.to_string(),
+        },
+        _ => format!("instruction {k}"),
+    };
+    let show = |st: Option<Step>| st.map_or("the update".to_string(), |s| s.to_string());
+    loop {
+        let mut progress = false;
+        for s in 0..stages {
+            while let Some(&st) = lists[s].get(pos[s].0) {
+                let evs = events(s, st);
+                let mb = st.map_or(0, |x| x.microbatch);
+                if pos[s].1 == 0 {
+                    pos[s].2 = clock[s];
+                }
+                let Some(&ev) = evs.get(pos[s].1) else {
+                    spans[s].push(Span { step: st, start: pos[s].2, end: clock[s] });
+                    pos[s] = (pos[s].0 + 1, 0, clock[s]);
+                    progress = true;
+                    continue;
+                };
+                let work = if st.is_some() { 1.0 } else { 0.0 };
+                match ev {
+                    Event::Busy(t) => {
+                        clock[s] += t;
+                        busy[s] += t * work;
+                    }
+                    Event::Send(k, to) => channels.entry((s, to)).or_default().push_back((k, mb, clock[s])),
+                    Event::Recv(k, from, t) => {
+                        let q = channels.entry((from, s)).or_default();
+                        let Some(i) = q.iter().position(|&(got, got_mb, _)| (got, got_mb) == (k, mb)) else {
+                            break;
+                        };
+                        in_order &= i == 0;
+                        let Some((_, _, at)) = q.remove(i) else { break };
+                        clock[s] = clock[s].max(at) + t;
+                        busy[s] += t * work;
+                    }
+                }
+                pos[s].1 += 1;
+                progress = true;
+            }
+        }
+        if (0..stages).all(|s| pos[s].0 == lists[s].len()) {
+            break;
+        }
+        if !progress {
+            let stuck: Vec<String> = (0..stages)
+                .filter(|&s| pos[s].0 < lists[s].len())
+                .map(|s| {
+                    let st = lists[s][pos[s].0];
+                    let waits = match events(s, st).get(pos[s].1) {
+                        Some(Event::Recv(k, from, _)) => format!("{} from stage {from}", name(*k)),
+                        _ => "nothing".into(),
+                    };
+                    format!("stage {s} at {} waits for {waits}", show(st))
+                })
+                .collect();
+            return Err(format!("the schedule deadlocks: {}", stuck.join("; ")));
+        }
+    }
+    let (mut first, mut last, mut step_seconds) = (f64::INFINITY, 0.0f64, 0.0f64);
+    for list in &spans {
+        for sp in list {
+            step_seconds = step_seconds.max(sp.end);
+            if sp.step.is_some() {
+                first = first.min(sp.start);
+                last = last.max(sp.end);
+            }
+        }
+    }
+    let seconds = if first.is_finite() { last - first } else { 0.0 };
+    let bubble = if seconds > 0.0 { 1.0 - busy.iter().sum::<f64>() / (stages as f64 * seconds) } else { 0.0 };
+    Ok(Timeline { spans, seconds, step_seconds, busy, bubble: bubble.max(0.0), in_order })
+}
