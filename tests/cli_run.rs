@@ -498,6 +498,12 @@ fn pipelined_plans_run_and_resume_from_the_command_line() {
     assert!(!out.status.success() && err.contains("pipeline: 3 stages on mesh"), "{err}");
     let explained = ok(&["explain", &s(&p)]);
     assert!(explained.contains("stage 1: "), "{explained}");
+    // The page draws the schedule: a row per stage, a box per step.
+    let page = dir.path().join("staged.html");
+    ok(&["explain", &s(&p), "--html", &s(&page)]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<h2>Schedule</h2>") && html.contains("<svg"), "no timeline");
+    assert!(html.contains("<title>stage 1 F0: ") && html.contains("<title>stage 0 B0: "), "no steps drawn");
 }
 
 /// `plan --microbatches 2` (issue 18): feeds hold two microbatches of the model's batch; a feed

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::fmt_bytes;
-use crate::plan::{Instr, Plan};
+use crate::plan::{Instr, Phase, Plan};
 
 fn ms(s: f64) -> String {
     if s >= 1.0 { format!("{s:.3} s") } else { format!("{:.3} ms", s * 1e3) }
@@ -208,6 +208,60 @@ pub fn dot(p: &Plan) -> String {
     o
 }
 
+/// The schedule as a timeline (SVG, no script): one row per stage, one box per step (F, B, W
+/// of a microbatch, the update last), placed at its estimated start and end.
+pub fn timeline_svg(t: &::plan::schedule::Timeline) -> String {
+    let (width, row, left) = (1000.0, 28.0, 60.0);
+    let end = t.step_seconds.max(1e-12);
+    let x = |sec: f64| left + width * sec / end;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"10\">",
+        left + width + 10.0,
+        row * (t.spans.len() as f64 + 1.0)
+    );
+    for (s, spans) in t.spans.iter().enumerate() {
+        let y = row * s as f64 + 4.0;
+        let _ = writeln!(o, "<text x=\"4\" y=\"{:.1}\">stage {s}</text>", y + row / 2.0);
+        for sp in spans {
+            let (label, fill) = match sp.step {
+                Some(st) => (
+                    st.to_string(),
+                    match st.phase {
+                        Phase::Forward => "#9dc3e6",
+                        Phase::Backward => "#f4b183",
+                        Phase::Weight => "#a9d18e",
+                        Phase::Update => "#dddddd",
+                    },
+                ),
+                None => ("U".to_string(), "#dddddd"),
+            };
+            let (x0, x1) = (x(sp.start), x(sp.end).max(x(sp.start) + 0.5));
+            let _ = write!(
+                o,
+                "<g><title>stage {s} {label}: {:.3} .. {:.3} ms</title><rect x=\"{x0:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{fill}\" stroke=\"#555\" stroke-width=\"0.5\"/>",
+                sp.start * 1e3,
+                sp.end * 1e3,
+                x1 - x0,
+                row - 8.0
+            );
+            if x1 - x0 > 7.0 * label.len() as f64 {
+                let _ = write!(o, "<text x=\"{:.1}\" y=\"{:.1}\">{label}</text>", x0 + 2.0, y + row / 2.0);
+            }
+            o.push_str("</g>\n");
+        }
+    }
+    let axis = row * t.spans.len() as f64 + 14.0;
+    let _ = writeln!(
+        o,
+        "<text x=\"{left}\" y=\"{axis:.1}\">0</text><text x=\"{:.1}\" y=\"{axis:.1}\" text-anchor=\"end\">{:.3} ms</text>\n</svg>",
+        left + width,
+        end * 1e3
+    );
+    o
+}
+
 /// A standalone HTML page: the summary, the collectives, the parameter layouts and the program.
 pub fn html(p: &Plan) -> String {
     let mut o = String::new();
@@ -217,6 +271,19 @@ pub fn html(p: &Plan) -> String {
         esc(&p.model.name)
     );
     let _ = write!(o, "<h1>autopar plan: {}</h1>\n<pre>{}</pre>\n", esc(&p.model.name), esc(&summary(p)));
+    if let Some(pp) = &p.pipeline
+        && let Ok(t) = ::plan::schedule::timeline(p)
+    {
+        let _ = write!(
+            o,
+            "<h2>Schedule</h2>\n<p>{} schedule, {} stages x {} microbatches: estimated bubble {:.1}%. F forward, B backward, W weight gradients, U update.</p>\n{}",
+            pp.schedule.kind,
+            pp.stages,
+            pp.microbatches,
+            100.0 * t.bubble,
+            timeline_svg(&t)
+        );
+    }
     o.push_str("<h2>Parameters</h2>\n<table>\n<tr><th>name</th><th>shape</th><th>spec</th><th>local shape</th></tr>\n");
     for x in &p.params {
         let class = if x.spec.is_replicated() { "r" } else { "s" };

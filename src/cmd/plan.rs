@@ -114,7 +114,8 @@ pub struct ExplainArgs {
     /// Also write the program as a Graphviz graph, coloured by layout.
     #[arg(long, value_name = "FILE")]
     pub dot: Option<PathBuf>,
-    /// Also write a standalone HTML page (summary, parameter layouts, program).
+    /// Also write a standalone HTML page (summary, the pipeline schedule as an SVG timeline,
+    /// parameter layouts, program).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 }

@@ -141,16 +141,21 @@ struct Reference {
 
 fn reference(c: &'static Case, float: DType) -> Result<Reference> {
     let path = data().join(format!("models/{}.onnx", c.model));
-    let mut g = tracer::import_file(&path, &tracer::ImportOptions::default())?;
-    ir::passes::canonicalize(&mut g)?;
     let mut feeds = BTreeMap::new();
     for (name, file) in c.feeds {
         feeds.insert(name.to_string(), runtime::npy::read_npy(&data().join(file))?);
     }
+    reference_at(c, &path, feeds, float)
+}
+
+/// [`reference`] of the model at `path` with `feeds`.
+fn reference_at(c: &'static Case, path: &Path, feeds: BTreeMap<String, Tensor>, float: DType) -> Result<Reference> {
+    let mut g = tracer::import_file(path, &tracer::ImportOptions::default())?;
+    ir::passes::canonicalize(&mut g)?;
     let loss: LossSpec = c.loss.parse().map_err(anyhow::Error::msg)?;
     let optimizer = Optimizer::Sgd { lr: c.lr, momentum: 0.9, weight_decay: 0.0 };
     let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(optimizer), frozen: vec![] })?;
-    let index = tracer::InitializerIndex::open(&path)?;
+    let index = tracer::InitializerIndex::open(path)?;
     // Single-device training: the per-step losses and the final parameters.
     let train = |tg: &ir::autodiff::TrainingGraph, acc: Accumulation| -> Result<(Vec<f32>, BTreeMap<String, Tensor>)> {
         let ctx = CpuContext::new(1)?.with_accumulation(acc);
@@ -492,6 +497,194 @@ fn scheduled_pipelines_equal_single_device() -> Result<()> {
     }
     report(&rows);
     Ok(())
+}
+
+/// A small U-Net (issue 18: a non-linear model whose skip connections cross stage boundaries),
+/// built here with random weights: two 3x3 convolution levels down (max pooling), a bottleneck,
+/// two levels up (2x2 transposed convolutions), each concatenated with the encoder's activation
+/// of its resolution, and a 1x1 output convolution; MSE to a target. In 4 stages the first
+/// level's skip goes from the first stage past the second. 1F1B and ZB-H1 over 2 microbatches and
+/// GPipe over 4, on 4x1 and 2x2, train as one device does (1e-5).
+#[test]
+fn unet_skips_across_stages_equal_single_device() -> Result<()> {
+    use codegen::plan::ScheduleKind;
+    use prost::Message;
+    use tract_onnx::pb;
+    let dir = std::env::temp_dir().join(format!("autopar-unet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("unet.onnx");
+    std::fs::write(&path, unet())?;
+    let feeds: BTreeMap<String, Tensor> =
+        [("x".to_string(), random(&[2, 3, 16, 16], 1)), ("target".to_string(), random(&[2, 3, 16, 16], 2))].into();
+    let case: &'static Case = Box::leak(Box::new(Case {
+        model: "unet",
+        loss: "mse:y:target",
+        feeds: &[],
+        lr: 0.05,
+        accumulation: Accumulation::F32,
+    }));
+    let r = reference_at(case, &path, feeds, DType::F32)?;
+    // The first level's activation skips a stage: from the first to the third or the last.
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let opts = PlanOptions { budget: 16 << 30, compare_baselines: false, stages: 4, ..PlanOptions::default() };
+    let p = codegen::plan(&r.tg.graph, &DeviceMesh::uniform(&[4, 1])?, &cpu, &opts)?;
+    let skip = p.program.iter().any(|i| {
+        matches!(i, codegen::plan::Instr::Transfer { value, from: 0, to, .. }
+            if *to >= 2 && p.graph.node(ir::NodeIndex::new(value.node)).name == "enc1.relu")
+    });
+    let pp = p.pipeline.as_ref().context("no pipeline")?;
+    let cuts: Vec<String> = pp.per_stage.iter().map(|s| format!("{}..{}", s.first, s.last)).collect();
+    let sent: Vec<String> = p
+        .program
+        .iter()
+        .filter_map(|i| match i {
+            codegen::plan::Instr::Transfer { value, from, to, .. } => {
+                Some(format!("{} {from}->{to}", p.graph.node(ir::NodeIndex::new(value.node)).name))
+            }
+            _ => None,
+        })
+        .collect();
+    ensure!(skip, "enc1.relu does not skip a stage: stages {cuts:?}, transfers {sent:?}");
+    let mut rows = vec![];
+    for (shape, kind, m) in
+        [([4usize, 1], ScheduleKind::OneFOneB, 2), ([4, 1], ScheduleKind::ZbH1, 2), ([2, 2], ScheduleKind::Gpipe, 4)]
+    {
+        let mesh = DeviceMesh::uniform(&shape)?;
+        let opts = PlanOptions {
+            budget: 16 << 30,
+            time_limit: Duration::from_secs(1),
+            compare_baselines: false,
+            stages: shape[0],
+            microbatches: m,
+            schedule: kind,
+            ..PlanOptions::default()
+        };
+        let what = format!("unet on {}x{}, {kind}, {m} microbatches", shape[0], shape[1]);
+        let row = check_plan(&r, &mesh, &opts, &what)?.with_context(|| format!("{what}: no plan"))?;
+        rows.push(Row { plan: format!("{kind}, {} stages, {m} microbatches", shape[0]), ..row });
+    }
+    report(&rows);
+    std::fs::remove_dir_all(&dir)?;
+    return Ok(());
+
+    /// The model (see the test's docs).
+    fn unet() -> Vec<u8> {
+        let mut b = Onnx::default();
+        let e1 = b.conv("x", "enc1", 3, 8, 3);
+        let e1 = b.node("Relu", &[&e1], "enc1.relu", vec![]);
+        let pool = || vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])];
+        let p1 = b.node("MaxPool", &[&e1], "pool1", pool());
+        let e2 = b.conv(&p1, "enc2", 8, 16, 3);
+        let e2 = b.node("Relu", &[&e2], "enc2.relu", vec![]);
+        let p2 = b.node("MaxPool", &[&e2], "pool2", pool());
+        let m = b.conv(&p2, "mid", 16, 16, 3);
+        let m = b.node("Relu", &[&m], "mid.relu", vec![]);
+        let u2 = b.up(&m, "up2", 16, 16);
+        let c2 = b.node("Concat", &[&u2, &e2], "cat2", vec![int("axis", 1)]);
+        let d2 = b.conv(&c2, "dec2", 32, 16, 3);
+        let d2 = b.node("Relu", &[&d2], "dec2.relu", vec![]);
+        let u1 = b.up(&d2, "up1", 16, 8);
+        let c1 = b.node("Concat", &[&u1, &e1], "cat1", vec![int("axis", 1)]);
+        let d1 = b.conv(&c1, "dec1", 16, 8, 3);
+        let d1 = b.node("Relu", &[&d1], "dec1.relu", vec![]);
+        b.conv(&d1, "y", 8, 3, 1);
+        pb::ModelProto {
+            ir_version: 8,
+            opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 17 }],
+            graph: Some(pb::GraphProto {
+                name: "unet".into(),
+                node: b.nodes,
+                input: vec![tests::f32_value_info("x", &[2, 3, 16, 16])],
+                output: vec![tests::f32_value_info("y", &[2, 3, 16, 16])],
+                initializer: b.inits,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    fn ints(name: &str, v: &[i64]) -> pb::AttributeProto {
+        pb::AttributeProto {
+            name: name.into(),
+            r#type: pb::attribute_proto::AttributeType::Ints as i32,
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn int(name: &str, v: i64) -> pb::AttributeProto {
+        pb::AttributeProto {
+            name: name.into(),
+            r#type: pb::attribute_proto::AttributeType::Int as i32,
+            i: v,
+            ..Default::default()
+        }
+    }
+
+    /// Nodes and random initializers of a model being built.
+    #[derive(Default)]
+    struct Onnx {
+        nodes: Vec<pb::NodeProto>,
+        inits: Vec<pb::TensorProto>,
+        seed: u64,
+    }
+
+    impl Onnx {
+        fn weight(&mut self, name: &str, shape: &[usize], scale: f32) -> String {
+            self.seed += 1;
+            let t = random(shape, 10 + self.seed);
+            self.inits.push(pb::TensorProto {
+                name: name.into(),
+                dims: shape.iter().map(|&d| d as i64).collect(),
+                data_type: pb::tensor_proto::DataType::Float as i32,
+                float_data: t.to_f32_vec().iter().map(|x| x * scale).collect(),
+                ..Default::default()
+            });
+            name.to_string()
+        }
+
+        fn node(&mut self, op: &str, ins: &[&str], out: &str, attribute: Vec<pb::AttributeProto>) -> String {
+            self.nodes.push(pb::NodeProto {
+                name: out.into(),
+                op_type: op.into(),
+                input: ins.iter().map(|s| s.to_string()).collect(),
+                output: vec![out.into()],
+                attribute,
+                ..Default::default()
+            });
+            out.to_string()
+        }
+
+        /// A `k`x`k` convolution with bias, padded to keep the resolution.
+        fn conv(&mut self, x: &str, name: &str, cin: usize, cout: usize, k: usize) -> String {
+            let w = self.weight(&format!("{name}.weight"), &[cout, cin, k, k], 1.0 / ((cin * k * k) as f32).sqrt());
+            let b = self.weight(&format!("{name}.bias"), &[cout], 0.1);
+            let p = (k / 2) as i64;
+            self.node("Conv", &[x, &w, &b], name, vec![ints("pads", &[p, p, p, p])])
+        }
+
+        /// A 2x2 transposed convolution of stride 2 (twice the resolution).
+        fn up(&mut self, x: &str, name: &str, cin: usize, cout: usize) -> String {
+            let w = self.weight(&format!("{name}.weight"), &[cin, cout, 2, 2], 0.5 / (cin as f32).sqrt());
+            self.node("ConvTranspose", &[x, &w], name, vec![ints("strides", &[2, 2])])
+        }
+    }
+}
+
+/// A tensor of uniform values in [-1, 1) from `seed` (xorshift).
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::f32(shape.to_vec(), v)
 }
 
 /// Microbatches (issue 18, item 2): a plan for mlp at its exported batch (32) run with 2
