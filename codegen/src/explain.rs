@@ -30,15 +30,32 @@ pub fn summary(p: &Plan) -> String {
     } else {
         String::new()
     };
-    let _ = writeln!(
-        o,
-        "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%){recompute}",
-        ms(e.step_seconds),
-        ms(e.compute_seconds),
-        share(e.compute_seconds),
-        ms(e.comm_seconds),
-        share(e.comm_seconds)
-    );
+    if let Some(pp) = &p.pipeline {
+        // The stages work at once: their compute and communication add up to more than the
+        // step; shown as shares of the stages' time (the rest is the bubble and the update).
+        let all = e.step_seconds * pp.stages as f64;
+        let of = |x: f64| if all > 0.0 { 100.0 * x / all } else { 0.0 };
+        let _ = writeln!(
+            o,
+            "step      {} estimated; over its {} stages: compute {} ({:.0}% of their time) + communication {} ({:.0}%)",
+            ms(e.step_seconds),
+            pp.stages,
+            ms(e.compute_seconds),
+            of(e.compute_seconds),
+            ms(e.comm_seconds),
+            of(e.comm_seconds)
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%){recompute}",
+            ms(e.step_seconds),
+            ms(e.compute_seconds),
+            share(e.compute_seconds),
+            ms(e.comm_seconds),
+            share(e.comm_seconds)
+        );
+    }
     let _ = writeln!(
         o,
         "memory    peak {} per rank of budget {} ({:.1}%); resident {} (parameters, optimizer state, constants)",

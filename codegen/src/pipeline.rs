@@ -67,6 +67,91 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
     Ok(DeviceMesh::new(shape, mesh.names().to_vec(), mesh.links().to_vec())?)
 }
 
+/// `--pipeline auto`: every number of stages `S` dividing the outermost mesh axis (the axis cut
+/// into `S` stages of `axis/S` coordinates each, a new outermost axis `stage` with its link),
+/// each priced by the intra-op ILP on its stage's submesh once, then staged under each
+/// overlapping schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks when the
+/// microbatches are a multiple of `S`); `S = 1` is the plan without stages. The plan with the
+/// shortest estimated step that fits the budget wins; `solver.compared` lists every candidate
+/// (`None`: it does not fit) and `solver.timings` the search.
+pub fn search(
+    graph: &ir::Graph,
+    mesh: &DeviceMesh,
+    profile: &sharding::DeviceProfile,
+    opts: &crate::PlanOptions,
+) -> Result<Plan> {
+    let t0 = std::time::Instant::now();
+    let outer = mesh.shape().first().copied().unwrap_or(1);
+    let mut best: Option<Plan> = None;
+    let mut compared: Vec<(String, Option<f64>)> = vec![];
+    let mut last_err = None;
+    let mut consider = |name: String, p: Result<Plan>, best: &mut Option<Plan>| match p {
+        Ok(p) => {
+            compared.push((name, Some(p.estimate.step_seconds)));
+            if best.as_ref().is_none_or(|b| p.estimate.step_seconds < b.estimate.step_seconds) {
+                *best = Some(p);
+            }
+        }
+        Err(e) => {
+            compared.push((name, None));
+            last_err = Some(e);
+        }
+    };
+    for s in (1..=outer).filter(|s| outer.is_multiple_of(*s)) {
+        if s == 1 {
+            let one = crate::PlanOptions { stages: 1, ..opts.clone() };
+            consider("no stages".into(), crate::plan(graph, mesh, profile, &one), &mut best);
+            continue;
+        }
+        // The outermost axis as `s` stages of `outer / s`.
+        let staged = if s == outer {
+            mesh.clone()
+        } else {
+            let mut shape = vec![s, outer / s];
+            shape.extend_from_slice(&mesh.shape()[1..]);
+            let mut names = vec!["stage".to_string()];
+            names.extend(mesh.names().iter().cloned());
+            let mut links = vec![mesh.links()[0].clone()];
+            links.extend(mesh.links().iter().cloned());
+            DeviceMesh::new(shape, names, links)?
+        };
+        let sub = stage_mesh(&staged, s)?;
+        let mut kinds = vec![ScheduleKind::OneFOneB, ScheduleKind::ZbH1];
+        if opts.microbatches.is_multiple_of(s) {
+            kinds.push(ScheduleKind::Interleaved);
+        }
+        // Every schedule of one intra-op solve; another solve with less room when none fits.
+        let start = opts.budget.saturating_mul(s as u64);
+        let staged_plans = crate::plan::within_budget(opts.budget, start, s as u64, |budget| {
+            let one = crate::PlanOptions { stages: 1, microbatches: 1, checkpoint: false, budget, ..opts.clone() };
+            let inner = crate::plan::microbatched(crate::plan(graph, &sub, profile, &one)?, &sub, opts.microbatches)?;
+            let plans: Vec<(ScheduleKind, Result<Plan>)> = kinds
+                .iter()
+                .map(|&kind| {
+                    let how = PipelineOptions { stages: s, schedule: kind, chunks: 2, budget: opts.budget };
+                    (kind, place(inner.clone(), &staged, &how))
+                })
+                .collect();
+            let least = plans.iter().filter_map(|(_, p)| p.as_ref().ok()).map(|p| p.estimate.peak_bytes_per_rank).min();
+            Ok((plans, least.unwrap_or(u64::MAX)))
+        });
+        match staged_plans {
+            Ok((plans, _)) => {
+                for (kind, p) in plans {
+                    consider(format!("{s} stages, {kind}"), p.and_then(|p| check_budget(p, opts.budget)), &mut best);
+                }
+            }
+            Err(e) => consider(format!("{s} stages"), Err(e), &mut best),
+        }
+    }
+    let Some(mut best) = best else {
+        return Err(last_err.unwrap_or_else(|| Error::Pipeline("no stage count to search".into())));
+    };
+    best.solver.compared.extend(compared.into_iter().map(|(k, v)| (format!("pipeline: {k}"), v)));
+    best.solver.timings.insert("pipeline search".into(), t0.elapsed().as_secs_f64());
+    Ok(best)
+}
+
 /// How to pipeline a plan.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PipelineOptions {
@@ -91,6 +176,30 @@ struct Place {
 /// Places `plan` (made on [`stage_mesh`]) on `mesh` as pipeline stages (see the module docs);
 /// every stage's peak under the schedule must fit the budget.
 pub fn stage(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
+    check_budget(place(plan, mesh, opts)?, opts.budget)
+}
+
+/// `plan` if its stages' peaks fit `budget`, else the error naming the stage.
+pub(crate) fn check_budget(plan: Plan, budget: u64) -> Result<Plan> {
+    let peak = plan.estimate.peak_bytes_per_rank;
+    if peak <= budget {
+        return Ok(plan);
+    }
+    let (worst, kind) = match &plan.pipeline {
+        Some(pp) => (pp.per_stage.iter().position(|s| s.peak_bytes == peak).unwrap_or(0), pp.schedule.kind.to_string()),
+        None => (0, String::new()),
+    };
+    Err(Error::Pipeline(format!(
+        "stage {worst} needs {} per rank under the {kind} schedule, over the budget of {}; use more stages, a larger mesh \
+         per stage, another schedule or --memory {}",
+        fmt_bytes(peak),
+        fmt_bytes(budget),
+        fmt_bytes(peak + peak / 100 + 1)
+    )))
+}
+
+/// [`stage`] without the budget check (the estimates say the peak).
+pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
     let stages = opts.stages;
     let chunks = if opts.schedule == ScheduleKind::Interleaved { opts.chunks.max(2) } else { 1 };
     let vstages = stages * chunks;
@@ -446,17 +555,6 @@ pub fn stage(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Pl
         });
     }
     let peak = per_stage.iter().map(|s| s.peak_bytes).max().unwrap_or(0);
-    if peak > budget {
-        let worst = per_stage.iter().position(|s| s.peak_bytes == peak).unwrap_or(0);
-        return Err(Error::Pipeline(format!(
-            "stage {worst} needs {} per rank under the {} schedule, over the budget of {}; use more stages, a larger \
-             mesh per stage, another schedule or --memory {}",
-            fmt_bytes(peak),
-            opts.schedule,
-            fmt_bytes(budget),
-            fmt_bytes(peak + peak / 100 + 1)
-        )));
-    }
     let e = &mut out.estimate;
     e.step_seconds = timeline.step_seconds;
     e.comm_seconds += transfer_total;

@@ -211,6 +211,44 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
     }
 }
 
+/// `plan` (one microbatch's) split into `microbatches` ([`crate::microbatch::split`]), or with
+/// one, its update part moved to the update phase: what pipeline stages take.
+pub(crate) fn microbatched(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
+    if microbatches > 1 {
+        crate::microbatch::split(plan, mesh, microbatches)
+    } else {
+        crate::microbatch::update_phase(plan, mesh)
+    }
+}
+
+/// Runs `round(budget)` (a plan solved against `budget` and shaped further: staged,
+/// microbatched) until its peak (the second value) fits `limit`: at most 3 rounds, each with
+/// the budget lowered by the excess times `scale` (the ranks the solve's budget covers) and a
+/// tenth more. Returns the last round's result (which may still not fit); an error of a round
+/// after the first (a budget no plan fits) returns the previous round's.
+pub(crate) fn within_budget<T>(
+    limit: u64,
+    start: u64,
+    scale: u64,
+    mut round: impl FnMut(u64) -> Result<(T, u64)>,
+) -> Result<(T, u64)> {
+    let mut budget = start;
+    let mut last = round(budget)?;
+    for _ in 1..3 {
+        if last.1 <= limit {
+            break;
+        }
+        let over = (last.1 - limit).saturating_mul(scale);
+        let Some(next) = budget.checked_sub(over + over / 10) else { break };
+        budget = next;
+        match round(budget) {
+            Ok(r) => last = r,
+            Err(_) => break,
+        }
+    }
+    Ok(last)
+}
+
 /// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
@@ -224,15 +262,38 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
             chunks: opts.chunks,
             budget: opts.budget,
         };
-        let mut inner = plan(graph, &sub, profile, &one)?;
-        if !inner.program.iter().any(|i| i.phase() == Phase::Update) {
-            inner = crate::microbatch::update_phase(inner, &sub)?;
-        }
-        return crate::pipeline::stage(inner, mesh, &how);
+        // The stages hold more than one microbatch's activations, and values they exchange:
+        // solved again with less room while the stages do not fit.
+        let (p, _) = within_budget(opts.budget, budget, opts.stages as u64, |budget| {
+            let inner = plan(graph, &sub, profile, &PlanOptions { budget, microbatches: 1, ..one.clone() })?;
+            let inner = microbatched(inner, &sub, opts.microbatches)?;
+            let p = crate::pipeline::place(inner, mesh, &how)?;
+            let peak = p.estimate.peak_bytes_per_rank;
+            Ok((p, peak))
+        })?;
+        return crate::pipeline::check_budget(p, opts.budget);
     }
     if opts.microbatches > 1 {
-        let one = PlanOptions { microbatches: 1, checkpoint: false, ..opts.clone() };
-        return crate::microbatch::split(plan(graph, mesh, profile, &one)?, mesh, opts.microbatches);
+        // The gradient sums are held while later microbatches run: solved again with less room
+        // while the step does not fit.
+        let (mut p, peak) = within_budget(opts.budget, opts.budget, 1, |budget| {
+            let one = PlanOptions { microbatches: 1, checkpoint: false, budget, ..opts.clone() };
+            let p = crate::microbatch::split(plan(graph, mesh, profile, &one)?, mesh, opts.microbatches)?;
+            let peak = p.estimate.peak_bytes_per_rank;
+            Ok((p, peak))
+        })?;
+        if peak > opts.budget {
+            return Err(Error::Pipeline(format!(
+                "with {} microbatches the step needs {} per rank (the gradient sums are held while later microbatches \
+                 run), over the budget of {}; use --memory {} or a larger mesh",
+                opts.microbatches,
+                fmt_bytes(peak),
+                fmt_bytes(opts.budget),
+                fmt_bytes(peak + peak / 100 + 1)
+            )));
+        }
+        p.options.budget_bytes = opts.budget;
+        return Ok(p);
     }
     let t0 = Instant::now();
     let mut timings = BTreeMap::new();

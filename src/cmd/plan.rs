@@ -82,8 +82,10 @@ pub struct PlanArgs {
     /// stages are sent point to point. Layouts are solved on one stage's devices, then the
     /// stages cut by estimated time; activation recomputation is off. The stages run the
     /// microbatches (--microbatches) in the order --schedule gives.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub pipeline: u32,
+    /// `auto` searches the number of stages (every divisor of the outermost axis, that axis
+    /// split into stages of sub-axes) and the schedule, keeping the fastest plan that fits.
+    #[arg(long, value_name = "N|auto", default_value = "1", value_parser = parse_pipeline)]
+    pub pipeline: Stages,
     /// The pipeline schedule: `1f1b` (one forward one backward: stage i runs S-1-i forwards
     /// ahead, then alternates; holds at most S-i microbatches), `gpipe` (all forwards, then all
     /// backwards), `interleaved` (1F1B over --chunks model chunks per stage; microbatches a
@@ -172,12 +174,18 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         checkpoint: !a.no_checkpoint,
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
-        stages: a.pipeline as usize,
+        stages: match a.pipeline {
+            Stages::Auto => 1,
+            Stages::Count(n) => n as usize,
+        },
         microbatches: a.microbatches as usize,
         schedule: a.schedule.parse().map_err(anyhow::Error::msg)?,
         chunks: a.chunks as usize,
     };
-    let mut plan = codegen::plan(&tg.graph, &mesh, &profile, &popts)?;
+    let mut plan = match a.pipeline {
+        Stages::Count(_) => codegen::plan(&tg.graph, &mesh, &profile, &popts)?,
+        Stages::Auto => codegen::pipeline::search(&tg.graph, &mesh, &profile, &popts)?,
+    };
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a
     // file that changed since.
     let source = a.model.canonicalize().with_context(|| format!("resolving {}", a.model.display()))?;
@@ -203,4 +211,24 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         println!("wrote     {}", f.display());
     }
     Ok(())
+}
+
+/// `--pipeline`: a stage count, or a search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stages {
+    /// Search the count and the schedule (`auto`).
+    Auto,
+    /// This many stages (1: none).
+    Count(u32),
+}
+
+/// `--pipeline`: a stage count (1 to 4096), or `auto`.
+fn parse_pipeline(s: &str) -> Result<Stages, String> {
+    if s == "auto" {
+        return Ok(Stages::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(Stages::Count(n)),
+        _ => Err(format!("`{s}` is not a stage count (1 to 4096) or `auto`")),
+    }
 }

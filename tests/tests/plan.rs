@@ -671,3 +671,35 @@ fn schedules_bubbles_match_their_formulas() -> Result<()> {
     ensure!(peak["1f1b"] < peak["gpipe"], "1f1b peak {} vs gpipe {}", peak["1f1b"], peak["gpipe"]);
     Ok(())
 }
+
+/// `--pipeline auto` (issue 18, item 4): on 4x1 with 4 microbatches the search prices gpt2-tiny
+/// without stages and in 2 and 4 stages (the outer axis cut into stages of sub-axes) under
+/// 1F1B, ZB-H1 and interleaved, and keeps the fastest: its estimate is the least of the
+/// candidates listed in `solver.compared`, and the plan passes its loader.
+#[test]
+fn pipeline_search_keeps_the_fastest_candidate() -> Result<()> {
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::uniform(&[4, 1])?;
+    let o = PlanOptions { microbatches: 4, compare_baselines: false, ..opts(4 << 30, Baseline::Auto) };
+    let p = round_trip(&codegen::pipeline::search(&g, &mesh, &cpu, &o)?)?;
+    let found: Vec<(&String, f64)> = p
+        .solver
+        .compared
+        .iter()
+        .filter(|(k, _)| k.starts_with("pipeline: "))
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect();
+    for want in [
+        "pipeline: no stages",
+        "pipeline: 2 stages, 1f1b",
+        "pipeline: 4 stages, zb-h1",
+        "pipeline: 4 stages, interleaved",
+    ] {
+        ensure!(found.iter().any(|(k, _)| k.as_str() == want), "{want} not searched: {found:?}");
+    }
+    let least = found.iter().map(|(_, v)| *v).fold(f64::INFINITY, f64::min);
+    ensure!(p.estimate.step_seconds == least, "kept {} s, the least was {least} s: {found:?}", p.estimate.step_seconds);
+    ensure!(p.solver.timings.contains_key("pipeline search"), "no search timing");
+    Ok(())
+}
