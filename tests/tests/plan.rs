@@ -703,3 +703,50 @@ fn pipeline_search_keeps_the_fastest_candidate() -> Result<()> {
     ensure!(p.solver.timings.contains_key("pipeline search"), "no search timing");
     Ok(())
 }
+
+/// A schedule edited by hand (issue 18, item 3) is refused with what is wrong: a microbatch's
+/// backward before its forward, a step twice, chunks out of range, an instruction out of its
+/// stage's segment order, and stages whose orders wait for each other (a deadlock).
+#[test]
+fn edited_schedules_are_refused() -> Result<()> {
+    use codegen::plan::{Phase, ScheduleKind, Step};
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("mlp.onnx", "mse:y:t")?;
+    let mesh = DeviceMesh::uniform(&[2, 1])?;
+    let o =
+        PlanOptions { stages: 2, microbatches: 2, schedule: ScheduleKind::OneFOneB, ..opts(1 << 30, Baseline::Auto) };
+    let p = round_trip(&codegen::plan(&g, &mesh, &cpu, &o)?)?;
+    let refused = |q: &Plan, want: &str| -> Result<()> {
+        let err = Plan::from_json(&q.to_json()?).err().context(format!("accepted (want `{want}`)"))?.to_string();
+        ensure!(err.contains(want), "want `{want}` in: {err}");
+        Ok(())
+    };
+    let steps = |q: &mut Plan, s: usize, list: &str| -> Result<()> {
+        let pp = q.pipeline.as_mut().context("no pipeline")?;
+        pp.schedule.steps[s] =
+            list.split(' ').map(|x| x.parse::<Step>().map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
+        Ok(())
+    };
+    let mut q = p.clone();
+    steps(&mut q, 0, "B0 F0 F1 B1")?;
+    refused(&q, "comes after a later part of microbatch 0")?;
+    let mut q = p.clone();
+    steps(&mut q, 1, "F0 B0 F0 B1")?;
+    refused(&q, "step F0 twice")?;
+    let mut q = p.clone();
+    q.pipeline.as_mut().context("no pipeline")?.schedule.chunks = 0;
+    refused(&q, "model chunks per stage")?;
+    // The first backward instruction of stage 1 moved into its forward.
+    let mut q = p.clone();
+    let k = q.program.iter().position(|i| i.phase() == Phase::Backward).context("no backward")?;
+    if let Instr::Op { phase, .. } | Instr::Collective { phase, .. } | Instr::Free { phase, .. } = &mut q.program[k] {
+        *phase = Phase::Weight;
+    }
+    refused(&q, "the order a microbatch runs them")?;
+    // Stage 0 one microbatch after the other, stage 1 the second first: each waits for the other.
+    let mut q = p.clone();
+    steps(&mut q, 0, "F0 B0 F1 B1")?;
+    steps(&mut q, 1, "F1 B1 F0 B0")?;
+    refused(&q, "the schedule deadlocks: stage 0 at B0 waits for")?;
+    Ok(())
+}

@@ -79,6 +79,9 @@ enum Event {
     Recv(usize, usize, f64),
 }
 
+/// The most model chunks a stage may have.
+pub const MAX_CHUNKS: usize = 1024;
+
 /// What is wrong with the plan's steps as a list (each stage's steps a permutation of every
 /// microbatch's segments, in segment order within a microbatch); empty when nothing is.
 pub fn check_steps(plan: &Plan) -> Vec<String> {
@@ -87,7 +90,11 @@ pub fn check_steps(plan: &Plan) -> Vec<String> {
     let weight = plan.program.iter().any(|i| i.phase() == Phase::Weight);
     let phases: Vec<Phase> =
         [Phase::Forward, Phase::Backward].into_iter().chain(weight.then_some(Phase::Weight)).collect();
-    let want = m * chunks * phases.len();
+    if chunks > MAX_CHUNKS {
+        out.push(format!("{chunks} model chunks per stage (at most {MAX_CHUNKS})"));
+        return out;
+    }
+    let want = m.saturating_mul(chunks).saturating_mul(phases.len());
     let steps = plan.steps();
     if steps.len() != plan.stages() {
         out.push(format!("the schedule has steps for {} stages, the plan has {}", steps.len(), plan.stages()));

@@ -416,6 +416,10 @@ impl Plan {
                 Some(format!("the pipeline has {} microbatches, the plan {}", p.microbatches, self.microbatches))
             } else if p.per_stage.len() != p.stages {
                 Some(format!("{} stage estimates for {} stages", p.per_stage.len(), p.stages))
+            } else if p.schedule.chunks == 0 || p.schedule.chunks > crate::schedule::MAX_CHUNKS {
+                Some(format!("{} model chunks per stage (1 to {})", p.schedule.chunks, crate::schedule::MAX_CHUNKS))
+            } else if p.schedule.steps.len() != p.stages {
+                Some(format!("the schedule has steps for {} stages, the plan {}", p.schedule.steps.len(), p.stages))
             } else {
                 None
             };
