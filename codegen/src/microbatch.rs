@@ -26,7 +26,7 @@ use sharding::DeviceMesh;
 use crate::plan::{Instr, Phase, Plan, ValueRef};
 use crate::{Error, Result};
 
-/// Rewrites `plan` (lowered for one microbatch, checkpointing off) to run `microbatches` of
+/// Rewrites `plan` (lowered for one microbatch) to run `microbatches` of
 /// them per step (see the module docs).
 pub fn split(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
     if microbatches <= 1 {

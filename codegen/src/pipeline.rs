@@ -122,9 +122,11 @@ pub fn search(
         }
         // Every schedule of one intra-op solve; another solve with less room when none fits.
         let start = opts.budget.saturating_mul(s as u64);
-        let staged_plans = crate::plan::within_budget(opts.budget, start, s as u64, |budget| {
-            let one = crate::PlanOptions { stages: 1, microbatches: 1, checkpoint: false, budget, ..opts.clone() };
-            let inner = crate::plan::microbatched(crate::plan(graph, &sub, profile, &one)?, &sub, opts.microbatches)?;
+        let staged_plans = crate::plan::within_budget(opts.budget, start, |budget| {
+            let one = crate::PlanOptions { stages: 1, microbatches: 1, budget, ..opts.clone() };
+            let inner = crate::plan(graph, &sub, profile, &one)?;
+            let solved = inner.estimate.peak_bytes_per_rank;
+            let inner = crate::plan::microbatched(inner, &sub, opts.microbatches)?;
             let plans: Vec<(ScheduleKind, Result<Plan>)> = kinds
                 .iter()
                 .map(|&kind| {
@@ -133,7 +135,7 @@ pub fn search(
                 })
                 .collect();
             let least = plans.iter().filter_map(|(_, p)| p.as_ref().ok()).map(|p| p.estimate.peak_bytes_per_rank).min();
-            Ok((plans, least.unwrap_or(u64::MAX)))
+            Ok((plans, least.unwrap_or(u64::MAX), solved))
         });
         match staged_plans {
             Ok((plans, _)) => {
@@ -377,8 +379,14 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
     let mut places: Vec<Place> = vec![Place { vstage: 0, phase: Phase::Forward }; program.len()];
     let mut next = Place { vstage: 0, phase: Phase::Forward };
     for (k, ins) in program.iter().enumerate().rev() {
-        if let Instr::Op { node, .. } = ins {
-            next = place[*node];
+        match ins {
+            // A recomputation runs where its node's activations are, for the backward that
+            // reads it.
+            Instr::Op { node, recompute: true, .. } => {
+                next = Place { vstage: place[*node].vstage, phase: next.phase.max(Phase::Backward) }
+            }
+            Instr::Op { node, .. } => next = place[*node],
+            _ => {}
         }
         places[k] = next;
     }

@@ -45,12 +45,13 @@ pub struct PlanOptions {
     pub merge: Merge,
     /// Pipeline stages over the outermost mesh axis (1: none; see [`crate::pipeline`]). The
     /// layouts are solved on one stage's submesh with the whole graph against `stages` times
-    /// the budget, then the stages are cut and each is checked against the budget; activation
-    /// checkpointing is off.
+    /// the budget, then the stages are cut and each is checked against the budget (solved again
+    /// with less room while one does not fit: `within_budget`).
     pub stages: usize,
     /// Microbatches per step (gradient accumulation; see [`crate::microbatch`]): `graph` is
-    /// one microbatch's training graph with its gradients scaled by 1/`microbatches`.
-    /// Activation checkpointing is off.
+    /// one microbatch's training graph with its gradients scaled by 1/`microbatches`. The
+    /// gradient sums count against the budget (solved again with less room while they do not
+    /// fit).
     pub microbatches: usize,
     /// The pipeline schedule (with `stages > 1`; see [`crate::schedule`]).
     pub schedule: ScheduleKind,
@@ -221,32 +222,31 @@ pub(crate) fn microbatched(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -
     }
 }
 
-/// Runs `round(budget)` (a plan solved against `budget` and shaped further: staged,
-/// microbatched) until its peak (the second value) fits `limit`: at most 3 rounds, each with
-/// the budget lowered by the excess times `scale` (the ranks the solve's budget covers) and a
-/// tenth more. Returns the last round's result (which may still not fit); an error of a round
-/// after the first (a budget no plan fits) returns the previous round's.
+/// Runs `round(budget)` (a plan solved against `budget`, then shaped further: staged,
+/// microbatched) until the shaped plan's peak (the second value) fits `limit`: at most 4 rounds.
+/// What shaping adds (in-flight microbatches' activations, gradient sums) comes on top of the
+/// solved plan's own peak (the third value) about one for one, so each round solves against
+/// that peak lowered by the excess and a tenth more: the solver then recomputes activations or
+/// picks leaner layouts. Returns the last round's result (which may still not fit); a round
+/// after the first that fails (no plan fits so little) ends the search with the previous one.
 pub(crate) fn within_budget<T>(
     limit: u64,
     start: u64,
-    scale: u64,
-    mut round: impl FnMut(u64) -> Result<(T, u64)>,
+    mut round: impl FnMut(u64) -> Result<(T, u64, u64)>,
 ) -> Result<(T, u64)> {
-    let mut budget = start;
-    let mut last = round(budget)?;
-    for _ in 1..3 {
-        if last.1 <= limit {
+    let (mut last, mut peak, mut inner) = round(start)?;
+    for _ in 1..4 {
+        if peak <= limit {
             break;
         }
-        let over = (last.1 - limit).saturating_mul(scale);
-        let Some(next) = budget.checked_sub(over + over / 10) else { break };
-        budget = next;
+        let over = peak - limit;
+        let Some(budget) = inner.checked_sub(over + over / 10) else { break };
         match round(budget) {
-            Ok(r) => last = r,
+            Ok(r) => (last, peak, inner) = r,
             Err(_) => break,
         }
     }
-    Ok(last)
+    Ok((last, peak))
 }
 
 /// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
@@ -255,7 +255,7 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
     if opts.stages > 1 {
         let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
         let budget = opts.budget.saturating_mul(opts.stages as u64);
-        let one = PlanOptions { stages: 1, checkpoint: false, budget, ..opts.clone() };
+        let one = PlanOptions { stages: 1, budget, ..opts.clone() };
         let how = crate::pipeline::PipelineOptions {
             stages: opts.stages,
             schedule: opts.schedule,
@@ -264,23 +264,42 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         };
         // The stages hold more than one microbatch's activations, and values they exchange:
         // solved again with less room while the stages do not fit.
-        let (p, _) = within_budget(opts.budget, budget, opts.stages as u64, |budget| {
-            let inner = plan(graph, &sub, profile, &PlanOptions { budget, microbatches: 1, ..one.clone() })?;
+        let stages = opts.stages as u64;
+        let (p, _) = within_budget(opts.budget, budget, |budget| {
+            // The whole model on one stage's devices: its figures per rank are S times a
+            // stage's (about), so a budget it misses is said per rank of a stage.
+            let inner = plan(graph, &sub, profile, &PlanOptions { budget, microbatches: 1, ..one.clone() }).map_err(
+                |e| match e {
+                    Error::Infeasible { min_peak_bytes, .. } => Error::Pipeline(format!(
+                        "no plan fits {} per rank in {stages} stages: the whole model on one stage's devices needs \
+                         at least {} per rank, about {} per rank once cut into {stages} stages; use --memory {} or \
+                         more, more stages or a larger mesh per stage",
+                        fmt_bytes(opts.budget),
+                        fmt_bytes(min_peak_bytes),
+                        fmt_bytes(min_peak_bytes / stages),
+                        fmt_bytes((min_peak_bytes / stages) * 11 / 10),
+                    )),
+                    e => e,
+                },
+            )?;
+            let solved = inner.estimate.peak_bytes_per_rank;
             let inner = microbatched(inner, &sub, opts.microbatches)?;
             let p = crate::pipeline::place(inner, mesh, &how)?;
             let peak = p.estimate.peak_bytes_per_rank;
-            Ok((p, peak))
+            Ok((p, peak, solved))
         })?;
         return crate::pipeline::check_budget(p, opts.budget);
     }
     if opts.microbatches > 1 {
         // The gradient sums are held while later microbatches run: solved again with less room
         // while the step does not fit.
-        let (mut p, peak) = within_budget(opts.budget, opts.budget, 1, |budget| {
-            let one = PlanOptions { microbatches: 1, checkpoint: false, budget, ..opts.clone() };
-            let p = crate::microbatch::split(plan(graph, mesh, profile, &one)?, mesh, opts.microbatches)?;
+        let (mut p, peak) = within_budget(opts.budget, opts.budget, |budget| {
+            let one = PlanOptions { microbatches: 1, budget, ..opts.clone() };
+            let inner = plan(graph, mesh, profile, &one)?;
+            let solved = inner.estimate.peak_bytes_per_rank;
+            let p = crate::microbatch::split(inner, mesh, opts.microbatches)?;
             let peak = p.estimate.peak_bytes_per_rank;
-            Ok((p, peak))
+            Ok((p, peak, solved))
         })?;
         if peak > opts.budget {
             return Err(Error::Pipeline(format!(

@@ -80,7 +80,8 @@ pub struct PlanArgs {
     /// have N devices, e.g. `--mesh 2x4 --pipeline 2`: 2 stages of 4 devices). Each stage runs
     /// its part of forward and backward as an SPMD program over the other axes; values crossing
     /// stages are sent point to point. Layouts are solved on one stage's devices, then the
-    /// stages cut by estimated time; activation recomputation is off. The stages run the
+    /// stages cut by estimated time, and solved again with less room (recomputing activations
+    /// during the backward where that helps) while a stage does not fit. The stages run the
     /// microbatches (--microbatches) in the order --schedule gives.
     /// `auto` searches the number of stages (every divisor of the outermost axis, that axis
     /// split into stages of sub-axes) and the schedule, keeping the fastest plan that fits.
@@ -99,8 +100,8 @@ pub struct PlanArgs {
     /// Microbatches per step (gradient accumulation): the model's batch is one microbatch, a
     /// step trains on M of them (feeds hold M times the model's batch along their first dim),
     /// summing their gradients (each scaled by 1/M: the gradient of the mean loss) and updating
-    /// once. With --pipeline, the stages overlap them as --schedule says. Activation
-    /// recomputation is off.
+    /// once. With --pipeline, the stages overlap them as --schedule says. The gradient sums held
+    /// across microbatches count against --memory.
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub microbatches: u32,
     /// Where to write the plan.
