@@ -112,7 +112,7 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     let mut last: Vec<Instr> = vec![];
     for (mut ins, o) in program.into_iter().zip(once) {
         if o {
-            set_phase(&mut ins, Phase::Update);
+            ins.set_phase(Phase::Update);
             last.push(ins)
         } else {
             reordered.push(ins)
@@ -146,14 +146,4 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     }
     e.step_seconds = step + e.recompute_seconds;
     Ok(plan)
-}
-
-/// Sets the phase of an instruction.
-pub(crate) fn set_phase(ins: &mut Instr, to: Phase) {
-    match ins {
-        Instr::Op { phase, .. }
-        | Instr::Collective { phase, .. }
-        | Instr::Free { phase, .. }
-        | Instr::Transfer { phase, .. } => *phase = to,
-    }
 }

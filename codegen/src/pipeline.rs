@@ -123,10 +123,7 @@ pub fn search(
         // Every schedule of one intra-op solve; another solve with less room when none fits.
         let start = opts.budget.saturating_mul(s as u64);
         let staged_plans = crate::plan::within_budget(opts.budget, start, |budget| {
-            let one = crate::PlanOptions { stages: 1, microbatches: 1, budget, ..opts.clone() };
-            let inner = crate::plan(graph, &sub, profile, &one)?;
-            let solved = inner.estimate.peak_bytes_per_rank;
-            let inner = crate::plan::microbatched(inner, &sub, opts.microbatches)?;
+            let (inner, solved) = solve_stage(graph, &sub, profile, opts, s, budget)?;
             let plans: Vec<(ScheduleKind, Result<Plan>)> = kinds
                 .iter()
                 .map(|&kind| {
@@ -154,6 +151,37 @@ pub fn search(
     Ok(best)
 }
 
+/// The plan `stages` stages are made from: the whole graph solved on one stage's submesh `sub`
+/// against `budget` (per rank of the submesh: about `stages` times a stage's), split into the
+/// microbatches of `opts` (or with one, its update moved to the update phase). Also returns the
+/// solved plan's own peak (what [`crate::plan::within_budget`] lowers). A budget no plan fits
+/// is said per rank of a stage.
+pub(crate) fn solve_stage(
+    graph: &ir::Graph,
+    sub: &DeviceMesh,
+    profile: &sharding::DeviceProfile,
+    opts: &crate::PlanOptions,
+    stages: usize,
+    budget: u64,
+) -> Result<(Plan, u64)> {
+    let one = crate::PlanOptions { stages: 1, microbatches: 1, budget, ..opts.clone() };
+    let s = stages as u64;
+    let inner = crate::plan(graph, sub, profile, &one).map_err(|e| match e {
+        Error::Infeasible { min_peak_bytes, .. } => Error::Pipeline(format!(
+            "no plan fits {} per rank in {stages} stages: the whole model on one stage's devices needs at least {} \
+             per rank, about {} per rank once cut into {stages} stages; use --memory {} or more, more stages or a \
+             larger mesh per stage",
+            fmt_bytes(opts.budget),
+            fmt_bytes(min_peak_bytes),
+            fmt_bytes(min_peak_bytes / s),
+            fmt_bytes((min_peak_bytes / s) * 11 / 10),
+        )),
+        e => e,
+    })?;
+    let solved = inner.estimate.peak_bytes_per_rank;
+    Ok((crate::plan::microbatched(inner, sub, opts.microbatches)?, solved))
+}
+
 /// How to pipeline a plan.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PipelineOptions {
@@ -178,6 +206,11 @@ struct Place {
 /// Places `plan` (made on [`stage_mesh`]) on `mesh` as pipeline stages (see the module docs);
 /// every stage's peak under the schedule must fit the budget.
 pub fn stage(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
+    let plan = if plan.program.iter().any(|i| i.phase() == Phase::Update) {
+        plan
+    } else {
+        crate::microbatch::update_phase(plan, &stage_mesh(mesh, opts.stages)?)?
+    };
     check_budget(place(plan, mesh, opts)?, opts.budget)
 }
 
@@ -200,7 +233,8 @@ pub(crate) fn check_budget(plan: Plan, budget: u64) -> Result<Plan> {
     )))
 }
 
-/// [`stage`] without the budget check (the estimates say the peak).
+/// [`stage`] without the budget check (the estimates say the peak), of a plan whose update part
+/// is in the update phase.
 pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
     let stages = opts.stages;
     let chunks = if opts.schedule == ScheduleKind::Interleaved { opts.chunks.max(2) } else { 1 };
@@ -231,17 +265,11 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
             stack.extend(&inputs_of[n]);
         }
     }
-    // The update phase (the microbatch split's, or the optimizer's ops of a plan without
-    // microbatches) runs once per step.
+    // The update phase (`crate::microbatch`'s) runs once per step.
     let mut update = vec![false; n_nodes];
     for ins in &plan.program {
         if let Instr::Op { node, phase: Phase::Update, .. } = ins {
             update[*node] = true;
-        }
-    }
-    if !update.iter().any(|&u| u) {
-        for (i, u) in update.iter_mut().enumerate() {
-            *u = matches!(node(i).op, Op::SgdUpdate { .. } | Op::AdamWUpdate { .. });
         }
     }
     // 1. The forward cut, by estimated seconds (a floor keeps free ops from piling up).
@@ -299,14 +327,8 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
         place[i] = Some(Place { vstage: v, phase: Phase::Forward });
     }
     // 2. The rest. The order a microbatch runs (virtual stage, phase) in.
-    let key = |p: Place| -> (u8, usize) {
-        match p.phase {
-            Phase::Forward => (0, p.vstage),
-            Phase::Backward => (1, vstages - 1 - p.vstage),
-            Phase::Weight => (2, vstages - 1 - p.vstage),
-            Phase::Update => (3, 0),
-        }
-    };
+    // (A stage's segment order over its chunks is this order over the virtual stages.)
+    let key = |p: Place| Segment { phase: p.phase, chunk: p.vstage }.rank(vstages);
     let phase_of = |i: usize| {
         if update[i] {
             Phase::Update

@@ -254,8 +254,6 @@ pub(crate) fn within_budget<T>(
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     if opts.stages > 1 {
         let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
-        let budget = opts.budget.saturating_mul(opts.stages as u64);
-        let one = PlanOptions { stages: 1, budget, ..opts.clone() };
         let how = crate::pipeline::PipelineOptions {
             stages: opts.stages,
             schedule: opts.schedule,
@@ -264,26 +262,9 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
         };
         // The stages hold more than one microbatch's activations, and values they exchange:
         // solved again with less room while the stages do not fit.
-        let stages = opts.stages as u64;
-        let (p, _) = within_budget(opts.budget, budget, |budget| {
-            // The whole model on one stage's devices: its figures per rank are S times a
-            // stage's (about), so a budget it misses is said per rank of a stage.
-            let inner = plan(graph, &sub, profile, &PlanOptions { budget, microbatches: 1, ..one.clone() }).map_err(
-                |e| match e {
-                    Error::Infeasible { min_peak_bytes, .. } => Error::Pipeline(format!(
-                        "no plan fits {} per rank in {stages} stages: the whole model on one stage's devices needs \
-                         at least {} per rank, about {} per rank once cut into {stages} stages; use --memory {} or \
-                         more, more stages or a larger mesh per stage",
-                        fmt_bytes(opts.budget),
-                        fmt_bytes(min_peak_bytes),
-                        fmt_bytes(min_peak_bytes / stages),
-                        fmt_bytes((min_peak_bytes / stages) * 11 / 10),
-                    )),
-                    e => e,
-                },
-            )?;
-            let solved = inner.estimate.peak_bytes_per_rank;
-            let inner = microbatched(inner, &sub, opts.microbatches)?;
+        let start = opts.budget.saturating_mul(opts.stages as u64);
+        let (p, _) = within_budget(opts.budget, start, |budget| {
+            let (inner, solved) = crate::pipeline::solve_stage(graph, &sub, profile, opts, opts.stages, budget)?;
             let p = crate::pipeline::place(inner, mesh, &how)?;
             let peak = p.estimate.peak_bytes_per_rank;
             Ok((p, peak, solved))

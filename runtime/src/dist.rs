@@ -217,6 +217,9 @@ pub struct Program {
     /// Slots summed over microbatches (the accumulated values and the graph's outputs).
     pub(crate) accumulate: Vec<usize>,
     pub(crate) slot_names: Vec<ValueRef>,
+    /// Whether each slot holds a constant (borrowed from the rank's constants: freeing it
+    /// releases nothing).
+    pub(crate) constant_slot: Vec<bool>,
     /// Parameters and optimizer state, in plan order.
     pub resident: Vec<Resident>,
     /// Constants: global value and layout.
@@ -237,6 +240,17 @@ pub struct Program {
     /// parameter and state's name, dtype, shape and layout. Two plans that agree on it store
     /// the same blocks on the same ranks; checkpoint shards carry it.
     pub plan_hash: String,
+}
+
+/// Per slot, whether some stage's code puts a constant in it.
+fn constant_slots(codes: &[Vec<Exec>], slots: usize) -> Vec<bool> {
+    let mut v = vec![false; slots];
+    for ins in codes.iter().flatten() {
+        if let Exec::Constant { slot, .. } = ins {
+            v[*slot] = true;
+        }
+    }
+    v
 }
 
 /// One rank's blocks (see the module docs).
@@ -583,6 +597,7 @@ impl Program {
             send_bytes: vec![0],
             schedule: None,
             accumulate: vec![],
+            constant_slot: constant_slots(std::slice::from_ref(&code), slot_names.len()),
             code: vec![code],
             slot_names,
             resident,
@@ -829,11 +844,15 @@ impl Program {
             segments,
             steps: plan.steps(),
             send_bytes,
-            schedule: plan
-                .pipeline
-                .as_ref()
-                .map(|p| (p.schedule.kind, plan::schedule::timeline(plan).is_ok_and(|t| t.in_order))),
+            // Whether blocks arrive in the order sent matters only to a back end without tags,
+            // which runs only these schedules (`needs_buffered_sends`).
+            schedule: plan.pipeline.as_ref().map(|p| {
+                let kind = p.schedule.kind;
+                let untagged = matches!(kind, plan::ScheduleKind::Sequential | plan::ScheduleKind::Gpipe);
+                (kind, untagged && plan::schedule::timeline(plan).is_ok_and(|t| t.in_order))
+            }),
             accumulate,
+            constant_slot: constant_slots(&codes, slot_names.len()),
             code: codes,
             slot_names,
             resident,
@@ -925,11 +944,11 @@ impl Program {
     pub fn needs_buffered_sends(&self) -> Option<String> {
         let (kind, in_order) = self.schedule?;
         match kind {
-            _ if !in_order => Some(format!(
+            plan::ScheduleKind::Sequential | plan::ScheduleKind::Gpipe if in_order => None,
+            plan::ScheduleKind::Sequential | plan::ScheduleKind::Gpipe => Some(format!(
                 "under this plan's {kind} schedule, blocks between two ranks are not received in the order they are \
                  sent, and this back end has no tags to tell them apart"
             )),
-            plan::ScheduleKind::Sequential | plan::ScheduleKind::Gpipe => None,
             _ => Some(format!(
                 "the {kind} schedule has stages send to each other at once, and this back end's sends wait for their \
                  receives; plan with --schedule gpipe"

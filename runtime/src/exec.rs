@@ -149,17 +149,8 @@ pub(crate) fn step<'a, B: Backend>(
     for (i, st) in steps.iter().enumerate() {
         last_step.insert(st.microbatch, i);
     }
-    let is_const: Vec<bool> = {
-        let mut v = vec![false; program.slot_names.len()];
-        for ins in code {
-            if let Exec::Constant { slot, .. } = ins {
-                v[*slot] = true;
-            }
-        }
-        v
-    };
     // Bytes a held value counts for (a constant's block stays with the rank's constants).
-    let cost = |slot: usize, t: &B::T| if is_const[slot] { 0 } else { B::bytes(t) };
+    let cost = |slot: usize, t: &B::T| if program.constant_slot[slot] { 0 } else { B::bytes(t) };
     let update = Segment { phase: Phase::Update, chunk: 0 };
     let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
     let n_inputs = program.inputs.len();

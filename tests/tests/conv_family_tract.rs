@@ -114,24 +114,10 @@ impl Case {
     }
 }
 
-fn rnd(shape: &[usize], seed: u64) -> ir::Tensor {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let n: usize = shape.iter().product();
-    let v = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect();
-    ir::Tensor::f32(shape.to_vec(), v)
-}
-
 fn run(c: &Case) -> Result<()> {
     let bytes = c.model();
     let feeds: BTreeMap<String, ir::Tensor> =
-        c.inputs.iter().enumerate().map(|(i, (n, s))| (n.to_string(), rnd(s, 7 + i as u64))).collect();
+        c.inputs.iter().enumerate().map(|(i, (n, s))| (n.to_string(), tests::random_tensor(s, 7 + i as u64))).collect();
 
     let g = tracer::import_bytes(&bytes, c.name, c.name, None, &ImportOptions::default())?;
     let ctx = CpuContext::new(1)?;

@@ -203,7 +203,7 @@ fn check_plan(r: &Reference, mesh: &DeviceMesh, opts: &PlanOptions, what: &str) 
     } else {
         &r.tg.graph
     };
-    let feeds: BTreeMap<String, Tensor> = r.feeds.iter().map(|(k, t)| (k.clone(), repeat_rows(t, m))).collect();
+    let feeds: BTreeMap<String, Tensor> = r.feeds.iter().map(|(k, t)| (k.clone(), tests::repeat_rows(t, m))).collect();
     let plan = match codegen::plan(graph, mesh, &cpu, opts) {
         Ok(p) => p,
         Err(e) => {
@@ -272,24 +272,6 @@ fn check_plan(r: &Reference, mesh: &DeviceMesh, opts: &PlanOptions, what: &str) 
         estimate,
         measured,
     }))
-}
-
-/// `t` repeated `m` times along its first dim.
-fn repeat_rows(t: &Tensor, m: usize) -> Tensor {
-    if m <= 1 {
-        return t.clone();
-    }
-    let mut shape = t.shape().to_vec();
-    if let Some(d) = shape.first_mut() {
-        *d *= m;
-    }
-    let data = match t.data() {
-        ir::Data::F32(v) => ir::Data::F32(v.repeat(m)),
-        ir::Data::F64(v) => ir::Data::F64(v.repeat(m)),
-        ir::Data::I64(v) => ir::Data::I64(v.repeat(m)),
-        ir::Data::Bool(v) => ir::Data::Bool(v.repeat(m)),
-    };
-    Tensor::new(shape, data).expect("same elements, repeated")
 }
 
 fn check_model(c: &'static Case, float: DType) -> Result<Vec<Row>> {
@@ -546,8 +528,11 @@ fn unet_skips_across_stages_equal_single_device() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("unet.onnx");
     std::fs::write(&path, unet())?;
-    let feeds: BTreeMap<String, Tensor> =
-        [("x".to_string(), random(&[2, 3, 16, 16], 1)), ("target".to_string(), random(&[2, 3, 16, 16], 2))].into();
+    let feeds: BTreeMap<String, Tensor> = [
+        ("x".to_string(), tests::random_tensor(&[2, 3, 16, 16], 1)),
+        ("target".to_string(), tests::random_tensor(&[2, 3, 16, 16], 2)),
+    ]
+    .into();
     let case: &'static Case = Box::leak(Box::new(Case {
         model: "unet",
         loss: "mse:y:target",
@@ -665,7 +650,7 @@ fn unet_skips_across_stages_equal_single_device() -> Result<()> {
     impl Onnx {
         fn weight(&mut self, name: &str, shape: &[usize], scale: f32) -> String {
             self.seed += 1;
-            let t = random(shape, 10 + self.seed);
+            let t = tests::random_tensor(shape, 10 + self.seed);
             self.inits.push(pb::TensorProto {
                 name: name.into(),
                 dims: shape.iter().map(|&d| d as i64).collect(),
@@ -702,21 +687,6 @@ fn unet_skips_across_stages_equal_single_device() -> Result<()> {
             self.node("ConvTranspose", &[x, &w], name, vec![ints("strides", &[2, 2])])
         }
     }
-}
-
-/// A tensor of uniform values in [-1, 1) from `seed` (xorshift).
-fn random(shape: &[usize], seed: u64) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let n: usize = shape.iter().product();
-    let v = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect();
-    Tensor::f32(shape.to_vec(), v)
 }
 
 /// Microbatches (issue 18, item 2): a plan for mlp at its exported batch (32) run with 2

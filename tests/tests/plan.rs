@@ -604,12 +604,7 @@ fn microbatched_plans_are_validated() -> Result<()> {
         ensure!(err.contains(want), "want `{want}` in: {err}");
         Ok(())
     };
-    let forward = |i: &mut Instr| match i {
-        Instr::Op { phase, .. }
-        | Instr::Collective { phase, .. }
-        | Instr::Free { phase, .. }
-        | Instr::Transfer { phase, .. } => *phase = codegen::plan::Phase::Forward,
-    };
+    let forward = |i: &mut Instr| i.set_phase(codegen::plan::Phase::Forward);
     // No update phase: the sums are read where nothing accumulated them.
     let mut q = p.clone();
     q.program.iter_mut().for_each(forward);
@@ -739,9 +734,7 @@ fn edited_schedules_are_refused() -> Result<()> {
     // The first backward instruction of stage 1 moved into its forward.
     let mut q = p.clone();
     let k = q.program.iter().position(|i| i.phase() == Phase::Backward).context("no backward")?;
-    if let Instr::Op { phase, .. } | Instr::Collective { phase, .. } | Instr::Free { phase, .. } = &mut q.program[k] {
-        *phase = Phase::Weight;
-    }
+    q.program[k].set_phase(Phase::Weight);
     refused(&q, "the order a microbatch runs them")?;
     // Stage 0 one microbatch after the other, stage 1 the second first: each waits for the other.
     let mut q = p.clone();

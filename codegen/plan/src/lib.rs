@@ -441,6 +441,16 @@ impl Instr {
         }
     }
 
+    /// Sets its phase.
+    pub fn set_phase(&mut self, to: Phase) {
+        match self {
+            Instr::Op { phase, .. }
+            | Instr::Collective { phase, .. }
+            | Instr::Free { phase, .. }
+            | Instr::Transfer { phase, .. } => *phase = to,
+        }
+    }
+
     /// Its phase.
     pub fn phase(&self) -> Phase {
         match self {
