@@ -220,6 +220,8 @@ fn repeat_rows(t: &Tensor, m: usize) -> Tensor {
     let data = match t.data() {
         ir::Data::F32(v) => ir::Data::F32(v.repeat(m)),
         ir::Data::F64(v) => ir::Data::F64(v.repeat(m)),
+        ir::Data::BF16(v) => ir::Data::BF16(v.repeat(m)),
+        ir::Data::F16(v) => ir::Data::F16(v.repeat(m)),
         ir::Data::I64(v) => ir::Data::I64(v.repeat(m)),
         ir::Data::Bool(v) => ir::Data::Bool(v.repeat(m)),
     };

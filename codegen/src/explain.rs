@@ -64,6 +64,26 @@ pub fn summary(p: &Plan) -> String {
         100.0 * e.peak_bytes_per_rank as f64 / p.options.budget_bytes.max(1) as f64,
         fmt_bytes(e.resident_bytes_per_rank)
     );
+    let b = &e.memory;
+    if b.parameters > 0 {
+        let low = if b.low_copies > 0 {
+            format!(" + their {} copies {}", p.options.precision, fmt_bytes(b.low_copies))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            o,
+            "          by kind: parameters {}{low} + optimizer state {} + gradients {} per rank{}",
+            fmt_bytes(b.parameters),
+            fmt_bytes(b.optimizer_state),
+            fmt_bytes(b.gradients),
+            if p.options.precision == "f32" {
+                String::new()
+            } else {
+                format!(" ({} mixed precision)", p.options.precision)
+            }
+        );
+    }
     if let Some(pp) = &p.pipeline {
         let sc = &pp.schedule;
         let chunks = if sc.chunks > 1 { format!(" ({} chunks per stage)", sc.chunks) } else { String::new() };

@@ -28,5 +28,5 @@ pub use ::plan::memory;
 pub use ::plan::validate;
 
 pub use error::{Error, Result, fmt_bytes, parse_bytes};
-pub use plan::{ModelInfo, Plan, PlanOptions, plan};
+pub use plan::{ModelInfo, Plan, PlanOptions, label, plan, precision_of};
 pub use problem::Baseline;

@@ -252,6 +252,37 @@ pub(crate) fn within_budget<T>(
 /// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
+    let mut p = plan_unlabelled(graph, mesh, profile, opts)?;
+    label(&mut p, mesh)?;
+    Ok(p)
+}
+
+/// Fills what a finished plan states about itself: its precision (from the graph's types) and
+/// the per-rank memory [`::plan::memory::Breakdown`].
+pub fn label(p: &mut Plan, mesh: &DeviceMesh) -> Result<()> {
+    p.options.precision = precision_of(&p.graph).to_string();
+    p.estimate.memory = ::plan::memory::breakdown(p, mesh)?;
+    Ok(())
+}
+
+/// `bf16` or `fp16` for a mixed-precision training graph (one holding 16-bit values), else the
+/// graph's float type.
+pub fn precision_of(g: &Graph) -> &'static str {
+    let mut wide = "f32";
+    for n in g.g.node_weights() {
+        for m in &n.outputs {
+            match m.dtype {
+                ir::DType::BF16 => return "bf16",
+                ir::DType::F16 => return "fp16",
+                ir::DType::F64 => wide = "f64",
+                _ => {}
+            }
+        }
+    }
+    wide
+}
+
+fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     if opts.stages > 1 {
         let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
         let how = crate::pipeline::PipelineOptions {
@@ -625,6 +656,7 @@ fn lower(
             budget_bytes: opts.budget,
             strategy: opts.baseline,
             time_limit_seconds: opts.time_limit.as_secs_f64(),
+            precision: precision_of(g).to_string(),
         },
         graph: g.clone(),
         microbatches: 1,
@@ -641,6 +673,7 @@ fn lower(
             peak_bytes_per_rank: memory.peak,
             solver_peak_bytes_per_rank: peak,
             resident_bytes_per_rank: resident,
+            memory: Default::default(),
             per_op,
             collectives: colls.into_values().collect(),
         },

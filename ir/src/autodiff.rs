@@ -159,6 +159,19 @@ pub struct TrainOptions {
     pub frozen: Vec<String>,
 }
 
+/// Mixed-precision training ([`crate::autocast`]): forward and backward in a 16-bit float type,
+/// parameters and optimizer state in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MixedPrecision {
+    /// The 16-bit type (bf16 or f16).
+    pub low: DType,
+    /// The type parameter gradients are kept in until the optimizer reads them: `low` casts each
+    /// gradient to f32 in the update phase (gradients held, summed over microbatches and reduced
+    /// in 16 bits), f32 casts it where the backward computes it (PyTorch autocast's f32
+    /// gradients).
+    pub grads: DType,
+}
+
 /// Which part of the training step a node belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -271,6 +284,16 @@ pub enum AutodiffError {
 
 /// Builds the training graph of `forward` (see the module docs).
 pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGraph, AutodiffError> {
+    training_graph_with(forward, opts, None)
+}
+
+/// [`training_graph`], in mixed precision when `mixed` is given: the forward and the loss go
+/// through [`crate::autocast::autocast`] before the backward is derived.
+pub fn training_graph_with(
+    forward: &Graph,
+    opts: &TrainOptions,
+    mixed: Option<MixedPrecision>,
+) -> Result<TrainingGraph, AutodiffError> {
     let mut g = forward.clone();
     let mut phases: HashMap<NodeIndex, Phase> = g.g.node_indices().map(|n| (n, Phase::Forward)).collect();
     let mark = |g: &Graph, phases: &mut HashMap<NodeIndex, Phase>, ph: Phase| {
@@ -284,6 +307,15 @@ pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGr
     let loss = build_loss(&mut g, &opts.loss)?;
     g.outputs = vec![("loss".to_string(), loss)];
     g.remove_dead();
+    if let Some(mp) = mixed {
+        phases.retain(|n, _| g.g.contains_node(*n));
+        let made = crate::autocast::autocast(&mut g, mp.low)?;
+        for (cast, user) in made.casts {
+            if let Some(&ph) = phases.get(&user) {
+                phases.insert(cast, ph);
+            }
+        }
+    }
     mark(&g, &mut phases, Phase::Loss);
 
     // Trainable parameters.
@@ -307,7 +339,7 @@ pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGr
         .filter_map(|&p| match &g.node(p).op {
             Op::Param { name }
                 if !opts.frozen.contains(name)
-                    && g.node(p).outputs[0].dtype == DType::F32
+                    && g.node(p).outputs[0].dtype.is_float()
                     && !g.users(Value::new(p, 0)).is_empty() =>
             {
                 Some((name.clone(), p))
@@ -333,7 +365,7 @@ pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGr
         }
         if g.node_inputs(n).iter().any(|v| needs.contains(v)) {
             for (s, m) in node.outputs.iter().enumerate() {
-                if m.dtype == DType::F32 {
+                if m.dtype.is_float() {
                     needs.insert(Value::new(n, s));
                 }
             }
@@ -383,12 +415,31 @@ pub fn training_graph(forward: &Graph, opts: &TrainOptions) -> Result<TrainingGr
             None => {
                 let shape = g.meta(v).shape.clone();
                 let mut b = Builder { g: &mut g, prefix: format!("grad/{name}") };
-                b.zeros("zeros", &shape)?
+                b.zeros("zeros", &shape, v)?
             }
         };
         grads.insert(name.clone(), grad);
     }
     mark(&g, &mut phases, Phase::Backward);
+    // Gradients kept in 16 bits: the optimizer reads the 16-bit gradient of the parameter's
+    // 16-bit copy (its kernel widens it), instead of the cast of it to f32.
+    if let Some(mp) = mixed
+        && mp.grads.is_half()
+    {
+        for v in grads.values_mut() {
+            let src = g.node_inputs(v.node);
+            if matches!(g.node(v.node).op, Op::Cast { to: DType::F32 })
+                && src.len() == 1
+                && g.meta(src[0]).dtype.is_half()
+                && g.users(*v).is_empty()
+            {
+                let cast = v.node;
+                *v = src[0];
+                g.remove_node(cast);
+                phases.remove(&cast);
+            }
+        }
+    }
 
     // Optimizer.
     match opts.optimizer {
@@ -424,7 +475,7 @@ fn differentiable(op: &Op) -> bool {
             !b.is_comparison() && !b.is_logical() && !b.is_bitwise() && !matches!(b, BinaryOp::Mod | BinaryOp::Fmod)
         }
         Op::Index(x) => x.differentiable(),
-        Op::Cast { to } => *to == DType::F32,
+        Op::Cast { to } => to.is_float(),
         Op::State { .. }
         | Op::UnaryGrad(_)
         | Op::SoftmaxGrad { .. }
@@ -468,8 +519,10 @@ impl Builder<'_> {
     fn shape(&self, v: Value) -> Vec<usize> {
         self.g.meta(v).shape.clone()
     }
-    fn scalar(&mut self, what: &str, x: f32) -> Value {
-        self.g.constant(&format!("{}/{what}", self.prefix), Tensor::scalar_f32(x))
+    /// A scalar constant of `like`'s float type.
+    fn scalar(&mut self, what: &str, x: f32, like: Value) -> Value {
+        let dt = self.g.meta(like).dtype;
+        self.g.constant(&format!("{}/{what}", self.prefix), Tensor::scalar_f32(x).with_float_type(dt))
     }
     fn bin(&mut self, what: &str, b: BinaryOp, x: Value, y: Value) -> Result<Value, AutodiffError> {
         self.op(what, Op::Binary(b), &[x, y])
@@ -481,7 +534,7 @@ impl Builder<'_> {
         if c == 1.0 {
             return Ok(x);
         }
-        let c = self.scalar(&format!("{what}.c"), c);
+        let c = self.scalar(&format!("{what}.c"), c, x);
         self.mul(what, x, c)
     }
     fn neg(&mut self, what: &str, x: Value) -> Result<Value, AutodiffError> {
@@ -502,8 +555,9 @@ impl Builder<'_> {
     fn transpose(&mut self, what: &str, x: Value, perm: Vec<usize>) -> Result<Value, AutodiffError> {
         self.op(what, Op::Transpose { perm }, &[x])
     }
-    fn zeros(&mut self, what: &str, shape: &[usize]) -> Result<Value, AutodiffError> {
-        let z = self.scalar(&format!("{what}.0"), 0.0);
+    /// Zeros of `shape` and `like`'s float type.
+    fn zeros(&mut self, what: &str, shape: &[usize], like: Value) -> Result<Value, AutodiffError> {
+        let z = self.scalar(&format!("{what}.0"), 0.0, like);
         if shape.is_empty() {
             return Ok(z);
         }
@@ -528,7 +582,7 @@ impl Builder<'_> {
     }
     /// `where(cond, x, 0)` or `where(cond, 0, x)`.
     fn mask(&mut self, what: &str, cond: Value, x: Value, keep_when: bool) -> Result<Value, AutodiffError> {
-        let z = self.scalar(&format!("{what}.0"), 0.0);
+        let z = self.scalar(&format!("{what}.0"), 0.0, x);
         let ins = if keep_when { [cond, x, z] } else { [cond, z, x] };
         self.op(what, Op::Where, &ins)
     }
@@ -566,7 +620,7 @@ fn vjp(
                     None => {
                         let mut shape = sh(b, 0);
                         shape[*axis] = sizes[s];
-                        b.zeros(&format!("zeros{s}"), &shape)?
+                        b.zeros(&format!("zeros{s}"), &shape, ins[0])?
                     }
                 });
             }
@@ -685,7 +739,7 @@ fn batchnorm_vjp(
     let mut cshape = vec![c];
     cshape.extend(std::iter::repeat_n(1, xs.len() - 2));
     let others: Vec<usize> = (0..xs.len()).filter(|&d| d != 1).collect();
-    let e = b.scalar("eps", eps);
+    let e = b.scalar("eps", eps, var);
     let ve = b.bin("var.eps", BinaryOp::Add, var, e)?;
     let sd = b.op("std", Op::Unary(UnaryOp::Sqrt), &[ve])?;
     let inv = b.op("inv", Op::Unary(UnaryOp::Reciprocal), &[sd])?;

@@ -69,6 +69,8 @@ impl Serialize for TensorForm<'_> {
                 match self.0 {
                     Data::F32(v) => v.iter().try_for_each(|&x| seq.serialize_element(&F32(x)))?,
                     Data::F64(v) => v.iter().try_for_each(|&x| seq.serialize_element(&F64(x)))?,
+                    Data::BF16(v) => v.iter().try_for_each(|&x| seq.serialize_element(&F32(x.to_f32())))?,
+                    Data::F16(v) => v.iter().try_for_each(|&x| seq.serialize_element(&F32(x.to_f32())))?,
                     Data::I64(v) => v.iter().try_for_each(|x| seq.serialize_element(x))?,
                     Data::Bool(v) => v.iter().try_for_each(|x| seq.serialize_element(x))?,
                 }
@@ -172,6 +174,10 @@ fn tensor(dtype: &str, shape: Vec<usize>, data: Vec<Item>) -> Result<Tensor, Str
     let data = match dt {
         DType::F32 => Data::F32(data.into_iter().map(|x| float_item(x).map(|f| f as f32)).collect::<Result<_, _>>()?),
         DType::F64 => Data::F64(data.into_iter().map(float_item).collect::<Result<_, _>>()?),
+        DType::BF16 | DType::F16 => {
+            let wide: Vec<f32> = data.into_iter().map(|x| float_item(x).map(|f| f as f32)).collect::<Result<_, _>>()?;
+            return Tensor::new(shape, Data::F32(wide)).map(|t| t.with_float_type(dt)).map_err(|e| e.to_string());
+        }
         DType::I64 => Data::I64(
             data.into_iter()
                 .map(|x| match x {
@@ -445,7 +451,8 @@ mod tests {
         }
         assert_eq!(parse_meta("f32[2,3]"), Some(TensorMeta::new(DType::F32, [2, 3])));
         assert_eq!(parse_meta("i64[]"), Some(TensorMeta::new(DType::I64, [])));
-        assert_eq!(parse_meta("f16[2]"), None);
+        assert_eq!(parse_meta("bf16[2]"), Some(TensorMeta::new(DType::BF16, [2])));
+        assert_eq!(parse_meta("f8[2]"), None);
     }
 
     #[test]

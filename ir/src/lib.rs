@@ -51,6 +51,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autocast;
 pub mod autodiff;
 pub mod files;
 mod graph;
@@ -64,6 +65,7 @@ mod text;
 mod verify;
 
 pub use graph::{Edge, Graph, GraphError, Node, Value};
+pub use half;
 pub use op::*;
 pub use ops::index::{IndexOp, ScatterReduction};
 pub use ops::resize::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};

@@ -12,6 +12,11 @@ pub enum DType {
     /// 64-bit IEEE float: the same values computed in double precision (`--precision f64`), for
     /// checking plans on models whose f32 results depend on summation order.
     F64,
+    /// bfloat16 storage (`--precision bf16`): activations and gradients of mixed-precision
+    /// training. Kernels compute in f32 and round each result to bf16.
+    BF16,
+    /// IEEE half-precision storage (`--precision fp16`), as [`DType::BF16`].
+    F16,
     /// 64-bit signed integer: indices, token ids, shapes.
     I64,
     /// Boolean: masks and comparison results.
@@ -24,6 +29,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F64 => 8,
+            DType::BF16 | DType::F16 => 2,
             DType::I64 => 8,
             DType::Bool => 1,
         }
@@ -33,6 +39,8 @@ impl DType {
         match self {
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
             DType::I64 => "i64",
             DType::Bool => "bool",
         }
@@ -42,6 +50,8 @@ impl DType {
         match s {
             "f32" => Some(DType::F32),
             "f64" => Some(DType::F64),
+            "bf16" => Some(DType::BF16),
+            "f16" => Some(DType::F16),
             "i64" => Some(DType::I64),
             "bool" => Some(DType::Bool),
             _ => None,
@@ -49,7 +59,11 @@ impl DType {
     }
     /// True for the floating-point types (the ones that carry gradients).
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
+        matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
+    }
+    /// True for the 16-bit float types, stored narrow and computed in f32.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
     }
 }
 
@@ -146,6 +160,10 @@ pub enum Data {
     F32(Vec<f32>),
     /// f64 elements.
     F64(Vec<f64>),
+    /// bf16 elements.
+    BF16(Vec<half::bf16>),
+    /// f16 elements.
+    F16(Vec<half::f16>),
     /// i64 elements.
     I64(Vec<i64>),
     /// bool elements.
@@ -157,6 +175,8 @@ impl Clone for Data {
         match self {
             Data::F32(v) => Data::F32(to_vec_fast(v)),
             Data::F64(v) => Data::F64(to_vec_fast(v)),
+            Data::BF16(v) => Data::BF16(to_vec_fast(v)),
+            Data::F16(v) => Data::F16(to_vec_fast(v)),
             Data::I64(v) => Data::I64(to_vec_fast(v)),
             Data::Bool(v) => Data::Bool(to_vec_fast(v)),
         }
@@ -169,6 +189,8 @@ impl Data {
         match self {
             Data::F32(_) => DType::F32,
             Data::F64(_) => DType::F64,
+            Data::BF16(_) => DType::BF16,
+            Data::F16(_) => DType::F16,
             Data::I64(_) => DType::I64,
             Data::Bool(_) => DType::Bool,
         }
@@ -178,6 +200,8 @@ impl Data {
         match self {
             Data::F32(v) => v.len(),
             Data::F64(v) => v.len(),
+            Data::BF16(v) => v.len(),
+            Data::F16(v) => v.len(),
             Data::I64(v) => v.len(),
             Data::Bool(v) => v.len(),
         }
@@ -248,6 +272,8 @@ impl Tensor {
         let data = match meta.dtype {
             DType::F32 => Data::F32(vec![0.0; n]),
             DType::F64 => Data::F64(vec![0.0; n]),
+            DType::BF16 => Data::BF16(vec![half::bf16::ZERO; n]),
+            DType::F16 => Data::F16(vec![half::f16::ZERO; n]),
             DType::I64 => Data::I64(vec![0; n]),
             DType::Bool => Data::Bool(vec![false; n]),
         };
@@ -324,6 +350,8 @@ impl Tensor {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as i64).collect(),
             Data::F64(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::BF16(v) => v.iter().map(|&x| x.to_f32() as i64).collect(),
+            Data::F16(v) => v.iter().map(|&x| x.to_f32() as i64).collect(),
             Data::I64(v) => v.clone(),
             Data::Bool(v) => v.iter().map(|&x| x as i64).collect(),
         }
@@ -333,6 +361,8 @@ impl Tensor {
         match &self.data {
             Data::F32(v) => v.clone(),
             Data::F64(v) => v.iter().map(|&x| x as f32).collect(),
+            Data::BF16(v) => v.iter().map(|&x| x.to_f32()).collect(),
+            Data::F16(v) => v.iter().map(|&x| x.to_f32()).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f32).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
         }
@@ -342,6 +372,8 @@ impl Tensor {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::F64(v) => v.clone(),
+            Data::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            Data::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         }
@@ -349,11 +381,31 @@ impl Tensor {
     /// This tensor with its floating-point elements converted to `to` (f32 <-> f64); integer
     /// and bool tensors, and tensors already of `to`, are returned unchanged.
     pub fn with_float_type(self, to: DType) -> Tensor {
+        if !self.dtype().is_float() || !to.is_float() || self.dtype() == to {
+            return self;
+        }
         let data = match (self.data, to) {
             (Data::F32(v), DType::F64) => Data::F64(v.iter().map(|&x| x as f64).collect()),
             (Data::F64(v), DType::F32) => Data::F32(v.iter().map(|&x| x as f32).collect()),
+            (Data::F32(v), DType::BF16) => Data::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+            (Data::F32(v), DType::F16) => Data::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            (Data::F64(v), DType::BF16) => Data::BF16(v.iter().map(|&x| half::bf16::from_f64(x)).collect()),
+            (Data::F64(v), DType::F16) => Data::F16(v.iter().map(|&x| half::f16::from_f64(x)).collect()),
+            (d @ (Data::BF16(_) | Data::F16(_)), to) => {
+                let wide = Tensor { shape: Vec::new(), data: d }.to_f32_vec();
+                return Tensor { shape: self.shape, data: Data::F32(wide) }.with_float_type(to);
+            }
             (d, _) => d,
         };
         Tensor { shape: self.shape, data }
+    }
+    /// A half-precision tensor widened to f32 (exact); any other tensor unchanged. Kernels run
+    /// on the widened tensor and round their results back ([`Tensor::with_float_type`]).
+    pub fn widened(self) -> Tensor {
+        if self.dtype().is_half() { self.with_float_type(DType::F32) } else { self }
+    }
+    /// A bf16 tensor. Panics if the sizes disagree: for literals in code and tests.
+    pub fn bf16(shape: impl Into<Vec<usize>>, v: &[f32]) -> Tensor {
+        Tensor::f32(shape, v.to_vec()).with_float_type(DType::BF16)
     }
 }

@@ -66,6 +66,8 @@ fn hash_data(d: &Data) -> u64 {
     match d {
         Data::F32(v) => v.iter().fold(h, |h, x| step(h, x.to_bits() as u64)),
         Data::F64(v) => v.iter().fold(h, |h, x| step(h, x.to_bits())),
+        Data::BF16(v) => v.iter().fold(h, |h, x| step(h, x.to_bits() as u64)),
+        Data::F16(v) => v.iter().fold(h, |h, x| step(h, x.to_bits() as u64)),
         Data::I64(v) => v.iter().fold(h, |h, &x| step(h, x as u64)),
         Data::Bool(v) => v.iter().fold(h, |h, &x| step(h, x as u64)),
     }
@@ -89,6 +91,8 @@ fn fmt_attr(a: &Attr, out: &mut String, data: TensorData) {
             let items: Vec<String> = match t.data() {
                 Data::F32(v) => v.iter().map(|x| fmt_f32(*x)).collect(),
                 Data::F64(v) => v.iter().map(|x| format!("{x:?}")).collect(),
+                Data::BF16(v) => v.iter().map(|x| fmt_f32(x.to_f32())).collect(),
+                Data::F16(v) => v.iter().map(|x| fmt_f32(x.to_f32())).collect(),
                 Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
                 Data::Bool(v) => v.iter().map(|&x| if x { "1" } else { "0" }.to_string()).collect(),
             };
@@ -816,6 +820,13 @@ impl Parser {
                             let n = p.num()?;
                             n.parse::<f64>().or_else(|_| p.err(format!("bad float {n}")))
                         })?),
+                        DType::BF16 | DType::F16 => {
+                            let wide = self.list(|p| {
+                                let n = p.num()?;
+                                n.parse::<f32>().or_else(|_| p.err(format!("bad float {n}")))
+                            })?;
+                            Tensor::f32([wide.len()], wide).with_float_type(meta.dtype).into_data()
+                        }
                         DType::I64 => Data::I64(self.list(|p| {
                             let n = p.num()?;
                             n.parse::<i64>().or_else(|_| p.err(format!("bad integer {n}")))

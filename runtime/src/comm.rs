@@ -240,6 +240,8 @@ fn flat_chunks(t: &Tensor, n: usize) -> Vec<Tensor> {
             let data = match t.data() {
                 Data::F32(v) => Data::F32(ir::to_vec_fast(&v[a..b])),
                 Data::F64(v) => Data::F64(ir::to_vec_fast(&v[a..b])),
+                Data::BF16(v) => Data::BF16(ir::to_vec_fast(&v[a..b])),
+                Data::F16(v) => Data::F16(ir::to_vec_fast(&v[a..b])),
                 Data::I64(v) => Data::I64(ir::to_vec_fast(&v[a..b])),
                 Data::Bool(v) => Data::Bool(ir::to_vec_fast(&v[a..b])),
             };
@@ -255,6 +257,8 @@ fn concat_flat(parts: &[Arc<Tensor>], shape: &[usize]) -> Result<Tensor, String>
     let mut data = match first.data() {
         Data::F32(_) => Data::F32(vec![]),
         Data::F64(_) => Data::F64(vec![]),
+        Data::BF16(_) => Data::BF16(vec![]),
+        Data::F16(_) => Data::F16(vec![]),
         Data::I64(_) => Data::I64(vec![]),
         Data::Bool(_) => Data::Bool(vec![]),
     };
@@ -262,6 +266,8 @@ fn concat_flat(parts: &[Arc<Tensor>], shape: &[usize]) -> Result<Tensor, String>
         match (&mut data, p.data()) {
             (Data::F32(a), Data::F32(x)) => ir::extend_fast(a, x),
             (Data::F64(a), Data::F64(x)) => ir::extend_fast(a, x),
+            (Data::BF16(a), Data::BF16(x)) => ir::extend_fast(a, x),
+            (Data::F16(a), Data::F16(x)) => ir::extend_fast(a, x),
             (Data::I64(a), Data::I64(x)) => ir::extend_fast(a, x),
             (Data::Bool(a), Data::Bool(x)) => ir::extend_fast(a, x),
             _ => return Err("chunks of different dtypes".into()),
@@ -288,6 +294,8 @@ fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Tensor {
     let data = match t.data() {
         Data::F32(v) => Data::F32(take(v, outer, stride, i * len, len)),
         Data::F64(v) => Data::F64(take(v, outer, stride, i * len, len)),
+        Data::BF16(v) => Data::BF16(take(v, outer, stride, i * len, len)),
+        Data::F16(v) => Data::F16(take(v, outer, stride, i * len, len)),
         Data::I64(v) => Data::I64(take(v, outer, stride, i * len, len)),
         Data::Bool(v) => Data::Bool(take(v, outer, stride, i * len, len)),
     };
@@ -328,6 +336,26 @@ pub(crate) fn concat<T: std::ops::Deref<Target = Tensor>>(parts: &[T], dim: usiz
     let data = match first.data() {
         Data::F32(_) => Data::F32(join(&parts.iter().filter_map(|p| p.as_f32()).collect::<Vec<_>>(), &runs, outer)),
         Data::F64(_) => Data::F64(join(&parts.iter().filter_map(|p| p.as_f64()).collect::<Vec<_>>(), &runs, outer)),
+        Data::BF16(_) => {
+            let vs: Vec<&[ir::half::bf16]> = parts
+                .iter()
+                .filter_map(|p| match p.data() {
+                    Data::BF16(v) => Some(&v[..]),
+                    _ => None,
+                })
+                .collect();
+            Data::BF16(join(&vs, &runs, outer))
+        }
+        Data::F16(_) => {
+            let vs: Vec<&[ir::half::f16]> = parts
+                .iter()
+                .filter_map(|p| match p.data() {
+                    Data::F16(v) => Some(&v[..]),
+                    _ => None,
+                })
+                .collect();
+            Data::F16(join(&vs, &runs, outer))
+        }
         Data::I64(_) => Data::I64(join(&parts.iter().filter_map(|p| p.as_i64()).collect::<Vec<_>>(), &runs, outer)),
         Data::Bool(_) => Data::Bool(join(&parts.iter().filter_map(|p| p.as_bool()).collect::<Vec<_>>(), &runs, outer)),
     };
@@ -348,6 +376,15 @@ fn reduce<'a>(mut blocks: impl Iterator<Item = &'a Tensor>, op: ReduceKind) -> R
             (Data::F32(a), Data::F32(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
             (Data::F64(a), Data::F64(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
             (Data::F64(a), Data::F64(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
+            // Half types: each addition in f32, rounded once (as NCCL's bf16/f16 reductions).
+            (Data::BF16(a), Data::BF16(x), ReduceKind::Sum) => {
+                a.iter_mut().zip(x).for_each(|(a, x)| *a = ir::half::bf16::from_f32(a.to_f32() + x.to_f32()))
+            }
+            (Data::BF16(a), Data::BF16(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
+            (Data::F16(a), Data::F16(x), ReduceKind::Sum) => {
+                a.iter_mut().zip(x).for_each(|(a, x)| *a = ir::half::f16::from_f32(a.to_f32() + x.to_f32()))
+            }
+            (Data::F16(a), Data::F16(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = a.max(*x)),
             (Data::I64(a), Data::I64(x), ReduceKind::Sum) => a.iter_mut().zip(x).for_each(|(a, x)| *a += x),
             (Data::I64(a), Data::I64(x), ReduceKind::Max) => a.iter_mut().zip(x).for_each(|(a, x)| *a = (*a).max(*x)),
             (Data::Bool(a), Data::Bool(x), _) => a.iter_mut().zip(x).for_each(|(a, x)| *a |= x),

@@ -91,6 +91,8 @@ fn encode(t: &Tensor) -> Vec<u8> {
         DType::I64 => 1,
         DType::Bool => 2,
         DType::F64 => 3,
+        DType::BF16 => 4,
+        DType::F16 => 5,
     });
     out.extend((t.shape().len() as u32).to_le_bytes());
     for &d in t.shape() {
@@ -106,6 +108,8 @@ fn encode(t: &Tensor) -> Vec<u8> {
         Data::I64(v) => body.chunks_exact_mut(8).zip(v).for_each(|(c, x)| c.copy_from_slice(&x.to_le_bytes())),
         Data::Bool(v) => body.iter_mut().zip(v).for_each(|(c, &b)| *c = u8::from(b)),
         Data::F64(v) => body.chunks_exact_mut(8).zip(v).for_each(|(c, x)| c.copy_from_slice(&x.to_le_bytes())),
+        Data::BF16(v) => body.chunks_exact_mut(2).zip(v).for_each(|(c, x)| c.copy_from_slice(&x.to_le_bytes())),
+        Data::F16(v) => body.chunks_exact_mut(2).zip(v).for_each(|(c, x)| c.copy_from_slice(&x.to_le_bytes())),
     }
     out
 }
@@ -124,6 +128,8 @@ fn decode(b: &[u8]) -> Result<Tensor, String> {
         1 => Data::I64(body.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()),
         2 => Data::Bool(body.iter().map(|&x| x != 0).collect()),
         3 => Data::F64(body.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()),
+        4 => Data::BF16(body.chunks_exact(2).map(|c| ir::half::bf16::from_le_bytes([c[0], c[1]])).collect()),
+        5 => Data::F16(body.chunks_exact(2).map(|c| ir::half::f16::from_le_bytes([c[0], c[1]])).collect()),
         d => return Err(format!("unknown dtype tag {d}")),
     };
     Tensor::new(shape, data).map_err(|e| e.to_string())

@@ -252,6 +252,8 @@ fn encode(t: &Tensor, w: impl Write) -> std::io::Result<()> {
     match t.data() {
         Data::F32(v) => put(v, &shape, w),
         Data::F64(v) => put(v, &shape, w),
+        // numpy has no bfloat16: half types are written widened to f32 (exactly).
+        Data::BF16(_) | Data::F16(_) => put(&t.to_f32_vec(), &shape, w),
         Data::I64(v) => put(v, &shape, w),
         Data::Bool(v) => put(v, &shape, w),
     }

@@ -105,7 +105,8 @@ pub struct DeviceProfile {
     pub f32_flops: f64,
     /// Dense f32 FLOP/s without tensor cores (IEEE f32 on CUDA cores; equal to `f32_flops` on CPU).
     pub f32_flops_exact: f64,
-    /// Dense bf16 FLOP/s (informational; the IR computes in f32 today).
+    /// Dense bf16 (and f16) FLOP/s: the rate of ops computing in 16 bits under mixed precision
+    /// (tensor cores on GPUs; on the CPU the same as f32, which it computes in).
     pub bf16_flops: f64,
     /// Memory bandwidth, bytes per second.
     pub memory_bandwidth: f64,
@@ -240,6 +241,7 @@ impl DeviceProfile {
         };
         pos(self.f32_flops, "f32_flops")?;
         pos(self.f32_flops_exact, "f32_flops_exact")?;
+        pos(self.bf16_flops, "bf16_flops")?;
         pos(self.memory_bandwidth, "memory_bandwidth")?;
         for (l, what) in [(&self.intra_node, "intra_node"), (&self.inter_node, "inter_node")] {
             l.validate().map_err(|why| format!("{what}: {why}"))?;
@@ -261,6 +263,12 @@ impl DeviceProfile {
     /// Seconds to run `flops` floating-point operations touching `bytes` of memory (roofline).
     pub fn compute_seconds(&self, flops: f64, bytes: f64) -> f64 {
         (flops / self.f32_flops).max(bytes / self.memory_bandwidth)
+    }
+    /// [`DeviceProfile::compute_seconds`] for an op computing in `dtype`: 16-bit floats at
+    /// [`DeviceProfile::bf16_flops`].
+    pub fn compute_seconds_in(&self, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
+        let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
+        (flops / rate).max(bytes / self.memory_bandwidth)
     }
 }
 

@@ -89,6 +89,8 @@ pub fn checked_block(t: &Tensor, offsets: &[usize], size: &[usize]) -> Result<Te
     let data = match t.data() {
         Data::F32(v) => take!(v, F32),
         Data::F64(v) => take!(v, F64),
+        Data::BF16(v) => take!(v, BF16),
+        Data::F16(v) => take!(v, F16),
         Data::I64(v) => take!(v, I64),
         Data::Bool(v) => take!(v, Bool),
     };
@@ -116,6 +118,14 @@ fn put_block(dst: &mut Tensor, src: &Tensor, offsets: &[usize], how: Combine) ->
         (Data::F64(mut d), Data::F64(s)) => {
             put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, f64::max);
             Data::F64(d)
+        }
+        (Data::BF16(mut d), Data::BF16(s)) => {
+            put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, ir::half::bf16::max);
+            Data::BF16(d)
+        }
+        (Data::F16(mut d), Data::F16(s)) => {
+            put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, ir::half::f16::max);
+            Data::F16(d)
         }
         (Data::I64(mut d), Data::I64(s)) => {
             put_numbers(&mut d, s, &size, &shape, offsets, &zero, how, i64::max);

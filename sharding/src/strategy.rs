@@ -461,7 +461,7 @@ fn build(
     }
     // Integer and boolean tensors are never partial sums.
     for (s, m) in inputs.iter().zip(ins).chain(outputs.iter().zip(outs)) {
-        if s.is_partial() && m.dtype != ir::DType::F32 {
+        if s.is_partial() && !m.dtype.is_float() {
             return None;
         }
     }
@@ -492,7 +492,11 @@ fn build(
         outputs,
         local,
         collectives,
-        compute_seconds: profile.compute_seconds(flops, bytes as f64),
+        compute_seconds: profile.compute_seconds_in(
+            ins.iter().map(|m| m.dtype).find(|d| d.is_float()).unwrap_or(ir::DType::F32),
+            flops,
+            bytes as f64,
+        ),
         comm_seconds: comm,
         memory_bytes: memory as u64,
     })

@@ -158,16 +158,65 @@ pub enum Precision {
     /// f64, on CPU ranks only: about twice the time and memory. For checking a plan against
     /// single-device training on models whose f32 results depend on summation order.
     F64,
+    /// Mixed precision in bfloat16: forward and backward compute and activations in bf16 where
+    /// PyTorch's autocast would (matrix products, convolutions, and the elementwise ops after
+    /// them), normalisations, softmax, exponentials and the loss in f32; parameters, their
+    /// gradients (see --grad-reduce) and the optimizer state in f32.
+    Bf16,
+    /// Mixed precision in IEEE half (f16), as bf16, with dynamic loss scaling.
+    #[value(alias = "f16")]
+    Fp16,
 }
 
 impl Precision {
-    /// The float dtype.
+    /// The float type of the whole step: f64 for `f64`, else f32 (mixed precision keeps f32
+    /// parameters; its 16-bit values are in the graph, see [`Precision::mixed`]).
     pub fn dtype(self) -> ir::DType {
         match self {
-            Precision::F32 => ir::DType::F32,
             Precision::F64 => ir::DType::F64,
+            _ => ir::DType::F32,
         }
     }
+    /// The 16-bit type of a mixed-precision step.
+    pub fn low(self) -> Option<ir::DType> {
+        match self {
+            Precision::Bf16 => Some(ir::DType::BF16),
+            Precision::Fp16 => Some(ir::DType::F16),
+            _ => None,
+        }
+    }
+    /// The mixed-precision options of the training graph, with gradients kept as `grads` says.
+    pub fn mixed(self, grads: GradReduce) -> Option<ir::autodiff::MixedPrecision> {
+        self.low().map(|low| ir::autodiff::MixedPrecision {
+            low,
+            grads: match grads {
+                GradReduce::Low => low,
+                GradReduce::F32 => ir::DType::F32,
+            },
+        })
+    }
+    /// The name written in plans and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F64 => "f64",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+}
+
+/// `--grad-reduce`: the type parameter gradients of a mixed-precision step are kept in.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GradReduce {
+    /// f32: each gradient is cast to f32 where the backward computes it (as PyTorch autocast
+    /// does: parameters are f32, so are their gradients), summed over microbatches in f32.
+    #[default]
+    F32,
+    /// The 16-bit type (`bf16`/`fp16`): gradients stay 16-bit until the optimizer reads them
+    /// (half the bytes held and reduced); each is cast to f32 right before its update.
+    #[value(name = "low", alias = "bf16", alias = "fp16", alias = "f16")]
+    Low,
 }
 
 /// `--accumulate`: how matrix products accumulate.

@@ -104,6 +104,16 @@ pub struct PlanArgs {
     /// across microbatches count against --memory.
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub microbatches: u32,
+    /// The float precision of the step: `f32`, or mixed precision `bf16` / `fp16` (16-bit
+    /// activations and matrix products priced at the device's 16-bit rate, f32 parameters and
+    /// optimizer state; see `train --help`). Default: bf16 on devices whose 16-bit rate is
+    /// higher than their f32 one (the GPU profiles), f32 otherwise (cpu).
+    #[arg(long, value_enum)]
+    pub precision: Option<common::Precision>,
+    /// With mixed precision: the type parameter gradients are kept, summed and reduced in
+    /// (`f32`, or `low` for the 16-bit type).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub grad_reduce: common::GradReduce,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -154,7 +164,16 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if progress {
         eprintln!("building the training graph ({loss}) ...");
     }
-    let mut tg = ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: a.freeze.clone() })?;
+    let precision = a.precision.unwrap_or(if profile.bf16_flops > profile.f32_flops {
+        common::Precision::Bf16
+    } else {
+        common::Precision::F32
+    });
+    if precision == common::Precision::F64 {
+        bail!("plans are made in f32 or mixed precision; run an f32 plan in f64 with `autopar run --precision f64`");
+    }
+    let topts = TrainOptions { loss, optimizer, frozen: a.freeze.clone() };
+    let mut tg = ir::autodiff::training_graph_with(&forward, &topts, precision.mixed(a.grad_reduce))?;
     if a.microbatches > 1 {
         tg = tg.with_gradient_scale(1.0 / a.microbatches as f32);
     }
@@ -187,6 +206,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         Stages::Count(_) => codegen::plan(&tg.graph, &mesh, &profile, &popts)?,
         Stages::Auto => codegen::pipeline::search(&tg.graph, &mesh, &profile, &popts)?,
     };
+    codegen::label(&mut plan, &mesh)?;
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a
     // file that changed since.
     let source = a.model.canonicalize().with_context(|| format!("resolving {}", a.model.display()))?;

@@ -70,12 +70,13 @@ pub struct RunArgs {
     /// How matrix products accumulate: f32 (fast) or f64.
     #[arg(long, value_enum, default_value = "f32")]
     pub accumulate: common::AccumulateKind,
-    /// The float type of the whole step: f32 (the plan's), or f64 on CPU ranks (`threads`,
-    /// `mpi`): the same plan with every float tensor in f64 (weights and feeds widened on load),
-    /// for checking it against `autopar train --precision f64`. Memory is then twice the plan's
-    /// estimate.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub precision: common::Precision,
+    /// The float type of the step. By default the plan's: f32, or the bf16/fp16 mixed
+    /// precision it was made with (`plan --precision`); naming it checks the plan is that.
+    /// `f64` runs an f32 plan on CPU ranks (`threads`, `mpi`) with every float tensor in f64
+    /// (weights and feeds widened on load), for checking it against `autopar train --precision
+    /// f64`; memory is then twice the plan's estimate.
+    #[arg(long, value_enum)]
+    pub precision: Option<common::Precision>,
     /// Seconds a rank waits in a collective before the run fails (a rank stopped responding).
     #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = common::parse_seconds)]
     pub timeout: Duration,
@@ -108,7 +109,24 @@ pub struct RunArgs {
 /// The job of the flags, and what the reporter prints of it.
 fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     let plan = common::read_valid_plan(&a.plan)?;
-    let program = Program::from_valid(&plan, a.precision.dtype())?;
+    let planned = plan.options.precision.as_str();
+    match a.precision {
+        Some(common::Precision::F64) if planned != "f32" => {
+            bail!("--precision f64 runs f32 plans in double precision; {} is a {planned} plan", a.plan.display())
+        }
+        Some(p) if p != common::Precision::F64 && p.name() != planned => bail!(
+            "{} is a {planned} plan, not {}: make the plan with `autopar plan --precision {}`",
+            a.plan.display(),
+            p.name(),
+            p.name()
+        ),
+        _ => {}
+    }
+    if planned != "f32" && a.backend == Backend::Nccl {
+        bail!("{planned} plans run on CPU ranks only for now (--backend threads or mpi): the GPU kernels are f32");
+    }
+    let float = a.precision.map_or(ir::DType::F32, |p| p.dtype());
+    let program = Program::from_valid(&plan, float)?;
     let plan = plan.into_plan();
     let feeds = common::read_feeds(&a.feeds)?;
     let fault: Option<Fault> = match a.inject_fault.clone().or_else(|| std::env::var("AUTOPAR_INJECT_FAULT").ok()) {
@@ -148,7 +166,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
 
 /// Runs `autopar run`: the job of the flags on the launcher of `--backend`.
 pub fn run(a: &RunArgs) -> Result<()> {
-    if a.precision == common::Precision::F64 && a.backend == Backend::Nccl {
+    if a.precision == Some(common::Precision::F64) && a.backend == Backend::Nccl {
         bail!("--precision f64 runs on CPU ranks only (--backend threads or mpi); the GPU kernels are f32");
     }
     let info = RefCell::new(None);

@@ -62,8 +62,14 @@ impl<'a> Reporter<'a> {
                 plan.device,
                 fmt_bytes(est.peak_bytes_per_rank)
             )?;
-            if a.precision == common::Precision::F64 {
+            if a.precision == Some(common::Precision::F64) {
                 writeln!(out, "precision: f64 (every float twice as wide as the plan's f32 estimates)")?;
+            } else if plan.options.precision != "f32" {
+                writeln!(
+                    out,
+                    "precision: {} mixed (16-bit values stored on CPU ranks, computed in f32; f32 parameters)",
+                    plan.options.precision
+                )?;
             }
         }
         let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
@@ -132,7 +138,7 @@ impl<'a> Reporter<'a> {
         let peaks: Vec<u64> = (0..n).map(|r| reports.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0)).collect();
         let max_peak = peaks.iter().copied().max().unwrap_or(0);
         // The plan estimates f32 tensors; in f64 every float is twice as wide.
-        let wide = if self.a.precision == common::Precision::F64 { 2 } else { 1 };
+        let wide = if self.a.precision == Some(common::Precision::F64) { 2 } else { 1 };
         let estimate = est.peak_bytes_per_rank * wide;
         let dev = 100.0 * (max_peak as f64 - estimate as f64) / (estimate.max(1) as f64);
         let mut secs: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
@@ -147,7 +153,7 @@ impl<'a> Reporter<'a> {
             let line = serde_json::json!({
                 "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
                 "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
-                "precision": if wide == 2 { "f64" } else { "f32" },
+                "precision": if wide == 2 { "f64" } else { self.info.plan.options.precision.as_str() },
                 "estimated_step_ms": est.step_seconds * 1e3,
             });
             writeln!(out, "{line}")?;

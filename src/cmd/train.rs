@@ -47,10 +47,15 @@ pub struct TrainArgs {
     /// slower products; sums that cancel keep their exact sign).
     #[arg(long, value_enum, default_value = "f32")]
     pub accumulate: common::AccumulateKind,
-    /// The float type of the whole step: f32, or f64 (parameters, activations, gradients and
-    /// optimizer state; f32 weights and feeds are widened on load).
+    /// The float type of the step: f32; f64 (parameters, activations, gradients and optimizer
+    /// state; f32 weights and feeds are widened on load); or mixed precision, bf16 or fp16
+    /// (16-bit activations and matrix products, f32 parameters and optimizer state).
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: common::Precision,
+    /// With --precision bf16/fp16: the type parameter gradients are kept, summed and reduced in
+    /// (`f32`, or `low` for the 16-bit type).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub grad_reduce: common::GradReduce,
     /// CPU threads for the kernels.
     #[arg(long, default_value = "2", value_parser = common::parse_threads)]
     pub threads: usize,
@@ -76,10 +81,11 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     let g = common::load_model(&a.model, &opts)?;
     common::warn_shared_parameters(&g);
-    let tg = ir::autodiff::training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: a.freeze.clone() })?;
+    let topts = TrainOptions { loss, optimizer: Some(opt), frozen: a.freeze.clone() };
+    let tg = ir::autodiff::training_graph_with(&g, &topts, a.precision.mixed(a.grad_reduce))?;
     let tg = match a.precision {
-        common::Precision::F32 => tg,
-        p => tg.with_float_type(p.dtype())?,
+        common::Precision::F64 => tg.with_float_type(ir::DType::F64)?,
+        _ => tg,
     };
     if a.graph {
         print!("{}", tg.graph.to_text());
@@ -104,7 +110,11 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             pb as f64 / 1048576.0,
             describe(&opt),
             ctx.threads(),
-            if a.precision == common::Precision::F64 { ", in f64" } else { "" }
+            match a.precision {
+                common::Precision::F32 => String::new(),
+                common::Precision::F64 => ", in f64".to_string(),
+                p => format!(", mixed precision {} (f32 parameters)", p.name()),
+            }
         );
         println!(
             "graph: {} nodes; {} activations kept for backward ({:.2} MiB)",

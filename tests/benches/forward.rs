@@ -23,6 +23,9 @@ fn to_tract(t: &ir::Tensor) -> Tensor {
     match t.data() {
         ir::Data::F32(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
         ir::Data::F64(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
+        ir::Data::BF16(_) | ir::Data::F16(_) => {
+            tract_ndarray::ArrayD::from_shape_vec(t.shape(), t.to_f32_vec()).expect("shape").into_tensor()
+        }
         ir::Data::I64(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
         ir::Data::Bool(v) => tract_ndarray::ArrayD::from_shape_vec(t.shape(), v.clone()).expect("shape").into_tensor(),
     }

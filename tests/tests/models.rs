@@ -90,6 +90,9 @@ fn run_tract(model: &Path, feeds: &BTreeMap<String, ir::Tensor>) -> Result<BTree
         let (fact, value) = match t.data() {
             Data::F32(v) => (f32::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
             Data::F64(v) => (f64::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
+            Data::BF16(_) | Data::F16(_) => {
+                (f32::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), &t.to_f32_vec())?)
+            }
             Data::I64(v) => (i64::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
             Data::Bool(v) => (bool::fact(t.shape()), tract_onnx::prelude::Tensor::from_shape(t.shape(), v)?),
         };

@@ -240,6 +240,9 @@ fn random_inputs(rng: &mut Rng, o: &Op, ins: &[TensorMeta]) -> Vec<Tensor> {
             match m.dtype {
                 DType::F32 => Tensor::f32(m.shape.clone(), (0..n).map(|_| 0.2 + rng.unit()).collect()),
                 DType::F64 => Tensor::f64(m.shape.clone(), (0..n).map(|_| 0.2 + rng.unit() as f64).collect()),
+                DType::BF16 | DType::F16 => {
+                    Tensor::f32(m.shape.clone(), (0..n).map(|_| 0.2 + rng.unit()).collect()).with_float_type(m.dtype)
+                }
                 DType::Bool => Tensor::bool(m.shape.clone(), (0..n).map(|_| rng.below(2) == 1).collect()),
                 DType::I64 => {
                     let bound = match o {

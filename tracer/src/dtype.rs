@@ -177,6 +177,7 @@ pub(crate) fn cast_constant(t: &Tensor, c: i32) -> Result<Tensor, String> {
         (Data::F64(v), _) => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
         (Data::I64(v), _) => Data::Bool(v.iter().map(|&x| x != 0).collect()),
         (Data::Bool(v), _) => Data::Bool(v.clone()),
+        (Data::BF16(_) | Data::F16(_), _) => return cast_constant(&t.clone().widened(), c),
     };
     Tensor::new(t.shape().to_vec(), data).map_err(|e| e.to_string())
 }

@@ -35,6 +35,8 @@ pub(crate) fn onnx_code(t: &Tensor) -> i32 {
     match t.data() {
         Data::F32(_) => 1,
         Data::F64(_) => 11,
+        Data::BF16(_) => 16,
+        Data::F16(_) => 10,
         Data::I64(_) => 7,
         Data::Bool(_) => 9,
     }
@@ -45,6 +47,8 @@ pub(crate) fn tensor_to_proto(name: &str, t: &Tensor) -> TensorProto {
     let raw: Vec<u8> = match t.data() {
         Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
     };
@@ -83,6 +87,7 @@ fn to_tract(t: &Tensor) -> Result<TTensor, String> {
     let r = match t.data() {
         Data::F32(v) => TTensor::from_shape(t.shape(), v),
         Data::F64(v) => TTensor::from_shape(t.shape(), v),
+        Data::BF16(_) | Data::F16(_) => TTensor::from_shape(t.shape(), &t.to_f32_vec()),
         Data::I64(v) => TTensor::from_shape(t.shape(), v),
         Data::Bool(v) => TTensor::from_shape(t.shape(), v),
     };

@@ -208,6 +208,18 @@ pub struct OptionsInfo {
     pub strategy: Baseline,
     /// Solver time limit, seconds.
     pub time_limit_seconds: f64,
+    /// The float precision of the training step: `f32`, or `bf16`/`fp16` for mixed precision
+    /// (16-bit values in the graph, f32 parameters and optimizer state).
+    #[serde(default = "f32_name", skip_serializing_if = "is_f32")]
+    pub precision: String,
+}
+
+fn f32_name() -> String {
+    "f32".to_string()
+}
+
+fn is_f32(s: &str) -> bool {
+    s == "f32"
 }
 
 /// Where one parameter (or optimizer state) lives.
@@ -716,6 +728,9 @@ pub struct Estimate {
     pub solver_peak_bytes_per_rank: u64,
     /// Bytes per rank resident for the whole step (parameters, optimizer state, constants).
     pub resident_bytes_per_rank: u64,
+    /// Parameters, their 16-bit copies, optimizer state and gradients per rank, by kind.
+    #[serde(default)]
+    pub memory: memory::Breakdown,
     /// Per op.
     pub per_op: Vec<OpCost>,
     /// Per collective kind.

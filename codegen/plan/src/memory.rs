@@ -301,3 +301,81 @@ pub fn simulate_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<Me
     }
     Ok(MemoryProfile { resident, peak, peak_at })
 }
+
+/// What one rank holds, by kind (bytes per rank of one stage): the sizes of the categories a
+/// mixed-precision memory budget is reasoned about in, not a liveness peak (they are not all
+/// held at once; [`MemoryProfile::peak`] is).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct Breakdown {
+    /// Trainable parameters' f32 blocks (the master copy under mixed precision).
+    pub parameters: u64,
+    /// 16-bit copies of parameters made for the forward (mixed precision only).
+    pub low_copies: u64,
+    /// Optimizer state (momentum, Adam's moments; the step counter).
+    pub optimizer_state: u64,
+    /// Parameter gradients as the optimizer reads them (after their reduction), in the type
+    /// they are held in until the update.
+    pub gradients: u64,
+}
+
+/// The [`Breakdown`] of the stage of `plan` holding the most parameter bytes.
+pub fn breakdown(plan: &Plan, mesh: &DeviceMesh) -> Result<Breakdown> {
+    let mut best = Breakdown::default();
+    for s in 0..plan.stages() {
+        let b = breakdown_stage(plan, mesh, s)?;
+        if b.parameters + b.low_copies + b.optimizer_state + b.gradients
+            > best.parameters + best.low_copies + best.optimizer_state + best.gradients
+        {
+            best = b;
+        }
+    }
+    Ok(best)
+}
+
+fn breakdown_stage(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<Breakdown> {
+    let graph = &plan.graph;
+    let node = |i: usize| graph.g.node_weight(NodeIndex::new(i));
+    let mut bytes: HashMap<ValueRef, u64> = HashMap::new();
+    let mut out = Breakdown::default();
+    let mut updates: Vec<ValueRef> = Vec::new();
+    let mut copies = std::collections::HashSet::new();
+    for ins in plan.program.iter().filter(|i| i.runs_on(stage)) {
+        match ins {
+            Instr::Op { node: i, op, inputs, outputs, local_shapes, .. } => {
+                let Some(n) = node(*i) else { continue };
+                for ((o, shape), m) in outputs.iter().zip(local_shapes).zip(&n.outputs) {
+                    bytes.insert(*o, (shape.iter().product::<usize>() * m.dtype.size()) as u64);
+                }
+                let first = outputs.first().and_then(|o| bytes.get(o)).copied().unwrap_or(0);
+                match op {
+                    Op::Param { .. } if n.outputs[0].dtype.is_float() => out.parameters += first,
+                    Op::State { .. } => out.optimizer_state += first,
+                    // Once per node: a recomputed cast writes the same copy again.
+                    Op::Cast { to } if to.is_half() && copies.insert(*i) => {
+                        let src = graph.node_inputs(NodeIndex::new(*i));
+                        if src.first().is_some_and(|v| matches!(graph.node(v.node).op, Op::Param { .. })) {
+                            out.low_copies += first;
+                        }
+                    }
+                    Op::SgdUpdate { .. } | Op::AdamWUpdate { .. } => {
+                        if let Some(g) = inputs.get(1) {
+                            updates.push(*g);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Instr::Collective { input, output, to, .. } => {
+                if let Some(m) = node(input.node).and_then(|x| x.outputs.get(input.slot)) {
+                    bytes.insert(
+                        *output,
+                        (to.local_shape(&m.shape, mesh).iter().product::<usize>() * m.dtype.size()) as u64,
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    out.gradients = updates.iter().map(|g| bytes.get(g).copied().unwrap_or(0)).sum();
+    Ok(out)
+}

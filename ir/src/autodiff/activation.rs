@@ -16,7 +16,7 @@ pub(super) fn prelu_vjp(
     want: [bool; 2],
     out: &mut [Option<Value>],
 ) -> Result<(), AutodiffError> {
-    let zero = b.scalar("zero", 0.0);
+    let zero = b.scalar("zero", 0.0, x);
     let pos = b.bin("pos", BinaryOp::Greater, x, zero)?;
     if want[0] {
         let sdy = b.mul("dx.slope", dy, slope)?;

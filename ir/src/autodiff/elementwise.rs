@@ -19,7 +19,11 @@ pub(super) fn vjp(
     let sh = |b: &Builder, i: usize| b.shape(ins[i]);
     match op {
         Op::Identity => out[0] = Some(dy),
-        Op::Cast { to: DType::F32 } if b.g.meta(ins[0]).dtype == DType::F32 => out[0] = Some(dy),
+        // A cast between float types passes the gradient back in the input's type.
+        Op::Cast { to } if to.is_float() && b.g.meta(ins[0]).dtype.is_float() => {
+            let from = b.g.meta(ins[0]).dtype;
+            out[0] = Some(if from == to { dy } else { b.op("dx", Op::Cast { to: from }, &[dy])? });
+        }
         Op::Cast { .. } => {}
         Op::Unary(UnaryOp::Neg) => out[0] = Some(b.neg("dx", dy)?),
         Op::Unary(u) if unary_differentiable(u) => {
@@ -80,7 +84,7 @@ pub(super) fn vjp(
                 BinaryOp::Pow => {
                     if w(0) {
                         // c * a^(c-1)
-                        let one = b.scalar("da.one", 1.0);
+                        let one = b.scalar("da.one", 1.0, c);
                         let cm1 = b.bin("da.cm1", BinaryOp::Sub, c, one)?;
                         let p = b.bin("da.pow", BinaryOp::Pow, a, cm1)?;
                         let p = b.mul("da.c", p, c)?;

@@ -32,12 +32,12 @@ pub(super) fn vjp(
             out[0] = Some(b.op("dx", idx(IndexOp::CumSum { axis, exclusive, reverse: !reverse }), &[dy])?)
         }
         IndexOp::GatherNd { batch_dims: 0 } if w(0) => {
-            let z = b.zeros("dx.zeros", &b.shape(ins[0]))?;
+            let z = b.zeros("dx.zeros", &b.shape(ins[0]), ins[0])?;
             let scatter = IndexOp::ScatterNd { reduction: ScatterReduction::Add };
             out[0] = Some(b.op("dx", idx(scatter), &[z, ins[1], dy])?);
         }
         IndexOp::GatherElements { axis } if w(0) => {
-            let z = b.zeros("dx.zeros", &b.shape(ins[0]))?;
+            let z = b.zeros("dx.zeros", &b.shape(ins[0]), ins[0])?;
             let scatter = IndexOp::ScatterElements { axis, reduction: ScatterReduction::Add };
             out[0] = Some(b.op("dx", idx(scatter), &[z, ins[1], dy])?);
         }
@@ -51,7 +51,7 @@ pub(super) fn vjp(
             if w(0) {
                 // Replaced targets do not see the old data; added ones do.
                 out[0] = Some(if reduction == ScatterReduction::None {
-                    let z = b.zeros("ddata.zeros", &b.shape(ins[2]))?;
+                    let z = b.zeros("ddata.zeros", &b.shape(ins[2]), ins[2])?;
                     b.op("ddata", idx(op.clone()), &[dy, ins[1], z])?
                 } else {
                     dy
@@ -62,7 +62,7 @@ pub(super) fn vjp(
             }
         }
         IndexOp::TopK { axis, .. } if w(0) => {
-            let z = b.zeros("dx.zeros", &b.shape(ins[0]))?;
+            let z = b.zeros("dx.zeros", &b.shape(ins[0]), ins[0])?;
             let scatter = IndexOp::ScatterElements { axis, reduction: ScatterReduction::Add };
             let picked = Value::new(n, 1);
             out[0] = Some(b.op("dx", idx(scatter), &[z, picked, dy])?);

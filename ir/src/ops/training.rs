@@ -17,11 +17,24 @@ pub(crate) fn infer_grad(op: &Op, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>,
         }
         Ok(())
     };
+    // Mixed precision keeps gradients in 16 bits until the update: the gradient may be a 16-bit
+    // float where the parameter is f32 (the kernel widens it).
+    let grad = |ins: &[TensorMeta]| {
+        let (p, g) = (ins[0].dtype, ins[1].dtype);
+        if g == p || (g.is_half() && p == DType::F32) {
+            Ok(())
+        } else {
+            Err(format!("{n}: gradient is {g}, parameter {p}"))
+        }
+    };
     match op {
         SgdUpdate { momentum, .. } => {
             let k = if *momentum != 0.0 { 3 } else { 2 };
             want_inputs(n, ins, k, k)?;
-            f32s(ins)?;
+            let mut rest = vec![ins[0].clone()];
+            rest.extend(ins[2..].iter().cloned());
+            f32s(&rest)?;
+            grad(ins)?;
             for m in &ins[1..] {
                 same(&ins[0], m, "parameter and gradient/state")?;
             }
@@ -29,7 +42,8 @@ pub(crate) fn infer_grad(op: &Op, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>,
         }
         AdamWUpdate { .. } => {
             want_inputs(n, ins, 5, 5)?;
-            f32s(&ins[..4])?;
+            f32s(&[ins[0].clone(), ins[2].clone(), ins[3].clone()])?;
+            grad(ins)?;
             for m in &ins[1..4] {
                 same(&ins[0], m, "parameter and gradient/state")?;
             }

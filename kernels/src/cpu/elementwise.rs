@@ -466,7 +466,15 @@ pub(crate) fn where_(ctx: &CpuContext, cond: &Tensor, a: &Tensor, b: &Tensor, ou
 
 /// Converts element types: float -> i64 truncates toward zero (saturating, NaN -> 0), anything ->
 /// bool is `!= 0`, bool -> number is 0/1.
+/// Half-precision types round to nearest, ties to even (as PyTorch's `.to(torch.bfloat16)`).
 pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Tensor, Error> {
+    if x.dtype().is_half() && x.dtype() != to {
+        return cast(&x.clone().widened(), to);
+    }
+    if to.is_half() && x.dtype() != to {
+        let wide = if x.dtype().is_float() { x.clone() } else { cast(x, DType::F32)? };
+        return Ok(wide.with_float_type(to));
+    }
     let data = match (x.data(), to) {
         (d, t) if d.dtype() == t => d.clone(),
         (Data::F32(v), DType::F64) => Data::F64(v.iter().map(|&x| x as f64).collect()),

@@ -164,6 +164,8 @@ fn take(op: &'static str, x: &Tensor, offs: &[usize], len: usize, out_shape: &[u
     let d = match x.data() {
         Data::F32(v) => Data::F32(go(v, offs, len)),
         Data::F64(v) => Data::F64(go(v, offs, len)),
+        Data::BF16(v) => Data::BF16(go(v, offs, len)),
+        Data::F16(v) => Data::F16(go(v, offs, len)),
         Data::I64(v) => Data::I64(go(v, offs, len)),
         Data::Bool(v) => Data::Bool(go(v, offs, len)),
     };
@@ -303,6 +305,8 @@ pub(crate) fn eval(op: &IndexOp, inputs: &[&Tensor], outs: &[Vec<usize>]) -> Res
         IndexOp::Trilu { upper, k } => one(match x.data() {
             Data::F32(v) => Data::F32(trilu(v, shape, *upper, *k)),
             Data::F64(v) => Data::F64(trilu(v, shape, *upper, *k)),
+            Data::BF16(v) => Data::BF16(trilu(v, shape, *upper, *k)),
+            Data::F16(v) => Data::F16(trilu(v, shape, *upper, *k)),
             Data::I64(v) => Data::I64(trilu(v, shape, *upper, *k)),
             Data::Bool(v) => Data::Bool(trilu(v, shape, *upper, *k)),
         }),
@@ -326,7 +330,7 @@ pub(crate) fn eval(op: &IndexOp, inputs: &[&Tensor], outs: &[Vec<usize>]) -> Res
             Data::F32(v) => Data::F32(cumsum(v, shape, *axis, *e, *r, |a, b| a + b)),
             Data::F64(v) => Data::F64(cumsum(v, shape, *axis, *e, *r, |a, b| a + b)),
             Data::I64(v) => Data::I64(cumsum(v, shape, *axis, *e, *r, i64::wrapping_add)),
-            Data::Bool(_) => return Err(numeric("a cumulative sum")),
+            Data::Bool(_) | Data::BF16(_) | Data::F16(_) => return Err(numeric("a cumulative sum")),
         }),
         IndexOp::ArgMax { axis, select_last, .. } | IndexOp::ArgMin { axis, select_last, .. } => {
             let largest = matches!(op, IndexOp::ArgMax { .. });
@@ -334,7 +338,7 @@ pub(crate) fn eval(op: &IndexOp, inputs: &[&Tensor], outs: &[Vec<usize>]) -> Res
                 Data::F32(v) => arg(v, shape, *axis, largest, *select_last),
                 Data::F64(v) => arg(v, shape, *axis, largest, *select_last),
                 Data::I64(v) => arg(v, shape, *axis, largest, *select_last),
-                Data::Bool(_) => return Err(numeric("an arg-reduction")),
+                Data::Bool(_) | Data::BF16(_) | Data::F16(_) => return Err(numeric("an arg-reduction")),
             }))
         }
         IndexOp::TopK { axis, k, largest } => {
@@ -351,7 +355,7 @@ pub(crate) fn eval(op: &IndexOp, inputs: &[&Tensor], outs: &[Vec<usize>]) -> Res
                     let (a, b) = topk(v, shape, *axis, *k, *largest);
                     (Data::I64(a), b)
                 }
-                Data::Bool(_) => return Err(numeric("top-k")),
+                Data::Bool(_) | Data::BF16(_) | Data::F16(_) => return Err(numeric("top-k")),
             };
             Ok(vec![tensor(name, &outs[0], vals)?, tensor(name, &outs[1], Data::I64(idx))?])
         }

@@ -235,6 +235,14 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
     }
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
     let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
+    // Half-precision storage computes in f32: the inputs widened (exactly), each result rounded
+    // to its half type once, as PyTorch's bf16/f16 CPU kernels do.
+    if !matches!(op, Op::Cast { .. }) && metas.iter().any(|m| m.dtype.is_half()) {
+        let wide: Vec<Tensor> = inputs.iter().map(|t| (*t).clone().widened()).collect();
+        let refs: Vec<&Tensor> = wide.iter().collect();
+        let results = eval(ctx, op, &refs)?;
+        return Ok(results.into_iter().zip(&outs).map(|(t, m)| t.with_float_type(m.dtype)).collect());
+    }
     // Ops on f64 tensors run the f64 instantiation of the float kernels; everything else (f32,
     // and ops on integers or bools only) the f32 one.
     let wide = metas.iter().chain(&outs).any(|m| m.dtype == DType::F64);
@@ -323,7 +331,7 @@ fn floats<'a, T: Float>(op: &'static str, t: &'a Tensor) -> Result<&'a [T], Erro
 
 /// A float tensor of the other float type reached a kernel instantiation (a dispatch bug).
 pub(crate) fn wrong_float(op: &'static str, got: DType) -> Error {
-    Error::Unsupported { op, reason: format!("{got} input reached a kernel compiled for the other float type") }
+    Error::Unsupported { op, reason: format!("{got} input reached a kernel not compiled for it (a dispatch bug)") }
 }
 
 /// Row-major strides of `shape`.

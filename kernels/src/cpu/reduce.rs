@@ -162,7 +162,9 @@ pub(crate) fn reduce(
         return tensor(name, &out_shape, F::data(reduce_f32(ctx, op, v, outer, red, inner)));
     }
     let data = match src.data() {
-        d @ (Data::F32(_) | Data::F64(_)) => return Err(super::wrong_float(name, d.dtype())),
+        d @ (Data::F32(_) | Data::F64(_) | Data::BF16(_) | Data::F16(_)) => {
+            return Err(super::wrong_float(name, d.dtype()));
+        }
         Data::I64(v) => Data::I64(reduce_i64(op, v, outer, red, inner)?),
         Data::Bool(v) => {
             // On bool, max is `any` and min is `all` (ONNX opset 20).

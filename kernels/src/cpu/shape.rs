@@ -10,6 +10,8 @@ macro_rules! each_dtype {
         match $data {
             Data::F32($v) => Data::F32($e),
             Data::F64($v) => Data::F64($e),
+            Data::BF16($v) => Data::BF16($e),
+            Data::F16($v) => Data::F16($e),
             Data::I64($v) => Data::I64($e),
             Data::Bool($v) => Data::Bool($e),
         }
@@ -150,6 +152,7 @@ pub(crate) fn concat(inputs: &[&Tensor], axis: usize, out_shape: &[usize]) -> Re
     let data = match inputs[0].data() {
         Data::F32(_) => cat!(F32, as_f32),
         Data::F64(_) => cat!(F64, as_f64),
+        Data::BF16(_) | Data::F16(_) => return Err(super::wrong_float("concat", inputs[0].dtype())),
         Data::I64(_) => cat!(I64, as_i64),
         Data::Bool(_) => cat!(Bool, as_bool),
     };
@@ -236,6 +239,8 @@ pub(crate) fn pad(x: &Tensor, pads: &[usize], value: f32, out_shape: &[usize]) -
     let data = match x.data() {
         Data::F32(v) => Data::F32(go(v, s, pads, out_shape, value)),
         Data::F64(v) => Data::F64(go(v, s, pads, out_shape, value as f64)),
+        Data::BF16(v) => Data::BF16(go(v, s, pads, out_shape, ir::half::bf16::from_f32(value))),
+        Data::F16(v) => Data::F16(go(v, s, pads, out_shape, ir::half::f16::from_f32(value))),
         Data::I64(v) => Data::I64(go(v, s, pads, out_shape, value as i64)),
         Data::Bool(v) => Data::Bool(go(v, s, pads, out_shape, value != 0.0)),
     };

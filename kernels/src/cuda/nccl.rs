@@ -302,7 +302,7 @@ impl NcclComm {
         let n = meta.numel();
         let root = root as i32;
         let buf = match meta.dtype {
-            DType::F64 => return Err(super::tensor::no_f64(op)),
+            DType::F64 | DType::BF16 | DType::F16 => return Err(super::tensor::no_f64(op)),
             DType::F32 => Buf::F32(self.broadcast_one(ctx, op, src.map(|t| t.f32s(op)).transpose()?, n, root)?),
             DType::I64 => Buf::I64(self.broadcast_one(ctx, op, src.map(|t| t.i64s(op)).transpose()?, n, root)?),
             DType::Bool => Buf::Bool(self.broadcast_one(ctx, op, src.map(|t| t.bools(op)).transpose()?, n, root)?),
@@ -345,7 +345,7 @@ impl NcclComm {
             Ok(b)
         }
         let buf = match meta.dtype {
-            DType::F64 => return Err(super::tensor::no_f64("recv")),
+            DType::F64 | DType::BF16 | DType::F16 => return Err(super::tensor::no_f64("recv")),
             DType::F32 => Buf::F32(go(&self.comm, ctx, n, peer)?),
             DType::I64 => Buf::I64(go(&self.comm, ctx, n, peer)?),
             DType::Bool => Buf::Bool(go(&self.comm, ctx, n, peer)?),

@@ -30,9 +30,12 @@ fn bad(op: &'static str, message: String) -> Error {
 }
 
 /// f64 tensors (`--precision f64`) are for checking plans on CPU ranks; the GPU back end has no
-/// f64 kernels.
+/// f64 kernels, and no bf16/f16 kernels yet (mixed-precision plans run on CPU ranks).
 pub(crate) fn no_f64(op: &'static str) -> Error {
-    Error::Unsupported { op, reason: "f64 tensors run on CPU ranks only (the GPU kernels are f32)".into() }
+    Error::Unsupported {
+        op,
+        reason: "f64, bf16 and f16 tensors run on CPU ranks only (the GPU kernels are f32)".into(),
+    }
 }
 
 impl CudaTensor {
@@ -41,7 +44,7 @@ impl CudaTensor {
         let op = "upload";
         let buf = match t.data() {
             Data::F32(v) => Buf::F32(ctx.upload_slice(op, v)?),
-            Data::F64(_) => return Err(no_f64(op)),
+            Data::F64(_) | Data::BF16(_) | Data::F16(_) => return Err(no_f64(op)),
             Data::I64(v) => Buf::I64(ctx.upload_slice(op, v)?),
             Data::Bool(v) => Buf::Bool(ctx.upload_slice(op, &v.iter().map(|&b| b as u8).collect::<Vec<u8>>())?),
         };
@@ -66,7 +69,7 @@ impl CudaTensor {
         let n = meta.numel();
         let buf = match meta.dtype {
             DType::F32 => Buf::F32(ctx.zeros(op, n)?),
-            DType::F64 => return Err(no_f64(op)),
+            DType::F64 | DType::BF16 | DType::F16 => return Err(no_f64(op)),
             DType::I64 => Buf::I64(ctx.zeros(op, n)?),
             DType::Bool => Buf::Bool(ctx.zeros(op, n)?),
         };

@@ -110,6 +110,10 @@ impl Importer<'_> {
                 let t = match dtype {
                     DType::F32 => Tensor::f32(vec![r, c], (0..r * c).map(|p| if on(p) { 1.0 } else { 0.0 }).collect()),
                     DType::F64 => Tensor::f64(vec![r, c], (0..r * c).map(|p| if on(p) { 1.0 } else { 0.0 }).collect()),
+                    DType::BF16 | DType::F16 => {
+                        Tensor::f32(vec![r, c], (0..r * c).map(|p| if on(p) { 1.0 } else { 0.0 }).collect())
+                            .with_float_type(dtype)
+                    }
                     DType::I64 => Tensor::i64(vec![r, c], (0..r * c).map(|p| i64::from(on(p))).collect()),
                     DType::Bool => Tensor::bool(vec![r, c], (0..r * c).map(on).collect()),
                 };

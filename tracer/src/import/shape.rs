@@ -57,6 +57,10 @@ impl Importer<'_> {
                 let t = match value.data() {
                     ir::Data::F32(v) => Tensor::f32(shape, vec![*v.first().ok_or("empty value")?; count]),
                     ir::Data::F64(v) => Tensor::f64(shape, vec![*v.first().ok_or("empty value")?; count]),
+                    ir::Data::BF16(_) | ir::Data::F16(_) => {
+                        let x = *value.to_f32_vec().first().ok_or("empty value")?;
+                        Tensor::f32(shape, vec![x; count]).with_float_type(value.dtype())
+                    }
                     ir::Data::I64(v) => Tensor::i64(shape, vec![*v.first().ok_or("empty value")?; count]),
                     ir::Data::Bool(v) => Tensor::bool(shape, vec![*v.first().ok_or("empty value")?; count]),
                 };
