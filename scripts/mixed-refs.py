@@ -16,6 +16,11 @@ is 3 SGD steps with f32 parameters, in three precisions:
   inputs. The loss is computed in f32. fp16 uses a fixed loss scale of 1024 (gradients are
   unscaled before the step), as torch.amp.GradScaler would on steps without overflow.
 
+It also exports a model in half precision, `tests/data/mixed/mlp-f16.onnx` (a two-layer GELU MLP
+made `.half()`: f16 initializers, input and output; TorchScript exporter), with its input, an
+f32 target, and the losses of 3 SGD steps of the same module with its f16 weights widened to
+f32 (what autopar trains: f32 parameters initialised from the file's values).
+
 Needs torch (2.5.1), numpy and onnx. Usage, from the repository root:
     python scripts/mixed-refs.py [--out tests/data/mixed/refs.json]
 """
@@ -210,6 +215,38 @@ def train(case, precision):
     return losses
 
 
+def export_f16_mlp(out_dir):
+    torch.manual_seed(0)
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(16, 32)
+            self.fc2 = torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    m = MLP().half()
+    x = torch.randn(4, 16).half()
+    target = torch.randn(4, 8)
+    path = os.path.join(out_dir, "mlp-f16.onnx")
+    torch.onnx.export(m, (x,), path, input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    np.save(os.path.join(out_dir, "mlp-f16.x.npy"), x.numpy())
+    np.save(os.path.join(out_dir, "mlp-f16.target.npy"), target.numpy())
+    wide = m.float()
+    opt = torch.optim.SGD(wide.parameters(), lr=0.1)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = ((wide(x.float()) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print("mlp-f16 (widened to f32)", " ".join(f"{v:.7f}" for v in losses))
+    return {"model": "mlp-f16", "loss": "mse:y:target", "lr": 0.1, "f32": losses}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "mixed", "refs.json"))
@@ -223,6 +260,7 @@ def main():
         row["bf16_vs_f32"] = max(abs(a - b) for a, b in zip(row["bf16"], row["f32"]))
         out["cases"].append(row)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    out["f16_model"] = export_f16_mlp(os.path.dirname(args.out))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

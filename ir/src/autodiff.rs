@@ -170,7 +170,27 @@ pub struct MixedPrecision {
     /// in 16 bits), f32 casts it where the backward computes it (PyTorch autocast's f32
     /// gradients).
     pub grads: DType,
+    /// Dynamic loss scaling (for f16, whose range small gradients underflow), as PyTorch's
+    /// `GradScaler`: see [`LOSS_SCALE_STATE`].
+    pub loss_scaling: bool,
 }
+
+/// The state holding log2 of the loss scale minus 16 (i64; 0 at the start: a scale of 2^16, as
+/// `torch.amp.GradScaler`'s default). The backward starts from the scale instead of 1; the
+/// gradients are divided by it before the optimizer reads them. A step whose gradients hold an
+/// inf or a NaN on any rank (their sum is reduced over every shard, so every rank sees it) is
+/// skipped: parameters and optimizer state keep their values, the scale halves. After
+/// [`LOSS_SCALE_GROWTH_INTERVAL`] steps in a row without one, it doubles. Scale and count are
+/// optimizer state: checkpoints keep them.
+pub const LOSS_SCALE_STATE: &str = "amp/scale_log2";
+/// The state counting the steps since the scale last changed (i64).
+pub const LOSS_SCALE_GOOD_STEPS: &str = "amp/good_steps";
+/// A scalar f32 state added to the backward's seed and reset to 0 by every step: 0 unless a
+/// fault is injected (`run --inject-fault kind=nonfinite`, `train --inject-nonfinite`), which
+/// puts an inf there on one rank to test that every rank skips the step.
+pub const LOSS_SCALE_POISON: &str = "amp/poison";
+/// Steps without an inf or NaN after which the loss scale doubles (GradScaler's default).
+pub const LOSS_SCALE_GROWTH_INTERVAL: i64 = 2000;
 
 /// Which part of the training step a node belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -375,7 +395,11 @@ pub fn training_graph_with(
     // Reverse sweep.
     let mut contribs: HashMap<Value, Vec<Value>> = HashMap::new();
     let one = g.constant("grad/seed", Tensor::scalar_f32(1.0));
-    contribs.insert(loss, vec![one]);
+    let scaling = match mixed {
+        Some(mp) if mp.loss_scaling => Some(LossScale::new(&mut g, one)?),
+        _ => None,
+    };
+    contribs.insert(loss, vec![scaling.as_ref().map_or(one, |s| s.seed)]);
     for &n in order.iter().rev() {
         let node = g.node(n);
         if node.op.is_source() {
@@ -448,7 +472,15 @@ pub fn training_graph_with(
                 g.set_output(&format!("grad/{name}"), *v);
             }
         }
-        Some(opt) => add_updates(&mut g, &opt, &trainable, &grads)?,
+        Some(opt) => match &scaling {
+            None => add_updates(&mut g, &opt, &trainable, &grads)?,
+            Some(ls) => {
+                let (finite, unscaled) = ls.check(&mut g, &grads)?;
+                let before = g.updates.len();
+                add_updates(&mut g, &opt, &trainable, &unscaled)?;
+                ls.skip_unless(&mut g, finite, before)?;
+            }
+        },
     }
     mark(&g, &mut phases, Phase::Update);
 
@@ -879,6 +911,94 @@ fn cross_entropy(b: &mut Builder, z: Value, labels: Value) -> Result<Value, Auto
 }
 
 /// Appends one optimizer update per trainable parameter.
+/// Dynamic loss scaling's nodes (see [`LOSS_SCALE_STATE`]).
+struct LossScale {
+    log2: Value,
+    scale: Value,
+    poison: Value,
+    seed: Value,
+}
+
+impl LossScale {
+    /// The scale `2^(16 + log2)` and the backward's seed `scale * one + poison`.
+    fn new(g: &mut Graph, one: Value) -> Result<LossScale, AutodiffError> {
+        let log2 = g.state(LOSS_SCALE_STATE, TensorMeta::new(DType::I64, []));
+        let lf = g.add1("amp/scale_log2.f32", Op::Cast { to: DType::F32 }, &[log2])?;
+        let c16 = g.constant("amp/16", Tensor::scalar_f32(16.0));
+        let e = g.add1("amp/exponent", Op::Binary(BinaryOp::Add), &[lf, c16])?;
+        let two = g.constant("amp/2", Tensor::scalar_f32(2.0));
+        let scale = g.add1("amp/scale", Op::Binary(BinaryOp::Pow), &[two, e])?;
+        let poison = g.state(LOSS_SCALE_POISON, TensorMeta::new(DType::F32, []));
+        let s = g.add1("amp/seed.scaled", Op::Binary(BinaryOp::Mul), &[scale, one])?;
+        let seed = g.add1("amp/seed", Op::Binary(BinaryOp::Add), &[s, poison])?;
+        Ok(LossScale { log2, scale, poison, seed })
+    }
+
+    /// Whether every gradient is finite (a bool scalar: the sum of `gradient * 0` over every
+    /// element is 0, or NaN after an inf or a NaN), and the gradients divided by the scale (f32).
+    fn check(
+        &self,
+        g: &mut Graph,
+        grads: &BTreeMap<String, Value>,
+    ) -> Result<(Value, BTreeMap<String, Value>), AutodiffError> {
+        let inv = g.add1("amp/inv_scale", Op::Unary(UnaryOp::Reciprocal), &[self.scale])?;
+        let mut total: Option<Value> = None;
+        let mut unscaled = BTreeMap::new();
+        for (name, &v) in grads {
+            let v32 = if g.meta(v).dtype == DType::F32 {
+                v
+            } else {
+                g.add1(&format!("amp/{name}/f32"), Op::Cast { to: DType::F32 }, &[v])?
+            };
+            let zero = g.constant(&format!("amp/{name}/zero"), Tensor::scalar_f32(0.0));
+            let z = g.add1(&format!("amp/{name}/probe"), Op::Binary(BinaryOp::Mul), &[v32, zero])?;
+            let axes: Vec<usize> = (0..g.meta(z).rank()).collect();
+            let z = if axes.is_empty() {
+                z
+            } else {
+                g.add1(&format!("amp/{name}/probe.sum"), Op::Reduce { op: ReduceOp::Sum, axes, keepdims: false }, &[z])?
+            };
+            total = Some(match total {
+                None => z,
+                Some(t) => g.add1("amp/probe", Op::Binary(BinaryOp::Add), &[t, z])?,
+            });
+            unscaled
+                .insert(name.clone(), g.add1(&format!("amp/{name}/unscaled"), Op::Binary(BinaryOp::Mul), &[v32, inv])?);
+        }
+        let total = total.unwrap_or(self.scale);
+        let finite = g.add1("amp/finite", Op::Binary(BinaryOp::Equal), &[total, total])?;
+        Ok((finite, unscaled))
+    }
+
+    /// Makes the updates from index `from` of `g.updates` keep the old value unless `finite`,
+    /// and adds the scale's own updates.
+    fn skip_unless(&self, g: &mut Graph, finite: Value, from: usize) -> Result<(), AutodiffError> {
+        for k in from..g.updates.len() {
+            let (target, new) = g.updates[k];
+            let name = format!("{}.kept", g.node(new.node).name);
+            let kept = g.add1(&name, Op::Where, &[finite, new, Value::new(target, 0)])?;
+            g.updates[k].1 = kept;
+        }
+        let good = g.state(LOSS_SCALE_GOOD_STEPS, TensorMeta::new(DType::I64, []));
+        let one = g.constant("amp/one", Tensor::i64([], vec![1]));
+        let zero = g.constant("amp/zero", Tensor::i64([], vec![0]));
+        let interval = g.constant("amp/growth_interval", Tensor::i64([], vec![LOSS_SCALE_GROWTH_INTERVAL]));
+        let good1 = g.add1("amp/good_steps.next", Op::Binary(BinaryOp::Add), &[good, one])?;
+        let grow = g.add1("amp/grow", Op::Binary(BinaryOp::Equal), &[good1, interval])?;
+        let up = g.add1("amp/scale_log2.up", Op::Binary(BinaryOp::Add), &[self.log2, one])?;
+        let down = g.add1("amp/scale_log2.down", Op::Binary(BinaryOp::Sub), &[self.log2, one])?;
+        let ok = g.add1("amp/scale_log2.ok", Op::Where, &[grow, up, self.log2])?;
+        let log2 = g.add1("amp/scale_log2.next", Op::Where, &[finite, ok, down])?;
+        let good_ok = g.add1("amp/good_steps.ok", Op::Where, &[grow, zero, good1])?;
+        let good_next = g.add1("amp/good_steps.new", Op::Where, &[finite, good_ok, zero])?;
+        let clean = g.constant("amp/poison.reset", Tensor::scalar_f32(0.0));
+        g.updates.push((self.log2.node, log2));
+        g.updates.push((good.node, good_next));
+        g.updates.push((self.poison.node, clean));
+        Ok(())
+    }
+}
+
 fn add_updates(
     g: &mut Graph,
     opt: &Optimizer,

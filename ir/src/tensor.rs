@@ -361,8 +361,8 @@ impl Tensor {
         match &self.data {
             Data::F32(v) => v.clone(),
             Data::F64(v) => v.iter().map(|&x| x as f32).collect(),
-            Data::BF16(v) => v.iter().map(|&x| x.to_f32()).collect(),
-            Data::F16(v) => v.iter().map(|&x| x.to_f32()).collect(),
+            Data::BF16(v) => half::slice::HalfFloatSliceExt::to_f32_vec(&v[..]),
+            Data::F16(v) => half::slice::HalfFloatSliceExt::to_f32_vec(&v[..]),
             Data::I64(v) => v.iter().map(|&x| x as f32).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
         }
@@ -387,8 +387,8 @@ impl Tensor {
         let data = match (self.data, to) {
             (Data::F32(v), DType::F64) => Data::F64(v.iter().map(|&x| x as f64).collect()),
             (Data::F64(v), DType::F32) => Data::F32(v.iter().map(|&x| x as f32).collect()),
-            (Data::F32(v), DType::BF16) => Data::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()),
-            (Data::F32(v), DType::F16) => Data::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            (Data::F32(v), DType::BF16) => Data::BF16(half::vec::HalfFloatVecExt::from_f32_slice(&v)),
+            (Data::F32(v), DType::F16) => Data::F16(half::vec::HalfFloatVecExt::from_f32_slice(&v)),
             (Data::F64(v), DType::BF16) => Data::BF16(v.iter().map(|&x| half::bf16::from_f64(x)).collect()),
             (Data::F64(v), DType::F16) => Data::F16(v.iter().map(|&x| half::f16::from_f64(x)).collect()),
             (d @ (Data::BF16(_) | Data::F16(_)), to) => {

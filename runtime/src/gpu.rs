@@ -476,4 +476,17 @@ impl crate::launch::Rank for GpuRank {
         let host = self.host_state()?;
         checkpoint::write(dir, run_id, program, &host, &mut self.host_comm(), exit)
     }
+    fn poison(&mut self) -> Result<(), DistError> {
+        let name = ir::autodiff::LOSS_SCALE_POISON;
+        if !self.storage.contains_key(name) {
+            return Err(DistError::Plan(format!(
+                "rank {}: an injected non-finite gradient needs a plan with loss scaling (--precision fp16)",
+                self.rank
+            )));
+        }
+        let inf = CudaTensor::upload(&self.ctx, &Tensor::scalar_f32(f32::INFINITY))
+            .map_err(|e| DistError::Plan(format!("rank {}: {e}", self.rank)))?;
+        self.storage.insert(name.to_string(), inf);
+        Ok(())
+    }
 }

@@ -35,7 +35,7 @@ pub enum NpyError {
     },
     /// An element type autopar does not handle.
     #[error(
-        "{path}: element type {descr} is not supported (use float32, float64, bool or an integer type up to 32 bits, or int64)"
+        "{path}: element type {descr} is not supported (use float16, float32, float64, bool or an integer type up to 32 bits, or int64)"
     )]
     DType {
         /// File.
@@ -178,6 +178,11 @@ fn decode<R: std::io::Read>(path: &Path, f: npyz::NpyFile<R>, what: &str) -> Res
     let data = match descr.trim_matches('\'') {
         "<f4" => Data::F32(f.into_vec::<f32>().map_err(|e| fmt(e.to_string()))?),
         "<f8" => Data::F64(f.into_vec::<f64>().map_err(|e| fmt(e.to_string()))?),
+        // float16 feeds (of models exported in half precision) are held as f32, as the importer
+        // holds their inputs: exact.
+        "<f2" => Data::F32(
+            f.into_vec::<ir::half::f16>().map_err(|e| fmt(e.to_string()))?.into_iter().map(|x| x.to_f32()).collect(),
+        ),
         "<i8" => Data::I64(f.into_vec::<i64>().map_err(|e| fmt(e.to_string()))?),
         "<i4" => Data::I64(f.into_vec::<i32>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),
         "<i2" => Data::I64(f.into_vec::<i16>().map_err(|e| fmt(e.to_string()))?.into_iter().map(i64::from).collect()),

@@ -250,19 +250,24 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
     Link::linear(alpha, beta)
 }
 
-/// Measured f32 GEMM throughput of one thread (FLOP/s, best of a few 512^3 products) and copy
-/// bandwidth (bytes/s, best of a few 64 MiB copies).
-pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<(f64, f64), kernels::Error> {
+/// Measured GEMM throughput of one thread in f32 and on bf16 storage (FLOP/s, best of a few
+/// 512^3 products) and copy bandwidth (bytes/s, best of a few 64 MiB copies).
+pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, kernels::Error> {
     let n = 512;
     let a = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect());
     let b = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect());
-    let mut best = f64::MAX;
-    for _ in 0..4 {
-        let t0 = Instant::now();
-        let _ = kernels::cpu::eval(ctx, &ir::Op::MatMul, &[&a, &b])?;
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    let flops = 2.0 * (n * n * n) as f64 / best;
+    let gemm = |a: &Tensor, b: &Tensor| -> Result<f64, kernels::Error> {
+        let mut best = f64::MAX;
+        for _ in 0..4 {
+            let t0 = Instant::now();
+            let _ = kernels::cpu::eval(ctx, &ir::Op::MatMul, &[a, b])?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * (n * n * n) as f64 / best)
+    };
+    let f32_flops = gemm(&a, &b)?;
+    // The same product on bf16 storage: what a mixed-precision plan's matmuls run at here.
+    let bf16_flops = gemm(&a.clone().with_float_type(ir::DType::BF16), &b.clone().with_float_type(ir::DType::BF16))?;
     let len = 16 << 20; // 16 Mi f32 = 64 MiB
     let src = vec![1.0f32; len];
     let mut dst = vec![0.0f32; len];
@@ -273,7 +278,18 @@ pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<(f64, f64), kernels::Err
         std::hint::black_box(&mut dst);
         best = best.min(t0.elapsed().as_secs_f64());
     }
-    Ok((flops, (len * 4) as f64 / best))
+    Ok(DeviceRates { f32_flops, bf16_flops, memory_bandwidth: (len * 4) as f64 / best })
+}
+
+/// What [`device`] measured.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceRates {
+    /// FLOP/s of an f32 matrix product.
+    pub f32_flops: f64,
+    /// FLOP/s of the same product on bf16 storage (widened, computed in f32, rounded).
+    pub bf16_flops: f64,
+    /// Bytes per second of a large copy.
+    pub memory_bandwidth: f64,
 }
 
 #[cfg(test)]

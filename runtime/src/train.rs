@@ -129,6 +129,18 @@ impl<'t> Trainer<'t> {
         self.storage.get(name)
     }
 
+    /// Replaces the value of an existing param or state (of the same meta); `false` when there
+    /// is none of that name and meta.
+    pub fn set(&mut self, name: &str, t: Tensor) -> bool {
+        match self.storage.get_mut(name) {
+            Some(old) if old.meta() == t.meta() => {
+                *old = t;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Current parameters (no optimizer state), by name.
     pub fn params(&self) -> BTreeMap<String, Tensor> {
         let g = &self.tg.graph;

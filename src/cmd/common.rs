@@ -193,6 +193,7 @@ impl Precision {
                 GradReduce::Low => low,
                 GradReduce::F32 => ir::DType::F32,
             },
+            loss_scaling: low == ir::DType::F16,
         })
     }
     /// The name written in plans and reports.

@@ -126,7 +126,8 @@ fn memory_bytes() -> u64 {
 /// Builds the profile and prints the sweep (rank 0 only under MPI).
 fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Option<Link>], backend: &str) -> Result<()> {
     let ctx = kernels::cpu::CpuContext::new(1)?;
-    let (flops, bandwidth) = runtime::profile::device(&ctx)?;
+    let rates = runtime::profile::device(&ctx)?;
+    let (flops, bandwidth) = (rates.f32_flops, rates.memory_bandwidth);
     let measured: Vec<Link> = links.iter().flatten().cloned().collect();
     let Some(inner) = measured.last().cloned() else {
         bail!("--mesh {mesh}: every axis has size 1; nothing to measure")
@@ -138,7 +139,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         name: format!("measured-{backend}"),
         f32_flops: flops,
         f32_flops_exact: flops,
-        bf16_flops: flops,
+        bf16_flops: rates.bf16_flops,
         memory_bandwidth: bandwidth,
         memory_bytes: memory_bytes(),
         devices_per_node: mesh.size(),
@@ -158,8 +159,9 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     if !a.json {
         writeln!(
             out,
-            "device    f32 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s",
+            "device    f32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s",
             flops / 1e9,
+            rates.bf16_flops / 1e9,
             bandwidth / 1e9
         )?;
         for (axis, l) in links.iter().enumerate() {
@@ -199,7 +201,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         }
     }
     if a.json {
-        let line = serde_json::json!({"samples": rows, "max_error": worst, "one_line_max_error": one_line_error(samples), "f32_flops": flops,
+        let line = serde_json::json!({"samples": rows, "max_error": worst, "one_line_max_error": one_line_error(samples), "f32_flops": flops, "bf16_flops": rates.bf16_flops,
             "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string()});
         writeln!(out, "{line}")?;
     } else {

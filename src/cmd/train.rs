@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions};
 
 use super::common;
@@ -68,6 +68,10 @@ pub struct TrainArgs {
     /// One JSON object per line: `{"step":i,"loss":x,...}` per step.
     #[arg(long)]
     pub json: bool,
+    /// Make the gradients of step N non-finite (for testing fp16 loss scaling: the step is
+    /// skipped).
+    #[arg(long, value_name = "N", hide = true)]
+    pub inject_nonfinite: Option<u64>,
 }
 
 /// Runs `autopar train`.
@@ -127,6 +131,11 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..a.steps {
+        if a.inject_nonfinite == Some(trainer.steps_done() + 1)
+            && !trainer.set(ir::autodiff::LOSS_SCALE_POISON, ir::Tensor::scalar_f32(f32::INFINITY))
+        {
+            bail!("--inject-nonfinite needs loss scaling (--precision fp16)");
+        }
         let t0 = std::time::Instant::now();
         let rep = trainer.step(&ctx, &feeds)?;
         let dt = t0.elapsed().as_secs_f64();

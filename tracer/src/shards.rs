@@ -2,7 +2,8 @@
 //!
 //! A distributed rank needs only its own block of each parameter. [`InitializerIndex::open`]
 //! walks the protobuf wire format of the file (`ModelProto.graph` → `GraphProto.initializer`)
-//! and records, for every float32 initializer, its shape and where its little-endian elements
+//! and records, for every float initializer (float32; float16, bfloat16 and float64 are read
+//! converted to the f32 the importer holds them in), its shape and where its little-endian elements
 //! sit: a byte range of the model file (`raw_data`, or packed `float_data`) or of an external
 //! data file. [`InitializerIndex::read_block`] then reads only the bytes of one block (one read
 //! per contiguous run). The element payloads are skipped by seeking, so a 500 MB model costs a
@@ -18,6 +19,7 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::ImportError;
+use ir::half::{bf16, f16};
 
 /// Where one float32 initializer's elements are.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +30,20 @@ pub struct InitializerLoc {
     pub file: PathBuf,
     /// Byte offset of element 0 in that file.
     pub offset: u64,
+    /// ONNX element type: float32, or float16 / bfloat16 / float64, read widened (or rounded, for
+    /// float64) to the f32 the importer holds them in.
+    pub data_type: i32,
+}
+
+/// Bytes per element of the float initializer types the index reads.
+fn float_bytes(data_type: i32) -> Option<u64> {
+    use crate::dtype::code::*;
+    match data_type {
+        FLOAT => Some(4),
+        FLOAT16 | BFLOAT16 => Some(2),
+        DOUBLE => Some(8),
+        _ => None,
+    }
 }
 
 /// The float32 initializers of one ONNX file, by name (see the module docs).
@@ -172,9 +188,7 @@ impl InitializerIndex {
     }
 
     fn add<R: Read + Seek>(&mut self, h: TensorHeader, w: &Wire<R>, base: &Path) -> Result<(), ImportError> {
-        if h.data_type != 1 {
-            return Ok(());
-        }
+        let Some(elem) = float_bytes(h.data_type) else { return Ok(()) };
         let bad = |m: String| ImportError::BadTensor { tensor: h.name.clone(), message: m };
         let shape: Vec<usize> = h
             .dims
@@ -184,7 +198,7 @@ impl InitializerIndex {
             .map_err(|_| bad(format!("negative dim in {:?}", h.dims)))?;
         let n = shape
             .iter()
-            .try_fold(4u64, |a, &d| a.checked_mul(d as u64))
+            .try_fold(elem, |a, &d| a.checked_mul(d as u64))
             .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
         let external = h.data_location == 1 || !h.external.is_empty();
         let loc = if external {
@@ -192,7 +206,7 @@ impl InitializerIndex {
             match crate::proto::external_range(&h.name, &entries, base, n)? {
                 Some(r) => {
                     self.external.insert(r.file.clone());
-                    InitializerLoc { shape, file: r.file, offset: r.offset }
+                    InitializerLoc { shape, file: r.file, offset: r.offset, data_type: h.data_type }
                 }
                 None => {
                     // Weight-free: the data file is absent.
@@ -203,7 +217,9 @@ impl InitializerIndex {
             }
         } else {
             match h.inline {
-                Some((offset, len)) if len == n => InitializerLoc { shape, file: w.path.clone(), offset },
+                Some((offset, len)) if len == n => {
+                    InitializerLoc { shape, file: w.path.clone(), offset, data_type: h.data_type }
+                }
                 Some((_, len)) if n > 0 => {
                     return Err(bad(format!("has {len} data bytes, shape {shape:?} needs {n}")));
                 }
@@ -270,14 +286,23 @@ impl InitializerIndex {
         let mut f =
             ir::files::open_regular(&loc.file).map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
         let mut idx = vec![0usize; lead];
-        let mut buf = vec![0u8; run * 4];
+        let elem = float_bytes(loc.data_type).unwrap_or(4) as usize;
+        let mut buf = vec![0u8; run * elem];
         loop {
             let mut start: usize = (0..nd).map(|d| offsets[d] * strides[d]).sum();
             start += idx.iter().enumerate().map(|(d, &i)| i * strides[d]).sum::<usize>();
-            f.seek(SeekFrom::Start(loc.offset + 4 * start as u64))
+            f.seek(SeekFrom::Start(loc.offset + (elem * start) as u64))
                 .and_then(|_| f.read_exact(&mut buf))
                 .map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
-            out.extend(buf.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            use crate::dtype::code::*;
+            match loc.data_type {
+                FLOAT16 => out.extend(buf.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
+                BFLOAT16 => out.extend(buf.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+                DOUBLE => {
+                    out.extend(buf.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32))
+                }
+                _ => out.extend(buf.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+            }
             // Next index over the leading dims (odometer).
             let mut d = lead;
             loop {

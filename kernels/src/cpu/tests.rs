@@ -820,3 +820,28 @@ fn f64_accumulation_keeps_cancelling_sums() {
 fn run_ctx(ctx: &CpuContext, op: Op, ins: &[&Tensor]) -> Tensor {
     eval(ctx, &op, ins).unwrap().swap_remove(0)
 }
+
+#[test]
+fn half_precision_storage_computes_in_f32_and_rounds_once() {
+    // 1 + 2^-8 is not a bf16 (8 significand bits): it rounds to even, 1.0; 1 + 3*2^-8 to 1 + 2^-6.
+    let x = f([3], vec![1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 70000.0]);
+    let b = run1(Op::Cast { to: DType::BF16 }, &[&x]);
+    assert_eq!(b.dtype(), DType::BF16);
+    assert_eq!(b.to_f32_vec(), vec![1.0, 1.0 + 1.0 / 64.0, 70144.0]);
+    // f16's largest finite value is 65504: 70000 overflows to inf.
+    let h = run1(Op::Cast { to: DType::F16 }, &[&x]);
+    assert_eq!(h.to_f32_vec()[2], f32::INFINITY);
+    // A product of bf16 matrices is the f32 product of their values, rounded once to bf16.
+    let a = Tensor::bf16([2, 3], &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]);
+    let w = Tensor::bf16([3, 2], &[1.5, -2.25, 0.125, 3.0, -0.7, 0.9]);
+    let y = run1(Op::MatMul, &[&a, &w]);
+    assert_eq!(y.dtype(), DType::BF16);
+    let wide = run1(Op::MatMul, &[&a.clone().widened(), &w.clone().widened()]);
+    assert_eq!(y, wide.with_float_type(DType::BF16));
+    // Shape ops move 16-bit elements exactly.
+    let t = run1(Op::Transpose { perm: vec![1, 0] }, &[&a]);
+    assert_eq!(t.dtype(), DType::BF16);
+    assert_eq!(t.to_f32_vec()[1], a.to_f32_vec()[3]);
+    // Widening a cast back is exact.
+    assert_eq!(run1(Op::Cast { to: DType::F32 }, &[&b]).to_f32_vec(), b.to_f32_vec());
+}

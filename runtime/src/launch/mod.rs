@@ -275,6 +275,10 @@ pub enum FaultKind {
     /// The rank's process dies at the start of the step (`abort()`: SIGABRT, no cleanup), as a
     /// killed process would.
     AbortProcess,
+    /// The rank's gradients of the step are made non-finite (an inf in its backward's seed,
+    /// [`ir::autodiff::LOSS_SCALE_POISON`]): a plan with loss scaling (fp16) skips the step on
+    /// every rank.
+    NonFinite,
 }
 
 /// An injected fault: `rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]`.
@@ -291,8 +295,11 @@ pub struct Fault {
 impl std::str::FromStr for Fault {
     type Err = String;
     fn from_str(s: &str) -> Result<Fault, String> {
-        let usage =
-            || format!("fault `{s}`: expected rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process]");
+        let usage = || {
+            format!(
+                "fault `{s}`: expected rank=R,step=S[,kind=error|panic|hang|exit-in-checkpoint|abort-process|nonfinite]"
+            )
+        };
         let (mut rank, mut step, mut kind) = (None, None, FaultKind::Error);
         for part in s.split(',') {
             let (k, v) = part.split_once('=').ok_or_else(usage)?;
@@ -306,6 +313,7 @@ impl std::str::FromStr for Fault {
                         "hang" => FaultKind::Hang,
                         "exit-in-checkpoint" => FaultKind::ExitInCheckpoint,
                         "abort-process" => FaultKind::AbortProcess,
+                        "nonfinite" => FaultKind::NonFinite,
                         _ => return Err(usage()),
                     }
                 }
@@ -435,6 +443,8 @@ pub trait Rank {
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError>;
     /// Writes this rank's part of a checkpoint ([`checkpoint::write`]).
     fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError>;
+    /// Puts an inf in this rank's loss-scaling poison state ([`FaultKind::NonFinite`]).
+    fn poison(&mut self) -> Result<(), DistError>;
 }
 
 /// A rank on the CPU: its state, kernels and communicator.
@@ -466,6 +476,20 @@ impl Rank for CpuRank<'_> {
     fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError> {
         checkpoint::write(dir, run_id, program, self.st, self.comm, exit)
     }
+    fn poison(&mut self) -> Result<(), DistError> {
+        let name = ir::autodiff::LOSS_SCALE_POISON;
+        match self.st.storage.get_mut(name) {
+            Some(t) => {
+                *t = Tensor::scalar_f32(f32::INFINITY);
+                Ok(())
+            }
+            None => Err(DistError::Plan(format!(
+                "rank {}: an injected non-finite gradient needs a plan with loss scaling (--precision fp16); \
+                 this plan has no {name} state",
+                self.st.rank
+            ))),
+        }
+    }
 }
 
 /// Runs steps on one rank until `opts.until_step` (see the module docs); `report` sees every
@@ -481,6 +505,9 @@ pub fn rank_loop(
         let step = rank.steps_done() + 1;
         let fault = opts.fault.filter(|f| f.rank == rank.rank() && f.step == step);
         inject(fault.map(|f| f.kind), rank.rank(), step, || rank.check())?;
+        if fault.is_some_and(|f| f.kind == FaultKind::NonFinite) {
+            rank.poison()?;
+        }
         let r = rank.step(program)?;
         let mut rep = rank.report(&everyone, step, &r)?;
         if let Some(c) = &opts.checkpoint {
