@@ -47,7 +47,16 @@ fn ok(out: Output, what: &str) -> String {
 
 /// The mlp planned on `mesh` with `optimizer` into `dir`.
 fn plan(mesh: &str, optimizer: &str, dir: &Path) -> PathBuf {
-    let out = dir.join(format!("mlp-{mesh}-{optimizer}.json"));
+    plan_in(mesh, optimizer, "f32", dir)
+}
+
+/// [`plan`] at a precision (`f32`, or mixed `bf16` / `fp16`).
+fn plan_in(mesh: &str, optimizer: &str, precision: &str, dir: &Path) -> PathBuf {
+    let out = if precision == "f32" {
+        dir.join(format!("mlp-{mesh}-{optimizer}.json"))
+    } else {
+        dir.join(format!("mlp-{mesh}-{optimizer}-{precision}.json"))
+    };
     let model = data("models/mlp.onnx");
     let args: Vec<String> = [
         "plan",
@@ -64,6 +73,8 @@ fn plan(mesh: &str, optimizer: &str, dir: &Path) -> PathBuf {
         "0.05",
         "--time-limit",
         "1",
+        "--precision",
+        precision,
         "-o",
         s(&out).as_str(),
     ]
@@ -179,6 +190,21 @@ fn one_rank_on_a_device_matches_threads() {
         let out = autopar(&run_args(&p, &ns, &["--backend", "nccl"]), &env).output().unwrap();
         let nccl = ok(out, "nccl run");
         agree(&format!("mlp on mesh 1 with {optimizer}"), &threads, &ts, &nccl, &ns);
+    }
+    // Mixed precision: 16-bit values on the device (widened for each op and rounded once, as the
+    // CPU does); losses within bf16's unit roundoff (2^-8) of the threads run, where a GEMM's
+    // different summation order may round an element one 16-bit ulp apart.
+    for precision in ["bf16", "fp16"] {
+        let p = plan_in("1", "sgd", precision, tmp.path());
+        let (ts, ns) = (tmp.path().join(format!("t-{precision}")), tmp.path().join(format!("n-{precision}")));
+        let threads = losses(&ok(autopar(&run_args(&p, &ts, &[]), &[]).output().unwrap(), "threads run"));
+        let out = autopar(&run_args(&p, &ns, &["--backend", "nccl"]), &env).output().unwrap();
+        let nccl = losses(&ok(out, "nccl run"));
+        assert_eq!(nccl.len(), threads.len());
+        for (g, w) in nccl.iter().zip(&threads) {
+            assert!((g - w).abs() <= w.abs() / 256.0, "{precision}: nccl {nccl:?} vs threads {threads:?}");
+        }
+        println!("mlp on mesh 1 in {precision}: nccl {nccl:?}, threads {threads:?}");
     }
     // Checkpoints hold the downloaded blocks (AdamW's moments included): two steps, then a
     // resumed third, end where the uninterrupted threads run does (its plan was written above).

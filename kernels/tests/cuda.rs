@@ -77,6 +77,17 @@ const GEMM: Tol = Tol(1e-4, 1e-4);
 #[track_caller]
 fn agree(got: &Tensor, want: &Tensor, tol: Tol, what: &str) {
     assert_eq!(got.meta(), want.meta(), "{what}: metas");
+    if got.dtype().is_half() {
+        // Both round an f32 result once; results that differ in the f32 ulp may round one
+        // 16-bit ulp apart (2^-7 relative for bf16, 2^-10 for f16).
+        let ulp = if got.dtype() == DType::BF16 { 1.0 / 128.0 } else { 1.0 / 1024.0 };
+        let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+        for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+            let ok = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol.0 + (tol.1 + ulp) * b.abs();
+            assert!(ok, "{what}: element {i}: cuda {a}, cpu {b}");
+        }
+        return;
+    }
     match (got.as_f32(), want.as_f32()) {
         (Some(g), Some(w)) => {
             for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
@@ -285,6 +296,52 @@ fn where_and_cast() {
         for t in [&f, &i, &b] {
             check(&ctx, Op::Cast { to }, &[t]);
         }
+    }
+}
+
+#[test]
+fn half_precision_storage() {
+    let Some(ctx) = device() else { return };
+    // Rounding to nearest even, NaN, infinities, f16's overflow (65520 and up) and subnormals.
+    let f = Tensor::f32(
+        vec![10],
+        vec![
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -2.5e-6,
+            70000.0,
+            65519.0,
+            65520.0,
+            f32::NAN,
+            f32::INFINITY,
+            1e-8,
+            -0.0,
+        ],
+    );
+    for to in [DType::BF16, DType::F16] {
+        // Casts are exact: compared bit for bit.
+        let cpu_ctx = CpuContext::new(1).unwrap();
+        let want = cpu::eval(&cpu_ctx, &Op::Cast { to }, &[&f]).unwrap().remove(0);
+        let dev = CudaTensor::upload(&ctx, &f).unwrap();
+        let got = cuda::eval(&ctx, &Op::Cast { to }, &[&dev]).unwrap().remove(0).download(&ctx).unwrap();
+        let bits = |t: &Tensor| match t.data() {
+            ir::Data::BF16(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>(),
+            ir::Data::F16(v) => v.iter().map(|x| x.to_bits()).collect(),
+            _ => panic!("not a 16-bit tensor"),
+        };
+        assert_eq!(bits(&got), bits(&want), "cast to {to}");
+        let h = f.clone().with_float_type(to);
+        for back in [DType::F32, DType::I64, DType::Bool, DType::BF16, DType::F16] {
+            check(&ctx, Op::Cast { to: back }, &[&h]);
+        }
+        // Ops on 16-bit inputs compute in f32 and round once, on both back ends.
+        let a = rnd(&[4, 8], 1).with_float_type(to);
+        let b = rnd(&[8, 3], 2).with_float_type(to);
+        check_tol(&ctx, &Op::MatMul, &[&a, &b], GEMM);
+        check(&ctx, Op::Binary(BinaryOp::Add), &[&a, &rnd(&[8], 3).with_float_type(to)]);
+        check(&ctx, Op::Softmax { axis: 1 }, &[&a]);
+        check(&ctx, Op::Transpose { perm: vec![1, 0] }, &[&a]);
+        check(&ctx, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdims: false }, &[&a]);
     }
 }
 

@@ -39,6 +39,7 @@ static std::mutex emu_launch;
 static const unsigned EMU_THREADS = 4;
 inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 )SHIM";
 

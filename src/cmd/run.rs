@@ -122,9 +122,6 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         ),
         _ => {}
     }
-    if planned != "f32" && a.backend == Backend::Nccl {
-        bail!("{planned} plans run on CPU ranks only for now (--backend threads or mpi): the GPU kernels are f32");
-    }
     let float = a.precision.map_or(ir::DType::F32, |p| p.dtype());
     let program = Program::from_valid(&plan, float)?;
     let plan = plan.into_plan();

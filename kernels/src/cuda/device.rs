@@ -537,6 +537,7 @@ struct Dim3Shim { unsigned int x, y, z; };
 static Dim3Shim blockIdx, blockDim, threadIdx, gridDim;
 inline void __syncthreads() {}
 inline float __int_as_float(int) { return 0.f; }
+inline int __float_as_int(float) { return 0; }
 inline double __longlong_as_double(long long) { return 0.0; }
 "#;
 

@@ -19,6 +19,52 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
     return 0.5f * x * (1.f + tanhf(C * (x + 0.044715f * x * x * x)));
 }
 
+// 16-bit floats are stored as their bits (unsigned short) and computed in f32: these convert,
+// rounding to nearest even as the CPU (the `half` crate) does.
+__device__ __forceinline__ float bf16_to_f32(unsigned short h) { return __int_as_float((int)((unsigned int)h << 16)); }
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
+    unsigned int b = (unsigned int)__float_as_int(f);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((b >> 16) | 0x40u);
+    return (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+    unsigned int e = ((unsigned int)h >> 10) & 0x1fu;
+    unsigned int m = (unsigned int)h & 0x3ffu;
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    if (e == 31) return __int_as_float((int)(sign | 0x7f800000u | (m << 13)));
+    return __int_as_float((int)(sign | ((e + 112u) << 23) | (m << 13)));
+}
+__device__ __forceinline__ unsigned short f32_to_f16(float f) {
+    unsigned int x = (unsigned int)__float_as_int(f);
+    unsigned int sign = (x >> 16) & 0x8000u;
+    unsigned int ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+    if (ax < 0x38800000u) {
+        float q = __int_as_float((int)ax) * 16777216.0f;
+        return (unsigned short)(sign | (unsigned int)rintf(q));
+    }
+    unsigned int r = ax - 0x38000000u;
+    r = r + 0xfffu + ((r >> 13) & 1u);
+    return (unsigned short)(sign | (r >> 13));
+}
+extern "C" __global__ void widen_bf16(float* out, const unsigned short* x, i64 n) {
+    FOR_EACH(i, n) { out[i] = bf16_to_f32(x[i]); }
+}
+extern "C" __global__ void widen_f16(float* out, const unsigned short* x, i64 n) {
+    FOR_EACH(i, n) { out[i] = f16_to_f32(x[i]); }
+}
+extern "C" __global__ void narrow_bf16(unsigned short* out, const float* x, i64 n) {
+    FOR_EACH(i, n) { out[i] = f32_to_bf16(x[i]); }
+}
+extern "C" __global__ void narrow_f16(unsigned short* out, const float* x, i64 n) {
+    FOR_EACH(i, n) { out[i] = f32_to_f16(x[i]); }
+}
+
 extern "C" __global__ void unary_f32(float* out, const float* x, i64 n, int code) {
     FOR_EACH(i, n) {
         float v = x[i];
@@ -430,6 +476,14 @@ pub(crate) fn cast(ctx: &CudaContext, x: &CudaTensor, to: DType) -> Result<CudaT
     if x.dtype() == to {
         return Ok(x.clone());
     }
+    // 16-bit floats go through f32.
+    if x.dtype().is_half() {
+        return cast(ctx, &widen(ctx, x)?, to);
+    }
+    if to.is_half() {
+        let wide = if x.dtype() == DType::F32 { x.clone() } else { cast(ctx, x, DType::F32)? };
+        return narrow(ctx, &wide, to);
+    }
     let n = x.numel();
     let n64 = n as i64;
     let fam = Family::Elementwise;
@@ -453,4 +507,32 @@ pub(crate) fn cast(ctx: &CudaContext, x: &CudaTensor, to: DType) -> Result<CudaT
         _ => return Ok(x.clone()),
     };
     Ok(CudaTensor::new(TensorMeta::new(to, x.shape().to_vec()), buf))
+}
+
+/// A 16-bit float tensor's values in f32 (exact); any other tensor as it is.
+pub(crate) fn widen(ctx: &CudaContext, x: &CudaTensor) -> Result<CudaTensor, Error> {
+    let op = "widen";
+    let Buf::Half(bits) = x.buf() else { return Ok(x.clone()) };
+    let n = x.numel();
+    let mut out = ctx.alloc::<f32>(op, n)?;
+    if n > 0 {
+        let name = if x.dtype() == DType::BF16 { "widen_bf16" } else { "widen_f16" };
+        let n64 = n as i64;
+        launch!(ctx, op, Family::Elementwise, name, grid(n); &mut out.s, &bits.s, &n64)?;
+    }
+    Ok(CudaTensor::from_f32(x.shape(), out))
+}
+
+/// An f32 tensor rounded to the 16-bit float type `to` (to nearest, ties to even).
+pub(crate) fn narrow(ctx: &CudaContext, x: &CudaTensor, to: DType) -> Result<CudaTensor, Error> {
+    let op = "narrow";
+    let src = x.f32s(op)?;
+    let n = x.numel();
+    let mut out = ctx.alloc::<u8>(op, 2 * n)?;
+    if n > 0 {
+        let name = if to == DType::BF16 { "narrow_bf16" } else { "narrow_f16" };
+        let n64 = n as i64;
+        launch!(ctx, op, Family::Elementwise, name, grid(n); &mut out.s, &src.s, &n64)?;
+    }
+    Ok(CudaTensor::new(TensorMeta::new(to, x.shape().to_vec()), Buf::Half(out)))
 }

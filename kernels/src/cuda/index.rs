@@ -128,6 +128,7 @@ macro_rules! per_dtype {
         let (ctx, op, n) = ($ctx, $op, $n);
         let cfg = grid(n);
         match $x.buf() {
+            Buf::Half(_) => return Err(super::tensor::unwidened(op)),
             Buf::F32(v) => {
                 let mut out = ctx.alloc::<f32>(op, n)?;
                 if n > 0 {
@@ -268,6 +269,7 @@ pub(crate) fn eval(
             let lines = (o * i) as usize;
             let cfg = grid(lines.max(1));
             let buf = match x.buf() {
+                Buf::Half(_) => return Err(super::tensor::unwidened(name)),
                 Buf::F32(v) => {
                     let mut out = ctx.alloc::<f32>(name, n)?;
                     if lines > 0 && d > 0 {
@@ -295,6 +297,7 @@ pub(crate) fn eval(
             if lines > 0 {
                 let cfg = grid(lines);
                 match x.buf() {
+                    Buf::Half(_) => return Err(super::tensor::unwidened(name)),
                     Buf::F32(v) => {
                         launch!(ctx, name, Family::Index, "arg_f32", cfg; &mut out.s, &v.s, &o, &d, &i, &lg, &last)?
                     }
@@ -314,6 +317,7 @@ pub(crate) fn eval(
             let mut idx = ctx.alloc::<i64>(name, n_out)?;
             let cfg = grid(n_in.max(1));
             let vals = match x.buf() {
+                Buf::Half(_) => return Err(super::tensor::unwidened(name)),
                 Buf::F32(v) => {
                     let mut vals = ctx.alloc::<f32>(name, n_out)?;
                     if n_out > 0 {

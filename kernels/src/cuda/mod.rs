@@ -27,6 +27,13 @@
 //!   in range, integer division by zero, the AdamW step number) read the needed values back
 //!   to the host, which synchronises the stream.
 //! - Bool tensors are one byte per element on the device (0 or 1).
+//! - bf16 and f16 tensors are their bits on the device (two bytes per element). Every op but
+//!   `Cast` widens its 16-bit inputs to f32, runs the f32 kernel and rounds each result once
+//!   (to nearest, ties to even, bit for bit as the CPU's `half` crate), as the CPU back end
+//!   does; reductions over NCCL run in f32 and round once, gathers and sends move the 16-bit
+//!   bytes. Matrix products are f32 SGEMMs on the widened operands: the values of cuBLAS's
+//!   `GemmEx` with f32 accumulation, not its speed (tensor-core GEMMs on 16-bit operands are
+//!   left to do).
 //! - Matrix products go through cuBLAS in its default math mode (no TF32 for f32 data), so
 //!   they round like any f32 GEMM; sums of reductions and normalisations accumulate in f64 as
 //!   the CPU does. Results agree with the CPU to about 1e-5 absolute / 1e-4 relative, not

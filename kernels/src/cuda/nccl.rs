@@ -221,12 +221,18 @@ impl NcclComm {
     pub fn all_reduce(&self, ctx: &CudaContext, x: &CudaTensor, r: Reduction) -> Result<CudaTensor, Error> {
         let op = "all_reduce";
         check_reduction(op, x, r)?;
+        if x.dtype().is_half() {
+            // Reduced in f32 (each sum rounded once), then rounded back.
+            let sum = self.all_reduce(ctx, &super::elementwise::widen(ctx, x)?, r)?;
+            return super::elementwise::narrow(ctx, &sum, x.dtype());
+        }
         let n = x.numel();
         let red = r.nccl();
         let buf = match x.buf() {
             Buf::F32(s) => Buf::F32(self.collect(ctx, op, s, n, n, |c, a, b| c.all_reduce(a, b, &red))?),
             Buf::I64(s) => Buf::I64(self.collect(ctx, op, s, n, n, |c, a, b| c.all_reduce(a, b, &red))?),
             Buf::Bool(s) => Buf::Bool(self.collect(ctx, op, s, n, n, |c, a, b| c.all_reduce(a, b, &red))?),
+            Buf::Half(_) => return Err(super::tensor::no_f64(op)),
         };
         Ok(CudaTensor::new(x.meta().clone(), buf))
     }
@@ -240,6 +246,7 @@ impl NcclComm {
             Buf::F32(s) => Buf::F32(self.collect(ctx, op, s, n, total, |c, a, b| c.all_gather(a, b))?),
             Buf::I64(s) => Buf::I64(self.collect(ctx, op, s, n, total, |c, a, b| c.all_gather(a, b))?),
             Buf::Bool(s) => Buf::Bool(self.collect(ctx, op, s, n, total, |c, a, b| c.all_gather(a, b))?),
+            Buf::Half(s) => Buf::Half(self.collect(ctx, op, s, 2 * n, 2 * total, |c, a, b| c.all_gather(a, b))?),
         };
         let mut shape = x.shape().to_vec();
         match shape.first_mut() {
@@ -254,6 +261,10 @@ impl NcclComm {
     pub fn reduce_scatter(&self, ctx: &CudaContext, x: &CudaTensor, r: Reduction) -> Result<CudaTensor, Error> {
         let op = "reduce_scatter";
         check_reduction(op, x, r)?;
+        if x.dtype().is_half() {
+            let part = self.reduce_scatter(ctx, &super::elementwise::widen(ctx, x)?, r)?;
+            return super::elementwise::narrow(ctx, &part, x.dtype());
+        }
         let d0 = x.shape().first().copied().unwrap_or(0);
         if x.shape().is_empty() || d0 % self.world != 0 {
             return Err(Error::BadInput {
@@ -268,6 +279,7 @@ impl NcclComm {
             Buf::F32(s) => Buf::F32(self.collect(ctx, op, s, n, part, |c, a, b| c.reduce_scatter(a, b, &red))?),
             Buf::I64(s) => Buf::I64(self.collect(ctx, op, s, n, part, |c, a, b| c.reduce_scatter(a, b, &red))?),
             Buf::Bool(s) => Buf::Bool(self.collect(ctx, op, s, n, part, |c, a, b| c.reduce_scatter(a, b, &red))?),
+            Buf::Half(_) => return Err(super::tensor::no_f64(op)),
         };
         let mut shape = x.shape().to_vec();
         shape[0] = d0 / self.world;
@@ -302,7 +314,10 @@ impl NcclComm {
         let n = meta.numel();
         let root = root as i32;
         let buf = match meta.dtype {
-            DType::F64 | DType::BF16 | DType::F16 => return Err(super::tensor::no_f64(op)),
+            DType::F64 => return Err(super::tensor::no_f64(op)),
+            DType::BF16 | DType::F16 => {
+                Buf::Half(self.broadcast_one(ctx, op, src.map(|t| t.halves(op)).transpose()?, 2 * n, root)?)
+            }
             DType::F32 => Buf::F32(self.broadcast_one(ctx, op, src.map(|t| t.f32s(op)).transpose()?, n, root)?),
             DType::I64 => Buf::I64(self.broadcast_one(ctx, op, src.map(|t| t.i64s(op)).transpose()?, n, root)?),
             DType::Bool => Buf::Bool(self.broadcast_one(ctx, op, src.map(|t| t.bools(op)).transpose()?, n, root)?),
@@ -322,6 +337,7 @@ impl NcclComm {
             Buf::F32(s) => self.comm.send(&s.s.slice(..n), peer),
             Buf::I64(s) => self.comm.send(&s.s.slice(..n), peer),
             Buf::Bool(s) => self.comm.send(&s.s.slice(..n), peer),
+            Buf::Half(s) => self.comm.send(&s.s.slice(..2 * n), peer),
         };
         r.map_err(|e| nccl_err(op, e))
     }
@@ -345,7 +361,8 @@ impl NcclComm {
             Ok(b)
         }
         let buf = match meta.dtype {
-            DType::F64 | DType::BF16 | DType::F16 => return Err(super::tensor::no_f64("recv")),
+            DType::F64 => return Err(super::tensor::no_f64("recv")),
+            DType::BF16 | DType::F16 => Buf::Half(go(&self.comm, ctx, 2 * n, peer)?),
             DType::F32 => Buf::F32(go(&self.comm, ctx, n, peer)?),
             DType::I64 => Buf::I64(go(&self.comm, ctx, n, peer)?),
             DType::Bool => Buf::Bool(go(&self.comm, ctx, n, peer)?),

@@ -39,6 +39,17 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
     }
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta().clone()).collect();
     let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
+    // 16-bit floats compute in f32, as on the CPU: inputs widened (exactly), each result
+    // rounded once to its type.
+    if !matches!(op, Op::Cast { .. }) && metas.iter().any(|m| m.dtype.is_half()) {
+        let wide: Vec<CudaTensor> = inputs.iter().map(|t| elementwise::widen(ctx, t)).collect::<Result<_, _>>()?;
+        let refs: Vec<&CudaTensor> = wide.iter().collect();
+        return eval(ctx, op, &refs)?
+            .into_iter()
+            .zip(&outs)
+            .map(|(t, m)| if m.dtype.is_half() { elementwise::narrow(ctx, &t, m.dtype) } else { Ok(t) })
+            .collect();
+    }
     let out0 = || outs[0].shape.as_slice();
     let result = match op {
         Op::Input { .. } | Op::Param { .. } | Op::State { .. } => unreachable!("handled above"),

@@ -197,6 +197,7 @@ pub(crate) fn reduce(
     let c = code(r);
     let fam = Family::Reduce;
     let buf = match src.buf() {
+        Buf::Half(_) => return Err(super::tensor::unwidened(op)),
         Buf::F32(_) => Buf::F32(reduce_f32_3d(ctx, op, r, src, outer, red, inner)?),
         Buf::I64(v) => {
             if !matches!(r, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min) {

@@ -102,6 +102,7 @@ pub(crate) fn strided_copy(
     let s = Strided::new(op, out_shape, &[(base, st)])?;
     let (fam, cfg) = (Family::Shape, grid(n));
     let buf = match x.buf() {
+        Buf::Half(_) => return Err(super::tensor::unwidened(op)),
         Buf::F32(v) => {
             let mut out = ctx.alloc::<f32>(op, n)?;
             if n > 0 {
@@ -258,6 +259,7 @@ fn copy2d(
 /// An uninitialised buffer of `n` elements of `like`'s dtype.
 fn alloc_like(ctx: &CudaContext, op: &'static str, like: &CudaTensor, n: usize) -> Result<Buf, Error> {
     Ok(match like.buf() {
+        Buf::Half(_) => return Err(super::tensor::unwidened(op)),
         Buf::F32(_) => Buf::F32(ctx.alloc(op, n)?),
         Buf::I64(_) => Buf::I64(ctx.alloc(op, n)?),
         Buf::Bool(_) => Buf::Bool(ctx.alloc(op, n)?),
@@ -347,6 +349,7 @@ pub(crate) fn gather(
     let a = [outer, ni, d, inner].map(|v| v as i64);
     let (fam, cfg) = (Family::Shape, grid(n));
     let buf = match x.buf() {
+        Buf::Half(_) => return Err(super::tensor::unwidened(op)),
         Buf::F32(v) => {
             let mut out = ctx.alloc::<f32>(op, n)?;
             if n > 0 {
@@ -441,6 +444,7 @@ pub(crate) fn pad(
     }
     let (fam, cfg) = (Family::Shape, grid(n));
     let buf = match x.buf() {
+        Buf::Half(_) => return Err(super::tensor::unwidened(op)),
         Buf::F32(v) => {
             let mut out = ctx.alloc::<f32>(op, n)?;
             if n > 0 {

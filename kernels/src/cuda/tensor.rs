@@ -5,12 +5,15 @@ use crate::Error;
 use ir::{DType, Data, Tensor, TensorMeta};
 use std::sync::Arc;
 
-/// Device storage of one dtype. Bool is one byte per element, 0 or 1.
+/// Device storage of one dtype. Bool is one byte per element, 0 or 1. bf16 and f16 are their
+/// bits, two little-endian bytes per element (kernels read them as `unsigned short`; collectives
+/// that only move data move the bytes).
 #[derive(Debug)]
 pub(crate) enum Buf {
     F32(DeviceBuf<f32>),
     I64(DeviceBuf<i64>),
     Bool(DeviceBuf<u8>),
+    Half(DeviceBuf<u8>),
 }
 
 /// A dense, row-major tensor in the memory of one [`CudaContext`]'s device.
@@ -30,12 +33,19 @@ fn bad(op: &'static str, message: String) -> Error {
 }
 
 /// f64 tensors (`--precision f64`) are for checking plans on CPU ranks; the GPU back end has no
-/// f64 kernels, and no bf16/f16 kernels yet (mixed-precision plans run on CPU ranks).
+/// f64 kernels.
 pub(crate) fn no_f64(op: &'static str) -> Error {
-    Error::Unsupported {
-        op,
-        reason: "f64, bf16 and f16 tensors run on CPU ranks only (the GPU kernels are f32)".into(),
-    }
+    Error::Unsupported { op, reason: "f64 tensors run on CPU ranks only (the GPU kernels are f32)".into() }
+}
+
+/// A 16-bit float tensor reached a kernel: [`crate::cuda::eval`] widens them first, so this is
+/// a dispatch bug, reported rather than a panic.
+pub(crate) fn unwidened(op: &'static str) -> Error {
+    Error::Unsupported { op, reason: "a bf16/f16 input reached an f32 kernel unwidened (a dispatch bug)".into() }
+}
+
+fn half_bytes(bits: impl Iterator<Item = u16>) -> Vec<u8> {
+    bits.flat_map(u16::to_le_bytes).collect()
 }
 
 impl CudaTensor {
@@ -44,7 +54,9 @@ impl CudaTensor {
         let op = "upload";
         let buf = match t.data() {
             Data::F32(v) => Buf::F32(ctx.upload_slice(op, v)?),
-            Data::F64(_) | Data::BF16(_) | Data::F16(_) => return Err(no_f64(op)),
+            Data::F64(_) => return Err(no_f64(op)),
+            Data::BF16(v) => Buf::Half(ctx.upload_slice(op, &half_bytes(v.iter().map(|x| x.to_bits())))?),
+            Data::F16(v) => Buf::Half(ctx.upload_slice(op, &half_bytes(v.iter().map(|x| x.to_bits())))?),
             Data::I64(v) => Buf::I64(ctx.upload_slice(op, v)?),
             Data::Bool(v) => Buf::Bool(ctx.upload_slice(op, &v.iter().map(|&b| b as u8).collect::<Vec<u8>>())?),
         };
@@ -59,6 +71,14 @@ impl CudaTensor {
             Buf::F32(b) => Data::F32(ctx.download_slice(op, b, n)?),
             Buf::I64(b) => Data::I64(ctx.download_slice(op, b, n)?),
             Buf::Bool(b) => Data::Bool(ctx.download_slice(op, b, n)?.into_iter().map(|x| x != 0).collect()),
+            Buf::Half(b) => {
+                let bytes = ctx.download_slice(op, b, 2 * n)?;
+                let bits = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+                match self.meta.dtype {
+                    DType::BF16 => Data::BF16(bits.map(ir::half::bf16::from_bits).collect()),
+                    _ => Data::F16(bits.map(ir::half::f16::from_bits).collect()),
+                }
+            }
         };
         Tensor::new(self.meta.shape.clone(), data).map_err(|e| bad(op, e.to_string()))
     }
@@ -69,7 +89,8 @@ impl CudaTensor {
         let n = meta.numel();
         let buf = match meta.dtype {
             DType::F32 => Buf::F32(ctx.zeros(op, n)?),
-            DType::F64 | DType::BF16 | DType::F16 => return Err(no_f64(op)),
+            DType::F64 => return Err(no_f64(op)),
+            DType::BF16 | DType::F16 => Buf::Half(ctx.zeros(op, 2 * n)?),
             DType::I64 => Buf::I64(ctx.zeros(op, n)?),
             DType::Bool => Buf::Bool(ctx.zeros(op, n)?),
         };
@@ -132,6 +153,14 @@ impl CudaTensor {
         match &*self.buf {
             Buf::I64(b) => Ok(b),
             _ => Err(bad(op, format!("expected i64, got {}", self.meta.dtype))),
+        }
+    }
+
+    /// The bytes of a bf16 or f16 buffer (two per element).
+    pub(crate) fn halves(&self, op: &'static str) -> Result<&DeviceBuf<u8>, Error> {
+        match &*self.buf {
+            Buf::Half(b) => Ok(b),
+            _ => Err(bad(op, format!("expected bf16 or f16, got {}", self.meta.dtype))),
         }
     }
 
