@@ -254,17 +254,41 @@ fn fp16_skips_a_poisoned_step_on_every_rank() {
     .into_iter()
     .chain(["--precision", "fp16", "-o", &plan].map(String::from))
     .collect::<Vec<_>>());
-    let mut args: Vec<String> = vec!["run".into(), plan];
-    for f in &c.feeds {
-        args.extend(["--feed".into(), f.clone()]);
-    }
-    args.extend(["--steps", "4", "--json", "--inject-fault", "rank=1,step=2,kind=nonfinite"].map(String::from));
-    let run = losses(&ok(&args));
+    let run_args = |steps: &str, extra: &[&str]| {
+        let mut args: Vec<String> = vec!["run".into(), plan.clone()];
+        for f in &c.feeds {
+            args.extend(["--feed".into(), f.clone()]);
+        }
+        args.extend(["--steps", steps, "--json", "--inject-fault", "rank=1,step=2,kind=nonfinite"].map(String::from));
+        args.extend(extra.iter().map(|x| x.to_string()));
+        args
+    };
+    let run = losses(&ok(&run_args("4", &[])));
     println!("fp16 2x2 with rank 1 poisoned at step 2: {run:?}; train {single:?}");
     assert_eq!(run[2], run[1], "every rank skipped step 2: {run:?}");
     for (a, b) in run.iter().zip(&single) {
         assert!((a - b).abs() <= 1e-3, "run {run:?} vs train {single:?}");
     }
+    // The scale is optimizer state: a checkpoint after the skipped step holds it halved (log2
+    // one below the start), and a run resumed from it continues as the uninterrupted one.
+    let ck = dir.path().join("ck");
+    let ck_arg = ck.display().to_string();
+    ok(&run_args("2", &["--checkpoint", &ck_arg]));
+    let latest = std::fs::read_to_string(ck.join("LATEST")).unwrap();
+    for rank in 0..4 {
+        let shard = runtime::npy::read_npz(&ck.join(latest.trim()).join(format!("rank-{rank:05}.npz"))).unwrap();
+        let log2 = &shard[ir::autodiff::LOSS_SCALE_STATE];
+        assert_eq!(log2.to_i64_vec(), vec![-1], "rank {rank}: the scale halved at the skipped step");
+        assert_eq!(shard[ir::autodiff::LOSS_SCALE_GOOD_STEPS].to_i64_vec(), vec![0]);
+    }
+    // (The fault's step is behind the resumed run: none is injected again.)
+    let mut resume: Vec<String> = vec!["run".into(), plan.clone()];
+    for f in &c.feeds {
+        resume.extend(["--feed".into(), f.clone()]);
+    }
+    resume.extend(["--steps", "4", "--json", "--checkpoint", &ck_arg, "--resume"].map(String::from));
+    let resumed = losses(&ok(&resume));
+    assert_eq!(resumed, run[2..].to_vec(), "resumed {resumed:?} vs uninterrupted {run:?}");
 }
 
 /// A model exported in half precision (f16 initializers, input and output, TorchScript export of

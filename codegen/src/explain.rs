@@ -73,10 +73,12 @@ pub fn summary(p: &Plan) -> String {
         };
         let _ = writeln!(
             o,
-            "          by kind: parameters {}{low} + optimizer state {} + gradients {} per rank{}",
+            "          by kind: parameters {}{low} + optimizer state {} + gradients {} per rank; at the peak, {} \
+             of activations, copies and gradients{}",
             fmt_bytes(b.parameters),
             fmt_bytes(b.optimizer_state),
             fmt_bytes(b.gradients),
+            fmt_bytes(b.activations_at_peak),
             if p.options.precision == "f32" {
                 String::new()
             } else {

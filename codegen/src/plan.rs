@@ -262,6 +262,8 @@ pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &Pl
 pub fn label(p: &mut Plan, mesh: &DeviceMesh) -> Result<()> {
     p.options.precision = precision_of(&p.graph).to_string();
     p.estimate.memory = ::plan::memory::breakdown(p, mesh)?;
+    p.estimate.memory.activations_at_peak =
+        p.estimate.peak_bytes_per_rank.saturating_sub(p.estimate.resident_bytes_per_rank);
     Ok(())
 }
 

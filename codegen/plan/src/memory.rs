@@ -316,6 +316,11 @@ pub struct Breakdown {
     /// Parameter gradients as the optimizer reads them (after their reduction), in the type
     /// they are held in until the update.
     pub gradients: u64,
+    /// What the step holds at its peak beyond what is resident (parameters, optimizer state,
+    /// constants): activations, and the 16-bit copies and gradients live at that moment
+    /// ([`MemoryProfile::peak`] minus [`MemoryProfile::resident`]).
+    #[serde(default)]
+    pub activations_at_peak: u64,
 }
 
 /// The [`Breakdown`] of the stage of `plan` holding the most parameter bytes.
