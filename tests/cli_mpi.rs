@@ -255,3 +255,46 @@ fn a_dying_or_failing_rank_ends_the_mpi_job() {
         println!("{fault}: mpirun exit {:?} after {:.2} s", out.status.code(), took.as_secs_f64());
     }
 }
+
+/// Mixed precision under mpirun: a bf16 plan (16-bit blocks encoded in MPI messages) gives the
+/// threads run's losses bit for bit, and an fp16 plan whose rank 1 is poisoned at step 2 skips
+/// that step in both processes (the next loss equal to the bit) and goes on as on threads.
+#[test]
+fn mixed_precision_runs_under_mpirun_as_on_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = data("models/gpt2-tiny.onnx").display().to_string();
+    let feed = format!("input_ids={}", data("models/gpt2-tiny.input_ids.npy").display());
+    let json_losses = |out: &Output| -> Vec<f64> {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.get("step").is_some())
+            .filter_map(|v| v.get("loss")?.as_f64())
+            .collect()
+    };
+    for (precision, fault) in [("bf16", None), ("fp16", Some("rank=1,step=2,kind=nonfinite"))] {
+        let plan = dir.path().join(format!("{precision}.json")).display().to_string();
+        let args: Vec<String> = ["plan", &model, "--mesh", "1x2", "--memory", "1GiB", "--precision", precision]
+            .into_iter()
+            .chain(["--optimizer", "sgd", "--lr", "0.1", "-o", &plan])
+            .map(String::from)
+            .collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_autopar")).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut run: Vec<String> =
+            ["run", &plan, "--feed", &feed, "--steps", "3", "--json"].into_iter().map(String::from).collect();
+        if let Some(f) = fault {
+            run.extend(["--inject-fault".to_string(), f.to_string()]);
+        }
+        let threads = json_losses(&Command::new(env!("CARGO_BIN_EXE_autopar")).args(&run).output().unwrap());
+        let mut under_mpi = run.clone();
+        under_mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+        let mpi = json_losses(&mpirun(2, &under_mpi));
+        println!("{precision}: mpirun {mpi:?}, threads {threads:?}");
+        assert_eq!(mpi, threads, "{precision}");
+        if fault.is_some() {
+            assert_eq!(mpi[2], mpi[1], "both processes skipped the poisoned step");
+        }
+    }
+}
