@@ -338,6 +338,14 @@ fn half_precision_storage() {
         let a = rnd(&[4, 8], 1).with_float_type(to);
         let b = rnd(&[8, 3], 2).with_float_type(to);
         check_tol(&ctx, &Op::MatMul, &[&a, &b], GEMM);
+        // cublasGemmEx: batched, transposed with a bias (Gemm), and a partial broadcast.
+        let (x, y) = (rnd(&[2, 4, 8], 4).with_float_type(to), rnd(&[2, 8, 3], 5).with_float_type(to));
+        check_tol(&ctx, &Op::MatMul, &[&x, &y], GEMM);
+        let (w, bias) = (rnd(&[3, 8], 6).with_float_type(to), rnd(&[3], 7).with_float_type(to));
+        let gemm = Op::Gemm { alpha: 0.5, beta: 1.0, trans_a: false, trans_b: true };
+        check_tol(&ctx, &gemm, &[&a, &w, &bias], GEMM);
+        let (p, q) = (rnd(&[2, 1, 4, 8], 8).with_float_type(to), rnd(&[1, 3, 8, 2], 9).with_float_type(to));
+        check_tol(&ctx, &Op::MatMul, &[&p, &q], GEMM);
         check(&ctx, Op::Binary(BinaryOp::Add), &[&a, &rnd(&[8], 3).with_float_type(to)]);
         check(&ctx, Op::Softmax { axis: 1 }, &[&a]);
         check(&ctx, Op::Transpose { perm: vec![1, 0] }, &[&a]);

@@ -202,6 +202,61 @@ int cublasSgemm_v2(Handle, int ta, int tb, int m, int n, int k, const float* alp
     sgemm1(ta, tb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
     return 0;
 }
+// GemmEx with f32 compute: A and B of type 0 (f32), 2 (f16) or 14 (bf16), C f32 (type 0).
+static float load_elem(const void* p, int type, long i) {
+    if (type == 0) return ((const float*)p)[i];
+    unsigned short h = ((const unsigned short*)p)[i];
+    unsigned int bits;
+    if (type == 14) {
+        bits = (unsigned int)h << 16;
+    } else {
+        unsigned int sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+        if (e == 0) {
+            float v = (float)m * 5.9604644775390625e-8f;
+            return sign ? -v : v;
+        }
+        bits = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112u) << 23) | (m << 13));
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+static void gemm_ex1(int ta, int tb, int m, int n, int k, float alpha, const void* A, int at, int lda, const void* B,
+                     int bt, int ldb, float beta, float* C, int ldc) {
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+            double acc = 0.0;
+            for (int l = 0; l < k; ++l) {
+                float a = load_elem(A, at, ta ? l + (long)i * lda : i + (long)l * lda);
+                float b = load_elem(B, bt, tb ? j + (long)l * ldb : l + (long)j * ldb);
+                acc += (double)a * b;
+            }
+            float* c = &C[i + (long)j * ldc];
+            *c = (float)(alpha * acc) + (beta == 0.f ? 0.f : beta * *c);
+        }
+}
+static int ex_types(int at, int bt, int ct) {
+    bool ok = (at == 0 || at == 2 || at == 14) && bt == at && ct == 0;
+    return ok ? 0 : 7;
+}
+int cublasGemmEx(Handle, int ta, int tb, int m, int n, int k, const void* alpha, const void* A, int at, int lda,
+                 const void* B, int bt, int ldb, const void* beta, void* C, int ct, int ldc, int, int) {
+    if (int e = check_ld(ta, tb, m, n, k, lda, ldb, ldc)) return e;
+    if (int e = ex_types(at, bt, ct)) return e;
+    gemm_ex1(ta, tb, m, n, k, *(const float*)alpha, A, at, lda, B, bt, ldb, *(const float*)beta, (float*)C, ldc);
+    return 0;
+}
+int cublasGemmStridedBatchedEx(Handle, int ta, int tb, int m, int n, int k, const void* alpha, const void* A, int at,
+                               int lda, long long sa, const void* B, int bt, int ldb, long long sb, const void* beta,
+                               void* C, int ct, int ldc, long long sc, int batch, int, int) {
+    if (int e = check_ld(ta, tb, m, n, k, lda, ldb, ldc)) return e;
+    if (int e = ex_types(at, bt, ct)) return e;
+    size_t ea = at == 0 ? 4 : 2, eb = bt == 0 ? 4 : 2;
+    for (int i = 0; i < batch; ++i)
+        gemm_ex1(ta, tb, m, n, k, *(const float*)alpha, (const char*)A + i * sa * ea, at, lda, (const char*)B + i * sb * eb,
+                 bt, ldb, *(const float*)beta, (float*)C + i * sc, ldc);
+    return 0;
+}
 int cublasSgemmStridedBatched(Handle, int ta, int tb, int m, int n, int k, const float* alpha, const float* A,
                               int lda, long long sa, const float* B, int ldb, long long sb, const float* beta,
                               float* C, int ldc, long long sc, int batch) {

@@ -4,15 +4,19 @@
 //! transpose. So the row-major product `C = op(A) @ op(B)` is computed as the column-major
 //! `C^T = op(B)^T @ op(A)^T`: B goes first, the dims become `(n, m, k)`, and each operand's
 //! transpose flag is the row-major one.
+//!
+//! bf16 and f16 operands go through `cublasGemmEx` (tensor cores where the device has them) with
+//! f32 accumulation into an f32 result, rounded once to the operands' type: the values the CPU
+//! computes (f32 products of the widened operands, rounded once).
 
 use super::device::{CudaContext, DeviceBuf, cuda_err};
 use super::shape::{broadcast_f32_buf, expand};
-use super::tensor::CudaTensor;
+use super::tensor::{Buf, CudaTensor};
 use crate::Error;
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
-use ir::TensorMeta;
+use ir::{DType, TensorMeta};
 
 /// Shape of one batch of row-major products for [`sgemm`].
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +92,111 @@ pub(crate) fn sgemm<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
     r.map_err(|e| cuda_err(op, e))
 }
 
+/// [`sgemm`] of f32 operands, or `cublasGemmEx` of 16-bit ones (both of one type), into an f32
+/// `c`.
+fn product(
+    ctx: &CudaContext,
+    op: &'static str,
+    p: Product,
+    a: &CudaTensor,
+    b: &CudaTensor,
+    c: &mut DeviceBuf<f32>,
+) -> Result<(), Error> {
+    match (a.buf(), b.buf()) {
+        (Buf::F32(x), Buf::F32(y)) => sgemm(ctx, op, p, &x.s, &y.s, &mut c.s),
+        (Buf::Half(x), Buf::Half(y)) if a.dtype() == b.dtype() => gemm_ex(ctx, op, p, a.dtype(), x, y, c),
+        _ => Err(Error::BadInput { op, message: format!("operands {} and {}", a.dtype(), b.dtype()) }),
+    }
+}
+
+/// [`sgemm`] on bf16 or f16 operands (`dtype`; their bits) with f32 accumulation and an f32
+/// result: `cublasGemmEx` / `cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F`.
+fn gemm_ex(
+    ctx: &CudaContext,
+    op: &'static str,
+    p: Product,
+    dtype: DType,
+    a: &DeviceBuf<u8>,
+    b: &DeviceBuf<u8>,
+    c: &mut DeviceBuf<f32>,
+) -> Result<(), Error> {
+    use cudarc::cublas::{result, sys};
+    use std::ffi::c_void;
+    debug_assert!(p.m > 0 && p.n > 0 && p.k > 0 && p.batch > 0);
+    let ty = if dtype == DType::BF16 { sys::cudaDataType::CUDA_R_16BF } else { sys::cudaDataType::CUDA_R_16F };
+    let f32_ty = sys::cudaDataType::CUDA_R_32F;
+    let transa = if p.trans_b { CUBLAS_OP_T } else { CUBLAS_OP_N };
+    let transb = if p.trans_a { CUBLAS_OP_T } else { CUBLAS_OP_N };
+    let (m, n, k) = (int(op, p.n)?, int(op, p.m)?, int(op, p.k)?);
+    let lda = int(op, if p.trans_b { p.k } else { p.n })?;
+    let ldb = int(op, if p.trans_a { p.m } else { p.k })?;
+    let ldc = int(op, p.n)?;
+    let (alpha, beta) = (p.alpha, p.beta);
+    let stream = ctx.stream();
+    let (bp, _rb) = b.s.device_ptr(stream);
+    let (ap, _ra) = a.s.device_ptr(stream);
+    let (cp, _rc) = c.s.device_ptr_mut(stream);
+    let handle = *ctx.blas().handle();
+    let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+    let algo = sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+    let (alpha, beta) = (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void);
+    // SAFETY: as in `sgemm`: the dims and leading dimensions describe matrices inside the
+    // buffers (2 bytes per element of A and B, 4 of C), C is a buffer the op allocated, and the
+    // scalars outlive the call.
+    let r = unsafe {
+        if p.batch == 1 {
+            result::gemm_ex(
+                handle,
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                alpha,
+                bp as *const c_void,
+                ty,
+                lda,
+                ap as *const c_void,
+                ty,
+                ldb,
+                beta,
+                cp as *mut c_void,
+                f32_ty,
+                ldc,
+                compute,
+                algo,
+            )
+        } else {
+            result::gemm_strided_batched_ex(
+                handle,
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                alpha,
+                bp as *const c_void,
+                ty,
+                lda,
+                p.stride_b as i64,
+                ap as *const c_void,
+                ty,
+                ldb,
+                p.stride_a as i64,
+                beta,
+                cp as *mut c_void,
+                f32_ty,
+                ldc,
+                p.stride_c as i64,
+                int(op, p.batch)?,
+                compute,
+                algo,
+            )
+        }
+    };
+    r.map_err(|e| cuda_err(op, e))
+}
+
 /// Numpy matmul: 1-D operands are promoted (and the added dim dropped), batch dims broadcast.
 pub(crate) fn matmul(
     ctx: &CudaContext,
@@ -103,8 +212,9 @@ pub(crate) fn matmul(
     let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
     let batch = ir::broadcast_shapes(ab, bb).map_err(|message| Error::BadInput { op, message })?;
     let nb: usize = batch.iter().product();
+    let half = a.dtype().is_half();
     if nb * m * n == 0 || k == 0 {
-        return CudaTensor::zeros(ctx, &TensorMeta::new(ir::DType::F32, out_shape.to_vec()));
+        return CudaTensor::zeros(ctx, &TensorMeta::new(a.dtype(), out_shape.to_vec()));
     }
     let mut out = ctx.alloc::<f32>(op, nb * m * n)?;
     let (a_n, b_n): (usize, usize) = (ab.iter().product(), bb.iter().product());
@@ -124,7 +234,7 @@ pub(crate) fn matmul(
     if b_n == 1 && a_n == nb {
         // [batch.., m, k] @ [k, n]: one product with the batch folded into the rows.
         let p = Product { m: nb * m, ..base };
-        sgemm(ctx, op, p, &a.f32s(op)?.s, &b.f32s(op)?.s, &mut out.s)?;
+        product(ctx, op, p, a, b, &mut out)?;
     } else {
         // Each operand either walks the whole batch or is shared by it; partial broadcasts are
         // materialised first.
@@ -139,6 +249,13 @@ pub(crate) fn matmul(
             src.extend([rows, cols]);
             Ok(Some(expand(ctx, op, &t.with_shape(&src), &shape)?))
         };
+        if half && [(a_n, ab), (b_n, bb)].iter().any(|(count, _)| *count != nb && *count != 1) {
+            // A partial broadcast of 16-bit operands: materialised in f32 (the copy kernels are
+            // f32), multiplied there, rounded once.
+            let (wa, wb) = (super::elementwise::widen(ctx, a)?, super::elementwise::widen(ctx, b)?);
+            let y = matmul(ctx, &wa, &wb, out_shape)?;
+            return super::elementwise::narrow(ctx, &y, a.dtype());
+        }
         let (ea, eb) = (full(a, ab, m, k)?, full(b, bb, k, n)?);
         let (ta, tb) = (ea.as_ref().unwrap_or(a), eb.as_ref().unwrap_or(b));
         let (a_shared, b_shared) = (ea.is_none() && a_n == 1, eb.is_none() && b_n == 1);
@@ -149,9 +266,10 @@ pub(crate) fn matmul(
             stride_c: m * n,
             ..base
         };
-        sgemm(ctx, op, p, &ta.f32s(op)?.s, &tb.f32s(op)?.s, &mut out.s)?;
+        product(ctx, op, p, ta, tb, &mut out)?;
     }
-    Ok(CudaTensor::from_f32(out_shape, out))
+    let y = CudaTensor::from_f32(out_shape, out);
+    if half { super::elementwise::narrow(ctx, &y, a.dtype()) } else { Ok(y) }
 }
 
 /// ONNX Gemm: `alpha * op(A) @ op(B) + beta * C`, C broadcast to `[m, n]`.
@@ -165,25 +283,28 @@ pub(crate) fn gemm_op(
     out_shape: &[usize],
 ) -> Result<CudaTensor, Error> {
     let op = "gemm";
-    let (a, b) = (inputs[0].f32s(op)?, inputs[1].f32s(op)?);
+    let (a, b) = (inputs[0], inputs[1]);
+    let half = a.dtype().is_half();
     let (m, n) = (out_shape[0], out_shape[1]);
     let k = if trans_a { inputs[0].shape()[0] } else { inputs[0].shape()[1] };
     let (mut out, beta): (DeviceBuf<f32>, f32) = match inputs.get(2) {
-        Some(c) if beta != 0.0 => (broadcast_f32_buf(ctx, op, c, out_shape)?, beta),
+        // A 16-bit bias is accumulated into in f32.
+        Some(c) if beta != 0.0 => (broadcast_f32_buf(ctx, op, &super::elementwise::widen(ctx, c)?, out_shape)?, beta),
         _ => (ctx.zeros::<f32>(op, m * n)?, 0.0),
     };
+    let done = |y: CudaTensor| if half { super::elementwise::narrow(ctx, &y, a.dtype()) } else { Ok(y) };
     if m * n > 0 {
         if k == 0 {
             // No product: C scaled by beta (or the zeros already there).
             if beta != 0.0 {
                 let c = CudaTensor::from_f32(out_shape, out);
                 let s = CudaTensor::upload(ctx, &ir::Tensor::scalar_f32(beta))?;
-                return super::elementwise::binary(ctx, ir::BinaryOp::Mul, &c, &s, out_shape);
+                return done(super::elementwise::binary(ctx, ir::BinaryOp::Mul, &c, &s, out_shape)?);
             }
         } else {
             let p = Product { m, n, k, trans_a, trans_b, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0, alpha, beta };
-            sgemm(ctx, op, p, &a.s, &b.s, &mut out.s)?;
+            product(ctx, op, p, a, b, &mut out)?;
         }
     }
-    Ok(CudaTensor::from_f32(out_shape, out))
+    done(CudaTensor::from_f32(out_shape, out))
 }

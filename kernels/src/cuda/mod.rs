@@ -31,9 +31,8 @@
 //!   `Cast` widens its 16-bit inputs to f32, runs the f32 kernel and rounds each result once
 //!   (to nearest, ties to even, bit for bit as the CPU's `half` crate), as the CPU back end
 //!   does; reductions over NCCL run in f32 and round once, gathers and sends move the 16-bit
-//!   bytes. Matrix products are f32 SGEMMs on the widened operands: the values of cuBLAS's
-//!   `GemmEx` with f32 accumulation, not its speed (tensor-core GEMMs on 16-bit operands are
-//!   left to do).
+//!   bytes. Matrix products of 16-bit operands are `cublasGemmEx` calls with f32 accumulation
+//!   into an f32 result, rounded once (tensor cores on devices that have them).
 //! - Matrix products go through cuBLAS in its default math mode (no TF32 for f32 data), so
 //!   they round like any f32 GEMM; sums of reductions and normalisations accumulate in f64 as
 //!   the CPU does. Results agree with the CPU to about 1e-5 absolute / 1e-4 relative, not

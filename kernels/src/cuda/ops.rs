@@ -39,9 +39,11 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
     }
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta().clone()).collect();
     let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
-    // 16-bit floats compute in f32, as on the CPU: inputs widened (exactly), each result
+    // Matrix products of one 16-bit type run as such (cublasGemmEx, f32 accumulation); other
+    // ops on 16-bit floats compute in f32, as on the CPU: inputs widened (exactly), each result
     // rounded once to its type.
-    if !matches!(op, Op::Cast { .. }) && metas.iter().any(|m| m.dtype.is_half()) {
+    let products = matches!(op, Op::MatMul | Op::Gemm { .. }) && metas.iter().all(|m| m.dtype == metas[0].dtype);
+    if !matches!(op, Op::Cast { .. }) && !products && metas.iter().any(|m| m.dtype.is_half()) {
         let wide: Vec<CudaTensor> = inputs.iter().map(|t| elementwise::widen(ctx, t)).collect::<Result<_, _>>()?;
         let refs: Vec<&CudaTensor> = wide.iter().collect();
         return eval(ctx, op, &refs)?
