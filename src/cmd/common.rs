@@ -214,8 +214,8 @@ pub enum GradReduce {
     /// does: parameters are f32, so are their gradients), summed over microbatches in f32.
     #[default]
     F32,
-    /// The 16-bit type (`bf16`/`fp16`): gradients stay 16-bit until the optimizer reads them
-    /// (half the bytes held and reduced); each is cast to f32 right before its update.
+    /// The 16-bit type (`bf16`/`fp16`): gradients stay 16-bit up to the optimizer, which
+    /// reads them widened (half the bytes held and reduced).
     #[value(name = "low", alias = "bf16", alias = "fp16", alias = "f16")]
     Low,
 }
