@@ -111,9 +111,11 @@ fn solve_one(b: &Built, g: &Graph, opts: &PlanOptions, limit: Duration, report: 
     let how = Grouping { merge: opts.merge, tie_layers: opts.tie_layers };
     let folding = b.fold(g, how)?;
     let folded_in = start.elapsed();
+    tracing::debug!("folded in {folded_in:?}: {} nodes", folding.folded.problem.nodes.len());
     let mut sizes = BTreeMap::new();
     if report {
         sizes.insert("built".to_string(), size(b.problem.size()));
+        tracing::debug!("measured in {:?}", start.elapsed() - folded_in);
         if how.tie_layers {
             // The size before tying needs a second fold: measured only when folding is cheap
             // against the time limit.

@@ -46,8 +46,9 @@ use crate::{Error, Result};
 /// Cost of a forbidden pair (IOPDDL's convention).
 pub const FORBIDDEN: u64 = 1_000_000_000_000_000_000;
 
-/// Most edge-cost entries a built problem may hold (8 bytes each, copied a few times by the
-/// solves: 2 GiB as built). The zoo's largest on 2x2x2, unet, has 37 M.
+/// Most edge-cost entries a problem may hold (8 bytes each, copied a few times by the solves:
+/// 2 GiB): counted as built (equal matrices once) and as folded (one matrix per pair of
+/// groups). The zoo's largest on 2x2x2, unet, has 37 M.
 pub const MAX_EDGE_ENTRIES: u64 = 250_000_000;
 
 /// Seconds to the solver's integer cost unit (picoseconds).
@@ -241,6 +242,17 @@ impl Built {
             keep.push(k);
         }
         let nodes = self.problem.nodes.iter().zip(&keep).map(|(nd, k)| nd.restricted(k)).collect();
+        // Shared matrices restricted the same way stay shared (repeated layers keep the same
+        // strategies): one copy per (matrix, kept rows, kept columns).
+        let mut kept_id: HashMap<&[usize], usize> = HashMap::new();
+        let ids: Vec<usize> = keep
+            .iter()
+            .map(|k| {
+                let next = kept_id.len();
+                *kept_id.entry(k.as_slice()).or_insert(next)
+            })
+            .collect();
+        let mut done: sharding::fx::FxMap<(usize, usize, usize), Arc<[u64]>> = Default::default();
         let edges = self
             .problem
             .edges
@@ -248,7 +260,13 @@ impl Built {
             .map(|e| {
                 let (a, b) = e.nodes;
                 let nb = self.strategies[b].len();
-                let costs = keep[a].iter().flat_map(|&i| keep[b].iter().map(move |&j| e.costs[i * nb + j])).collect();
+                let key = (e.costs.as_ptr() as usize, ids[a], ids[b]);
+                let costs = done
+                    .entry(key)
+                    .or_insert_with(|| {
+                        keep[a].iter().flat_map(|&i| keep[b].iter().map(move |&j| e.costs[i * nb + j])).collect()
+                    })
+                    .clone();
                 solver::Edge { nodes: e.nodes, costs }
             })
             .collect();
@@ -274,7 +292,36 @@ impl Built {
     /// The problem folded by [`Built::groups`]: one node per group ([`solver::Folded::expand`]
     /// maps its solutions back to one strategy index per node of [`Built::problem`]).
     pub fn fold(&self, g: &Graph, how: Grouping) -> Result<Folding> {
+        let start = std::time::Instant::now();
         let groups = self.groups(g, how);
+        tracing::debug!("grouped in {:?}: {} groups, {} nodes tied", start.elapsed(), groups.groups.len(), groups.tied);
+        // The folded problem holds one matrix per pair of groups, each its own allocation: refuse
+        // one too large to fold and solve (the built problem only had its distinct matrices).
+        let n = self.nodes.len();
+        let mut group_of: Vec<usize> = (0..n).collect();
+        let mut k: Vec<u64> = self.strategies.iter().map(|s| s.len() as u64).collect();
+        for members in &groups.groups {
+            for m in members {
+                group_of[m.node] = members[0].node;
+                k[m.node] = members[0].map.len() as u64;
+            }
+        }
+        let mut pairs: sharding::fx::FxSet<(usize, usize)> = Default::default();
+        let mut entries = 0u64;
+        for e in &self.problem.edges {
+            let (a, b) = (group_of[e.nodes.0], group_of[e.nodes.1]);
+            if a != b && pairs.insert((a.min(b), a.max(b))) {
+                entries += k[e.nodes.0] * k[e.nodes.1];
+            }
+        }
+        if entries > MAX_EDGE_ENTRIES {
+            return Err(Error::TooLarge {
+                mesh: self.converter.mesh().to_string(),
+                strategies: self.total_strategies,
+                entries,
+                limit: MAX_EDGE_ENTRIES,
+            });
+        }
         Ok(Folding { folded: solver::fold(&self.problem, &groups.groups)?, tied: groups.tied })
     }
 
@@ -290,17 +337,24 @@ impl Built {
         let entry = |e: &solver::Edge, a: usize, sa: usize, sb: usize| -> u64 { e.cost_from(a, sa, sb, &k) };
         let mut forest = Forest::new(n);
         let mut links = Vec::new();
-        // Exact ties: b's strategy is a function of a's (one allowed entry per row).
+        // Exact ties: b's strategy is a function of a's (one allowed entry per row). Found once
+        // per shared matrix and side.
+        let mut functions: sharding::fx::FxMap<(usize, bool), Option<Vec<usize>>> = Default::default();
         for e in &self.problem.edges {
             let (u, v) = e.nodes;
             for (a, b) in [(u, v), (v, u)] {
-                let f: Option<Vec<usize>> = (0..k[a])
-                    .map(|sa| {
-                        let mut allowed = (0..k[b]).filter(|&sb| entry(e, a, sa, sb) < FORBIDDEN);
-                        let first = allowed.next()?;
-                        allowed.next().is_none().then_some(first)
+                let f = functions
+                    .entry((e.costs.as_ptr() as usize, a == u))
+                    .or_insert_with(|| {
+                        (0..k[a])
+                            .map(|sa| {
+                                let mut allowed = (0..k[b]).filter(|&sb| entry(e, a, sa, sb) < FORBIDDEN);
+                                let first = allowed.next()?;
+                                allowed.next().is_none().then_some(first)
+                            })
+                            .collect()
                     })
-                    .collect();
+                    .clone();
                 if let Some(f) = f
                     && forest.attach(b, a, f.clone())
                 {
@@ -573,6 +627,8 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
     // A node's strategies depend only on its op, the metas of its inputs and outputs and which
     // inputs are parameters: every repeated layer asks for the same ones again.
     let mut memo: HashMap<String, usize> = HashMap::new();
+    // The first node with the same strategy list as each node (itself when new).
+    let mut rep: Vec<usize> = Vec::with_capacity(order.len());
     for &n in &order {
         let node = g.node(n);
         let key = (!matches!(node.op, Op::Constant(_))).then(|| {
@@ -587,8 +643,12 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
             format!("{:?}|{}|{}", node.op, ins.join(","), outs.join(","))
         });
         let all = match key.as_ref().and_then(|k| memo.get(k)) {
-            Some(&i) => strategies[i].clone(),
+            Some(&i) => {
+                rep.push(i);
+                strategies[i].clone()
+            }
             None => {
+                rep.push(strategies.len());
                 if let Some(k) = key {
                     memo.insert(k, strategies.len());
                 }
@@ -624,31 +684,19 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
             st.iter().map(|s| if writes_in_place { 0 } else { s.memory_bytes }).collect(),
         ));
     }
-    // The problem's size is known before any price: refuse one that would not fit in memory
-    // (a 5-axis mesh of 2s gives a ViT ~1M entries per edge) instead of running out of it.
-    let mut pairs: std::collections::HashSet<(usize, usize)> = Default::default();
-    for (iv, &v) in order.iter().enumerate() {
-        pairs.extend(g.node_inputs(v).iter().map(|val| (pos[&val.node], iv)));
-    }
-    pairs.extend(g.updates.iter().map(|(p, val)| (pos[p].min(pos[&val.node]), pos[p].max(pos[&val.node]))));
-    let entries: u64 = pairs.iter().map(|&(a, b)| (strategies[a].len() * strategies[b].len()) as u64).sum();
-    if entries > MAX_EDGE_ENTRIES {
-        return Err(Error::TooLarge { mesh: mesh.to_string(), strategies: total, entries, limit: MAX_EDGE_ENTRIES });
-    }
-    // Edges: layout conversions, merged per node pair (key: (smaller, larger) index).
-    let mut edges: HashMap<(usize, usize), Vec<u64>> = HashMap::new();
-    let add =
-        |edges: &mut HashMap<(usize, usize), Vec<u64>>, a: usize, b: usize, cost: &dyn Fn(usize, usize) -> u64| {
-            let (sa, sb) = (strategies[a].len(), strategies[b].len());
-            let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-            let m = edges.entry((lo, hi)).or_insert_with(|| vec![0; sa * sb]);
-            let hi_n = strategies[hi].len();
-            for i in 0..sa {
-                for j in 0..sb {
-                    let c = cost(i, j);
-                    let k = if a < b { i * hi_n + j } else { j * hi_n + i };
-                    m[k] = m[k].saturating_add(c).min(FORBIDDEN);
-                }
+    // Edges: layout conversions, merged per node pair (key: (smaller, larger) index). Equal
+    // matrices (every repeated layer's) are one shared allocation.
+    let mut edges: HashMap<(usize, usize), Arc<[u64]>> = HashMap::new();
+    // Adds `m` (oriented [lo][hi]) to the edge of a pair: shared when it is the pair's only one.
+    let merge =
+        |edges: &mut HashMap<(usize, usize), Arc<[u64]>>, key: (usize, usize), m: &Arc<[u64]>| match edges.entry(key) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(m.clone());
+            }
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let sum: Arc<[u64]> =
+                    o.get().iter().zip(m.iter()).map(|(&x, &c)| x.saturating_add(c).min(FORBIDDEN)).collect();
+                o.insert(sum);
             }
         };
     // Specs and shapes as small integers, so that conversion prices, and whole edge matrices
@@ -658,7 +706,13 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
     // Spec id of every strategy's output (per slot) and input (per slot), per node.
     let mut outs_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
     let mut ins_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
-    for st in &strategies {
+    for (i, st) in strategies.iter().enumerate() {
+        // Nodes with the same strategy list (every repeated layer's) have the same ids.
+        if rep[i] != i {
+            outs_of.push(outs_of[rep[i]].clone());
+            ins_of.push(ins_of[rep[i]].clone());
+            continue;
+        }
         let (n_out, n_in) = st.first().map_or((0, 0), |s| (s.outputs.len(), s.inputs.len()));
         let mut outs = vec![Vec::with_capacity(st.len()); n_out];
         let mut ins = vec![Vec::with_capacity(st.len()); n_in];
@@ -674,11 +728,53 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
         ins_of.push(ins);
     }
     let mut shape_id: FxMap<&[usize], u32> = FxMap::default();
+    // The problem's size is known before any price: refuse one that would not fit in memory
+    // (a 5-axis mesh of 2s gives a ViT ~1M entries per edge) instead of running out of it.
+    // Matrices are stored once per distinct (shape, element size, producer specs, consumer
+    // specs), as below; a node pair joined by several values gets one more.
+    {
+        // And the solves see one matrix per pair of decisions: an edge of a repeated layer
+        // counts once per layer pattern (tying will share its decisions), every other edge once.
+        let mut distinct: sharding::fx::FxSet<(u32, usize, &[u32], &[u32])> = Default::default();
+        let mut pairs: sharding::fx::FxSet<(usize, usize)> = Default::default();
+        let mut layered: HashMap<(String, String, usize), ()> = HashMap::new();
+        let (mut stored, mut solved) = (0u64, 0u64);
+        for (iv, &v) in order.iter().enumerate() {
+            let pv = layer_pattern(&g.node(v).name);
+            for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
+                let iu = pos[&val.node];
+                let meta = g.meta(*val);
+                let next = shape_id.len() as u32;
+                let shape = *shape_id.entry(meta.shape.as_slice()).or_insert(next);
+                let (from, to) = (outs_of[iu][val.slot].as_slice(), ins_of[iv][slot_in].as_slice());
+                let size = (from.len() * to.len()) as u64;
+                let new_pair = pairs.insert((iu, iv));
+                if distinct.insert((shape, meta.dtype.size(), from, to)) || !new_pair {
+                    stored += size;
+                }
+                let name_u = &g.node(val.node).name;
+                let pu = layer_pattern(name_u);
+                let repeated = pv != g.node(v).name && pu != *name_u;
+                if !repeated || layered.insert((pu, pv.clone(), slot_in), ()).is_none() {
+                    solved += size;
+                }
+            }
+        }
+        let entries = stored.max(solved);
+        if entries > MAX_EDGE_ENTRIES {
+            return Err(Error::TooLarge {
+                mesh: mesh.to_string(),
+                strategies: total,
+                entries,
+                limit: MAX_EDGE_ENTRIES,
+            });
+        }
+    }
     let mut priced: FxMap<(u32, usize, u32, u32), u64> = FxMap::default();
     // Edge matrices by (shape, element size, the producer's output spec ids, the consumer's input
     // spec ids).
     type Signature<'a> = (u32, usize, &'a [u32], &'a [u32]);
-    let mut matrices: FxMap<Signature, Vec<u64>> = FxMap::default();
+    let mut matrices: FxMap<Signature, Arc<[u64]>> = FxMap::default();
     for (iv, &v) in order.iter().enumerate() {
         for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
             let iu = pos[&val.node];
@@ -718,30 +814,25 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
                             m.push(if a == b { 0 } else { priced[&(shape, dsize, a, b)] });
                         }
                     }
-                    slot.insert(m)
+                    slot.insert(m.into())
                 }
             };
             // The producer comes first in topological order: the matrix is oriented [s_u][s_v].
-            match edges.entry((iu, iv)) {
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert(m.clone());
-                }
-                std::collections::hash_map::Entry::Occupied(mut o) => {
-                    for (x, &c) in o.get_mut().iter_mut().zip(m.iter()) {
-                        *x = x.saturating_add(c).min(FORBIDDEN);
-                    }
-                }
-            }
+            merge(&mut edges, (iu, iv), m);
         }
     }
+    // Ties between a parameter (or state) and its update, shared like the conversions.
+    let mut ties: FxMap<(&[u32], &[u32]), Arc<[u64]>> = FxMap::default();
     for (p, val) in &g.updates {
         let (ip, iu) = (pos[p], pos[&val.node]);
-        let cost = |i: usize, j: usize| -> u64 {
-            if strategies[ip][i].outputs[0] == strategies[iu][j].outputs[val.slot] { 0 } else { FORBIDDEN }
-        };
-        add(&mut edges, ip, iu, &cost);
+        let (lo, hi, lo_slot, hi_slot) = if ip < iu { (ip, iu, 0, val.slot) } else { (iu, ip, val.slot, 0) };
+        let (a, b) = (outs_of[lo][lo_slot].as_slice(), outs_of[hi][hi_slot].as_slice());
+        let m = ties.entry((a, b)).or_insert_with(|| {
+            a.iter().flat_map(|x| b.iter().map(move |y| if x == y { 0 } else { FORBIDDEN })).collect()
+        });
+        merge(&mut edges, (lo, hi), m);
     }
-    let mut edge_list: Vec<((usize, usize), Vec<u64>)> = edges.into_iter().collect();
+    let mut edge_list: Vec<((usize, usize), Arc<[u64]>)> = edges.into_iter().collect();
     edge_list.sort_by_key(|e| e.0);
     let problem = solver::Problem {
         name: g.name.clone(),

@@ -36,3 +36,5 @@ pub type BuildFx = std::hash::BuildHasherDefault<Fx>;
 
 /// A `HashMap` hashed with [`Fx`].
 pub type FxMap<K, V> = HashMap<K, V, BuildFx>;
+/// A `HashSet` with [`Fx`].
+pub type FxSet<K> = std::collections::HashSet<K, BuildFx>;

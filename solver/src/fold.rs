@@ -53,6 +53,13 @@ fn add(a: u64, b: u64) -> u64 {
     if s >= FORBIDDEN { s.min(FORBIDDEN.max(a).max(b)) } else { s }
 }
 
+/// `c` added to itself `n` times with [`add`]: the exact product below [`FORBIDDEN`], else
+/// what the repeated sum gives (the largest operand, at least [`FORBIDDEN`]).
+fn times(c: u64, n: u64) -> u64 {
+    let t = c.saturating_mul(n);
+    if t < FORBIDDEN { t } else { c.max(FORBIDDEN) }
+}
+
 /// Folds `p` by `groups` (see the module docs). Nodes in no group stay alone (identity map).
 ///
 /// Errors ([`Error::InvalidProblem`]): a node in two groups or out of range, an empty group,
@@ -137,35 +144,60 @@ pub fn fold(p: &Problem, groups: &[Vec<Member>]) -> Result<Folded> {
         })
         .collect();
     // Edges: inside a group onto the node's costs, between groups summed per pair.
+    // Equal contributions (a shared matrix between members with the same maps in the same
+    // groups: every repeated layer's edge once layers are tied) are added once, times their count.
+    let mut map_id: HashMap<&[usize], usize> = HashMap::new();
+    let mut mid = vec![0usize; n];
+    for members in &all {
+        for m in members {
+            let next = map_id.len();
+            mid[m.node] = *map_id.entry(m.map.as_slice()).or_insert(next);
+        }
+    }
+    let mut seen: HashMap<(usize, usize, usize, usize, usize, usize), usize> = HashMap::new();
+    let mut uses: Vec<(usize, u64)> = Vec::new();
+    for (i, e) in p.edges.iter().enumerate() {
+        let (a, b) = e.nodes;
+        let key = (e.costs.as_ptr() as usize, p.nodes[b].strategies(), member_of[a].0, member_of[b].0, mid[a], mid[b]);
+        match seen.entry(key) {
+            std::collections::hash_map::Entry::Occupied(o) => uses[*o.get()].1 += 1,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(uses.len());
+                uses.push((i, 1));
+            }
+        }
+    }
     let mut pair: HashMap<(usize, usize), usize> = HashMap::new();
-    let mut edges: Vec<Edge> = Vec::new();
-    for e in &p.edges {
+    let mut edges: Vec<((usize, usize), Vec<u64>)> = Vec::new();
+    for (i, count) in uses {
+        let e = &p.edges[i];
         let (a, b) = e.nodes;
         let kb = p.nodes[b].strategies();
         let ((ga, ja), (gb, jb)) = (member_of[a], member_of[b]);
         let (ma, mb) = (&all[ga][ja].map, &all[gb][jb].map);
         if ga == gb {
             for (s, c) in nodes[ga].costs.iter_mut().enumerate() {
-                *c = add(*c, e.costs[ma[s] * kb + mb[s]]);
+                *c = add(*c, times(e.costs[ma[s] * kb + mb[s]], count));
             }
             continue;
         }
         let (lo, hi) = (ga.min(gb), ga.max(gb));
         let idx = *pair.entry((lo, hi)).or_insert_with(|| {
-            edges.push(Edge { nodes: (lo, hi), costs: vec![0; k[lo] * k[hi]] });
+            edges.push(((lo, hi), vec![0; k[lo] * k[hi]]));
             edges.len() - 1
         });
-        let m = &mut edges[idx].costs;
+        let m = &mut edges[idx].1;
         let khi = k[hi];
         for sa in 0..k[ga] {
             let row = &e.costs[ma[sa] * kb..(ma[sa] + 1) * kb];
             for sb in 0..k[gb] {
-                let c = row[mb[sb]];
+                let c = times(row[mb[sb]], count);
                 let at = if ga == lo { sa * khi + sb } else { sb * khi + sa };
                 m[at] = add(m[at], c);
             }
         }
     }
+    let edges = edges.into_iter().map(|(nodes, costs)| Edge { nodes, costs: costs.into() }).collect();
     let problem = Problem { name: p.name.clone(), nodes, edges, usage_limit: p.usage_limit };
     problem.validate()?;
     Ok(Folded { problem, groups: all, original_nodes: n })
@@ -218,13 +250,18 @@ impl Problem {
         };
         order.sort_by_key(|&e| pair(e));
         let (mut edges, mut finite) = (0, 0);
+        // Finite entries of each shared matrix, counted once.
+        let mut counted: HashMap<usize, usize> = HashMap::new();
         let mut at = 0;
         while at < order.len() {
             let (lo, hi) = pair(order[at]);
             let end = at + order[at..].iter().take_while(|&&e| pair(e) == (lo, hi)).count();
             edges += 1;
             if end == at + 1 {
-                finite += self.edges[order[at]].costs.iter().filter(|&&c| c < crate::reduce::INFINITE).count();
+                let costs = &self.edges[order[at]].costs;
+                finite += *counted
+                    .entry(costs.as_ptr() as usize)
+                    .or_insert_with(|| costs.iter().filter(|&&c| c < crate::reduce::INFINITE).count());
             } else {
                 let khi = k(hi);
                 let mut ok = vec![true; k(lo) * khi];
@@ -395,6 +432,42 @@ mod tests {
     }
 
     #[test]
+    fn shared_matrices_fold_as_copies() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+        for _ in 0..200 {
+            let n = rng.random_range(2..7);
+            let mut p = random(&mut rng, n);
+            // Share some matrices between edges of the same shape, some of them huge.
+            for i in 0..p.edges.len() {
+                for j in 0..i {
+                    let (a, b) = (p.edges[i].nodes, p.edges[j].nodes);
+                    let k = |x: usize| p.nodes[x].strategies();
+                    if k(a.0) == k(b.0) && k(a.1) == k(b.1) && rng.random_bool(0.5) {
+                        p.edges[i].costs = p.edges[j].costs.clone();
+                        break;
+                    }
+                }
+                if rng.random_bool(0.1) {
+                    p.edges[i].costs = p.edges[i].costs.iter().map(|&c| c.max(FORBIDDEN / 3)).collect();
+                }
+            }
+            // Parallel copies of one matrix: the same group pair and maps, added once times 2 or 3.
+            for _ in 0..rng.random_range(0..4) {
+                let e = p.edges[rng.random_range(0..p.edges.len())].clone();
+                p.edges.push(e);
+            }
+            let copied = Problem {
+                edges: p.edges.iter().map(|e| Edge { nodes: e.nodes, costs: e.costs.to_vec().into() }).collect(),
+                ..p.clone()
+            };
+            let groups = random_groups(&mut rng, &p);
+            let (a, b) = (fold(&p, &groups).unwrap(), fold(&copied, &groups).unwrap());
+            assert_eq!(a.problem, b.problem);
+            assert_eq!(p.size(), copied.size());
+        }
+    }
+
+    #[test]
     fn folded_problems_round_trip_through_json() {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
         let p = random(&mut rng, 8);
@@ -430,9 +503,9 @@ mod tests {
         let p = Problem {
             nodes: vec![Node::new((0, 1), vec![1, 2], vec![0, 0]), Node::new((0, 1), vec![1, 2, 3], vec![0, 0, 0])],
             edges: vec![
-                Edge { nodes: (0, 1), costs: vec![0, FORBIDDEN, 0, 0, 0, 0] },
-                Edge { nodes: (1, 0), costs: vec![0, 0, 0, 0, FORBIDDEN, 0] },
-                Edge { nodes: (1, 1), costs: vec![0; 9] },
+                Edge { nodes: (0, 1), costs: vec![0, FORBIDDEN, 0, 0, 0, 0].into() },
+                Edge { nodes: (1, 0), costs: vec![0, 0, 0, 0, FORBIDDEN, 0].into() },
+                Edge { nodes: (1, 1), costs: vec![0; 9].into() },
             ],
             ..Default::default()
         };

@@ -456,7 +456,7 @@ mod tests {
     #[test]
     fn cost_from_reads_either_end() {
         // Node 0 has 2 strategies, node 1 has 3: entry (s0, s1) is 10 * s0 + s1.
-        let e = Edge { nodes: (0, 1), costs: vec![0, 1, 2, 10, 11, 12] };
+        let e = Edge { nodes: (0, 1), costs: vec![0, 1, 2, 10, 11, 12].into() };
         let k = [2, 3];
         for s0 in 0..2 {
             for s1 in 0..3 {

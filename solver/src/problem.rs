@@ -81,7 +81,9 @@ pub struct Edge {
     /// The two endpoints `(u, v)`.
     pub nodes: (usize, usize),
     /// Row-major costs: the pair `(s_u, s_v)` costs `costs[s_u * |strategies(v)| + s_v]`.
-    pub costs: Vec<u64>,
+    /// Shared: the edges of repeated layers hold one matrix (a 70B LLaMA on 8x8x8 has 80
+    /// copies of each layer's ~10 M entries).
+    pub costs: std::sync::Arc<[u64]>,
 }
 
 impl Edge {
@@ -279,7 +281,7 @@ impl Problem {
             .nodes
             .into_iter()
             .zip(p.edges.costs)
-            .map(|(uv, costs)| Edge { nodes: (uv[0], uv[1]), costs })
+            .map(|(uv, costs)| Edge { nodes: (uv[0], uv[1]), costs: costs.into() })
             .collect();
         let problem = Problem { name: p.name, nodes, edges, usage_limit: p.usage_limit };
         problem.validate()?;
@@ -363,7 +365,7 @@ impl Problem {
                 },
                 edges: EdgesJson {
                     nodes: self.edges.iter().map(|e| [e.nodes.0, e.nodes.1]).collect(),
-                    costs: self.edges.iter().map(|e| e.costs.clone()).collect(),
+                    costs: self.edges.iter().map(|e| e.costs.to_vec()).collect(),
                 },
                 usage_limit: self.usage_limit,
             },

@@ -432,7 +432,7 @@ pub fn reduce(p: &Problem) -> Reduction {
             extra: w.extra[i].clone(),
         })
         .collect();
-    let edges = w.edges.iter().map(|(&(u, v), m)| Edge { nodes: (u, v), costs: m.clone() }).collect();
+    let edges = w.edges.iter().map(|(&(u, v), m)| Edge { nodes: (u, v), costs: m.as_slice().into() }).collect();
     Reduction {
         problem: Problem { name: p.name.clone(), nodes, edges, usage_limit: p.usage_limit },
         keep,

@@ -50,7 +50,7 @@ fn two_nodes(iv0: (u64, u64), iv1: (u64, u64), limit: u64) -> Problem {
         name: "hand".into(),
         nodes: vec![Node::new(iv0, vec![1, 2], vec![5, 1]), Node::new(iv1, vec![10, 20, 30], vec![3, 3, 3])],
         // Row-major over (s0, s1): index = s0 * 3 + s1.
-        edges: vec![Edge { nodes: (0, 1), costs: vec![100, 200, 300, 400, 500, 600] }],
+        edges: vec![Edge { nodes: (0, 1), costs: vec![100, 200, 300, 400, 500, 600].into() }],
         usage_limit: Some(limit),
     }
 }
