@@ -616,6 +616,9 @@ impl Forest {
     }
 }
 
+/// An edge's costs, shared between the edges whose matrices are equal.
+type Matrix = Arc<[u64]>;
+
 /// Builds the unrestricted problem.
 fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Option<u64>) -> Result<Built> {
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
@@ -822,7 +825,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
         }
     }
     // Ties between a parameter (or state) and its update, shared like the conversions.
-    let mut ties: FxMap<(&[u32], &[u32]), Arc<[u64]>> = FxMap::default();
+    let mut ties: FxMap<(&[u32], &[u32]), Matrix> = FxMap::default();
     for (p, val) in &g.updates {
         let (ip, iu) = (pos[p], pos[&val.node]);
         let (lo, hi, lo_slot, hi_slot) = if ip < iu { (ip, iu, 0, val.slot) } else { (iu, ip, val.slot, 0) };
@@ -832,7 +835,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
         });
         merge(&mut edges, (lo, hi), m);
     }
-    let mut edge_list: Vec<((usize, usize), Arc<[u64]>)> = edges.into_iter().collect();
+    let mut edge_list: Vec<((usize, usize), Matrix)> = edges.into_iter().collect();
     edge_list.sort_by_key(|e| e.0);
     let problem = solver::Problem {
         name: g.name.clone(),
