@@ -811,11 +811,20 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
                             priced.insert((shape, dsize, a, b), to_cost(c));
                         }
                     }
+                    // A dense table of the distinct pairs, then the matrix read from it.
+                    let column = |b: u32| targets.binary_search(&b).unwrap_or(0);
+                    let priced = &priced;
+                    let table: Vec<u64> = sources
+                        .iter()
+                        .flat_map(|&a| {
+                            targets.iter().map(move |&b| if a == b { 0 } else { priced[&(shape, dsize, a, b)] })
+                        })
+                        .collect();
+                    let cols: Vec<usize> = to.iter().map(|&b| column(b)).collect();
                     let mut m = Vec::with_capacity(from.len() * to.len());
                     for &a in from {
-                        for &b in to {
-                            m.push(if a == b { 0 } else { priced[&(shape, dsize, a, b)] });
-                        }
+                        let row = sources.binary_search(&a).unwrap_or(0) * targets.len();
+                        m.extend(cols.iter().map(|&c| table[row + c]));
                     }
                     slot.insert(m.into())
                 }

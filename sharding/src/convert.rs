@@ -356,6 +356,24 @@ pub fn exact_costs(
     mesh: &DeviceMesh,
     graphs: &mut Graphs,
 ) -> Result<Vec<f64>> {
+    exact_costs_with(from, targets, shape, elem, mesh, &mesh.symmetries(MAX_SYMMETRIES), graphs)
+}
+
+/// Symmetries tried per search (5! on a 5-axis mesh of one size and link).
+const MAX_SYMMETRIES: usize = 120;
+
+/// [`exact_costs`] with the mesh's symmetries given: each search runs from the least image of
+/// its source (and partial-axis set) under them, so a source whose image was searched before
+/// (the same layout on a swapped pair of equal axes) reuses that search.
+fn exact_costs_with(
+    from: &ShardingSpec,
+    targets: &[&ShardingSpec],
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+    symmetries: &[Vec<usize>],
+    graphs: &mut Graphs,
+) -> Result<Vec<f64>> {
     from.check(shape, mesh)?;
     for t in targets {
         t.check(shape, mesh)?;
@@ -369,9 +387,22 @@ pub fn exact_costs(
         }
     }
     for (partial, members) in groups {
-        let graph = graphs.entry(partial.to_vec()).or_default();
-        let start = graph.id(from);
-        let ends: Option<Vec<u32>> = members.iter().map(|&i| graph.id(targets[i])).collect();
+        // The least image of (partial set, source) under the symmetries.
+        let perm = symmetries
+            .iter()
+            .min_by_key(|p| {
+                let mut q: Vec<usize> = partial.iter().map(|&a| p[a]).collect();
+                q.sort_unstable();
+                (q, from.permuted(p))
+            })
+            .filter(|p| p.iter().enumerate().any(|(a, &b)| a != b));
+        let image = |s: &ShardingSpec| perm.map_or_else(|| s.clone(), |p| s.permuted(p));
+        let mut key: Vec<usize> = partial.iter().map(|&a| perm.map_or(a, |p| p[a])).collect();
+        key.sort_unstable();
+        let graph = graphs.entry(key.clone()).or_default();
+        let start = graph.id(&image(from));
+        let ends: Option<Vec<u32>> = members.iter().map(|&i| graph.id(&image(targets[i]))).collect();
+        let partial = key.as_slice();
         let (Some(start), Some(ends)) = (start, ends) else {
             // Too large for compact keys: one search per pair.
             for i in members {
@@ -528,12 +559,21 @@ pub struct LayoutConverter {
     cache: Mutex<HashMap<Key, Arc<Conversion>>>,
     /// State graphs of [`exact_costs`] by tensor (shape, element size), then partial-axis set.
     graphs: Mutex<HashMap<(Vec<usize>, usize), Graphs>>,
+    /// The mesh's symmetries ([`DeviceMesh::symmetries`]).
+    symmetries: Vec<Vec<usize>>,
 }
 
 impl LayoutConverter {
     /// A converter on `mesh` using `search`.
     pub fn new(mesh: DeviceMesh, search: Search) -> LayoutConverter {
-        LayoutConverter { mesh, search, cache: Mutex::new(HashMap::new()), graphs: Mutex::new(HashMap::new()) }
+        let symmetries = mesh.symmetries(MAX_SYMMETRIES);
+        LayoutConverter {
+            mesh,
+            search,
+            cache: Mutex::new(HashMap::new()),
+            graphs: Mutex::new(HashMap::new()),
+            symmetries,
+        }
     }
 
     /// The mesh.
@@ -575,7 +615,7 @@ impl LayoutConverter {
         if self.exact_search() {
             let mut graphs = self.graphs.lock().map_err(|_| Error::Internal("poisoned cache".into()))?;
             let graphs = graphs.entry((shape.to_vec(), elem)).or_default();
-            exact_costs(from, targets, shape, elem, &self.mesh, graphs)
+            exact_costs_with(from, targets, shape, elem, &self.mesh, &self.symmetries, graphs)
         } else {
             targets.iter().map(|t| Ok(greedy(from, t, shape, elem, &self.mesh)?.cost)).collect()
         }

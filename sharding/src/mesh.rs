@@ -461,6 +461,41 @@ impl DeviceMesh {
         axes.iter().map(|&a| line(a).time(bytes)).fold(0.0, f64::max)
     }
 
+    /// Permutations of the axes that map the mesh onto itself (`perm[a]` is where axis `a`
+    /// goes): any reordering of axes of equal size and equal link, identity first. Costs are the
+    /// same under them: a layout and its image convert to the images of each other's targets at
+    /// the same price. At most `cap` of them (a subset still holds only true symmetries).
+    pub fn symmetries(&self, cap: usize) -> Vec<Vec<usize>> {
+        let n = self.ndim();
+        let mut classes: Vec<Vec<usize>> = vec![];
+        for a in (0..n).filter(|&a| self.shape[a] > 1) {
+            match classes.iter_mut().find(|c| self.shape[c[0]] == self.shape[a] && self.links[c[0]] == self.links[a]) {
+                Some(c) => c.push(a),
+                None => classes.push(vec![a]),
+            }
+        }
+        let mut perms: Vec<Vec<usize>> = vec![(0..n).collect()];
+        for class in classes.iter().filter(|c| c.len() > 1) {
+            let mut orders: Vec<Vec<usize>> = vec![];
+            permutations(&mut class.clone(), 0, &mut orders);
+            let mut next = vec![];
+            'all: for p in &perms {
+                for order in &orders {
+                    let mut q = p.clone();
+                    for (&from, &to) in class.iter().zip(order) {
+                        q[from] = to;
+                    }
+                    next.push(q);
+                    if next.len() >= cap.max(1) {
+                        break 'all;
+                    }
+                }
+            }
+            perms = next;
+        }
+        perms
+    }
+
     /// Coordinates of a rank.
     pub fn coords(&self, rank: usize) -> Vec<usize> {
         let mut c = vec![0; self.ndim()];
@@ -519,6 +554,19 @@ impl DeviceMesh {
     }
 }
 
+/// Every ordering of `items[k..]` (with `items[..k]` fixed) appended to `out`, the given order first.
+fn permutations(items: &mut Vec<usize>, k: usize, out: &mut Vec<Vec<usize>>) {
+    if k + 1 >= items.len() {
+        out.push(items.clone());
+        return;
+    }
+    for i in k..items.len() {
+        items.swap(k, i);
+        permutations(items, k + 1, out);
+        items.swap(k, i);
+    }
+}
+
 impl fmt::Display for DeviceMesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s: Vec<String> = self.shape.iter().map(|s| s.to_string()).collect();
@@ -554,6 +602,20 @@ mod tests {
         assert!(DeviceMesh::parse("a=2,a=2", &h100).is_err());
         let e = DeviceMesh::uniform(&[1 << 32, 1 << 32]).unwrap_err().to_string();
         assert!(e.contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn symmetries_swap_axes_of_equal_size_and_link() {
+        let h100 = DeviceProfile::builtin("h100").unwrap();
+        // 8x8x8 on 8-GPU nodes: the two outer axes cross machines, the inner one does not.
+        let m = DeviceMesh::parse("8x8x8", &h100).unwrap();
+        assert_eq!(m.symmetries(100), vec![vec![0, 1, 2], vec![1, 0, 2]]);
+        let u = DeviceMesh::uniform(&[2, 2, 2]).unwrap();
+        let s = u.symmetries(100);
+        assert_eq!(s.len(), 6);
+        assert_eq!(s[0], vec![0, 1, 2]);
+        assert_eq!(u.symmetries(4).len(), 4);
+        assert_eq!(DeviceMesh::uniform(&[2, 4]).unwrap().symmetries(100), vec![vec![0, 1]]);
     }
 
     #[test]

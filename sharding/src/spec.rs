@@ -60,6 +60,15 @@ impl ShardingSpec {
         s
     }
 
+    /// The spec with every mesh axis `a` renamed `perm[a]` (a symmetry of the mesh,
+    /// [`DeviceMesh::symmetries`]): split orders within a dim are kept.
+    pub fn permuted(&self, perm: &[usize]) -> ShardingSpec {
+        ShardingSpec::new(
+            self.dims.iter().map(|d| d.iter().map(|&a| perm[a]).collect()).collect(),
+            self.partial.iter().map(|&a| perm[a]).collect(),
+        )
+    }
+
     /// Tensor rank the spec is for.
     pub fn rank(&self) -> usize {
         self.dims.len()
