@@ -765,3 +765,24 @@ fn gen_gpt_then_plan() {
         &["--heads 5 does not divide --hidden 64"],
     );
 }
+
+/// Issue 20: a cluster mesh with a link per axis (a third tier by bandwidth, a named one, the
+/// profile's default) plans, and `plan.json` records each axis's link; a bad link is one clear
+/// line.
+#[test]
+fn cluster_meshes_state_their_links_per_axis() {
+    let dir = tempdir();
+    let plan = dir.path().join("plan.json").display().to_string();
+    let m = model("mlp.onnx");
+    let mesh = "pod=2:25GB/s+30us,node=2:ib,gpu=2";
+    ok(&["plan", &m, "--mesh", mesh, "--memory", "1GiB", "--device", "h100", "--loss", "mse:y:t", "-o", &plan]);
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let links = &p["mesh"]["links"];
+    assert_eq!(p["mesh"]["names"], serde_json::json!(["pod", "node", "gpu"]));
+    assert_eq!(links[0]["alpha"].as_f64(), Some(30e-6), "{links}");
+    assert_eq!(links[0]["beta"].as_f64(), Some(1.0 / 25e9), "{links}");
+    // `ib` is the H100 profile's 50 GB/s across machines; the innermost axis fits in a node.
+    assert_eq!(links[1]["beta"].as_f64(), Some(1.0 / 50e9), "{links}");
+    assert_eq!(links[2]["beta"].as_f64(), Some(1.0 / 450e9), "{links}");
+    fails(&["plan", &m, "--mesh", "a=2:fast,b=2", "--memory", "1GiB", "--loss", "mse:y:t"], &["`fast` is not a link"]);
+}

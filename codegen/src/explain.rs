@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::fmt_bytes;
-use crate::plan::{Instr, Phase, Plan};
+use crate::plan::{Instr, Phase, Plan, SolveStatus};
 
 fn ms(s: f64) -> String {
     if s >= 1.0 { format!("{s:.3} s") } else { format!("{:.3} ms", s * 1e3) }
@@ -182,6 +182,16 @@ pub fn summary(p: &Plan) -> String {
         String::new()
     } else {
         format!("; not solved in the time limit: {} (raise --time-limit to compare them)", p.solver.skipped.join(", "))
+    };
+    // A search stopped far from its bound: say what more time could buy.
+    let gap = p.solver.objective_seconds / p.solver.lower_bound_seconds - 1.0;
+    let skipped = if p.solver.status == SolveStatus::Feasible && gap > 0.1 && gap.is_finite() {
+        format!(
+            "{skipped}; the objective is {:.0}% above its bound: a longer --time-limit may find a better plan",
+            gap * 100.0
+        )
+    } else {
+        skipped
     };
     let _ = writeln!(
         o,

@@ -351,20 +351,41 @@ impl DeviceMesh {
     }
 
     /// Parses `2x4` (axes named `m0`, `m1`, ...) or `data=2,tensor=4`, first axis outermost.
+    /// Named axes may state their link (else the profile's, by [`DeviceMesh::with_profile`]):
+    /// `node=8:ib,gpu=8:nvlink` (`intra`/`nvlink` is the profile's link within a machine,
+    /// `inter`/`ib` across machines), or a bandwidth and optional latency,
+    /// `pod=4:25GB/s+30us` (latency default: the profile's inter-node one).
     pub fn parse(text: &str, profile: &DeviceProfile) -> Result<DeviceMesh> {
         let err = |why: String| Error::Mesh { text: text.to_string(), why };
         let t = text.trim();
         let (shape, names) = if t.contains('=') {
             let mut shape = vec![];
             let mut names = vec![];
+            let mut links: Vec<Option<Link>> = vec![];
             for part in t.split(',') {
                 let (n, s) = part
                     .split_once('=')
                     .ok_or_else(|| err(format!("`{part}` is not NAME=SIZE (write data=2,tensor=4)")))?;
+                let (s, link) = match s.split_once(':') {
+                    Some((s, l)) => (s, Some(parse_link(l.trim(), profile).map_err(&err)?)),
+                    None => (s, None),
+                };
                 let size: usize =
                     s.trim().parse().map_err(|_| err(format!("`{s}` is not an axis size (a positive integer)")))?;
                 names.push(n.trim().to_string());
                 shape.push(size);
+                links.push(link);
+            }
+            if links.iter().any(Option::is_some) {
+                let derived = DeviceMesh::with_profile(shape.clone(), names.clone(), profile).map_err(|e| match e {
+                    Error::Mesh { why, .. } => err(why),
+                    other => other,
+                })?;
+                let links = links.into_iter().zip(derived.links).map(|(l, d)| l.unwrap_or(d)).collect();
+                return DeviceMesh::new(shape, names, links).map_err(|e| match e {
+                    Error::Mesh { why, .. } => err(why),
+                    other => other,
+                });
             }
             (shape, names)
         } else {
@@ -554,6 +575,37 @@ impl DeviceMesh {
     }
 }
 
+/// A link named in a mesh text (see [`DeviceMesh::parse`]).
+fn parse_link(text: &str, profile: &DeviceProfile) -> std::result::Result<Link, String> {
+    match text {
+        "intra" | "nvlink" => return Ok(profile.intra_node.clone()),
+        "inter" | "ib" => return Ok(profile.inter_node.clone()),
+        _ => {}
+    }
+    let bad = || {
+        format!(
+            "`{text}` is not a link: write intra (nvlink), inter (ib), or a bandwidth and latency such as 25GB/s+30us"
+        )
+    };
+    let (bw, lat) = match text.split_once('+') {
+        Some((b, l)) => (b, Some(l)),
+        None => (text, None),
+    };
+    let number = |s: &str, units: &[(&str, f64)]| -> Option<f64> {
+        let s = s.trim();
+        let (unit, scale) = units.iter().find(|(u, _)| s.ends_with(u))?;
+        let v: f64 = s[..s.len() - unit.len()].trim().parse().ok()?;
+        (v.is_finite() && v > 0.0).then_some(v * scale)
+    };
+    let bandwidth = number(bw, &[("GB/s", 1e9), ("MB/s", 1e6), ("TB/s", 1e12)]).ok_or_else(bad)?;
+    let alpha = match lat {
+        // Per second, then divided: 30us is exactly 3e-5 s.
+        Some(l) => number(l, &[("us", 1.0), ("ms", 1e3), ("ns", 1e-3)]).ok_or_else(bad)? / 1e6,
+        None => profile.inter_node.alpha,
+    };
+    Ok(Link::new(alpha, bandwidth))
+}
+
 /// Every ordering of `items[k..]` (with `items[..k]` fixed) appended to `out`, the given order first.
 fn permutations(items: &mut Vec<usize>, k: usize, out: &mut Vec<Vec<usize>>) {
     if k + 1 >= items.len() {
@@ -600,6 +652,15 @@ mod tests {
         assert!(DeviceMesh::parse("2xfour", &h100).unwrap_err().to_string().contains("`four`"));
         assert!(DeviceMesh::parse("2x0", &h100).is_err());
         assert!(DeviceMesh::parse("a=2,a=2", &h100).is_err());
+        // Links per axis: named, or a bandwidth and latency; unnamed axes keep the profile's.
+        let c = DeviceMesh::parse("pod=4:25GB/s+30us,node=8:ib,gpu=8", &h100).unwrap();
+        assert_eq!(c.links()[0], Link::new(30e-6, 25e9));
+        assert_eq!(c.links()[1], h100.inter_node);
+        assert_eq!(c.links()[2], h100.intra_node);
+        assert_eq!(DeviceMesh::parse("a=2:nvlink,b=64", &h100).unwrap().links()[0], h100.intra_node);
+        let e = DeviceMesh::parse("a=2:fast", &h100).unwrap_err().to_string();
+        assert!(e.contains("`fast` is not a link"), "{e}");
+        assert!(DeviceMesh::parse("a=2:0GB/s", &h100).is_err());
         let e = DeviceMesh::uniform(&[1 << 32, 1 << 32]).unwrap_err().to_string();
         assert!(e.contains("overflows"), "{e}");
     }

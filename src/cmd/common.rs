@@ -386,7 +386,7 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
 pub fn parse_mesh(s: &str) -> Result<String, String> {
     let t = s.trim();
     let sizes: Vec<&str> = if t.contains('=') {
-        t.split(',').filter_map(|p| p.split_once('=').map(|(_, v)| v)).collect()
+        t.split(',').filter_map(|p| p.split_once('=').map(|(_, v)| v.split(':').next().unwrap_or(v))).collect()
     } else {
         t.split(['x', 'X']).collect()
     };

@@ -17,6 +17,11 @@ pub struct PlanArgs {
     /// The ONNX model.
     pub model: PathBuf,
     /// Device mesh: `2x4` (axis 0 outermost, across machines) or `data=2,tensor=4`.
+    ///
+    /// Each axis's link comes from the device profile: within one machine when the axis and the
+    /// axes inside it fit in one (NVLink on the GPU profiles), else across machines (InfiniBand).
+    /// Named axes may state their own: `node=8:ib,gpu=8:nvlink` (intra/nvlink, inter/ib), or a
+    /// bandwidth and latency for a third tier: `pod=4:25GB/s+30us,node=8,gpu=8`.
     #[arg(long, value_parser = common::parse_mesh)]
     pub mesh: String,
     /// Memory budget per device, e.g. `16GiB`, `512MiB`, `80GB`.
