@@ -743,3 +743,41 @@ fn edited_schedules_are_refused() -> Result<()> {
     refused(&q, "the schedule deadlocks: stage 0 at B0 waits for")?;
     Ok(())
 }
+
+/// Issue 20: the edges of repeated layers share one cost matrix (a 70B LLaMA on 8x8x8 holds
+/// 80 copies of each layer's otherwise), restricting to a baseline keeps them shared, and the
+/// shared problem folds exactly as the same problem with every matrix copied.
+#[test]
+fn repeated_layers_share_their_edge_matrices() -> Result<()> {
+    use codegen::problem::{Grouping, build};
+    use tracer::generate::{LlamaConfig, llama};
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let config = LlamaConfig { layers: 6, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, seq: 16, vocab: 256, batch: 4 };
+    let bytes = llama(&config).map_err(anyhow::Error::msg)?;
+    let opts = tracer::ImportOptions { load_weights: false, ..Default::default() };
+    let g = tracer::import_bytes(&bytes, "llama", "llama", None, &opts)?;
+    let loss: LossSpec = "ce-next:logits:input_ids".parse().map_err(anyhow::Error::msg)?;
+    let train = TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-3)), frozen: vec![] };
+    let g = codegen::plan::canonical(&training_graph(&g, &train)?.graph)?;
+    let mesh = DeviceMesh::parse("2x2x2", &cpu)?;
+    let b = build(&g, &mesh, &cpu, Baseline::Auto, Some(16 << 30))?;
+    let distinct = |p: &solver::Problem| {
+        p.edges.iter().map(|e| e.costs.as_ptr() as usize).collect::<std::collections::HashSet<_>>().len()
+    };
+    let (edges, shared) = (b.problem.edges.len(), distinct(&b.problem));
+    println!("{edges} edges, {shared} distinct matrices");
+    ensure!(shared * 3 < edges, "{shared} distinct matrices for {edges} edges");
+    let zero = b.restrict(&g, &mesh, Baseline::Zero)?;
+    ensure!(distinct(&zero.problem) * 3 < edges, "restricting copied the matrices");
+    let mut copied = b.problem.clone();
+    for e in &mut copied.edges {
+        e.costs = e.costs.to_vec().into();
+    }
+    ensure!(distinct(&copied) == edges);
+    let groups = b.groups(&g, Grouping { tie_layers: true, ..Default::default() });
+    ensure!(groups.tied > 0, "no layer tied");
+    let (a, c) = (solver::fold(&b.problem, &groups.groups)?, solver::fold(&copied, &groups.groups)?);
+    ensure!(a.problem == c.problem, "the shared problem folds differently");
+    ensure!(b.problem.size() == copied.size());
+    Ok(())
+}
