@@ -785,4 +785,11 @@ fn cluster_meshes_state_their_links_per_axis() {
     assert_eq!(links[1]["beta"].as_f64(), Some(1.0 / 50e9), "{links}");
     assert_eq!(links[2]["beta"].as_f64(), Some(1.0 / 450e9), "{links}");
     fails(&["plan", &m, "--mesh", "a=2:fast,b=2", "--memory", "1GiB", "--loss", "mse:y:t"], &["`fast` is not a link"]);
+    // Measured links replace every axis's: links in the mesh text beside them are refused.
+    let measured = dir.path().join("mesh.json");
+    std::fs::write(&measured, r#"{"axes": [{"alpha": 1e-5, "beta": 1e-10}, {"alpha": 1e-5, "beta": 1e-10}]}"#).unwrap();
+    let measured = measured.display().to_string();
+    let args =
+        ["plan", &m, "--mesh", "a=2:ib,b=2", "--mesh-profile", &measured, "--memory", "1GiB", "--loss", "mse:y:t"];
+    fails(&args, &["give one of them"]);
 }

@@ -135,8 +135,10 @@ fn solve_one(
         if how.tie_layers {
             // The size before tying needs a second fold: measured only when folding is cheap
             // against the time limit.
-            if folded_in * 20 <= limit {
-                let merged = b.fold(g, Grouping { tie_layers: false, ..how })?;
+            // Only a measurement: a problem too large to fold untied is left out.
+            if folded_in * 20 <= limit
+                && let Ok(merged) = b.fold(g, Grouping { tie_layers: false, ..how })
+            {
                 sizes.insert("merged".into(), size(merged.folded.problem.size()));
             }
             sizes.insert("tied".into(), size(folding.folded.problem.size()));
@@ -157,10 +159,23 @@ fn solve_one(
         Ok(r) => (folded.expand(&r.solution)?, r),
         // Sharing decisions can rule out every plan that fits (the folded problem's minimum
         // peak is only a bound): solve the problem as built in the time left.
-        Err(solver::Error::Infeasible { .. } | solver::Error::Internal(_)) if grouped => {
+        // Its shared matrices would each be copied by the solve: a problem that holds more
+        // than the limit once copied is solved with only the repeated layers untied.
+        Err(e @ (solver::Error::Infeasible { .. } | solver::Error::Internal(_))) if grouped => {
             let left = limit.saturating_sub(start.elapsed()).max(limit / 4);
-            let r = solver::solve(&b.problem, &solver::SolveOptions { time_limit: left, ..so })?;
-            (r.solution.clone(), r)
+            let so = solver::SolveOptions { time_limit: left, ..so };
+            let entries: u64 = b.problem.edges.iter().map(|x| x.costs.len() as u64).sum();
+            if entries <= crate::problem::MAX_EDGE_ENTRIES {
+                let r = solver::solve(&b.problem, &so)?;
+                (r.solution.clone(), r)
+            } else if how.tie_layers
+                && let Ok(untied) = b.fold(g, Grouping { tie_layers: false, ..how })
+            {
+                let r = solver::solve(&untied.folded.problem, &so)?;
+                (untied.folded.expand(&r.solution)?, r)
+            } else {
+                return Err(e.into());
+            }
         }
         Err(e) => return Err(e.into()),
     };

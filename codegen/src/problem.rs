@@ -372,6 +372,10 @@ impl Built {
                 incident[e.nodes.1].push(i);
             }
             let memory_binds = self.problem.memory_may_bind();
+            // A response depends only on the matrices around `v`, its strategies (its costs
+            // follow from them) and its usages: found once for all repeated layers.
+            type Around = (usize, bool, Vec<(usize, bool)>, usize, usize, u64);
+            let mut responses: HashMap<Around, Option<Vec<usize>>> = HashMap::new();
             for (v, &nv) in self.nodes.iter().enumerate() {
                 let Some(u) = follows(g, nv).map(|nu| pos[&nu]) else { continue };
                 let Some(&main) = edge.get(&(u.min(v), u.max(v))) else { continue };
@@ -381,13 +385,28 @@ impl Built {
                     .map(|&i| &self.problem.edges[i])
                     .filter(|o| o.nodes.0 != o.nodes.1)
                     .collect();
+                let side = |e: &solver::Edge| (e.costs.as_ptr() as usize, e.nodes.0 == v);
+                let mut around: Vec<(usize, bool)> = others.iter().map(|o| side(o)).collect();
+                around.sort_unstable();
+                let list = self.strategies[v].first().map_or(0, |s| Arc::as_ptr(s) as usize);
+                let usages = {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    self.problem.nodes[v].usages.hash(&mut h);
+                    h.finish()
+                };
+                let main_side = self.problem.edges[main].nodes.0 == u;
+                let key = (side(&self.problem.edges[main]).0, main_side, around, list, k[v], usages);
                 let (f, why) = if how.merge == Merge::Cheapest {
                     (Some(cheapest_response(&self.problem, &k, &self.problem.edges[main], u, v)), Why::Cheapest)
                 } else {
-                    (
-                        proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds),
-                        Why::Proven,
-                    )
+                    let f = responses
+                        .entry(key)
+                        .or_insert_with(|| {
+                            proven_response(&self.problem, &k, &self.problem.edges[main], u, v, &others, memory_binds)
+                        })
+                        .clone();
+                    (f, Why::Proven)
                 };
                 if let Some(f) = f
                     && forest.attach(v, u, f.clone())

@@ -595,7 +595,8 @@ fn parse_link(text: &str, profile: &DeviceProfile) -> std::result::Result<Link, 
         let s = s.trim();
         let (unit, scale) = units.iter().find(|(u, _)| s.ends_with(u))?;
         let v: f64 = s[..s.len() - unit.len()].trim().parse().ok()?;
-        (v.is_finite() && v > 0.0).then_some(v * scale)
+        let v = v * scale;
+        (v.is_finite() && v >= 0.0).then_some(v)
     };
     let bandwidth = number(bw, &[("GB/s", 1e9), ("MB/s", 1e6), ("TB/s", 1e12)]).ok_or_else(bad)?;
     let alpha = match lat {
@@ -603,7 +604,9 @@ fn parse_link(text: &str, profile: &DeviceProfile) -> std::result::Result<Link, 
         Some(l) => number(l, &[("us", 1.0), ("ms", 1e3), ("ns", 1e-3)]).ok_or_else(bad)? / 1e6,
         None => profile.inter_node.alpha,
     };
-    Ok(Link::new(alpha, bandwidth))
+    let link = Link::new(alpha, bandwidth);
+    link.validate().map_err(|why| format!("link `{text}`: {why}"))?;
+    Ok(link)
 }
 
 /// Every ordering of `items[k..]` (with `items[..k]` fixed) appended to `out`, the given order first.
@@ -661,6 +664,9 @@ mod tests {
         let e = DeviceMesh::parse("a=2:fast", &h100).unwrap_err().to_string();
         assert!(e.contains("`fast` is not a link"), "{e}");
         assert!(DeviceMesh::parse("a=2:0GB/s", &h100).is_err());
+        assert!(DeviceMesh::parse("a=2:1e300TB/s", &h100).is_err());
+        assert!(DeviceMesh::parse("a=2:1e-320GB/s", &h100).is_err());
+        assert_eq!(DeviceMesh::parse("a=2:1GB/s+0us", &h100).unwrap().links()[0].alpha, 0.0);
         let e = DeviceMesh::uniform(&[1 << 32, 1 << 32]).unwrap_err().to_string();
         assert!(e.contains("overflows"), "{e}");
     }

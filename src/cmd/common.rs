@@ -420,3 +420,16 @@ pub fn parse_dims(s: &str, elem_bytes: usize) -> Result<Vec<usize>, String> {
 pub fn parse_ranks(s: &str) -> Result<usize, String> {
     parse_int_in(s, 1, MAX_RANKS as u64).map(|n| n as usize)
 }
+
+/// The mesh of `--mesh` with links from `profile`, or from `--mesh-profile` when given (which
+/// replaces every axis's link, so links written in `--mesh` are refused beside it).
+pub fn mesh(text: &str, profile: &sharding::DeviceProfile, mesh_profile: Option<&str>) -> Result<sharding::DeviceMesh> {
+    let mut mesh = sharding::DeviceMesh::parse(text, profile)?;
+    if let Some(f) = mesh_profile {
+        if text.contains(':') {
+            bail!("--mesh {text} states links and --mesh-profile {f} replaces every axis's link: give one of them");
+        }
+        mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
+    }
+    Ok(mesh)
+}

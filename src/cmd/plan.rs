@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use codegen::{Baseline, PlanOptions};
 use ir::autodiff::{LossSpec, TrainOptions};
-use sharding::{DeviceMesh, DeviceProfile};
+use sharding::DeviceProfile;
 
 use super::common;
 
@@ -152,10 +152,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let budget = a.memory;
     let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
     let profile = DeviceProfile::load(&a.device)?;
-    let mut mesh = DeviceMesh::parse(&a.mesh, &profile)?;
-    if let Some(f) = &a.mesh_profile {
-        mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
-    }
+    let mesh = common::mesh(&a.mesh, &profile, a.mesh_profile.as_deref())?;
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
     common::warn_shared_parameters(&forward);

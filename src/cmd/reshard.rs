@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::{Result, bail};
-use sharding::{DeviceMesh, DeviceProfile, LayoutConverter, Search, ShardingSpec};
+use sharding::{DeviceProfile, LayoutConverter, Search, ShardingSpec};
 
 /// Arguments of `autopar reshard`.
 #[derive(clap::Args, Debug)]
@@ -39,10 +39,7 @@ pub struct ReshardArgs {
 /// Runs `autopar reshard`.
 pub fn run(a: &ReshardArgs) -> Result<()> {
     let profile = DeviceProfile::load(&a.device)?;
-    let mut mesh = DeviceMesh::parse(&a.mesh, &profile)?;
-    if let Some(f) = &a.mesh_profile {
-        mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
-    }
+    let mesh = super::common::mesh(&a.mesh, &profile, a.mesh_profile.as_deref())?;
     let Some(dtype) = ir::DType::from_name(&a.dtype) else { bail!("--dtype {}: expected f32, i64 or bool", a.dtype) };
     let shape = super::common::parse_dims(&a.shape, dtype.size()).map_err(|e| anyhow::anyhow!("--shape {e}"))?;
     let from: ShardingSpec = a.from.parse()?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use ir::autodiff::{LossSpec, TrainOptions};
-use sharding::{DeviceMesh, DeviceProfile};
+use sharding::DeviceProfile;
 
 use super::common;
 
@@ -57,10 +57,7 @@ fn fmt_specs(specs: &[sharding::ShardingSpec]) -> String {
 /// Runs `autopar strategies`.
 pub fn run(a: &StrategiesArgs) -> Result<()> {
     let profile = DeviceProfile::load(&a.device)?;
-    let mut mesh = DeviceMesh::parse(&a.mesh, &profile)?;
-    if let Some(f) = &a.mesh_profile {
-        mesh.apply_profile(&sharding::MeshProfile::load(f)?)?;
-    }
+    let mesh = common::mesh(&a.mesh, &profile, a.mesh_profile.as_deref())?;
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
     let graph = match &a.loss {
