@@ -793,3 +793,62 @@ fn cluster_meshes_state_their_links_per_axis() {
         ["plan", &m, "--mesh", "a=2:ib,b=2", "--mesh-profile", &measured, "--memory", "1GiB", "--loss", "mse:y:t"];
     fails(&args, &["give one of them"]);
 }
+
+/// Issue 23: `train --save` also writes the parameters as `model.safetensors`, and
+/// `--export-onnx` writes the model with its trained initializers: the exported file imports
+/// with exactly the trained parameters (not the original ones), and `infer` runs it.
+#[test]
+fn trained_weights_leave_as_safetensors_and_onnx() {
+    let dir = tempdir();
+    let save = dir.path().join("saved");
+    let onnx = dir.path().join("trained.onnx");
+    let (x, t) = (format!("x={}", model("mlp.x.npy")), format!("t={}", model("mlp.y.npy")));
+    let (save_s, onnx_s) = (save.display().to_string(), onnx.display().to_string());
+    let m = model("mlp.onnx");
+    let args = [
+        "train",
+        &m,
+        "--loss",
+        "mse:y:t",
+        "--steps",
+        "2",
+        "--feed",
+        &x,
+        "--feed",
+        &t,
+        "--save",
+        &save_s,
+        "--export-onnx",
+        &onnx_s,
+    ];
+    let out = ok(&args);
+    assert!(out.contains("wrote the trained model to"), "{out}");
+    let st = runtime::weights::read_safetensors(&save.join("model.safetensors")).unwrap();
+    let npz = runtime::npy::read_npz(&save.join("params.npz")).unwrap();
+    assert!(st == npz, "model.safetensors differs from params.npz");
+    let trained = tracer::import_file(&onnx, &Default::default()).unwrap();
+    let original = tracer::import_file(Path::new(&m), &Default::default()).unwrap();
+    assert_eq!(trained.param_data.keys().collect::<Vec<_>>(), st.keys().collect::<Vec<_>>());
+    assert!(trained.param_data == st, "the exported initializers are not the trained parameters");
+    assert!(original.param_data != st, "training changed nothing");
+    let out_dir = dir.path().join("out").display().to_string();
+    ok(&["infer", &onnx_s, "--feed", &x, "--out", &out_dir]);
+    assert!(dir.path().join("out/y.npy").exists());
+    fails(
+        &[
+            "train",
+            &m,
+            "--loss",
+            "mse:y:t",
+            "--steps",
+            "1",
+            "--feed",
+            &x,
+            "--feed",
+            &t,
+            "--export-onnx",
+            "/nonexistent/dir/m.onnx",
+        ],
+        &["--export-onnx /nonexistent/dir/m.onnx"],
+    );
+}

@@ -159,7 +159,9 @@ fn f64_run_equals_f64_train() {
     let (run_dir, train_dir) = (dir.path().join("run"), dir.path().join("train"));
     let mut run: Vec<String> = vec!["run".into(), s(&p), "--steps".into(), "3".into(), "--json".into()];
     run.extend(feed_args(m));
+    let exported = dir.path().join("run.onnx");
     run.extend(["--precision".into(), "f64".into(), "--save".into(), s(&run_dir)]);
+    run.extend(["--export-onnx".into(), s(&exported)]);
     let model = s(&data("models/resnet18.onnx"));
     let mut train: Vec<String> = vec!["train".into(), model, "--loss".into(), m.loss.into()];
     train.extend(sgd.iter().map(|x| x.to_string()));
@@ -186,6 +188,19 @@ fn f64_run_equals_f64_train() {
         worst = worst.max(e);
     }
     println!("resnet18 1x2 dp in f64: 3 losses equal to train's, parameters within {worst:.1e}");
+    // The same parameters as safetensors (issue 23), keyed by ONNX initializer name, in f64.
+    for d in [&run_dir, &train_dir] {
+        let st = runtime::weights::read_safetensors(&d.join("model.safetensors")).unwrap();
+        let npz = runtime::npy::read_npz(&d.join("params.npz")).unwrap();
+        assert!(st == npz, "{}: model.safetensors differs from params.npz", d.display());
+    }
+    // `run --export-onnx`: the model with the run's parameters, rounded to its f32 initializers.
+    let back = tracer::import_file(&exported, &Default::default()).unwrap();
+    assert_eq!(back.param_data.len(), a.len());
+    for (name, t) in &a {
+        let want: Vec<f32> = t.to_f64_vec().iter().map(|&x| x as f32).collect();
+        assert_eq!(back.param_data[name].to_f32_vec(), want, "{name}");
+    }
 }
 
 fn gpt2_run_args(plan: &Path, steps: u64, extra: &[&str]) -> Vec<String> {

@@ -37,6 +37,7 @@ pub mod mpi_comm;
 pub mod npy;
 pub mod profile;
 pub mod train;
+pub mod weights;
 
 use std::collections::BTreeMap;
 

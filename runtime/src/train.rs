@@ -20,6 +20,9 @@ pub enum CheckpointError {
     /// Reading or writing a file failed.
     #[error(transparent)]
     Npy(#[from] NpyError),
+    /// Writing the safetensors file failed.
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightsError),
     /// I/O outside the array files.
     #[error("{path}: {cause}")]
     Io {
@@ -166,8 +169,9 @@ impl<'t> Trainer<'t> {
         v
     }
 
-    /// Writes `DIR/params.npz` (parameters), `DIR/state.npz` (optimizer state) and
-    /// `DIR/trainer.json` (steps done), creating `DIR`.
+    /// Writes `DIR/params.npz` (parameters), `DIR/state.npz` (optimizer state),
+    /// `DIR/trainer.json` (steps done) and `DIR/model.safetensors` (the parameters again, for
+    /// other tools: [`crate::weights`]), creating `DIR`.
     pub fn save(&self, dir: &Path) -> Result<(), CheckpointError> {
         std::fs::create_dir_all(dir).map_err(|cause| CheckpointError::Io { path: dir.to_path_buf(), cause })?;
         let g = &self.tg.graph;
@@ -182,7 +186,9 @@ impl<'t> Trainer<'t> {
                 })
                 .collect()
         };
-        write_npz(&dir.join("params.npz"), &pick(&g.params))?;
+        let params = pick(&g.params);
+        write_npz(&dir.join("params.npz"), &params)?;
+        crate::weights::write_safetensors(&dir.join("model.safetensors"), &params, &crate::weights::metadata())?;
         write_npz(&dir.join("state.npz"), &pick(&g.states))?;
         let meta = dir.join("trainer.json");
         let text = serde_json::json!({ "steps_done": self.steps_done }).to_string();

@@ -433,3 +433,14 @@ pub fn mesh(text: &str, profile: &sharding::DeviceProfile, mesh_profile: Option<
     }
     Ok(mesh)
 }
+
+/// Writes `model` with its initializers replaced by `params` to `out` (`--export-onnx`): the
+/// trained weights in the exporter's own graph, for any ONNX runtime.
+pub fn export_onnx(model: &Path, out: &Path, params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
+    let bytes = ir::files::read_regular(model, tracer::MAX_MODEL_BYTES)
+        .with_context(|| format!("--export-onnx: reading {}", model.display()))?;
+    let new = tracer::export::with_initializers(&bytes, &model.display().to_string(), params)
+        .with_context(|| format!("--export-onnx {}", out.display()))?;
+    std::fs::write(out, new).with_context(|| format!("--export-onnx {}", out.display()))?;
+    Ok(())
+}

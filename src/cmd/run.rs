@@ -61,9 +61,14 @@ pub struct RunArgs {
     /// Continue from the newest checkpoint in --checkpoint DIR.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
-    /// After the last step, write the full parameters (assembled from every rank) to DIR/params.npz.
+    /// After the last step, write the full parameters (assembled from every rank) to DIR/params.npz
+    /// and DIR/model.safetensors (keyed by ONNX initializer name; loads with safetensors.torch).
     #[arg(long, value_name = "DIR")]
     pub save: Option<PathBuf>,
+    /// After the last step, write the model with its trained parameters (assembled from every
+    /// rank) as initializers to this ONNX file (runs on any ONNX runtime).
+    #[arg(long, value_name = "OUT.onnx")]
+    pub export_onnx: Option<PathBuf>,
     /// Kernel threads per rank.
     #[arg(long, default_value = "1", value_parser = common::parse_threads)]
     pub threads_per_rank: usize,
@@ -158,7 +163,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         Init::Model { path, all: a.init == "model", seed: a.seed, hash: plan.model.source_hash.clone() }
     };
     let info = Info { ranks: program.ranks(), batch: program.batch(), threads_per_rank: a.threads_per_rank, plan };
-    Ok((Job { program, feeds, init, opts, gather: a.save.is_some() }, info))
+    Ok((Job { program, feeds, init, opts, gather: a.save.is_some() || a.export_onnx.is_some() }, info))
 }
 
 /// Runs `autopar run`: the job of the flags on the launcher of `--backend`.
@@ -167,10 +172,21 @@ pub fn run(a: &RunArgs) -> Result<()> {
         bail!("--precision f64 runs on CPU ranks only (--backend threads or mpi); the GPU kernels are f32");
     }
     let info = RefCell::new(None);
+    // The model file `--export-onnx` rewrites: --model, or the plan's.
+    let model = RefCell::new(None);
     let mut rep = None;
     let mut on = |e: Event<'_>| on_event(a, &info, &mut rep, e);
     let prepared = |a: &RunArgs| -> Result<Job> {
         let (job, i) = prepare(a)?;
+        if a.export_onnx.is_some() {
+            let path = match &a.model {
+                Some(m) => m.clone(),
+                None => {
+                    runtime::launch::model_file(&i.plan, a.plan.parent().unwrap_or(Path::new(""))).map_err(explain)?
+                }
+            };
+            *model.borrow_mut() = Some(path);
+        }
         *info.borrow_mut() = Some(i);
         Ok(job)
     };
@@ -192,8 +208,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(rep) = rep.as_mut() {
         rep.finish()?;
     }
-    match done.params {
-        Some(params) => save_params(a, &params),
-        None => Ok(()),
+    let Some(params) = done.params else { return Ok(()) };
+    save_params(a, &params)?;
+    if let Some(file) = &a.export_onnx {
+        let model = model.borrow().clone().context("--export-onnx: the model file is unknown")?;
+        common::export_onnx(&model, file, &params)?;
+        if !a.json {
+            println!("wrote the trained model to {}", file.display());
+        }
     }
+    Ok(())
 }

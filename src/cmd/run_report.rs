@@ -220,14 +220,17 @@ pub fn on_event<'a>(
     Ok(())
 }
 
-/// Writes `--save DIR/params.npz`.
+/// Writes `--save DIR/params.npz` and `DIR/model.safetensors`.
 pub fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
     let Some(dir) = &a.save else { return Ok(()) };
     std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
     let file = dir.join("params.npz");
     runtime::npy::write_npz(&file, params).with_context(|| format!("--save {}", file.display()))?;
+    let st = dir.join("model.safetensors");
+    runtime::weights::write_safetensors(&st, params, &runtime::weights::metadata())
+        .with_context(|| format!("--save {}", st.display()))?;
     if !a.json {
-        println!("saved the parameters ({} tensors) to {}", params.len(), file.display());
+        println!("saved the parameters ({} tensors) to {} and {}", params.len(), file.display(), st.display());
     }
     Ok(())
 }

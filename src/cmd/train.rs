@@ -37,9 +37,14 @@ pub struct TrainArgs {
     /// Parameters not to train (repeatable; exact initializer names).
     #[arg(long = "freeze", value_name = "PARAM")]
     pub freeze: Vec<String>,
-    /// Save parameters and optimizer state here after the last step.
+    /// Save parameters and optimizer state here after the last step (params.npz, state.npz,
+    /// trainer.json), and the parameters as model.safetensors for other tools.
     #[arg(long, value_name = "DIR")]
     pub save: Option<PathBuf>,
+    /// After the last step, write the model with its trained parameters as initializers to
+    /// this ONNX file (runs on any ONNX runtime; the graph is the original file's).
+    #[arg(long, value_name = "OUT.onnx")]
+    pub export_onnx: Option<PathBuf>,
     /// Start from parameters and optimizer state saved with --save.
     #[arg(long, value_name = "DIR")]
     pub load: Option<PathBuf>,
@@ -156,6 +161,12 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     if let Some(dir) = &a.save {
         trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
+    }
+    if let Some(file) = &a.export_onnx {
+        common::export_onnx(&a.model, file, &trainer.params())?;
+        if !a.json {
+            writeln!(out, "wrote the trained model to {}", file.display())?;
+        }
     }
     if !a.json
         && let Some(rep) = last

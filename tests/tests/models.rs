@@ -261,3 +261,41 @@ fn bad_models_are_rejected_with_the_right_error() {
     let g = tracer::import_file(&dir.join("dynamic_dim.onnx"), &opts).expect("dynamic_dim.onnx with x=3x4");
     assert_eq!(io_metas(&g).1, vec!["y: f32[3,4]".to_string()]);
 }
+
+/// Issue 23: a model written back with new initializers (`tracer::export`, what `--export-onnx`
+/// writes) imports with exactly those values, and tract runs it to the same outputs as autopar
+/// (tolerance as above): the file is a valid ONNX model with the new weights, not only ours to read.
+#[test]
+fn exported_weights_run_on_tract() -> Result<()> {
+    let dir = models_dir();
+    let path = dir.join("mlp.onnx");
+    let original = tracer::import_file(&path, &ImportOptions::default())?;
+    // New values: every weight scaled and shifted, so the outputs change.
+    let values: BTreeMap<String, ir::Tensor> = original
+        .param_data
+        .iter()
+        .map(|(name, t)| {
+            let v: Vec<f32> = t.to_f32_vec().iter().enumerate().map(|(i, x)| 1.1 * x + 1e-3 * (i % 7) as f32).collect();
+            Ok((name.clone(), ir::Tensor::new(t.shape().to_vec(), Data::F32(v))?))
+        })
+        .collect::<Result<_>>()?;
+    let bytes = std::fs::read(&path)?;
+    let out = std::env::temp_dir().join(format!("autopar-export-{}", std::process::id()));
+    std::fs::create_dir_all(&out)?;
+    let exported = out.join("mlp-trained.onnx");
+    std::fs::write(&exported, tracer::export::with_initializers(&bytes, "mlp.onnx", &values)?)?;
+    let again = tracer::import_file(&exported, &ImportOptions::default())?;
+    ensure!(again.param_data == values, "the exported initializers are not the new values");
+    let feeds: BTreeMap<String, ir::Tensor> = [("x".to_string(), read_npy(&dir.join("mlp.x.npy"))?)].into();
+    let (ours, theirs) = (run_autopar(&exported, &feeds)?, run_tract(&exported, &feeds)?);
+    std::fs::remove_dir_all(&out).ok();
+    let before = run_autopar(&path, &feeds)?;
+    ensure!(before["y"].values != ours["y"].values, "the new weights changed nothing");
+    check_close("mlp with new weights: y (autopar vs tract)", &ours["y"], &theirs["y"])?;
+    // A value with no initializer of its name is refused, naming it.
+    let mut extra = values.clone();
+    extra.insert("no.such.weight".into(), ir::Tensor::new(vec![1], Data::F32(vec![0.0]))?);
+    let e = tracer::export::with_initializers(&bytes, "mlp.onnx", &extra).err().context("accepted an unknown name")?;
+    ensure!(e.to_string().contains("no.such.weight"), "{e}");
+    Ok(())
+}

@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 mod dtype;
+pub mod export;
 mod fold;
 mod functions;
 pub mod generate;

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Checks that a model.safetensors written by `autopar train --save DIR` or `autopar run --save DIR`
+loads with the Python `safetensors` package (issue 23) and holds the same tensors as DIR/params.npz.
+
+Usage (in a venv: python3 -m venv /tmp/venv && /tmp/venv/bin/pip install safetensors numpy torch):
+    /tmp/venv/bin/python scripts/check-safetensors.py DIR
+Loads with `safetensors.numpy.load_file`, and with `safetensors.torch.load_file` when torch is
+installed; prints one line per tensor and exits non-zero on any difference."""
+
+import sys
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    d = sys.argv[1]
+    st = load_file(f"{d}/model.safetensors")
+    npz = np.load(f"{d}/params.npz")
+    if sorted(st) != sorted(npz.files):
+        sys.exit(f"names differ: {sorted(st)} against {sorted(npz.files)}")
+    for name in sorted(st):
+        a, b = st[name], npz[name]
+        if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+            sys.exit(f"{name}: {a.dtype}{list(a.shape)} differs from params.npz's {b.dtype}{list(b.shape)}")
+        print(f"{name}: {a.dtype}{list(a.shape)} equal")
+    try:
+        from safetensors.torch import load_file as load_torch
+    except ImportError:
+        print("torch not installed: the torch loader was not tried")
+        return
+    t = load_torch(f"{d}/model.safetensors")
+    for name, x in t.items():
+        if not np.array_equal(x.numpy(), st[name]):
+            sys.exit(f"{name}: torch loads different values")
+    print(f"{len(t)} tensors load with safetensors.torch too")
+
+
+if __name__ == "__main__":
+    main()
