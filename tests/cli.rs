@@ -849,6 +849,6 @@ fn trained_weights_leave_as_safetensors_and_onnx() {
             "--export-onnx",
             "/nonexistent/dir/m.onnx",
         ],
-        &["--export-onnx /nonexistent/dir/m.onnx"],
+        &["--export-onnx /nonexistent/dir/m.onnx: the directory /nonexistent/dir does not exist"],
     );
 }

@@ -759,7 +759,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
         // counts once per layer pattern (tying will share its decisions), every other edge once.
         let mut distinct: sharding::fx::FxSet<(u32, usize, &[u32], &[u32])> = Default::default();
         let mut pairs: sharding::fx::FxSet<(usize, usize)> = Default::default();
-        let mut layered: HashMap<(String, String, usize), ()> = HashMap::new();
+        let mut layered: std::collections::HashSet<(String, String, usize)> = Default::default();
         let (mut stored, mut solved) = (0u64, 0u64);
         for (iv, &v) in order.iter().enumerate() {
             let pv = layer_pattern(&g.node(v).name);
@@ -777,7 +777,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
                 let name_u = &g.node(val.node).name;
                 let pu = layer_pattern(name_u);
                 let repeated = pv != g.node(v).name && pu != *name_u;
-                if !repeated || layered.insert((pu, pv.clone(), slot_in), ()).is_none() {
+                if !repeated || layered.insert((pu, pv.clone(), slot_in)) {
                     solved += size;
                 }
             }

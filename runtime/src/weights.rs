@@ -68,17 +68,17 @@ pub fn write_safetensors(
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), WeightsError> {
     let format = |message: String| WeightsError::Format { path: path.to_path_buf(), message };
-    let bytes: Vec<(&String, Dtype, Vec<u8>)> = tensors
+    // The views borrow the bytes: convert every tensor first.
+    let bytes: Vec<(&String, &Tensor, Dtype, Vec<u8>)> = tensors
         .iter()
         .map(|(name, t)| {
             let (dtype, b) = to_bytes(t);
-            (name, dtype, b)
+            (name, t, dtype, b)
         })
         .collect();
     let views = bytes
         .iter()
-        .zip(tensors.values())
-        .map(|((name, dtype, b), t)| {
+        .map(|(name, t, dtype, b)| {
             TensorView::new(*dtype, t.shape().to_vec(), b)
                 .map(|v| (name.as_str(), v))
                 .map_err(|e| format(e.to_string()))

@@ -434,6 +434,17 @@ pub fn mesh(text: &str, profile: &sharding::DeviceProfile, mesh_profile: Option<
     Ok(mesh)
 }
 
+/// Checks before any step that `--export-onnx FILE` can be written where it is asked for (its
+/// directory exists), so that a long run does not end in that error.
+pub fn check_export_path(out: Option<&Path>) -> Result<()> {
+    let Some(out) = out else { return Ok(()) };
+    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        bail!("--export-onnx {}: the directory {} does not exist", out.display(), dir.display());
+    }
+    Ok(())
+}
+
 /// Writes `model` with its initializers replaced by `params` to `out` (`--export-onnx`): the
 /// trained weights in the exporter's own graph, for any ONNX runtime.
 pub fn export_onnx(model: &Path, out: &Path, params: &BTreeMap<String, ir::Tensor>) -> Result<()> {

@@ -168,6 +168,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
 
 /// Runs `autopar run`: the job of the flags on the launcher of `--backend`.
 pub fn run(a: &RunArgs) -> Result<()> {
+    common::check_export_path(a.export_onnx.as_deref())?;
     if a.precision == Some(common::Precision::F64) && a.backend == Backend::Nccl {
         bail!("--precision f64 runs on CPU ranks only (--backend threads or mpi); the GPU kernels are f32");
     }

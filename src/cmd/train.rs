@@ -81,6 +81,7 @@ pub struct TrainArgs {
 
 /// Runs `autopar train`.
 pub fn run(a: &TrainArgs) -> Result<()> {
+    common::check_export_path(a.export_onnx.as_deref())?;
     let loss: LossSpec = a.loss.parse().map_err(anyhow::Error::msg)?;
     let opt = a.opt.optimizer()?;
     let feeds = common::read_feeds(&a.feeds)?;

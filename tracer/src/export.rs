@@ -40,6 +40,9 @@ pub fn with_initializers(
                 format!("the model's initializer is {:?}, the new value {:?}", init.dims, dims),
             ));
         }
+        if !matches!(t.data(), Data::F32(_) | Data::F64(_) | Data::BF16(_) | Data::F16(_)) {
+            return Err(bad(&init.name, format!("the new value is {}, not a float tensor", t.meta())));
+        }
         let f = t.to_f64_vec();
         let raw: Vec<u8> = match init.data_type {
             1 => f.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
@@ -53,9 +56,6 @@ pub fn with_initializers(
                 ));
             }
         };
-        if !matches!(t.data(), Data::F32(_) | Data::F64(_) | Data::BF16(_) | Data::F16(_)) {
-            return Err(bad(&init.name, format!("the new value is {}, not a float tensor", t.meta())));
-        }
         let (name, data_type, doc_string) = (init.name.clone(), init.data_type, init.doc_string.clone());
         *init = pb::TensorProto { name, data_type, dims, doc_string, raw_data: raw, ..Default::default() };
     }
