@@ -622,3 +622,156 @@ fn microbatched_plans_run_from_the_command_line() {
         assert_eq!(a.1.to_bits(), b.1.to_bits(), "zb-h1 step {}: resumed {} vs uninterrupted {}", a.0, a.1, b.1);
     }
 }
+
+/// The mlp's samples as shards: x in two .npy files (40 and 60 rows), the targets in one, made
+/// from the bundled batch (100 distinct rows).
+fn mlp_dataset(dir: &Path) -> (PathBuf, PathBuf) {
+    let x = runtime::npy::read_npy(&data("models/mlp.x.npy")).unwrap();
+    let t = runtime::npy::read_npy(&data("refgrad/mlp/mlp.target.npy")).unwrap();
+    let (xv, tv) = (x.to_f32_vec(), t.to_f32_vec());
+    let width = x.shape()[1];
+    // Row i: bundled row i % 32, scaled by a factor of i (distinct rows in every shard).
+    let rows = |v: &[f32], range: std::ops::Range<usize>| {
+        let mut out = vec![];
+        for i in range.clone() {
+            let r = &v[(i % 32) * width..(i % 32 + 1) * width];
+            out.extend(r.iter().map(|&a| a * (1.0 + i as f32 / 50.0)));
+        }
+        ir::Tensor::f32(vec![range.len(), width], out)
+    };
+    let (xd, td) = (dir.join("x"), dir.join("t"));
+    std::fs::create_dir_all(&xd).unwrap();
+    std::fs::create_dir_all(&td).unwrap();
+    runtime::npy::write_npy(&xd.join("shard-0.npy"), &rows(&xv, 0..40)).unwrap();
+    runtime::npy::write_npy(&xd.join("shard-1.npy"), &rows(&xv, 40..100)).unwrap();
+    runtime::npy::write_npy(&td.join("all.npy"), &rows(&tv, 0..100)).unwrap();
+    (xd, td)
+}
+
+/// The `data_bytes_read` of a `--json` run's summary.
+fn bytes_read(stdout: &str) -> (Vec<u64>, u64) {
+    let v: serde_json::Value = stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap();
+    let read = v["data_bytes_read"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+    (read, v["data_bytes_of_batches"].as_u64().unwrap())
+}
+
+#[test]
+fn streamed_data_trains_on_2x2_as_on_one_device() {
+    // 14 steps of 8 samples over 100 shuffled samples: the second epoch starts at step 13.
+    let dir = tempfile::tempdir().unwrap();
+    let (xd, td) = mlp_dataset(dir.path());
+    let model = s(&data("models/mlp.onnx"));
+    let bind = [format!("x={}", s(&xd)), format!("target={}", s(&td))];
+    let opt = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"];
+    let mut train = vec!["train", &model, "--loss", "mse:y:target", "--input", "x=8x256", "--steps", "14", "--json"];
+    train.extend(["--data", &bind[0], "--data", &bind[1], "--data-seed", "5"]);
+    train.extend(opt);
+    let want = losses(&ok(&train));
+    assert_eq!(want.len(), 14);
+    // Data parallel reads a quarter of each batch per rank, tensor parallel (batch over one axis,
+    // weights over the other) a half, a pipeline of 2 stages over 2 microbatches the rows of its
+    // microbatch blocks; every one trains as the single device does (1e-5 relative).
+    for (strategy, extra, share) in
+        [("dp", &[][..], 4), ("megatron", &[][..], 2), ("auto", &["--pipeline", "2", "--microbatches", "2"][..], 0)]
+    {
+        let p = s(&dir.path().join(format!("{strategy}.json")));
+        let mut args = vec!["plan", &model, "--input", "x=4x256", "--mesh", "2x2", "--memory", "4GiB"];
+        args.extend(["--loss", "mse:y:target", "--strategy", strategy, "-o", &p]);
+        if extra.is_empty() {
+            args[3] = "x=8x256";
+        }
+        args.extend(extra);
+        args.extend(opt);
+        ok(&args);
+        let out =
+            ok(&["run", &p, "--steps", "14", "--json", "--data", &bind[0], "--data", &bind[1], "--data-seed", "5"]);
+        let got = losses(&out);
+        assert_eq!(got.len(), 14, "{strategy}");
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "{strategy} step {}: {} vs {}", a.0, a.1, b.1);
+        }
+        let (read, total) = bytes_read(&out);
+        assert_eq!(total, 14 * 8 * 2 * 256 * 4, "{strategy}");
+        if share > 0 {
+            assert!(read.iter().all(|&r| r == total / share), "{strategy}: {read:?} of {total}");
+        } else {
+            // Each stage's ranks read what its inputs' blocks need; together no more than every
+            // rank reading all.
+            assert!(read.iter().all(|&r| r <= total) && read.iter().sum::<u64>() >= total / 2, "{read:?}");
+        }
+    }
+}
+
+#[test]
+fn a_run_resumed_mid_epoch_reads_the_batches_of_the_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (xd, td) = mlp_dataset(dir.path());
+    let model = s(&data("models/mlp.onnx"));
+    let p = s(&dir.path().join("dp.json"));
+    ok(&["plan", &model, "--input", "x=8x256", "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target"]
+        .into_iter()
+        .chain(["--strategy", "dp", "--optimizer", "adamw", "-o", &p])
+        .collect::<Vec<_>>());
+    let bind = [format!("x={}", s(&xd)), format!("target={}", s(&td))];
+    let ck = s(&dir.path().join("ckpt"));
+    let run = |steps: &str, extra: &[&str]| {
+        let mut a = vec!["run", &p, "--steps", steps, "--json", "--data", &bind[0], "--data", &bind[1]];
+        a.extend_from_slice(extra);
+        autopar(&a)
+    };
+    let full = losses(&String::from_utf8_lossy(&run("16", &[]).stdout));
+    assert_eq!(full.len(), 16);
+    // Killed at step 8 (a rank fails) after the checkpoint of step 5, mid-epoch (12 steps make
+    // one); resumed, it runs steps 6..16 into the second epoch as the uninterrupted run did.
+    let out = run("16", &["--checkpoint", &ck, "--checkpoint-every", "5", "--inject-fault", "rank=2,step=8"]);
+    assert!(!out.status.success());
+    let rest = losses(&String::from_utf8_lossy(&run("16", &["--checkpoint", &ck, "--resume"]).stdout));
+    assert_eq!(rest, full[5..].to_vec(), "bit for bit");
+    // Another seed, or other data, is another order: refused, not silently resumed.
+    for (extra, says) in
+        [(&["--data-seed", "1"][..], "seed 0, this run shuffled with seed 1"), (&["--no-shuffle"][..], "in file order")]
+    {
+        let mut a = vec!["--checkpoint", &ck, "--resume"];
+        a.extend_from_slice(extra);
+        let out = run("20", &a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+}
+
+#[test]
+fn token_files_feed_next_token_training() {
+    // A nanoGPT-style uint16 token file into gpt2-tiny (vocabulary 1000, batches of 2 sequences
+    // of 64).
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u8> = (0..2000u32).map(|i| ((i * 7919 + i * i) % 1000) as u16).flat_map(u16::to_le_bytes).collect();
+    let bin = dir.path().join("train.bin");
+    std::fs::write(&bin, tokens).unwrap();
+    let model = s(&data("models/gpt2-tiny.onnx"));
+    let bind = format!("input_ids={}", s(&bin));
+    let loss = "ce-next:logits:input_ids";
+    let mut train = vec!["train", &model, "--loss", loss, "--steps", "3", "--json"];
+    train.extend(["--data", &bind, "--optimizer", "sgd"]);
+    let want = losses(&ok(&train));
+    let p = s(&dir.path().join("p.json"));
+    // Its export fixes the batch at 2: data parallel on 2 ranks reads one sequence per rank.
+    let mut plan = vec!["plan", &model, "--mesh", "2", "--memory", "4GiB"];
+    plan.extend(["--loss", loss, "--strategy", "dp", "--optimizer", "sgd", "-o", &p]);
+    ok(&plan);
+    let out = ok(&["run", &p, "--steps", "3", "--json", "--data", &bind]);
+    let got = losses(&out);
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "step {}: {} vs {}", a.0, a.1, b.1);
+    }
+    assert_eq!(bytes_read(&out), (vec![3 * 64 * 2; 2], 3 * 2 * 64 * 2));
+    // Bad bindings say what is wrong.
+    for (binding, says) in [
+        (format!("nope={}", s(&bin)), "the graph has no input nope"),
+        (format!("input_ids={}", s(&dir.path().join("missing.npy"))), "missing.npy"),
+        ("input_ids".to_string(), "is not NAME=PATH"),
+    ] {
+        let out = autopar(&["run", &p, "--steps", "1", "--data", &binding]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{binding}: {err}");
+    }
+}

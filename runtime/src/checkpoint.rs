@@ -84,6 +84,9 @@ pub struct Manifest {
     pub mesh: Vec<usize>,
     /// One file per rank.
     pub files: Vec<RankFile>,
+    /// Where the run is in its dataset (runs with `--data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<crate::data::Position>,
 }
 
 fn err(path: &Path, m: impl std::fmt::Display) -> DistError {
@@ -180,6 +183,7 @@ pub fn write(
     program: &Program,
     st: &RankState,
     comm: &mut dyn Communicator,
+    data: Option<&crate::data::Position>,
     exit_mid_write: bool,
 ) -> Result<PathBuf, DistError> {
     let step = st.steps_done;
@@ -218,6 +222,7 @@ pub fn write(
             plan_hash: program.plan_hash.clone(),
             mesh: program.mesh().shape().to_vec(),
             files,
+            data: data.cloned(),
         };
         let mpath = tmp.join("manifest.json");
         let text = serde_json::to_string_pretty(&m).map_err(|e| err(&mpath, e))?;

@@ -240,6 +240,9 @@ pub struct Program {
     /// parameter and state's name, dtype, shape and layout. Two plans that agree on it store
     /// the same blocks on the same ranks; checkpoint shards carry it.
     pub plan_hash: String,
+    /// Inputs a dataset feeds before each step ([`Program::stream_inputs`]): a rank without
+    /// their blocks holds empty placeholders until [`Program::data_blocks`] reads them.
+    streamed: std::collections::BTreeSet<String>,
 }
 
 /// Per slot, whether some stage's code puts a constant in it.
@@ -281,6 +284,8 @@ pub struct StepResult {
     pub resident_bytes: u64,
     /// Seconds of each op, by program node id, in program order (only when profiled).
     pub op_seconds: Vec<(usize, f64)>,
+    /// Bytes this rank has read from a dataset so far (set by the launcher's loop).
+    pub data_bytes: u64,
 }
 
 /// Where a rank's parameter blocks come from.
@@ -589,6 +594,7 @@ impl Program {
             .collect();
         let program = Program {
             plan_hash: String::new(),
+            streamed: Default::default(),
             mesh,
             stages: 1,
             microbatches: 1,
@@ -838,6 +844,7 @@ impl Program {
         accumulate.dedup();
         Ok(Program {
             plan_hash,
+            streamed: Default::default(),
             mesh,
             stages,
             microbatches: plan.microbatches.max(1),
@@ -1069,6 +1076,14 @@ impl Program {
         let m = self.microbatches;
         let mut blocks: Vec<Vec<Arc<Tensor>>> = vec![vec![]; m];
         for i in &self.inputs {
+            if !feeds.contains_key(&i.name) && self.streamed.contains(&i.name) {
+                // Read before each step (`data_blocks`).
+                let empty = Arc::new(Tensor::zeros(&TensorMeta::new(i.meta.dtype, vec![0])));
+                for b in &mut blocks {
+                    b.push(empty.clone());
+                }
+                continue;
+            }
             let t = feeds.get(&i.name).ok_or_else(|| {
                 data(format!(
                     "missing feed for input {} (expects {}); pass it with --feed {}=FILE.npy",
@@ -1094,6 +1109,50 @@ impl Program {
         }
         st.feeds = blocks.into_iter().flatten().collect();
         Ok(())
+    }
+
+    /// Marks `names` as inputs a dataset feeds before every step: ranks are set up without
+    /// their blocks, and [`Program::data_blocks`] reads them.
+    pub fn stream_inputs<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) {
+        self.streamed = names.into_iter().map(str::to_string).collect();
+    }
+
+    /// Rank `rank`'s blocks of the streamed inputs at step `step` (0-based), read through
+    /// `reader`: each with its place in the rank's feeds (microbatch-major, as
+    /// [`Program::set_feeds`] orders them).
+    pub fn data_blocks(
+        &self,
+        rank: usize,
+        reader: &mut crate::data::Reader<'_>,
+        step: u64,
+    ) -> Result<Vec<(usize, Arc<Tensor>)>, DistError> {
+        let data = |message: String| DistError::Data { rank, message };
+        let mut out = vec![];
+        for (k, i) in self.inputs.iter().enumerate().filter(|(_, i)| self.streamed.contains(&i.name)) {
+            let shape = &i.meta.shape;
+            let offsets = i.spec.offsets(shape, &self.mesh, rank);
+            let size = i.spec.local_shape(shape, &self.mesh);
+            let zero = self.mesh.index_in_group(rank, i.spec.partial()) != 0;
+            let rows = shape.first().copied().unwrap_or(0);
+            for m in 0..self.microbatches {
+                let block = if zero {
+                    Tensor::zeros(&TensorMeta::new(i.meta.dtype, size.clone()))
+                } else {
+                    let mut at = offsets.clone();
+                    if let Some(r) = at.first_mut() {
+                        *r += m * rows;
+                    }
+                    reader.block(&i.name, step, &at, &size).map_err(|e| data(e.to_string()))?
+                };
+                out.push((m * self.inputs.len() + k, Arc::new(block)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each input's name and the meta one step's feed of it has (every microbatch's rows).
+    pub fn feed_metas(&self) -> Vec<(String, TensorMeta)> {
+        self.inputs.iter().map(|i| (i.name.clone(), self.global_meta(i))).collect()
     }
 
     /// The meta a feed of input `i` has: the microbatches' blocks one after the other.

@@ -392,6 +392,7 @@ pub(crate) fn step<'a, B: Backend>(
         seconds: t0.elapsed().as_secs_f64(),
         comm_seconds,
         op_seconds,
+        data_bytes: 0,
     })
 }
 

@@ -471,10 +471,23 @@ impl crate::launch::Rank for GpuRank {
         program: &Program,
         dir: &std::path::Path,
         run_id: &str,
+        data: Option<&crate::data::Position>,
         exit: bool,
     ) -> Result<PathBuf, DistError> {
         let host = self.host_state()?;
-        checkpoint::write(dir, run_id, program, &host, &mut self.host_comm(), exit)
+        checkpoint::write(dir, run_id, program, &host, &mut self.host_comm(), data, exit)
+    }
+    fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError> {
+        let rank = self.rank;
+        let up = blocks
+            .into_iter()
+            .map(|(k, t)| {
+                let d =
+                    CudaTensor::upload(&self.ctx, &t).map_err(|e| DistError::Data { rank, message: e.to_string() })?;
+                Ok((k, d))
+            })
+            .collect::<Result<Vec<_>, DistError>>()?;
+        crate::launch::set_blocks(&mut self.feeds, up, rank)
     }
     fn poison(&mut self) -> Result<(), DistError> {
         let name = ir::autodiff::LOSS_SCALE_POISON;

@@ -27,6 +27,7 @@
 
 pub mod checkpoint;
 pub mod comm;
+pub mod data;
 pub mod dist;
 mod exec;
 #[cfg(feature = "cuda")]

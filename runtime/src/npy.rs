@@ -51,7 +51,7 @@ pub const MAX_HEADER_BYTES: usize = 1 << 16;
 
 /// Reads the preamble and header of a `.npy` stream of `total` bytes and checks them (see the
 /// module docs). Returns the bytes read, to be given to `npyz` ahead of the rest of the stream.
-fn checked_header(path: &Path, r: &mut impl Read, total: u64, what: &str) -> Result<Vec<u8>, NpyError> {
+pub(crate) fn checked_header(path: &Path, r: &mut impl Read, total: u64, what: &str) -> Result<Vec<u8>, NpyError> {
     let fmt = |message: String| NpyError::Format { path: path.to_path_buf(), message: format!("{what}{message}") };
     let io = |cause: std::io::Error| NpyError::Io { path: path.to_path_buf(), cause };
     let mut head = vec![0u8; 10];

@@ -1,5 +1,6 @@
 //! Subcommands.
 pub mod common;
+pub mod data;
 pub mod generate;
 pub mod infer;
 pub mod inspect;

@@ -29,9 +29,13 @@ pub struct RunArgs {
     pub plan: PathBuf,
     /// Feed the global batch of an input from a .npy file: `NAME=FILE.npy` (model inputs and the
     /// loss's targets or labels). Each rank takes its block as the plan's input layout says; the
-    /// same batch is used at every step.
+    /// same batch is used at every step (--data streams a new one).
     #[arg(long = "feed", value_name = "NAME=FILE.npy")]
     pub feeds: Vec<String>,
+    /// Datasets streamed into inputs, a new global batch every step: each rank reads only the
+    /// rows its block of the input needs, and checkpoints record the position.
+    #[command(flatten)]
+    pub data: super::data::DataArgs,
     /// Train until this step (a resumed run continues from its checkpoint's step).
     #[arg(long, default_value = "10", value_parser = common::parse_steps)]
     pub steps: u64,
@@ -128,9 +132,13 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         _ => {}
     }
     let float = a.precision.map_or(ir::DType::F32, |p| p.dtype());
-    let program = Program::from_valid(&plan, float)?;
+    let mut program = Program::from_valid(&plan, float)?;
     let plan = plan.into_plan();
     let feeds = common::read_feeds(&a.feeds)?;
+    let data = a.data.open(&program.feed_metas(), &feeds)?;
+    if let Some(d) = &data {
+        program.stream_inputs(d.names());
+    }
     let fault: Option<Fault> = match a.inject_fault.clone().or_else(|| std::env::var("AUTOPAR_INJECT_FAULT").ok()) {
         Some(s) => Some(s.parse().map_err(anyhow::Error::msg)?),
         None => None,
@@ -144,6 +152,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         checkpoint: a.checkpoint.as_ref().map(|dir| CheckpointOptions { dir: dir.clone(), every: a.checkpoint_every }),
         fault,
         run_id: format!("{}-{now}", std::process::id()),
+        data: None,
     };
     // Checked again against the checkpoint's step once it is read (--resume).
     runtime::launch::check_fault(&opts, program.ranks(), 0).map_err(explain)?;
@@ -162,7 +171,15 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         };
         Init::Model { path, all: a.init == "model", seed: a.seed, hash: plan.model.source_hash.clone() }
     };
-    let info = Info { ranks: program.ranks(), batch: program.batch(), threads_per_rank: a.threads_per_rank, plan };
+    let info = Info {
+        ranks: program.ranks(),
+        batch: program.batch(),
+        threads_per_rank: a.threads_per_rank,
+        plan,
+        data: data.as_ref().map(|d| (super::data::describe(d), d.bytes_per_step())),
+    };
+    let mut opts = opts;
+    opts.data = data.map(std::sync::Arc::new);
     Ok((Job { program, feeds, init, opts, gather: a.save.is_some() || a.export_onnx.is_some() }, info))
 }
 

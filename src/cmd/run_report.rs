@@ -23,6 +23,8 @@ pub struct Info {
     pub batch: usize,
     /// Kernel threads per rank.
     pub threads_per_rank: usize,
+    /// The dataset: its line ([`super::data::describe`]) and the bytes of one step's batch.
+    pub data: Option<(String, u64)>,
 }
 
 /// Prints the run for people (progress bar on a terminal, a line per step otherwise) or as JSON
@@ -62,6 +64,9 @@ impl<'a> Reporter<'a> {
                 plan.device,
                 fmt_bytes(est.peak_bytes_per_rank)
             )?;
+            if let Some((line, _)) = &p.data {
+                writeln!(out, "{line}")?;
+            }
             if a.precision == Some(common::Precision::F64) {
                 writeln!(out, "precision: f64 (every float twice as wide as the plan's f32 estimates)")?;
             } else if plan.options.precision != "f32" {
@@ -150,12 +155,16 @@ impl<'a> Reporter<'a> {
         comms.sort_by(f64::total_cmp);
         let comm = comms.get(comms.len() / 2).copied().unwrap_or(0.0);
         if self.a.json {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
                 "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
                 "precision": if wide == 2 { "f64" } else { self.info.plan.options.precision.as_str() },
                 "estimated_step_ms": est.step_seconds * 1e3,
             });
+            if let (Some((_, per_step)), Some(last)) = (&self.info.data, reports.last()) {
+                line["data_bytes_read"] = serde_json::json!(last.data_bytes);
+                line["data_bytes_of_batches"] = serde_json::json!(per_step * reports.len() as u64);
+            }
             writeln!(out, "{line}")?;
         } else {
             writeln!(
@@ -175,6 +184,21 @@ impl<'a> Reporter<'a> {
                 fmt_bytes(est.peak_bytes_per_rank),
                 if wide == 2 { format!(" in f32, {} in f64", fmt_bytes(estimate)) } else { String::new() }
             )?;
+            if let (Some((_, per_step)), Some(last)) = (&self.info.data, reports.last()) {
+                // What each rank read against the bytes of the batches the run went through.
+                let total = per_step * reports.len() as u64;
+                let shares: Vec<String> = last
+                    .data_bytes
+                    .iter()
+                    .map(|&b| format!("{} ({:.1}%)", fmt_bytes(b), 100.0 * b as f64 / total.max(1) as f64))
+                    .collect();
+                writeln!(
+                    out,
+                    "data read per rank: {} of the {} in this run's batches",
+                    shares.join(", "),
+                    fmt_bytes(total)
+                )?;
+            }
         }
         Ok(())
     }

@@ -14,9 +14,12 @@ pub struct TrainArgs {
     /// The ONNX model.
     pub model: PathBuf,
     /// Feed a tensor from a .npy file: `NAME=FILE.npy`. Model inputs and the loss's targets or
-    /// labels are all fed this way; the same batch is used at every step.
+    /// labels are fed this way or by --data; a fed batch is used at every step.
     #[arg(long = "feed", value_name = "NAME=FILE.npy")]
     pub feeds: Vec<String>,
+    /// Datasets streamed into inputs, a new batch every step (see `--data`).
+    #[command(flatten)]
+    pub data: super::data::DataArgs,
     /// Bind an input's shape, e.g. `input_ids=2x128` (default: the shapes of the feeds).
     #[arg(long = "input", value_name = "NAME=DIMS")]
     pub inputs: Vec<String>,
@@ -104,10 +107,14 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     let ctx = kernels::cpu::CpuContext::new(a.threads)
         .context("starting the CPU thread pool")?
         .with_accumulation(a.accumulate.mode());
+    let inputs = super::data::graph_inputs(&tg.graph);
+    let data = a.data.open(&inputs, &feeds)?;
     let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile);
     if let Some(dir) = &a.load {
         trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;
+        super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;
     }
+    let mut reader = data.as_ref().map(|d| d.reader());
     let saved = trainer.saved_for_backward();
     let saved_bytes: usize = saved.iter().map(|s| s.meta.bytes()).sum();
     if !a.json {
@@ -132,6 +139,9 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             saved.len(),
             saved_bytes as f64 / 1048576.0
         );
+        if let Some(d) = &data {
+            println!("{}", super::data::describe(d));
+        }
     }
     let mut out = std::io::stdout().lock();
     let mut times = Vec::new();
@@ -143,7 +153,17 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             bail!("--inject-nonfinite needs loss scaling (--precision fp16)");
         }
         let t0 = std::time::Instant::now();
-        let rep = trainer.step(&ctx, &feeds)?;
+        let streamed;
+        let step_feeds = match reader.as_mut() {
+            Some(r) => {
+                let mut f = r.batch(trainer.steps_done(), &inputs)?;
+                f.extend(feeds.iter().map(|(k, v)| (k.clone(), v.clone())));
+                streamed = f;
+                &streamed
+            }
+            None => &feeds,
+        };
+        let rep = trainer.step(&ctx, step_feeds)?;
         let dt = t0.elapsed().as_secs_f64();
         times.push(dt);
         if !rep.loss.is_finite() {
@@ -162,6 +182,9 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     if let Some(dir) = &a.save {
         trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
+        if let Some(d) = &data {
+            super::data::save_position(dir, d, trainer.steps_done())?;
+        }
     }
     if let Some(file) = &a.export_onnx {
         common::export_onnx(&a.model, file, &trainer.params())?;

@@ -57,6 +57,7 @@ pub(crate) fn states(
     init: &Init,
     program: &Program,
     feeds: &BTreeMap<String, Tensor>,
+    data: Option<&crate::data::Dataset>,
     ranks: &[usize],
     warn: &mut dyn FnMut(String),
 ) -> Result<(Vec<RankState>, String), LaunchError> {
@@ -64,13 +65,30 @@ pub(crate) fn states(
     let setup = |e: crate::dist::DistError| LaunchError::Setup(e.to_string());
     match init {
         Init::Resume { dir } => {
+            let resume = |e: String| LaunchError::Setup(format!("--resume from {}: {e}", dir.display()));
             for &r in ranks {
                 let mut st = program.empty_rank(r, feeds).map_err(setup)?;
-                crate::checkpoint::load(dir, program, &mut st)
-                    .map_err(|e| LaunchError::Setup(format!("--resume from {}: {e}", dir.display())))?;
+                crate::checkpoint::load(dir, program, &mut st).map_err(|e| resume(e.to_string()))?;
                 states.push(st);
             }
             let step = states.first().map_or(0, |s| s.steps_done);
+            // The data position: the batches a resumed run reads follow from its step, so the
+            // checkpoint's run must have read the same data in the same order.
+            let (_, m) = crate::checkpoint::latest(dir).map_err(|e| resume(e.to_string()))?;
+            match (data, &m.data) {
+                (Some(d), Some(p)) => {
+                    if let Some(why) = d.resumes(p, step) {
+                        return Err(resume(why));
+                    }
+                }
+                (Some(_), None) => {
+                    return Err(resume("the checkpoint's run used fixed feeds (--feed), this one --data".into()));
+                }
+                (None, Some(p)) => {
+                    return Err(resume(format!("the checkpoint's run read --data ({}); pass it again", p.data)));
+                }
+                (None, None) => {}
+            }
             Ok((states, format!("resumed from {} at step {step}", dir.display())))
         }
         Init::Seed { seed } => {

@@ -237,7 +237,8 @@ pub fn threads(job: &Job, on: &mut OnEvent<'_>) -> Result<Finished, LaunchError>
     let program = &job.program;
     let all: Vec<usize> = (0..program.ranks()).collect();
     let mut warnings = vec![];
-    let (states, source) = init::states(&job.init, program, &job.feeds, &all, &mut |w| warnings.push(w))?;
+    let (states, source) =
+        init::states(&job.init, program, &job.feeds, job.opts.data.as_deref(), &all, &mut |w| warnings.push(w))?;
     let setup = |e: String| LaunchError::Setup(e);
     for w in warnings {
         on(Event::Warning(w)).map_err(setup)?;
@@ -350,6 +351,9 @@ pub struct RunOptions {
     pub fault: Option<Fault>,
     /// Names this run's temporary checkpoint directories (the same on every rank).
     pub run_id: String,
+    /// The dataset that feeds the program's streamed inputs before each step
+    /// ([`Program::stream_inputs`]); `None`: the feeds are the same every step.
+    pub data: Option<std::sync::Arc<crate::data::Dataset>>,
 }
 
 impl Default for RunOptions {
@@ -362,6 +366,7 @@ impl Default for RunOptions {
             checkpoint: None,
             fault: None,
             run_id: format!("{}", std::process::id()),
+            data: None,
         }
     }
 }
@@ -381,6 +386,8 @@ pub struct StepReport {
     pub peak_bytes: Vec<u64>,
     /// A checkpoint written after this step.
     pub checkpoint: Option<PathBuf>,
+    /// Bytes each rank has read from the dataset so far (zeros without one).
+    pub data_bytes: Vec<u64>,
 }
 
 /// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
@@ -415,7 +422,7 @@ pub(crate) fn step_report(
 ) -> Result<StepReport, DistError> {
     let loss = r.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
     let ns = |s: f64| (s * 1e9) as i64;
-    let mine = Tensor::i64(vec![3], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds)]);
+    let mine = Tensor::i64(vec![4], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds), r.data_bytes as i64]);
     let all: Vec<Vec<i64>> =
         comm.exchange(everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
     Ok(StepReport {
@@ -425,6 +432,7 @@ pub(crate) fn step_report(
         comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
         peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
         checkpoint: None,
+        data_bytes: all.iter().map(|v| v[3] as u64).collect(),
     })
 }
 
@@ -441,8 +449,18 @@ pub trait Rank {
     fn step(&mut self, program: &Program) -> Result<StepResult, DistError>;
     /// The report of `step`: every rank's figures, exchanged through the host communicator.
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError>;
-    /// Writes this rank's part of a checkpoint ([`checkpoint::write`]).
-    fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError>;
+    /// Writes this rank's part of a checkpoint ([`checkpoint::write`]), with where the run is
+    /// in its dataset.
+    fn checkpoint(
+        &mut self,
+        program: &Program,
+        dir: &Path,
+        run_id: &str,
+        data: Option<&crate::data::Position>,
+        exit: bool,
+    ) -> Result<PathBuf, DistError>;
+    /// Replaces feeds of the rank by place ([`Program::data_blocks`]).
+    fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError>;
     /// Puts an inf in this rank's loss-scaling poison state ([`FaultKind::NonFinite`]).
     fn poison(&mut self) -> Result<(), DistError>;
 }
@@ -473,8 +491,18 @@ impl Rank for CpuRank<'_> {
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
         step_report(self.comm, everyone, step, r)
     }
-    fn checkpoint(&mut self, program: &Program, dir: &Path, run_id: &str, exit: bool) -> Result<PathBuf, DistError> {
-        checkpoint::write(dir, run_id, program, self.st, self.comm, exit)
+    fn checkpoint(
+        &mut self,
+        program: &Program,
+        dir: &Path,
+        run_id: &str,
+        data: Option<&crate::data::Position>,
+        exit: bool,
+    ) -> Result<PathBuf, DistError> {
+        checkpoint::write(dir, run_id, program, self.st, self.comm, data, exit)
+    }
+    fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError> {
+        set_blocks(&mut self.st.feeds, blocks, self.st.rank)
     }
     fn poison(&mut self) -> Result<(), DistError> {
         let name = ir::autodiff::LOSS_SCALE_POISON;
@@ -492,6 +520,15 @@ impl Rank for CpuRank<'_> {
     }
 }
 
+/// Puts `blocks` at their places of `feeds`.
+pub(crate) fn set_blocks<T>(feeds: &mut [T], blocks: Vec<(usize, T)>, rank: usize) -> Result<(), DistError> {
+    for (k, t) in blocks {
+        let n = feeds.len();
+        *feeds.get_mut(k).ok_or_else(|| DistError::Data { rank, message: format!("feed {k} of {n}") })? = t;
+    }
+    Ok(())
+}
+
 /// Runs steps on one rank until `opts.until_step` (see the module docs); `report` sees every
 /// step's report (on every rank).
 pub fn rank_loop(
@@ -501,6 +538,7 @@ pub fn rank_loop(
     report: &mut dyn FnMut(StepReport),
 ) -> Result<(), DistError> {
     let everyone: Vec<usize> = (0..program.ranks()).collect();
+    let mut reader = opts.data.as_deref().map(crate::data::Dataset::reader);
     while rank.steps_done() < opts.until_step {
         let step = rank.steps_done() + 1;
         let fault = opts.fault.filter(|f| f.rank == rank.rank() && f.step == step);
@@ -508,13 +546,19 @@ pub fn rank_loop(
         if fault.is_some_and(|f| f.kind == FaultKind::NonFinite) {
             rank.poison()?;
         }
-        let r = rank.step(program)?;
+        if let Some(rd) = reader.as_mut() {
+            let blocks = program.data_blocks(rank.rank(), rd, step - 1)?;
+            rank.set_feed_blocks(blocks)?;
+        }
+        let mut r = rank.step(program)?;
+        r.data_bytes = reader.as_ref().map_or(0, |rd| rd.bytes_read());
         let mut rep = rank.report(&everyone, step, &r)?;
         if let Some(c) = &opts.checkpoint {
             let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
             if due {
                 let exit = fault.is_some_and(|f| f.kind == FaultKind::ExitInCheckpoint);
-                rep.checkpoint = Some(rank.checkpoint(program, &c.dir, &opts.run_id, exit)?);
+                let pos = opts.data.as_ref().map(|d| d.position(step));
+                rep.checkpoint = Some(rank.checkpoint(program, &c.dir, &opts.run_id, pos.as_ref(), exit)?);
             }
         }
         report(rep);

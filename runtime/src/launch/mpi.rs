@@ -50,7 +50,8 @@ fn run(
     let program = &job.program;
     let reports = rank == 0;
     let mut warnings = vec![];
-    let (mut states, source) = init::states(&job.init, program, &job.feeds, &[rank], &mut |w| warnings.push(w))?;
+    let (mut states, source) =
+        init::states(&job.init, program, &job.feeds, job.opts.data.as_deref(), &[rank], &mut |w| warnings.push(w))?;
     let mut st = states.remove(0);
     let start = st.steps_done;
     check_start(start, &job.opts)?;

@@ -77,7 +77,10 @@ fn run(
         .unwrap_or_else(|| std::env::temp_dir().join(format!("autopar-nccl-{hash}-{world}{launcher_job}")));
     let reports = rank == 0;
     let mut warnings = vec![];
-    let (mut states, source) = init::states(&job.init, &job.program, &job.feeds, &[rank], &mut |w| warnings.push(w))?;
+    let (mut states, source) =
+        init::states(&job.init, &job.program, &job.feeds, job.opts.data.as_deref(), &[rank], &mut |w| {
+            warnings.push(w)
+        })?;
     let host = kernels::cpu::CpuContext::new(job.opts.threads_per_rank)
         .map_err(setup)?
         .with_accumulation(job.opts.accumulation);
