@@ -298,3 +298,46 @@ fn mixed_precision_runs_under_mpirun_as_on_threads() {
         }
     }
 }
+
+#[test]
+fn streamed_data_under_mpirun_reads_each_process_share() {
+    // A token file into gpt2-tiny on 2 processes, data parallel: each process reads its own
+    // sequence of each batch (a half), and the losses are the threads run's bit for bit, resumed
+    // from a mid-run checkpoint too.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u8> = (0..3000u32).map(|i| ((i * 7919 + i * i) % 1000) as u16).flat_map(u16::to_le_bytes).collect();
+    let bin = dir.path().join("train.bin");
+    std::fs::write(&bin, tokens).unwrap();
+    let model = data("models/gpt2-tiny.onnx").display().to_string();
+    let plan = dir.path().join("dp.json").display().to_string();
+    let args: Vec<String> = ["plan", &model, "--mesh", "2", "--memory", "1GiB", "--strategy", "dp"]
+        .into_iter()
+        .chain(["--loss", "ce-next:logits:input_ids", "--optimizer", "sgd", "-o", &plan])
+        .map(String::from)
+        .collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar")).args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bind = format!("input_ids={}", bin.display());
+    let ck = dir.path().join("ckpt").display().to_string();
+    let run = |steps: &str, extra: &[&str]| -> Vec<String> {
+        ["run", &plan, "--data", &bind, "--steps", steps, "--json"].iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let lines = |out: &Output| -> Vec<serde_json::Value> {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    };
+    let losses = |v: &[serde_json::Value]| -> Vec<f64> { v.iter().filter_map(|l| l.get("loss")?.as_f64()).collect() };
+    let threads = lines(&Command::new(env!("CARGO_BIN_EXE_autopar")).args(run("4", &[])).output().unwrap());
+    let mpi_args = |steps: &str, extra: &[&str]| {
+        let mut a = run(steps, extra);
+        a.extend(["--backend".to_string(), "mpi".to_string()]);
+        a
+    };
+    let mpi = lines(&mpirun(2, &mpi_args("4", &[])));
+    assert_eq!(losses(&mpi), losses(&threads));
+    let summary = mpi.last().unwrap();
+    assert_eq!(summary["data_bytes_read"], serde_json::json!([4 * 64 * 2, 4 * 64 * 2]), "{summary}");
+    lines(&mpirun(2, &mpi_args("2", &["--checkpoint", &ck])));
+    let rest = lines(&mpirun(2, &mpi_args("4", &["--checkpoint", &ck, "--resume"])));
+    assert_eq!(losses(&rest), losses(&threads)[2..].to_vec());
+}
