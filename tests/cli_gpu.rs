@@ -220,6 +220,35 @@ fn one_rank_on_a_device_matches_threads() {
     assert_eq!(got.len(), 1, "{resumed}");
     assert!((got[0] - want[2]).abs() <= TOL * want[2].abs(), "resumed step 3: {got:?} vs threads {want:?}");
     agree_params("mlp resumed at step 2", &tmp.path().join("t"), &resumed_save);
+    // Streamed data (new blocks uploaded before each step) and an evaluation after each step
+    // (forward only, on the device): the threads run's losses and evaluations.
+    let mut binds = vec![];
+    for (n, f) in [("x", "models/mlp.x.npy"), ("target", "refgrad/mlp/mlp.target.npy")] {
+        let t = runtime::npy::read_npy(&data(f)).unwrap();
+        let mut v = t.to_f32_vec();
+        v.extend(t.to_f32_vec().iter().map(|x| x * 0.5));
+        let file = tmp.path().join(format!("{n}-data.npy"));
+        runtime::npy::write_npy(&file, &ir::Tensor::f32(vec![2 * t.shape()[0], t.shape()[1]], v)).unwrap();
+        binds.extend(["--data".to_string(), format!("{n}={}", s(&file))]);
+        binds.extend(["--eval-data".to_string(), format!("{n}={}", s(&data(f)))]);
+    }
+    let mut args: Vec<String> =
+        ["run", &s(&p), "--steps", "3", "--json", "--eval-every", "1"].map(String::from).to_vec();
+    args.extend(binds);
+    let evals = |out: &str| -> Vec<f64> {
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("eval_loss")?.as_f64())
+            .collect()
+    };
+    let threads = ok(autopar(&args, &[]).output().unwrap(), "threads run with --data");
+    args.extend(["--backend".to_string(), "nccl".to_string()]);
+    let nccl = ok(autopar(&args, &env).output().unwrap(), "nccl run with --data");
+    let (want, got) = ([losses(&threads), evals(&threads)].concat(), [losses(&nccl), evals(&nccl)].concat());
+    assert_eq!(got.len(), 6, "{nccl}");
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= TOL * w.abs(), "--data: nccl {got:?} vs threads {want:?}");
+    }
 }
 
 #[test]

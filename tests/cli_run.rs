@@ -648,6 +648,15 @@ fn mlp_dataset(dir: &Path) -> (PathBuf, PathBuf) {
     (xd, td)
 }
 
+/// The `{"step": i, "eval_loss": x}` of a `--json` run's lines.
+fn eval_losses(stdout: &str) -> Vec<(u64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v.get("step")?.as_u64()?, v.get("eval_loss")?.as_f64()?)))
+        .collect()
+}
+
 /// The `data_bytes_read` of a `--json` run's summary.
 fn bytes_read(stdout: &str) -> (Vec<u64>, u64) {
     let v: serde_json::Value = stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap();
@@ -656,7 +665,7 @@ fn bytes_read(stdout: &str) -> (Vec<u64>, u64) {
 }
 
 #[test]
-fn streamed_data_trains_on_2x2_as_on_one_device() {
+fn streamed_data_trains_and_evaluates_on_2x2_as_on_one_device() {
     // 14 steps of 8 samples over 100 shuffled samples: the second epoch starts at step 13.
     let dir = tempfile::tempdir().unwrap();
     let (xd, td) = mlp_dataset(dir.path());
@@ -665,9 +674,15 @@ fn streamed_data_trains_on_2x2_as_on_one_device() {
     let opt = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"];
     let mut train = vec!["train", &model, "--loss", "mse:y:target", "--input", "x=8x256", "--steps", "14", "--json"];
     train.extend(["--data", &bind[0], "--data", &bind[1], "--data-seed", "5"]);
+    // Evaluated on the first 3 batches in file order after steps 7 and 14.
+    let eval = ["--eval-data", &bind[0], "--eval-data", &bind[1], "--eval-every", "7", "--eval-batches", "3"];
+    train.extend(eval);
     train.extend(opt);
-    let want = losses(&ok(&train));
+    let out = ok(&train);
+    let want = losses(&out);
+    let want_eval = eval_losses(&out);
     assert_eq!(want.len(), 14);
+    assert_eq!(want_eval.len(), 2);
     // Data parallel reads a quarter of each batch per rank, tensor parallel (batch over one axis,
     // weights over the other) a half, a pipeline of 2 stages over 2 microbatches the rows of its
     // microbatch blocks; every one trains as the single device does (1e-5 relative).
@@ -683,11 +698,13 @@ fn streamed_data_trains_on_2x2_as_on_one_device() {
         args.extend(extra);
         args.extend(opt);
         ok(&args);
-        let out =
-            ok(&["run", &p, "--steps", "14", "--json", "--data", &bind[0], "--data", &bind[1], "--data-seed", "5"]);
+        let mut run = vec!["run", &p, "--steps", "14", "--json", "--data", &bind[0], "--data", &bind[1]];
+        run.extend(["--data-seed", "5"]);
+        run.extend(eval);
+        let out = ok(&run);
         let got = losses(&out);
         assert_eq!(got.len(), 14, "{strategy}");
-        for (a, b) in got.iter().zip(&want) {
+        for (a, b) in got.iter().zip(&want).chain(eval_losses(&out).iter().zip(&want_eval)) {
             assert!((a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "{strategy} step {}: {} vs {}", a.0, a.1, b.1);
         }
         let (read, total) = bytes_read(&out);
@@ -773,5 +790,53 @@ fn token_files_feed_next_token_training() {
         let out = autopar(&["run", &p, "--steps", "1", "--data", &binding]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(says), "{binding}: {err}");
+    }
+}
+
+#[test]
+fn evaluation_is_the_next_steps_loss_on_the_same_batch() {
+    // Held-out data that is the training batch itself: the evaluation after step k (forward
+    // only, parameters of step k) is the loss step k + 1 computes before its update. On data
+    // parallel, tensor parallel and 2-stage zero-bubble plans; and training is unchanged by it.
+    let dir = tempfile::tempdir().unwrap();
+    let model = s(&data("models/mlp.onnx"));
+    let rows = |f: &str, name: &str| {
+        let t = runtime::npy::read_npy(&data(f)).unwrap();
+        let v = t.to_f32_vec()[..8 * 256].to_vec();
+        let p = dir.path().join(name);
+        runtime::npy::write_npy(&p, &ir::Tensor::f32(vec![8, 256], v)).unwrap();
+        format!("{}={}", name.trim_end_matches(".npy"), s(&p))
+    };
+    let (x, t) = (rows("models/mlp.x.npy", "x.npy"), rows("refgrad/mlp/mlp.target.npy", "target.npy"));
+    for (strategy, extra) in [
+        ("dp", &[][..]),
+        ("megatron", &[][..]),
+        ("auto", &["--pipeline", "2", "--microbatches", "2", "--schedule", "zb-h1"][..]),
+    ] {
+        let p = s(&dir.path().join(format!("{strategy}.json")));
+        let input = if extra.is_empty() { "x=8x256" } else { "x=4x256" };
+        let mut args = vec!["plan", &model, "--input", input, "--mesh", "2x2", "--memory", "4GiB", "--loss"];
+        args.extend(["mse:y:target", "--strategy", strategy, "--optimizer", "adamw", "-o", &p]);
+        args.extend(extra);
+        ok(&args);
+        let run = |eval: bool| {
+            let mut a = vec!["run", &p, "--steps", "4", "--json", "--feed", &x, "--feed", &t];
+            if eval {
+                a.extend(["--eval-data", &x, "--eval-data", &t, "--eval-every", "1"]);
+            }
+            let out = ok(&a);
+            let lines: Vec<serde_json::Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+            lines.into_iter().filter(|l| l.get("step").is_some()).collect::<Vec<_>>()
+        };
+        let with = run(true);
+        let without = run(false);
+        assert_eq!(with.len(), 4, "{strategy}");
+        for k in 0..4 {
+            assert_eq!(with[k]["loss"], without[k]["loss"], "{strategy}: evaluation changed training");
+        }
+        for k in 0..3 {
+            let (e, next) = (with[k]["eval_loss"].as_f64().unwrap(), with[k + 1]["loss"].as_f64().unwrap());
+            assert!((e - next).abs() <= 1e-6 * next.abs(), "{strategy} step {}: eval {e} vs next loss {next}", k + 1);
+        }
     }
 }

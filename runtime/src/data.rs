@@ -580,6 +580,11 @@ pub struct Reader<'d> {
 }
 
 impl Reader<'_> {
+    /// Whether the dataset feeds input `name`.
+    pub fn binds(&self, name: &str) -> bool {
+        self.ds.columns.contains_key(name)
+    }
+
     /// Bytes read from the files so far.
     pub fn bytes_read(&self) -> u64 {
         self.bytes

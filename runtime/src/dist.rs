@@ -19,7 +19,7 @@
 //! - A step that fails leaves the rank's storage unusable (its parameters moved into the step):
 //!   the run stops, and only checkpoints written between steps are ever read back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -243,7 +243,12 @@ pub struct Program {
     /// Inputs a dataset feeds before each step ([`Program::stream_inputs`]): a rank without
     /// their blocks holds empty placeholders until [`Program::data_blocks`] reads them.
     streamed: std::collections::BTreeSet<String>,
+    /// [`Program::eval_marks`], computed on first use.
+    eval_marks: std::sync::OnceLock<Vec<Vec<bool>>>,
 }
+
+/// The output an evaluation step computes (and the only one).
+pub const EVAL_OUTPUT: &str = "loss";
 
 /// Per slot, whether some stage's code puts a constant in it.
 fn constant_slots(codes: &[Vec<Exec>], slots: usize) -> Vec<bool> {
@@ -595,6 +600,7 @@ impl Program {
         let program = Program {
             plan_hash: String::new(),
             streamed: Default::default(),
+            eval_marks: Default::default(),
             mesh,
             stages: 1,
             microbatches: 1,
@@ -845,6 +851,7 @@ impl Program {
         Ok(Program {
             plan_hash,
             streamed: Default::default(),
+            eval_marks: Default::default(),
             mesh,
             stages,
             microbatches: plan.microbatches.max(1),
@@ -1111,15 +1118,75 @@ impl Program {
         Ok(())
     }
 
+    /// Per stage, whether each instruction runs in an evaluation step: those the
+    /// [`EVAL_OUTPUT`] depends on (through transfers between stages too), and every `Free` (of
+    /// what is there). The same on every rank of a stage, so collectives still meet.
+    pub(crate) fn eval_marks(&self) -> &[Vec<bool>] {
+        self.eval_marks.get_or_init(|| {
+            let seeds: HashSet<usize> = self.outputs.iter().filter(|o| o.0 == EVAL_OUTPUT).map(|o| o.1).collect();
+            let mut need: Vec<HashSet<usize>> = vec![seeds; self.code.len()];
+            let mut ids: HashSet<u64> = HashSet::new();
+            let mut marks: Vec<Vec<bool>> = self.code.iter().map(|c| vec![false; c.len()]).collect();
+            // A pass walks each stage's code backwards (writers come before readers); passes
+            // repeat until the transfers between stages add nothing.
+            loop {
+                let before = (ids.len(), need.iter().map(HashSet::len).sum::<usize>());
+                for (s, code) in self.code.iter().enumerate() {
+                    let n = &mut need[s];
+                    for (k, ins) in code.iter().enumerate().rev() {
+                        let on = match ins {
+                            Exec::Op { inputs, outputs, .. } => {
+                                let on = outputs.iter().any(|o| n.contains(o));
+                                if on {
+                                    n.extend(inputs.iter().copied());
+                                }
+                                on
+                            }
+                            Exec::View { input, output, .. } | Exec::Collective { input, output, .. } => {
+                                let on = n.contains(output);
+                                if on {
+                                    n.insert(*input);
+                                }
+                                on
+                            }
+                            Exec::Storage { slot, .. } | Exec::Input { slot, .. } | Exec::Constant { slot, .. } => {
+                                n.contains(slot)
+                            }
+                            Exec::Recv { slot, id, .. } => {
+                                let on = n.contains(slot);
+                                if on {
+                                    ids.insert(*id);
+                                }
+                                on
+                            }
+                            Exec::Send { slot, id, .. } => {
+                                let on = ids.contains(id);
+                                if on {
+                                    n.insert(*slot);
+                                }
+                                on
+                            }
+                            Exec::Free { .. } => true,
+                        };
+                        marks[s][k] |= on;
+                    }
+                }
+                if (ids.len(), need.iter().map(HashSet::len).sum::<usize>()) == before {
+                    break;
+                }
+            }
+            marks
+        })
+    }
+
     /// Marks `names` as inputs a dataset feeds before every step: ranks are set up without
     /// their blocks, and [`Program::data_blocks`] reads them.
     pub fn stream_inputs<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) {
         self.streamed = names.into_iter().map(str::to_string).collect();
     }
 
-    /// Rank `rank`'s blocks of the streamed inputs at step `step` (0-based), read through
-    /// `reader`: each with its place in the rank's feeds (microbatch-major, as
-    /// [`Program::set_feeds`] orders them).
+    /// Rank `rank`'s blocks of the inputs `reader` binds at step `step` (0-based): each with
+    /// its place in the rank's feeds (microbatch-major, as [`Program::set_feeds`] orders them).
     pub fn data_blocks(
         &self,
         rank: usize,
@@ -1128,7 +1195,10 @@ impl Program {
     ) -> Result<Vec<(usize, Arc<Tensor>)>, DistError> {
         let data = |message: String| DistError::Data { rank, message };
         let mut out = vec![];
-        for (k, i) in self.inputs.iter().enumerate().filter(|(_, i)| self.streamed.contains(&i.name)) {
+        for (k, i) in self.inputs.iter().enumerate() {
+            if !reader.binds(&i.name) {
+                continue;
+            }
             let shape = &i.meta.shape;
             let offsets = i.spec.offsets(shape, &self.mesh, rank);
             let size = i.spec.local_shape(shape, &self.mesh);
@@ -1181,9 +1251,37 @@ impl Program {
         let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
         let constants: Vec<&Tensor> = constants.iter().map(|t| &**t).collect();
         let b = &mut CpuBackend { rank: *rank, ctx, comm };
-        let r = crate::exec::step(self, b, crate::exec::Storage::Owned(storage), &feeds, &constants, false)?;
+        let r = crate::exec::step(
+            self,
+            b,
+            crate::exec::Storage::Owned(storage),
+            &feeds,
+            &constants,
+            false,
+            crate::exec::Mode::Train,
+        )?;
         *steps_done += 1;
         Ok(r)
+    }
+
+    /// The loss of a rank's parameters on its feeds with `blocks` in place of theirs
+    /// ([`Program::data_blocks`] of held-out data), forward only: nothing is updated, and
+    /// [`EVAL_OUTPUT`] is the only output.
+    pub fn eval(
+        &self,
+        st: &RankState,
+        ctx: &CpuContext,
+        comm: &mut dyn Communicator,
+        blocks: Vec<(usize, Arc<Tensor>)>,
+    ) -> Result<StepResult, DistError> {
+        let mut feeds = st.feeds.clone();
+        crate::launch::set_blocks(&mut feeds, blocks, st.rank)?;
+        let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
+        let constants: Vec<&Tensor> = st.constants.iter().map(|t| &**t).collect();
+        let b = &mut CpuBackend { rank: st.rank, ctx, comm };
+        let mut scratch = BTreeMap::new();
+        let storage = crate::exec::Storage::Borrowed { params: &st.storage, updates: &mut scratch };
+        crate::exec::step(self, b, storage, &feeds, &constants, false, crate::exec::Mode::Eval)
     }
 }
 

@@ -104,6 +104,16 @@ pub(crate) enum Storage<'a, T> {
     Borrowed { params: &'a BTreeMap<String, T>, updates: &'a mut BTreeMap<String, T> },
 }
 
+/// Whether a step trains or only evaluates the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every instruction: forward, loss, backward, update.
+    Train,
+    /// Only the instructions the `loss` output depends on ([`Program::eval_marks`]); nothing is
+    /// updated (storage should be borrowed), and `loss` is the only output.
+    Eval,
+}
+
 /// Runs one training step of `program` on a rank (see the module docs): `storage` holds its
 /// parameter and optimizer-state blocks, `feeds` and `constants` its blocks of the inputs and
 /// constants. With `profile`, every op's seconds are in [`StepResult::op_seconds`].
@@ -114,7 +124,9 @@ pub(crate) fn step<'a, B: Backend>(
     feeds: &[&'a B::T],
     constants: &[&'a B::T],
     profile: bool,
+    mode: Mode,
 ) -> Result<StepResult, DistError> {
+    let marks = (mode == Mode::Eval).then(|| program.eval_marks());
     let rank = b.rank();
     let t0 = Instant::now();
     let mut comm_seconds = 0.0;
@@ -172,7 +184,10 @@ pub(crate) fn step<'a, B: Backend>(
         };
         let range = segments.get(&seg).cloned().unwrap_or(0..0);
         let m = mb.unwrap_or(0);
-        for ins in &code[range] {
+        for (k, ins) in code[range.clone()].iter().enumerate() {
+            if marks.is_some_and(|mk| !mk[stage][range.start + k]) {
+                continue;
+            }
             b.check()?;
             match ins {
                 Exec::Storage { slot, name } => {
@@ -293,7 +308,12 @@ pub(crate) fn step<'a, B: Backend>(
                     for &s in slots {
                         let h = match table[s].take() {
                             Some(h) => h,
-                            None => vals.get_mut(s).and_then(Option::take).ok_or_else(|| missing(s))?,
+                            None => match vals.get_mut(s).and_then(Option::take) {
+                                Some(h) => h,
+                                // An evaluation skips what the loss does not need.
+                                None if marks.is_some() => continue,
+                                None => return Err(missing(s)),
+                            },
                         };
                         live = live.saturating_sub(cost(s, h.get()));
                     }
@@ -348,9 +368,11 @@ pub(crate) fn step<'a, B: Backend>(
     // Values read at the end: outputs, updates and (into owned storage) frozen parameters. The
     // last read of each moves it; earlier ones copy.
     let frozen: &[(String, usize)] = if borrowed.is_none() { &program.kept[stage] } else { &[] };
-    let updates = &program.updates[stage];
+    let updates: &[(String, usize)] = if mode == Mode::Eval { &[] } else { &program.updates[stage] };
+    let outputs_read: Vec<&(String, usize, sharding::ShardingSpec, Vec<usize>)> =
+        program.outputs.iter().filter(|o| mode == Mode::Train || o.0 == crate::dist::EVAL_OUTPUT).collect();
     let mut reads = vec![0usize; vals.len()];
-    let end_reads = program.outputs.iter().map(|(_, s, _, _)| s).chain(updates.iter().chain(frozen).map(|(_, s)| s));
+    let end_reads = outputs_read.iter().map(|(_, s, _, _)| s).chain(updates.iter().chain(frozen).map(|(_, s)| s));
     for &s in end_reads {
         reads[s] += 1;
     }
@@ -359,7 +381,7 @@ pub(crate) fn step<'a, B: Backend>(
     let everyone = program.stage_ranks(rank);
     let stage_mesh = program.stage_mesh();
     let mut outputs = BTreeMap::new();
-    for (name, slot, spec, shape) in &program.outputs {
+    for (name, slot, spec, shape) in outputs_read {
         let t = if everyone.len() == 1 {
             let x = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
             b.download(x)?

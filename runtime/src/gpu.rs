@@ -241,6 +241,31 @@ impl GpuRank {
         Ok(RankState { rank: self.rank, storage, constants: vec![], feeds: vec![], steps_done: self.steps_done })
     }
 
+    /// The loss on this rank's feeds with `blocks` (host blocks, uploaded) in their places,
+    /// forward only: nothing is updated ([`Program::eval`]).
+    pub fn eval(
+        &mut self,
+        program: &Program,
+        blocks: Vec<(usize, std::sync::Arc<Tensor>)>,
+    ) -> Result<StepResult, DistError> {
+        self.ctx.reset_peak();
+        let rank = self.rank;
+        let mut up: BTreeMap<usize, CudaTensor> = BTreeMap::new();
+        for (k, t) in blocks {
+            up.insert(
+                k,
+                CudaTensor::upload(&self.ctx, &t).map_err(|e| DistError::Data { rank, message: e.to_string() })?,
+            );
+        }
+        let GpuRank { ctx, groups, host, storage, constants, feeds, .. } = self;
+        let feeds: Vec<&CudaTensor> = feeds.iter().enumerate().map(|(k, t)| up.get(&k).unwrap_or(t)).collect();
+        let constants: Vec<&CudaTensor> = constants.iter().collect();
+        let mut b = GpuExec { rank, ctx, groups, host };
+        let mut scratch = BTreeMap::new();
+        let storage = crate::exec::Storage::Borrowed { params: storage, updates: &mut scratch };
+        crate::exec::step(program, &mut b, storage, &feeds, &constants, false, crate::exec::Mode::Eval)
+    }
+
     /// Runs one training step of `program` (see the module docs).
     pub fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
         self.ctx.reset_peak();
@@ -248,7 +273,8 @@ impl GpuRank {
         let feeds: Vec<&CudaTensor> = feeds.iter().collect();
         let constants: Vec<&CudaTensor> = constants.iter().collect();
         let mut b = GpuExec { rank: *rank, ctx, groups, host };
-        let r = crate::exec::step(program, &mut b, crate::exec::Storage::Owned(storage), &feeds, &constants, false)?;
+        let storage = crate::exec::Storage::Owned(storage);
+        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, false, crate::exec::Mode::Train)?;
         *steps_done += 1;
         Ok(r)
     }
@@ -476,6 +502,13 @@ impl crate::launch::Rank for GpuRank {
     ) -> Result<PathBuf, DistError> {
         let host = self.host_state()?;
         checkpoint::write(dir, run_id, program, &host, &mut self.host_comm(), data, exit)
+    }
+    fn eval(
+        &mut self,
+        program: &Program,
+        blocks: Vec<(usize, std::sync::Arc<Tensor>)>,
+    ) -> Result<StepResult, DistError> {
+        GpuRank::eval(self, program, blocks)
     }
     fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError> {
         let rank = self.rank;

@@ -175,6 +175,27 @@ impl<'g> Interpreter<'g> {
         feeds: &BTreeMap<String, Tensor>,
         params: &BTreeMap<String, Tensor>,
     ) -> Result<RunReport, RunError> {
+        self.run_mode(ctx, feeds, params, exec::Mode::Train)
+    }
+
+    /// Only what the graph's `loss` output depends on, with parameters from `params`: the loss
+    /// of a training graph without its backward pass and update (no updates come back).
+    pub fn eval_with_params(
+        &self,
+        ctx: &CpuContext,
+        feeds: &BTreeMap<String, Tensor>,
+        params: &BTreeMap<String, Tensor>,
+    ) -> Result<RunReport, RunError> {
+        self.run_mode(ctx, feeds, params, exec::Mode::Eval)
+    }
+
+    fn run_mode(
+        &self,
+        ctx: &CpuContext,
+        feeds: &BTreeMap<String, Tensor>,
+        params: &BTreeMap<String, Tensor>,
+        mode: exec::Mode,
+    ) -> Result<RunReport, RunError> {
         let p = &self.program;
         for name in feeds.keys() {
             if !p.inputs.iter().any(|i| &i.name == name) {
@@ -222,7 +243,7 @@ impl<'g> Interpreter<'g> {
         let storage = exec::Storage::Borrowed { params, updates: &mut updates };
         let mut solo = comm::Solo;
         let mut b = dist::CpuBackend { rank: 0, ctx, comm: &mut solo };
-        let r = exec::step(p, &mut b, storage, &fed, &constants, self.profile).map_err(|e| self.run_error(e))?;
+        let r = exec::step(p, &mut b, storage, &fed, &constants, self.profile, mode).map_err(|e| self.run_error(e))?;
         let const_bytes: u64 = constants.iter().map(|t| t.bytes() as u64).sum();
         Ok(RunReport {
             outputs: r.outputs,

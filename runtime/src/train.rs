@@ -122,6 +122,13 @@ impl<'t> Trainer<'t> {
         })
     }
 
+    /// The loss of the current parameters on `feeds`, forward only: no gradients, no update,
+    /// the step count unchanged (evaluation on held-out data).
+    pub fn eval(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<f32, RunError> {
+        let rep = self.interp.eval_with_params(ctx, feeds, &self.storage)?;
+        Ok(rep.outputs.get(crate::dist::EVAL_OUTPUT).map(crate::scalar_f32).unwrap_or(f32::NAN))
+    }
+
     /// Steps run so far (including those of a loaded checkpoint).
     pub fn steps_done(&self) -> u64 {
         self.steps_done

@@ -37,6 +37,34 @@ pub struct DataArgs {
     /// Width of token ids in .bin token files.
     #[arg(long, value_enum, default_value = "u16")]
     pub token_type: TokenKind,
+    /// Held-out data to evaluate the loss on (forward only, with the same plan; no gradients,
+    /// no update): `NAME=PATH` as --data, read in file order, so every evaluation sees the same
+    /// batches. Inputs it does not bind keep their training data.
+    #[arg(long = "eval-data", value_name = "NAME=PATH")]
+    pub eval_data: Vec<String>,
+    /// Evaluate after every K steps (and always after the last).
+    #[arg(long, value_name = "K", requires = "eval_data", value_parser = super::common::parse_steps)]
+    pub eval_every: Option<u64>,
+    /// Batches per evaluation (default: every complete batch of the held-out data).
+    #[arg(long, value_name = "N", requires = "eval_data", value_parser = super::common::parse_steps)]
+    pub eval_batches: Option<u64>,
+}
+
+/// A dataset and its evaluation schedule.
+pub struct Eval {
+    /// The held-out data.
+    pub data: Dataset,
+    /// Evaluate after every this many steps (0: after the last only).
+    pub every: u64,
+    /// Batches per evaluation.
+    pub batches: u64,
+}
+
+impl Eval {
+    /// Whether the step `step` of a run until `until` is followed by an evaluation.
+    pub fn due(&self, step: u64, until: u64) -> bool {
+        step == until || (self.every > 0 && step.is_multiple_of(self.every))
+    }
 }
 
 impl DataArgs {
@@ -46,17 +74,7 @@ impl DataArgs {
         if self.data.is_empty() {
             return Ok(None);
         }
-        let bindings: Vec<Binding> =
-            self.data.iter().map(|s| s.parse()).collect::<Result<_, String>>().map_err(anyhow::Error::msg)?;
-        let opts = DataOptions {
-            seed: self.data_seed,
-            shuffle: !self.no_shuffle,
-            tokens: match self.token_type {
-                TokenKind::U16 => TokenType::U16,
-                TokenKind::U32 => TokenType::U32,
-            },
-        };
-        let ds = Dataset::open(&bindings, inputs, opts)?;
+        let ds = self.open_bindings(&self.data, inputs, !self.no_shuffle)?;
         if let Some(n) = ds.names().find(|n| feeds.contains_key(*n)) {
             bail!("input {n} is given by both --feed and --data");
         }
@@ -64,6 +82,30 @@ impl DataArgs {
             bail!("input {n} ({m}) has neither --data nor --feed");
         }
         Ok(Some(ds))
+    }
+
+    fn open_bindings(&self, data: &[String], inputs: &[(String, TensorMeta)], shuffle: bool) -> Result<Dataset> {
+        let bindings: Vec<Binding> =
+            data.iter().map(|s| s.parse()).collect::<Result<_, String>>().map_err(anyhow::Error::msg)?;
+        let opts = DataOptions {
+            seed: self.data_seed,
+            shuffle,
+            tokens: match self.token_type {
+                TokenKind::U16 => TokenType::U16,
+                TokenKind::U32 => TokenType::U32,
+            },
+        };
+        Ok(Dataset::open(&bindings, inputs, opts)?)
+    }
+
+    /// Opens the held-out data of `--eval-data`, if any.
+    pub fn open_eval(&self, inputs: &[(String, TensorMeta)]) -> Result<Option<Eval>> {
+        if self.eval_data.is_empty() {
+            return Ok(None);
+        }
+        let data = self.open_bindings(&self.eval_data, inputs, false).context("--eval-data")?;
+        let batches = self.eval_batches.unwrap_or(data.steps_per_epoch()).max(1);
+        Ok(Some(Eval { data, every: self.eval_every.unwrap_or(0), batches }))
     }
 }
 

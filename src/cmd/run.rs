@@ -153,6 +153,11 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         fault,
         run_id: format!("{}-{now}", std::process::id()),
         data: None,
+        eval: a.data.open_eval(&program.feed_metas())?.map(|e| runtime::launch::EvalOptions {
+            data: std::sync::Arc::new(e.data),
+            every: e.every,
+            batches: e.batches,
+        }),
     };
     // Checked again against the checkpoint's step once it is read (--resume).
     runtime::launch::check_fault(&opts, program.ranks(), 0).map_err(explain)?;

@@ -94,20 +94,24 @@ impl<'a> Reporter<'a> {
         let sps = self.batch / r.seconds.max(1e-12);
         let comm = r.comm_seconds.iter().copied().fold(0.0, f64::max);
         let line = if self.a.json {
-            serde_json::json!({
+            let mut line = serde_json::json!({
                 "step": r.step, "loss": r.loss, "ms": r.seconds * 1e3, "samples_per_s": sps,
                 "comm_ms": comm * 1e3, "peak_bytes": r.peak_bytes.iter().max(),
                 "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
-            })
-            .to_string()
+            });
+            if let Some(l) = r.eval_loss {
+                line["eval_loss"] = serde_json::json!(l);
+            }
+            line.to_string()
         } else {
             format!(
-                "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{}",
+                "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{}{}",
                 r.step,
                 r.loss,
                 r.seconds * 1e3,
                 sps,
                 comm * 1e3,
+                r.eval_loss.map(|l| format!("  eval loss {l:.8}")).unwrap_or_default(),
                 r.checkpoint.as_ref().map(|p| format!("  checkpoint {}", p.display())).unwrap_or_default()
             )
         };

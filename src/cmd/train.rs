@@ -115,6 +115,8 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;
     }
     let mut reader = data.as_ref().map(|d| d.reader());
+    let eval = a.data.open_eval(&inputs)?;
+    let mut held_out = eval.as_ref().map(|e| e.data.reader());
     let saved = trainer.saved_for_backward();
     let saved_bytes: usize = saved.iter().map(|s| s.meta.bytes()).sum();
     if !a.json {
@@ -169,13 +171,31 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         if !rep.loss.is_finite() {
             eprintln!("warning: step {}: loss is {} (diverged; try a smaller --lr)", rep.step, rep.loss);
         }
+        let mut eval_loss = None;
+        if let (Some(e), Some(r)) = (&eval, held_out.as_mut())
+            && e.due(rep.step, a.steps)
+        {
+            let mut sum = 0.0;
+            for b in 0..e.batches {
+                let mut f = r.batch(b, &inputs)?;
+                for (k, v) in step_feeds {
+                    f.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                sum += trainer.eval(&ctx, &f)? as f64;
+            }
+            eval_loss = Some(sum / e.batches as f64);
+        }
         if a.json {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "step": rep.step, "loss": rep.loss, "ms": dt * 1e3, "peak_bytes": rep.peak_bytes
             });
+            if let Some(l) = eval_loss {
+                line["eval_loss"] = serde_json::json!(l);
+            }
             writeln!(out, "{line}")?;
         } else {
-            writeln!(out, "step {:>4}  loss {:<12.8}  {:>8.1} ms", rep.step, rep.loss, dt * 1e3)?;
+            let ev = eval_loss.map(|l| format!("  eval loss {l:.8}")).unwrap_or_default();
+            writeln!(out, "step {:>4}  loss {:<12.8}  {:>8.1} ms{ev}", rep.step, rep.loss, dt * 1e3)?;
         }
         out.flush()?;
         last = Some(rep);

@@ -354,6 +354,19 @@ pub struct RunOptions {
     /// The dataset that feeds the program's streamed inputs before each step
     /// ([`Program::stream_inputs`]); `None`: the feeds are the same every step.
     pub data: Option<std::sync::Arc<crate::data::Dataset>>,
+    /// Evaluation on held-out data during the run.
+    pub eval: Option<EvalOptions>,
+}
+
+/// Evaluation of the loss on held-out data: forward only, with the same plan.
+#[derive(Clone, Debug)]
+pub struct EvalOptions {
+    /// The held-out data (read in file order: every evaluation sees the same batches).
+    pub data: std::sync::Arc<crate::data::Dataset>,
+    /// Evaluate after every this many steps (and after the last).
+    pub every: u64,
+    /// Batches per evaluation (the first ones of the data).
+    pub batches: u64,
 }
 
 impl Default for RunOptions {
@@ -367,6 +380,7 @@ impl Default for RunOptions {
             fault: None,
             run_id: format!("{}", std::process::id()),
             data: None,
+            eval: None,
         }
     }
 }
@@ -388,6 +402,8 @@ pub struct StepReport {
     pub checkpoint: Option<PathBuf>,
     /// Bytes each rank has read from the dataset so far (zeros without one).
     pub data_bytes: Vec<u64>,
+    /// The mean loss over the held-out batches, when this step was followed by an evaluation.
+    pub eval_loss: Option<f64>,
 }
 
 /// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
@@ -433,6 +449,7 @@ pub(crate) fn step_report(
         peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
         checkpoint: None,
         data_bytes: all.iter().map(|v| v[3] as u64).collect(),
+        eval_loss: None,
     })
 }
 
@@ -459,6 +476,13 @@ pub trait Rank {
         data: Option<&crate::data::Position>,
         exit: bool,
     ) -> Result<PathBuf, DistError>;
+    /// The loss on the rank's feeds with `blocks` in their places, forward only
+    /// ([`Program::eval`]).
+    fn eval(
+        &mut self,
+        program: &Program,
+        blocks: Vec<(usize, std::sync::Arc<Tensor>)>,
+    ) -> Result<StepResult, DistError>;
     /// Replaces feeds of the rank by place ([`Program::data_blocks`]).
     fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError>;
     /// Puts an inf in this rank's loss-scaling poison state ([`FaultKind::NonFinite`]).
@@ -504,6 +528,13 @@ impl Rank for CpuRank<'_> {
     fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError> {
         set_blocks(&mut self.st.feeds, blocks, self.st.rank)
     }
+    fn eval(
+        &mut self,
+        program: &Program,
+        blocks: Vec<(usize, std::sync::Arc<Tensor>)>,
+    ) -> Result<StepResult, DistError> {
+        program.eval(self.st, self.ctx, self.comm, blocks)
+    }
     fn poison(&mut self) -> Result<(), DistError> {
         let name = ir::autodiff::LOSS_SCALE_POISON;
         match self.st.storage.get_mut(name) {
@@ -539,6 +570,7 @@ pub fn rank_loop(
 ) -> Result<(), DistError> {
     let everyone: Vec<usize> = (0..program.ranks()).collect();
     let mut reader = opts.data.as_deref().map(crate::data::Dataset::reader);
+    let mut held_out = opts.eval.as_ref().map(|e| e.data.reader());
     while rank.steps_done() < opts.until_step {
         let step = rank.steps_done() + 1;
         let fault = opts.fault.filter(|f| f.rank == rank.rank() && f.step == step);
@@ -553,6 +585,17 @@ pub fn rank_loop(
         let mut r = rank.step(program)?;
         r.data_bytes = reader.as_ref().map_or(0, |rd| rd.bytes_read());
         let mut rep = rank.report(&everyone, step, &r)?;
+        if let (Some(e), Some(rd)) = (&opts.eval, held_out.as_mut())
+            && (step == opts.until_step || (e.every > 0 && step.is_multiple_of(e.every)))
+        {
+            let mut sum = 0.0;
+            for b in 0..e.batches {
+                let blocks = program.data_blocks(rank.rank(), rd, b)?;
+                let out = rank.eval(program, blocks)?;
+                sum += out.outputs.get(crate::dist::EVAL_OUTPUT).map_or(f64::NAN, |t| crate::scalar_f32(t) as f64);
+            }
+            rep.eval_loss = Some(sum / e.batches.max(1) as f64);
+        }
         if let Some(c) = &opts.checkpoint {
             let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
             if due {
