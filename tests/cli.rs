@@ -852,3 +852,50 @@ fn trained_weights_leave_as_safetensors_and_onnx() {
         &["--export-onnx /nonexistent/dir/m.onnx: the directory /nonexistent/dir does not exist"],
     );
 }
+
+#[test]
+fn explain_draws_a_run_log_as_curves() {
+    // A `train --json` log with evaluations: the summary, a page of SVG charts, the loss chart
+    // alone; other lines (a run's summary) are skipped.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.jsonl");
+    let mut text = String::new();
+    for s in 1..=20 {
+        let eval = if s % 5 == 0 { format!(",\"eval_loss\":{}", 4.0 - s as f64 / 10.0) } else { String::new() };
+        text += &format!(
+            "{{\"step\":{s},\"loss\":{},\"ms\":10.0,\"samples_per_s\":800.0,\"lr\":{}{eval}}}\n",
+            5.0 - s as f64 / 10.0,
+            1e-3 * s as f64 / 20.0
+        );
+    }
+    text += "{\"summary\":true,\"median_ms\":10.0}\n";
+    std::fs::write(&log, text).unwrap();
+    let (html, svg) = (dir.path().join("run.html"), dir.path().join("loss.svg"));
+    let out = autopar(&[
+        "explain",
+        "--run",
+        &log.display().to_string(),
+        "--html",
+        &html.display().to_string(),
+        "--svg",
+        &svg.display().to_string(),
+        "--reference",
+        "3.3:unigram entropy",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let o = stdout(&out);
+    assert!(o.contains("20 steps (1 to 20); loss 4.9000 -> 3.0000") && o.contains("4 evaluations"), "{o}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    // Loss (training and evaluation), learning rate and throughput.
+    assert_eq!(page.matches("<svg").count(), 3, "{page}");
+    assert_eq!(page.matches("<polyline").count(), 4);
+    assert!(page.contains("unigram entropy") && page.contains("Learning rate"));
+    let alone = std::fs::read_to_string(&svg).unwrap();
+    assert!(alone.starts_with("<svg") && alone.matches("<polyline").count() == 2);
+    // A file without step lines, and nothing to explain, are clear errors.
+    std::fs::write(&log, "{\"summary\":true}\n").unwrap();
+    let out = autopar(&["explain", "--run", &log.display().to_string()]);
+    assert!(!out.status.success() && stderr(&out).contains("has no step lines"), "{}", stderr(&out));
+    let out = autopar(&["explain"]);
+    assert!(!out.status.success());
+}

@@ -781,6 +781,15 @@ fn token_files_feed_next_token_training() {
         assert!((a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "step {}: {} vs {}", a.0, a.1, b.1);
     }
     assert_eq!(bytes_read(&out), (vec![3 * 64 * 2; 2], 3 * 2 * 64 * 2));
+    // A language model's throughput is also in tokens.
+    let line: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let (sps, tps) = (line["samples_per_s"].as_f64().unwrap(), line["tokens_per_s"].as_f64().unwrap());
+    assert!((tps - 64.0 * sps).abs() <= 1e-6 * tps, "{line}");
+    // A text file as byte-level tokens (the bundled corpus; gpt2-tiny's vocabulary of 1000
+    // holds every byte).
+    let text = format!("input_ids={}", s(&data("corpus/shakespeare-val.txt")));
+    let out = ok(&["run", &p, "--steps", "2", "--json", "--data", &text, "--token-type", "u8"]);
+    assert_eq!(bytes_read(&out), (vec![2 * 64; 2], 2 * 2 * 64));
     // Bad bindings say what is wrong.
     for (binding, says) in [
         (format!("nope={}", s(&bin)), "the graph has no input nope"),

@@ -21,6 +21,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod problem;
 pub mod schedule;
+pub mod svg;
 
 /// The liveness walk of a program (in the `plan` crate, re-exported).
 pub use ::plan::memory;

@@ -4,8 +4,9 @@
 //!
 //! - **arrays**: a `.npy` file, a `.npz` archive (the array named after the input, or its only
 //!   array), or a directory of such shards read in name order, one after the other;
-//! - **tokens**: a flat file of little-endian `uint16` or `uint32` token ids (nanoGPT's
-//!   `train.bin`), cut into sequences of the input's length `T` (its second dim). Binding two
+//! - **tokens**: any other file, a flat array of little-endian `uint16` or `uint32` token ids
+//!   (nanoGPT's `train.bin`) or of bytes (a text file as byte-level tokens), cut into
+//!   sequences of the input's length `T` (its second dim). Binding two
 //!   inputs to one token file, `input_ids,labels=train.bin`, gives the second the next tokens:
 //!   sample `i` is tokens `[iT, iT+T)` for the first and `[iT+1, iT+T+1)` for the second.
 //!
@@ -58,6 +59,8 @@ pub enum DataError {
 /// Token ids' width in a token file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenType {
+    /// Bytes: a text file is its own byte-level tokens.
+    U8,
     /// Little-endian `uint16` (nanoGPT's `train.bin`).
     U16,
     /// Little-endian `uint32` (vocabularies over 65,536).
@@ -67,6 +70,7 @@ pub enum TokenType {
 impl TokenType {
     fn bytes(self) -> usize {
         match self {
+            TokenType::U8 => 1,
             TokenType::U16 => 2,
             TokenType::U32 => 4,
         }
@@ -319,8 +323,9 @@ fn shard_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     Ok(files)
 }
 
+/// A token file: anything but a directory or a `.npy`/`.npz` file.
 fn is_token_file(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "bin")
+    !path.is_dir() && !path.extension().is_some_and(|e| e == "npy" || e == "npz")
 }
 
 impl Dataset {
@@ -372,6 +377,7 @@ impl Dataset {
                 let f = ir::files::open_regular(&b.path).map_err(|e| file_err(&b.path, e))?;
                 let len = f.metadata().map_err(|e| file_err(&b.path, e))?.len();
                 let elem = match opts.tokens {
+                    TokenType::U8 => Elem::U8,
                     TokenType::U16 => Elem::U16,
                     TokenType::U32 => Elem::U32,
                 };
@@ -396,13 +402,17 @@ impl Dataset {
                     counts.push((n.clone(), samples));
                 }
                 let name = b.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-                let width = if opts.tokens == TokenType::U16 { "uint16" } else { "uint32" };
+                let width = match opts.tokens {
+                    TokenType::U8 => "byte",
+                    TokenType::U16 => "uint16",
+                    TokenType::U32 => "uint32",
+                };
                 parts.push(format!("{}: {name} ({tokens} {width} tokens)", b.names.join(","),));
                 ds.files.push(b.path.clone());
                 continue;
             }
             if b.names.len() != 1 {
-                return Err(bad("only a token file (.bin) feeds two inputs (the second the next tokens)".into()));
+                return Err(bad("only a token file feeds two inputs (the second the next tokens)".into()));
             }
             let (n, m) = (&b.names[0], metas[0]);
             let want_row: Vec<u64> = m.shape[1..].iter().map(|&d| d as u64).collect();
@@ -492,6 +502,14 @@ impl Dataset {
             Column::Tokens { elem, seq, .. } => seq * elem.bytes(),
         };
         self.columns.values().map(|c| row(c) as u64 * self.batch).sum()
+    }
+
+    /// Tokens in a sample when an input reads a token file (its sequence length).
+    pub fn tokens_per_sample(&self) -> Option<usize> {
+        self.columns.values().find_map(|c| match c {
+            Column::Tokens { seq, shift: 0, .. } => Some(*seq),
+            _ => None,
+        })
     }
 
     /// The options it was opened with.

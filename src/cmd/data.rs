@@ -11,6 +11,8 @@ use runtime::data::{Binding, DataOptions, Dataset, Position, TokenType};
 /// Token id width of token files.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenKind {
+    /// Bytes (a text file as byte-level tokens, vocabulary 256).
+    U8,
     /// uint16 (nanoGPT's train.bin).
     U16,
     /// uint32.
@@ -22,9 +24,10 @@ pub enum TokenKind {
 pub struct DataArgs {
     /// Stream samples into an input from files, a new batch every step: `NAME=PATH`, where PATH
     /// is a .npy file, a .npz archive (the array named NAME, or its only array) or a directory
-    /// of .npy/.npz shards read in name order (the first dim counts samples); or
-    /// `NAME,NEXT=TOKENS.bin`, a flat file of token ids cut into sequences of the input's
-    /// length, NEXT (the labels) getting the tokens one further. Each rank reads only the rows
+    /// of .npy/.npz shards read in name order (the first dim counts samples); or any other file
+    /// as token ids (--token-type; `u8`: a text file's bytes), cut into sequences of the input's
+    /// length: `NAME=TOKENS.bin`, or `NAME,NEXT=TOKENS.bin` where NEXT (the labels) gets the
+    /// tokens one further. Each rank reads only the rows
     /// its block of the input needs; epochs are shuffled by --data-seed.
     #[arg(long = "data", value_name = "NAME=PATH")]
     pub data: Vec<String>,
@@ -34,7 +37,8 @@ pub struct DataArgs {
     /// Read the samples in file order every epoch.
     #[arg(long, requires = "data")]
     pub no_shuffle: bool,
-    /// Width of token ids in .bin token files.
+    /// Width of token ids in token files (any file but .npy/.npz): u16 (nanoGPT's train.bin),
+    /// u32, or u8 (bytes: a text file as byte-level tokens).
     #[arg(long, value_enum, default_value = "u16")]
     pub token_type: TokenKind,
     /// Held-out data to evaluate the loss on (forward only, with the same plan; no gradients,
@@ -91,6 +95,7 @@ impl DataArgs {
             seed: self.data_seed,
             shuffle,
             tokens: match self.token_type {
+                TokenKind::U8 => TokenType::U8,
                 TokenKind::U16 => TokenType::U16,
                 TokenKind::U32 => TokenType::U32,
             },

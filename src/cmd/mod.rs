@@ -8,6 +8,7 @@ pub mod plan;
 pub mod profile;
 pub mod reshard;
 pub mod run;
+pub mod run_log;
 pub mod run_report;
 pub mod solve;
 pub mod strategies;

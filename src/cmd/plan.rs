@@ -1,7 +1,7 @@
 //! `autopar autoparallelize` (alias `plan`) and `autopar explain`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -127,8 +127,21 @@ pub struct PlanArgs {
 /// Arguments of `autopar explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// A plan written by `autopar autoparallelize`.
-    pub plan: PathBuf,
+    /// A plan written by `autopar autoparallelize` (optional with --run).
+    #[arg(required_unless_present = "run")]
+    pub plan: Option<PathBuf>,
+    /// A training run's `--json` log (`autopar run --json` or `autopar train --json` output):
+    /// summarised, and with --html or --svg drawn as curves (loss and evaluation loss,
+    /// learning rate, gradient norm, throughput).
+    #[arg(long, value_name = "LOG.jsonl")]
+    pub run: Option<PathBuf>,
+    /// With --run: a dashed reference line on the loss chart, `VALUE[:LABEL]` (e.g. the
+    /// data's unigram entropy, `3.318:unigram entropy`); repeatable.
+    #[arg(long, value_name = "VALUE[:LABEL]", requires = "run", value_parser = super::run_log::parse_reference)]
+    pub reference: Vec<(f64, String)>,
+    /// With --run: write the loss chart alone as an SVG file.
+    #[arg(long, value_name = "FILE", requires = "run")]
+    pub svg: Option<PathBuf>,
     /// Also write the program as a Graphviz graph, coloured by layout.
     #[arg(long, value_name = "FILE")]
     pub dot: Option<PathBuf>,
@@ -229,15 +242,53 @@ pub fn run(a: &PlanArgs) -> Result<()> {
 
 /// Runs `autopar explain`.
 pub fn explain(a: &ExplainArgs) -> Result<()> {
-    let plan = common::read_plan(&a.plan)?;
-    print!("{}", codegen::explain::summary(&plan));
-    if let Some(f) = &a.dot {
-        std::fs::write(f, codegen::explain::dot(&plan)).with_context(|| format!("writing {}", f.display()))?;
+    let write = |f: &Path, text: String| -> Result<()> {
+        std::fs::write(f, text).with_context(|| format!("writing {}", f.display()))?;
         println!("wrote     {}", f.display());
+        Ok(())
+    };
+    let run = match &a.run {
+        Some(log) => Some((log, super::run_log::read(log)?)),
+        None => None,
+    };
+    let plan = match &a.plan {
+        Some(p) => Some(common::read_plan(p)?),
+        None => None,
+    };
+    if let Some(plan) = &plan {
+        print!("{}", codegen::explain::summary(plan));
+        if let Some(f) = &a.dot {
+            write(f, codegen::explain::dot(plan))?;
+        }
+    } else if a.dot.is_some() {
+        bail!("--dot draws a plan: name one");
+    }
+    if let Some((_, steps)) = &run {
+        print!("{}", super::run_log::summary(steps));
+        if let Some(f) = &a.svg {
+            let loss = super::run_log::charts(steps, &a.reference).remove(0);
+            write(f, loss.svg())?;
+        }
     }
     if let Some(f) = &a.html {
-        std::fs::write(f, codegen::explain::html(&plan)).with_context(|| format!("writing {}", f.display()))?;
-        println!("wrote     {}", f.display());
+        let page = match (&plan, &run) {
+            (Some(plan), None) => codegen::explain::html(plan),
+            (None, Some((log, steps))) => super::run_log::html(&log.display().to_string(), steps, &a.reference),
+            (Some(plan), Some((_, steps))) => {
+                // The plan's page with the run's curves before its end.
+                let mut page = codegen::explain::html(plan);
+                let curves: String =
+                    super::run_log::charts(steps, &a.reference).iter().map(codegen::svg::LineChart::svg).collect();
+                let at = page.rfind("</body>").unwrap_or(page.len());
+                page.insert_str(
+                    at,
+                    &format!("<h2>Training run</h2>\n<pre>{}</pre>\n{curves}", super::run_log::summary(steps)),
+                );
+                page
+            }
+            (None, None) => bail!("nothing to draw: name a plan or --run LOG.jsonl"),
+        };
+        write(f, page)?;
     }
     Ok(())
 }

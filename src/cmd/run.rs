@@ -182,6 +182,10 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         threads_per_rank: a.threads_per_rank,
         plan,
         data: data.as_ref().map(|d| (super::data::describe(d), d.bytes_per_step())),
+        tokens_per_sample: data.as_ref().and_then(|d| d.tokens_per_sample()).or_else(|| {
+            // A language model fed by --feed: its input_ids' sequence length.
+            program.inputs.iter().find(|i| i.name == "input_ids" && i.meta.shape.len() == 2).map(|i| i.meta.shape[1])
+        }),
     };
     let mut opts = opts;
     opts.data = data.map(std::sync::Arc::new);

@@ -25,6 +25,8 @@ pub struct Info {
     pub threads_per_rank: usize,
     /// The dataset: its line ([`super::data::describe`]) and the bytes of one step's batch.
     pub data: Option<(String, u64)>,
+    /// Tokens in a sample, for a language model (throughput is also given in tokens/s).
+    pub tokens_per_sample: Option<usize>,
 }
 
 /// Prints the run for people (progress bar on a terminal, a line per step otherwise) or as JSON
@@ -80,7 +82,7 @@ impl<'a> Reporter<'a> {
         let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
             let b = indicatif::ProgressBar::new(a.steps - start);
             b.set_style(
-                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  ETA {eta}  {msg}")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             b
@@ -99,13 +101,20 @@ impl<'a> Reporter<'a> {
                 "comm_ms": comm * 1e3, "peak_bytes": r.peak_bytes.iter().max(),
                 "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
             });
+            if let Some(t) = self.info.tokens_per_sample {
+                line["tokens_per_s"] = serde_json::json!(sps * t as f64);
+            }
+            for (k, v) in &r.metrics {
+                line[k.as_str()] = serde_json::json!(v);
+            }
             if let Some(l) = r.eval_loss {
                 line["eval_loss"] = serde_json::json!(l);
             }
             line.to_string()
         } else {
+            let metrics: String = r.metrics.iter().map(|(k, v)| format!("  {} {v:.4e}", k.replace('_', " "))).collect();
             format!(
-                "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{}{}",
+                "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{metrics}{}{}",
                 r.step,
                 r.loss,
                 r.seconds * 1e3,

@@ -115,6 +115,12 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;
     }
     let mut reader = data.as_ref().map(|d| d.reader());
+    // Samples per step (the inputs' first dim) and, for a language model, tokens per sample.
+    let batch = inputs.first().and_then(|(_, m)| m.shape.first().copied()).unwrap_or(1);
+    let tokens_per_sample = data
+        .as_ref()
+        .and_then(|d| d.tokens_per_sample())
+        .or_else(|| inputs.iter().find(|(n, m)| n == "input_ids" && m.shape.len() == 2).map(|(_, m)| m.shape[1]));
     let eval = a.data.open_eval(&inputs)?;
     let mut held_out = eval.as_ref().map(|e| e.data.reader());
     let saved = trainer.saved_for_backward();
@@ -187,8 +193,17 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         }
         if a.json {
             let mut line = serde_json::json!({
-                "step": rep.step, "loss": rep.loss, "ms": dt * 1e3, "peak_bytes": rep.peak_bytes
+                "step": rep.step, "loss": rep.loss, "ms": dt * 1e3, "peak_bytes": rep.peak_bytes,
+                "samples_per_s": batch as f64 / dt.max(1e-12),
             });
+            if let Some(t) = tokens_per_sample {
+                line["tokens_per_s"] = serde_json::json!((batch * t) as f64 / dt.max(1e-12));
+            }
+            for (k, t) in &rep.outputs {
+                if k != "loss" && t.shape().iter().product::<usize>() == 1 && t.dtype().is_float() {
+                    line[k.as_str()] = serde_json::json!(runtime::scalar_f32(t));
+                }
+            }
             if let Some(l) = eval_loss {
                 line["eval_loss"] = serde_json::json!(l);
             }

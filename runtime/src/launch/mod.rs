@@ -404,6 +404,8 @@ pub struct StepReport {
     pub data_bytes: Vec<u64>,
     /// The mean loss over the held-out batches, when this step was followed by an evaluation.
     pub eval_loss: Option<f64>,
+    /// The graph's other scalar float outputs (the learning rate, the gradient norm), by name.
+    pub metrics: std::collections::BTreeMap<String, f64>,
 }
 
 /// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
@@ -450,6 +452,12 @@ pub(crate) fn step_report(
         checkpoint: None,
         data_bytes: all.iter().map(|v| v[3] as u64).collect(),
         eval_loss: None,
+        metrics: r
+            .outputs
+            .iter()
+            .filter(|(k, t)| k.as_str() != "loss" && t.shape().iter().product::<usize>() == 1 && t.dtype().is_float())
+            .map(|(k, t)| (k.clone(), crate::scalar_f32(t) as f64))
+            .collect(),
     })
 }
 
