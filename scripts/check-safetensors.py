@@ -5,8 +5,13 @@ loads with the Python `safetensors` package (issue 23) and holds the same tensor
 Usage (in a venv: python3 -m venv /tmp/venv && /tmp/venv/bin/pip install safetensors numpy torch):
     /tmp/venv/bin/python scripts/check-safetensors.py DIR
 Loads with `safetensors.numpy.load_file`, and with `safetensors.torch.load_file` when torch is
-installed; prints one line per tensor and exits non-zero on any difference."""
+installed; prints one line per tensor and exits non-zero on any difference. With DIR/names.json
+(the PyTorch names autopar found in the model file), also builds the PyTorch state dict they give
+(transposing where a name says so) and, given a second argument, saves it with torch.save:
+    /tmp/venv/bin/python scripts/check-safetensors.py DIR state_dict.pt"""
 
+import json
+import os
 import sys
 
 import numpy as np
@@ -14,7 +19,7 @@ from safetensors.numpy import load_file
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     d = sys.argv[1]
     st = load_file(f"{d}/model.safetensors")
@@ -36,6 +41,22 @@ def main():
         if not np.array_equal(x.numpy(), st[name]):
             sys.exit(f"{name}: torch loads different values")
     print(f"{len(t)} tensors load with safetensors.torch too")
+    names = f"{d}/names.json"
+    if not os.path.exists(names):
+        return
+    doc = json.load(open(names))
+    sd = {}
+    for onnx_name, torch_names in doc["params"].items():
+        for n in torch_names:
+            x = t[onnx_name]
+            sd[n["name"]] = x.t().contiguous() if n["transposed"] else x
+    print(f"names.json: {len(sd)} state-dict entries from {len(doc['params'])} tensors; "
+          f"{len(doc['unmapped'])} without a PyTorch name")
+    if len(sys.argv) == 3:
+        import torch
+
+        torch.save(sd, sys.argv[2])
+        print(f"saved the state dict to {sys.argv[2]} (load with module.load_state_dict(..., strict=False))")
 
 
 if __name__ == "__main__":

@@ -826,6 +826,12 @@ fn trained_weights_leave_as_safetensors_and_onnx() {
     let st = runtime::weights::read_safetensors(&save.join("model.safetensors")).unwrap();
     let npz = runtime::npy::read_npz(&save.join("params.npz")).unwrap();
     assert!(st == npz, "model.safetensors differs from params.npz");
+    // The mlp's initializers are its PyTorch names.
+    let names: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(save.join("names.json")).unwrap()).unwrap();
+    let params = names["params"].as_object().unwrap();
+    assert_eq!(params.keys().collect::<Vec<_>>(), st.keys().collect::<Vec<_>>());
+    assert!(params.iter().all(|(k, v)| v[0]["name"] == k.as_str() && v[0]["transposed"] == false), "{names}");
     let trained = tracer::import_file(&onnx, &Default::default()).unwrap();
     let original = tracer::import_file(Path::new(&m), &Default::default()).unwrap();
     assert_eq!(trained.param_data.keys().collect::<Vec<_>>(), st.keys().collect::<Vec<_>>());

@@ -291,3 +291,56 @@ fn zoo_models_import_infer_train_plan_and_run() {
     let _ = writeln!(std::io::stdout().lock(), "\n{table}\nzoo: {passed} of {} models pass every stage", seen.len());
     assert!(problems.is_empty(), "zoo:\n{}", problems.join("\n"));
 }
+
+#[test]
+fn torch_names_are_the_modules_state_dict_keys() {
+    // `--save`'s names.json against PyTorch: every name found for a zoo model's initializer is a
+    // key of its module's state dict (tests/data/zoo/state-dicts.json, made by
+    // scripts/zoo/torch-names.py), with the initializer's shape, or its transpose where the name
+    // says `transposed`. Prints each model's coverage.
+    let refs: BTreeMap<String, BTreeMap<String, Vec<usize>>> =
+        serde_json::from_str(&std::fs::read_to_string(zoo().join("state-dicts.json")).unwrap()).unwrap();
+    let (mut named, mut total) = (0, 0);
+    for (model, keys) in &refs {
+        let path = zoo().join(model).join("model.onnx");
+        let bytes = std::fs::read(&path).unwrap();
+        let names = tracer::export::torch_names(&bytes, model).unwrap();
+        let index = tracer::InitializerIndex::open(&path).unwrap();
+        let inits: Vec<String> = index.names().map(str::to_string).collect();
+        // Float initializers: the parameters (int64 buffers, such as position ids, are not).
+        let names: BTreeMap<&String, &Vec<tracer::export::TorchName>> =
+            names.iter().filter(|(i, _)| index.get(i).is_some()).collect();
+        for (init, ns) in &names {
+            let shape = &index.get(init).unwrap().shape;
+            for n in ns.iter() {
+                let want = keys.get(&n.name).unwrap_or_else(|| panic!("{model}: {init} named {} ({})", n.name, n.from));
+                let mut got = shape.clone();
+                if n.transposed {
+                    got.reverse();
+                }
+                assert_eq!(&got, want, "{model}: {init} as {} ({})", n.name, n.from);
+            }
+        }
+        let missing: Vec<&String> = inits.iter().filter(|i| !names.contains_key(i)).collect();
+        println!("{model:<14} {} of {} initializers named; without a name: {missing:?}", names.len(), inits.len());
+        named += names.len();
+        total += inits.len();
+    }
+    println!("{named} of {total} initializers named in {} models", refs.len());
+    assert!(named * 10 >= total * 9, "fewer than 90% named");
+    // The bundled TorchScript exports whose weights the exporter renamed and transposed
+    // (tests/data/refgrad/README.md, "ONNX semantics"): gpt2-tiny's lm_head, bert-tiny's
+    // attention and dense weights; and the parameters merged into one initializer, named by
+    // the Identity nodes that copy it.
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/models");
+    let names = |m: &str| tracer::export::torch_names(&std::fs::read(models.join(m)).unwrap(), m).unwrap();
+    let gpt2 = names("gpt2-tiny.onnx");
+    let lm = &gpt2["onnx::MatMul_471"];
+    assert_eq!((lm.len(), lm[0].name.as_str(), lm[0].transposed), (1, "m.lm_head.weight", true), "{lm:?}");
+    let ln: Vec<&str> = gpt2["m.transformer.h.0.ln_1.bias"].iter().map(|n| n.name.as_str()).collect();
+    assert!(ln.len() == 9 && ln.contains(&"m.transformer.ln_f.bias"), "{ln:?}");
+    let bert = names("bert-tiny.onnx");
+    let q = &bert["onnx::MatMul_258"][0];
+    assert_eq!((q.name.as_str(), q.transposed), ("m.encoder.layer.0.attention.self.query.weight", true));
+    assert!(bert.keys().all(|k| !k.contains("::") || bert[k][0].transposed), "{bert:?}");
+}

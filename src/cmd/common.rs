@@ -455,3 +455,38 @@ pub fn export_onnx(model: &Path, out: &Path, params: &BTreeMap<String, ir::Tenso
     std::fs::write(out, new).with_context(|| format!("--export-onnx {}", out.display()))?;
     Ok(())
 }
+
+/// Writes `DIR/names.json`: for each parameter in `params` (by ONNX initializer name, as
+/// `model.safetensors` keys them), the PyTorch state-dict names the model file keeps for it
+/// ([`tracer::export::torch_names`]), and the parameters it names none for. Returns how many
+/// parameters have a name.
+pub fn write_torch_names(model: &Path, dir: &Path, params: &BTreeMap<String, ir::Tensor>) -> Result<usize> {
+    let bytes = ir::files::read_regular(model, tracer::MAX_MODEL_BYTES)
+        .with_context(|| format!("reading {} for its PyTorch names", model.display()))?;
+    let names = tracer::export::torch_names(&bytes, &model.display().to_string())?;
+    let mut mapped = serde_json::Map::new();
+    let mut unmapped = vec![];
+    for p in params.keys() {
+        match names.get(p) {
+            Some(ns) => {
+                let v: Vec<serde_json::Value> = ns
+                    .iter()
+                    .map(|n| serde_json::json!({"name": n.name, "transposed": n.transposed, "from": n.from}))
+                    .collect();
+                mapped.insert(p.clone(), v.into());
+            }
+            None => unmapped.push(p.clone()),
+        }
+    }
+    let n = mapped.len();
+    let doc = serde_json::json!({
+        "format": "autopar-torch-names",
+        "version": 1,
+        "model": model.display().to_string(),
+        "params": mapped,
+        "unmapped": unmapped,
+    });
+    let file = dir.join("names.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n").with_context(|| file.display().to_string())?;
+    Ok(n)
+}

@@ -205,14 +205,17 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut on = |e: Event<'_>| on_event(a, &info, &mut rep, e);
     let prepared = |a: &RunArgs| -> Result<Job> {
         let (job, i) = prepare(a)?;
-        if a.export_onnx.is_some() {
-            let path = match &a.model {
-                Some(m) => m.clone(),
-                None => {
-                    runtime::launch::model_file(&i.plan, a.plan.parent().unwrap_or(Path::new(""))).map_err(explain)?
-                }
+        if a.export_onnx.is_some() || a.save.is_some() {
+            let found = match &a.model {
+                Some(m) => Ok(m.clone()),
+                None => runtime::launch::model_file(&i.plan, a.plan.parent().unwrap_or(Path::new(""))),
             };
-            *model.borrow_mut() = Some(path);
+            // --export-onnx needs the model; --save only names the parameters with it.
+            *model.borrow_mut() = match found {
+                Ok(p) => Some(p),
+                Err(e) if a.export_onnx.is_some() => return Err(explain(e)),
+                Err(_) => None,
+            };
         }
         *info.borrow_mut() = Some(i);
         Ok(job)
@@ -236,7 +239,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         rep.finish()?;
     }
     let Some(params) = done.params else { return Ok(()) };
-    save_params(a, &params)?;
+    save_params(a, &params, model.borrow().as_deref())?;
     if let Some(file) = &a.export_onnx {
         let model = model.borrow().clone().context("--export-onnx: the model file is unknown")?;
         common::export_onnx(&model, file, &params)?;

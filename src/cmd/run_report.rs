@@ -257,8 +257,9 @@ pub fn on_event<'a>(
     Ok(())
 }
 
-/// Writes `--save DIR/params.npz` and `DIR/model.safetensors`.
-pub fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
+/// Writes `--save DIR/params.npz` and `DIR/model.safetensors`, and `DIR/names.json` (the
+/// PyTorch names) when the model file `model` is known.
+pub fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>, model: Option<&std::path::Path>) -> Result<()> {
     let Some(dir) = &a.save else { return Ok(()) };
     std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
     let file = dir.join("params.npz");
@@ -266,8 +267,19 @@ pub fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>) -> Result
     let st = dir.join("model.safetensors");
     runtime::weights::write_safetensors(&st, params, &runtime::weights::metadata())
         .with_context(|| format!("--save {}", st.display()))?;
+    let named = match model {
+        Some(m) => Some(common::write_torch_names(m, dir, params)?),
+        None => None,
+    };
     if !a.json {
         println!("saved the parameters ({} tensors) to {} and {}", params.len(), file.display(), st.display());
+        if let Some(n) = named {
+            println!(
+                "wrote their PyTorch names ({n} of {} found in the model file) to {}",
+                params.len(),
+                dir.join("names.json").display()
+            );
+        }
     }
     Ok(())
 }

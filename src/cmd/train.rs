@@ -217,6 +217,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     if let Some(dir) = &a.save {
         trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
+        common::write_torch_names(&a.model, dir, &trainer.params())?;
         if let Some(d) = &data {
             super::data::save_position(dir, d, trainer.steps_done())?;
         }

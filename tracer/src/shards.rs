@@ -230,6 +230,11 @@ impl InitializerIndex {
         Ok(())
     }
 
+    /// The names of the float32 initializers with data, in name order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.locs.keys().map(String::as_str)
+    }
+
     /// The initializer called `name`, if the file has its data.
     pub fn get(&self, name: &str) -> Option<&InitializerLoc> {
         self.locs.get(name)
