@@ -291,6 +291,8 @@ pub struct StepResult {
     pub op_seconds: Vec<(usize, f64)>,
     /// Bytes this rank has read from a dataset so far (set by the launcher's loop).
     pub data_bytes: u64,
+    /// Seconds this rank spent reading the step's data and setting its feeds (before the step).
+    pub data_seconds: f64,
 }
 
 /// Where a rank's parameter blocks come from.

@@ -415,6 +415,7 @@ pub(crate) fn step<'a, B: Backend>(
         comm_seconds,
         op_seconds,
         data_bytes: 0,
+        data_seconds: 0.0,
     })
 }
 

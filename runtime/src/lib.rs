@@ -19,7 +19,11 @@
 //! threads, deterministic reductions, abort and timeout instead of hangs), `mpi_comm` the `mpi`
 //! one (feature `mpi`); [`launch`] runs steps on every rank with checkpoints ([`checkpoint`]) and
 //! fault handling. `gpu` (feature `cuda`) runs the same compiled program on one GPU per rank,
-//! with the CUDA kernels and NCCL collectives (the `nccl` back end).
+//! with the CUDA kernels and NCCL collectives (the `nccl` back end). [`data`] streams datasets
+//! into the inputs: before each step every rank reads only the rows of its input blocks, in an
+//! epoch order that is a function of the step and a seed (so checkpoints resume it exactly).
+//! An evaluation step runs only the instructions the `loss` output depends on, with the
+//! parameters borrowed, so held-out losses come from the same plan without an update.
 //!
 //! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
 //! error (weight-free models can be planned, not run, until they are initialised).

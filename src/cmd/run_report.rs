@@ -93,7 +93,8 @@ impl<'a> Reporter<'a> {
 
     /// Prints a step.
     pub fn step(&mut self, r: &StepReport) {
-        let sps = self.batch / r.seconds.max(1e-12);
+        // Throughput over the whole step: reading its data, then running it.
+        let sps = self.batch / (r.seconds + r.data_seconds).max(1e-12);
         let comm = r.comm_seconds.iter().copied().fold(0.0, f64::max);
         let line = if self.a.json {
             let mut line = serde_json::json!({
@@ -103,6 +104,9 @@ impl<'a> Reporter<'a> {
             });
             if let Some(t) = self.info.tokens_per_sample {
                 line["tokens_per_s"] = serde_json::json!(sps * t as f64);
+            }
+            if self.info.data.is_some() {
+                line["data_ms"] = serde_json::json!(r.data_seconds * 1e3);
             }
             for (k, v) in &r.metrics {
                 line[k.as_str()] = serde_json::json!(v);
@@ -175,6 +179,7 @@ impl<'a> Reporter<'a> {
                 "estimated_step_ms": est.step_seconds * 1e3,
             });
             if let (Some((_, per_step)), Some(last)) = (&self.info.data, reports.last()) {
+                line["data_ms"] = serde_json::json!(median_of(reports.iter().map(|r| r.data_seconds)) * 1e3);
                 line["data_bytes_read"] = serde_json::json!(last.data_bytes);
                 line["data_bytes_of_batches"] = serde_json::json!(per_step * reports.len() as u64);
             }
@@ -205,16 +210,25 @@ impl<'a> Reporter<'a> {
                     .iter()
                     .map(|&b| format!("{} ({:.1}%)", fmt_bytes(b), 100.0 * b as f64 / total.max(1) as f64))
                     .collect();
+                let ms = median_of(reports.iter().map(|r| r.data_seconds)) * 1e3;
                 writeln!(
                     out,
-                    "data read per rank: {} of the {} in this run's batches",
+                    "data read per rank: {} of the {} in this run's batches; reading {ms:.2} ms per step (median,                      slowest rank; {:.1}% of a step)",
                     shares.join(", "),
-                    fmt_bytes(total)
+                    fmt_bytes(total),
+                    100.0 * ms / (median * 1e3).max(1e-12)
                 )?;
             }
         }
         Ok(())
     }
+}
+
+/// The median of some seconds (0 for none).
+fn median_of(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// What to say when the model cannot be used.

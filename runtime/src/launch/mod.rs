@@ -402,6 +402,8 @@ pub struct StepReport {
     pub checkpoint: Option<PathBuf>,
     /// Bytes each rank has read from the dataset so far (zeros without one).
     pub data_bytes: Vec<u64>,
+    /// Seconds the slowest rank spent reading this step's data before it (not in `seconds`).
+    pub data_seconds: f64,
     /// The mean loss over the held-out batches, when this step was followed by an evaluation.
     pub eval_loss: Option<f64>,
     /// The graph's other scalar float outputs (the learning rate, the gradient norm), by name.
@@ -440,7 +442,10 @@ pub(crate) fn step_report(
 ) -> Result<StepReport, DistError> {
     let loss = r.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
     let ns = |s: f64| (s * 1e9) as i64;
-    let mine = Tensor::i64(vec![4], vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds), r.data_bytes as i64]);
+    let mine = Tensor::i64(
+        vec![5],
+        vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds), r.data_bytes as i64, ns(r.data_seconds)],
+    );
     let all: Vec<Vec<i64>> =
         comm.exchange(everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
     Ok(StepReport {
@@ -451,6 +456,7 @@ pub(crate) fn step_report(
         peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
         checkpoint: None,
         data_bytes: all.iter().map(|v| v[3] as u64).collect(),
+        data_seconds: all.iter().map(|v| v[4] as f64 * 1e-9).fold(0.0, f64::max),
         eval_loss: None,
         metrics: r
             .outputs
@@ -586,12 +592,15 @@ pub fn rank_loop(
         if fault.is_some_and(|f| f.kind == FaultKind::NonFinite) {
             rank.poison()?;
         }
+        let t0 = std::time::Instant::now();
         if let Some(rd) = reader.as_mut() {
             let blocks = program.data_blocks(rank.rank(), rd, step - 1)?;
             rank.set_feed_blocks(blocks)?;
         }
+        let data_seconds = t0.elapsed().as_secs_f64();
         let mut r = rank.step(program)?;
         r.data_bytes = reader.as_ref().map_or(0, |rd| rd.bytes_read());
+        r.data_seconds = data_seconds;
         let mut rep = rank.report(&everyone, step, &r)?;
         if let (Some(e), Some(rd)) = (&opts.eval, held_out.as_mut())
             && (step == opts.until_step || (e.every > 0 && step.is_multiple_of(e.every)))
