@@ -712,9 +712,9 @@ fn streamed_data_trains_and_evaluates_on_2x2_as_on_one_device() {
         if share > 0 {
             assert!(read.iter().all(|&r| r == total / share), "{strategy}: {read:?} of {total}");
         } else {
-            // Each stage's ranks read what its inputs' blocks need; together no more than every
-            // rank reading all.
-            assert!(read.iter().all(|&r| r <= total) && read.iter().sum::<u64>() >= total / 2, "{read:?}");
+            // A stage's ranks read only the inputs it reads: x on the first, the targets on
+            // the second (half the bytes of each batch at most).
+            assert!(read.iter().all(|&r| r > 0 && r <= total / 2), "{read:?} of {total}");
         }
     }
 }
@@ -744,6 +744,10 @@ fn a_run_resumed_mid_epoch_reads_the_batches_of_the_uninterrupted_run() {
     assert!(!out.status.success());
     let rest = losses(&String::from_utf8_lossy(&run("16", &["--checkpoint", &ck, "--resume"]).stdout));
     assert_eq!(rest, full[5..].to_vec(), "bit for bit");
+    // More held-out batches than the data holds would repeat them: refused.
+    let out = run("2", &["--eval-data", &bind[0], "--eval-data", &bind[1], "--eval-batches", "13"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("holds 12 batch(es) of 8"), "{err}");
     // Another seed, or other data, is another order: refused, not silently resumed.
     for (extra, says) in
         [(&["--data-seed", "1"][..], "seed 0, this run shuffled with seed 1"), (&["--no-shuffle"][..], "in file order")]
@@ -795,6 +799,7 @@ fn token_files_feed_next_token_training() {
         (format!("nope={}", s(&bin)), "the graph has no input nope"),
         (format!("input_ids={}", s(&dir.path().join("missing.npy"))), "missing.npy"),
         ("input_ids".to_string(), "is not NAME=PATH"),
+        (format!("input_ids,input_ids={}", s(&bin)), "two different inputs"),
     ] {
         let out = autopar(&["run", &p, "--steps", "1", "--data", &binding]);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -848,4 +853,39 @@ fn evaluation_is_the_next_steps_loss_on_the_same_batch() {
             assert!((e - next).abs() <= 1e-6 * next.abs(), "{strategy} step {}: eval {e} vs next loss {next}", k + 1);
         }
     }
+}
+
+#[test]
+fn train_resumed_with_load_continues_its_data_and_evaluates_at_its_last_step() {
+    // `train --save` after 3 steps, then `--load` for 3 more: the losses of an uninterrupted
+    // 6-step run, an evaluation after step 6 (the last, counted from the loaded step), and a
+    // later save on fixed feeds leaves no data position behind.
+    let dir = tempfile::tempdir().unwrap();
+    let (xd, td) = mlp_dataset(dir.path());
+    let model = s(&data("models/mlp.onnx"));
+    let bind = [format!("x={}", s(&xd)), format!("target={}", s(&td))];
+    let save = s(&dir.path().join("saved"));
+    let train = |steps: &str, extra: &[&str]| {
+        let mut a = vec!["train", &model, "--loss", "mse:y:target", "--input", "x=8x256", "--steps", steps, "--json"];
+        a.extend(["--data", &bind[0], "--data", &bind[1], "--optimizer", "sgd"]);
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let full = losses(&train("6", &[]));
+    ok(&[&["train"][..], &train_args(&model, &bind, "3")[..], &["--save", &save]].concat());
+    let eval = ["--eval-data", &bind[0], "--eval-data", &bind[1], "--eval-batches", "2"];
+    let rest = train("3", &[&["--load", &save][..], &eval[..]].concat());
+    assert_eq!(losses(&rest), full[3..].to_vec());
+    assert_eq!(eval_losses(&rest).iter().map(|e| e.0).collect::<Vec<_>>(), vec![6]);
+    assert!(dir.path().join("saved/data.json").exists());
+    let x = format!("x={}", s(&data("models/mlp.x.npy")));
+    let t = format!("target={}", s(&data("refgrad/mlp/mlp.target.npy")));
+    ok(&["train", &model, "--loss", "mse:y:target", "--steps", "1", "--feed", &x, "--feed", &t, "--save", &save]);
+    assert!(!dir.path().join("saved/data.json").exists());
+}
+
+fn train_args<'a>(model: &'a str, bind: &'a [String; 2], steps: &'a str) -> Vec<&'a str> {
+    let mut a = vec![model, "--loss", "mse:y:target", "--input", "x=8x256", "--steps", steps, "--json"];
+    a.extend(["--data", &bind[0], "--data", &bind[1], "--optimizer", "sgd"]);
+    a
 }

@@ -2,8 +2,9 @@
 //! explain` writes: training curves of a run log, and measurements against estimates.
 //!
 //! Invariants: the output is one `<svg>` element with a `viewBox`, every series one `<polyline>`
-//! (with its legend entry), text escaped; non-finite points are left out, and a chart with no
-//! finite point says so instead of drawing axes over nothing.
+//! (with its legend entry), text escaped; non-finite points (and beyond ±1e300, where ranges
+//! overflow) are left out, and a chart with no such point says so instead of drawing axes over
+//! nothing.
 
 use std::fmt::Write;
 
@@ -76,7 +77,8 @@ fn label(v: f64) -> String {
 impl LineChart {
     /// The chart as an `<svg>` element.
     pub fn svg(&self) -> String {
-        let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
+        // Beyond ±1e300 a range overflows: such points are left out as non-finite ones are.
+        let finite = |p: &&(f64, f64)| p.0.abs() < 1e300 && p.1.abs() < 1e300;
         let pts: Vec<(f64, f64)> = self.series.iter().flat_map(|s| s.points.iter().filter(finite).copied()).collect();
         let mut o = String::new();
         let _ = writeln!(
@@ -105,7 +107,7 @@ impl LineChart {
         let (mut x0, mut x1) = (fold(f64::min, f64::INFINITY, |p| p.0), fold(f64::max, f64::NEG_INFINITY, |p| p.0));
         let mut y0 = fold(f64::min, f64::INFINITY, |p| p.1);
         let mut y1 = fold(f64::max, f64::NEG_INFINITY, |p| p.1);
-        for (r, _) in self.references.iter().filter(|r| r.0.is_finite()) {
+        for (r, _) in self.references.iter().filter(|r| r.0.abs() < 1e300) {
             y0 = y0.min(*r);
             y1 = y1.max(*r);
         }
@@ -166,7 +168,7 @@ impl LineChart {
             TOP + ph / 2.0,
             esc(&self.y_label)
         );
-        for (v, name) in self.references.iter().filter(|r| r.0.is_finite()) {
+        for (v, name) in self.references.iter().filter(|r| r.0.abs() < 1e300) {
             let y = sy(*v);
             let _ = writeln!(
                 o,
@@ -231,7 +233,11 @@ mod tests {
             x_label: "step".into(),
             y_label: "nats".into(),
             series: vec![
-                Series { name: "train".into(), points: vec![(1.0, 3.0), (2.0, f64::NAN), (3.0, 2.0)], dots: false },
+                Series {
+                    name: "train".into(),
+                    points: vec![(1.0, 3.0), (2.0, f64::NAN), (2.5, 1e308), (3.0, 2.0)],
+                    dots: false,
+                },
                 Series { name: "eval".into(), points: vec![(3.0, 2.5)], dots: true },
             ],
             references: vec![(3.3, "unigram".into())],

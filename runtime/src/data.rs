@@ -46,6 +46,9 @@ pub enum DataError {
         /// What is wrong.
         message: String,
     },
+    /// A shard's `.npy` header is not usable (the error names the file).
+    #[error(transparent)]
+    Npy(#[from] crate::npy::NpyError),
     /// A file could not be read.
     #[error("{path}: {message}")]
     File {
@@ -95,6 +98,9 @@ impl std::str::FromStr for Binding {
         if names.iter().any(String::is_empty) || path.is_empty() || names.len() > 2 {
             return Err(format!("--data `{s}` is not NAME=PATH (or NAME,NEXT=TOKENS.bin)"));
         }
+        if names.len() == 2 && names[0] == names[1] {
+            return Err(format!("--data `{s}`: the input and its next tokens need two different inputs"));
+        }
         Ok(Binding { names, path: PathBuf::from(path) })
     }
 }
@@ -112,13 +118,13 @@ pub struct DataOptions {
     pub seed: u64,
     /// Permute each epoch (`false`: file order every epoch).
     pub shuffle: bool,
-    /// Width of token ids in token files.
-    pub tokens: TokenType,
+    /// Width of token ids in token files (`None`: bytes for a `.txt` file, else `uint16`).
+    pub tokens: Option<TokenType>,
 }
 
 impl Default for DataOptions {
     fn default() -> Self {
-        DataOptions { seed: 0, shuffle: true, tokens: TokenType::U16 }
+        DataOptions { seed: 0, shuffle: true, tokens: None }
     }
 }
 
@@ -252,7 +258,7 @@ fn npy_header(path: &Path, f: &File, offset: u64, total: u64, what: &str) -> Res
     let mut f = f;
     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(offset)).map_err(|e| file_err(path, e))?;
     let mut r = std::io::BufReader::new(f).take(total);
-    let head = crate::npy::checked_header(path, &mut r, total, what).map_err(|e| file_err(path, e))?;
+    let head = crate::npy::checked_header(path, &mut r, total, what)?;
     let len = head.len() as u64;
     let npy = npyz::NpyFile::new(Cursor::new(head)).map_err(|e| file_err(path, format!("{what}{e}")))?;
     if npy.order() != npyz::Order::C {
@@ -376,12 +382,17 @@ impl Dataset {
                 let file = ds.files.len();
                 let f = ir::files::open_regular(&b.path).map_err(|e| file_err(&b.path, e))?;
                 let len = f.metadata().map_err(|e| file_err(&b.path, e))?.len();
-                let elem = match opts.tokens {
+                let width = opts.tokens.unwrap_or(if b.path.extension().is_some_and(|e| e == "txt") {
+                    TokenType::U8
+                } else {
+                    TokenType::U16
+                });
+                let elem = match width {
                     TokenType::U8 => Elem::U8,
                     TokenType::U16 => Elem::U16,
                     TokenType::U32 => Elem::U32,
                 };
-                let tokens = len / opts.tokens.bytes() as u64;
+                let tokens = len / width.bytes() as u64;
                 let shift = b.names.len() as u64 - 1;
                 for (k, (n, m)) in b.names.iter().zip(&metas).enumerate() {
                     if m.shape.len() != 2 || m.dtype != DType::I64 {
@@ -402,7 +413,7 @@ impl Dataset {
                     counts.push((n.clone(), samples));
                 }
                 let name = b.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-                let width = match opts.tokens {
+                let width = match width {
                     TokenType::U8 => "byte",
                     TokenType::U16 => "uint16",
                     TokenType::U32 => "uint32",
@@ -416,6 +427,9 @@ impl Dataset {
             }
             let (n, m) = (&b.names[0], metas[0]);
             let want_row: Vec<u64> = m.shape[1..].iter().map(|&d| d as u64).collect();
+            if want_row.contains(&0) {
+                return Err(bad(format!("input {n} is {m}: samples of no elements cannot be read")));
+            }
             let mut shards = vec![];
             let mut first = 0u64;
             let mut elem = None;
@@ -441,7 +455,9 @@ impl Dataset {
                     return Err(bad(format!("{} holds {dt} values; input {n} is {want}", path.display())));
                 }
                 shards.push(Shard { file: ds.files.len(), offset, rows: shape[0], first });
-                first += shape[0];
+                // Rows are bounded by the file's bytes (the header check) and have bytes: no
+                // overflow short of 2^64 bytes of files.
+                first = first.checked_add(shape[0]).ok_or_else(|| bad("more than 2^64 samples".into()))?;
                 names.push(format!(
                     "{} ({} rows)",
                     path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -522,6 +538,16 @@ impl Dataset {
         &self.description
     }
 
+    /// A hash of what the batches depend on (the files by name and size, samples, batch, seed,
+    /// order): every process of a run must see the same.
+    pub fn fingerprint(&self) -> i64 {
+        let text =
+            format!("{}|{}|{}|{}|{}", self.description, self.samples, self.batch, self.opts.seed, self.opts.shuffle);
+        // FNV-1a.
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        h as i64
+    }
+
     /// Where a run that has done `steps_done` steps is.
     pub fn position(&self, steps_done: u64) -> Position {
         let e = self.steps_per_epoch().max(1);
@@ -587,6 +613,9 @@ pub fn epoch_order(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Vec<u64> {
     v
 }
 
+/// Files a [`Reader`] keeps open (every rank thread has its own reader).
+const MAX_OPEN_FILES: usize = 32;
+
 /// One rank's reads of a [`Dataset`]: its open files, the current epoch's order and the bytes
 /// read so far.
 pub struct Reader<'d> {
@@ -620,10 +649,14 @@ impl Reader<'_> {
         &order[at..at + ds.batch as usize]
     }
 
-    /// Reads `len` bytes at `at` of file `file`.
+    /// Reads `len` bytes at `at` of file `file` (keeping at most [`MAX_OPEN_FILES`] open).
     fn read(&mut self, file: usize, at: u64, len: usize) -> Result<(), DataError> {
         let ds = self.ds;
         let path = &ds.files[file];
+        if self.files.len() >= MAX_OPEN_FILES && !self.files.contains_key(&file) {
+            // Shuffled reads of many shards: close them all rather than run out of descriptors.
+            self.files.clear();
+        }
         let f = match self.files.entry(file) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {

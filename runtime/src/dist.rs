@@ -293,6 +293,9 @@ pub struct StepResult {
     pub data_bytes: u64,
     /// Seconds this rank spent reading the step's data and setting its feeds (before the step).
     pub data_seconds: f64,
+    /// [`crate::data::Dataset::fingerprint`] of the data this rank read (0 without any): every
+    /// rank's must agree.
+    pub data_hash: i64,
 }
 
 /// Where a rank's parameter blocks come from.
@@ -1196,9 +1199,18 @@ impl Program {
         step: u64,
     ) -> Result<Vec<(usize, Arc<Tensor>)>, DistError> {
         let data = |message: String| DistError::Data { rank, message };
+        // A pipeline stage reads only the inputs its code reads (the others keep placeholders).
+        let stage = self.stage_of(rank);
+        let read: HashSet<usize> = self
+            .code
+            .get(stage)
+            .map(|c| {
+                c.iter().filter_map(|e| if let Exec::Input { index, .. } = e { Some(*index) } else { None }).collect()
+            })
+            .unwrap_or_default();
         let mut out = vec![];
         for (k, i) in self.inputs.iter().enumerate() {
-            if !reader.binds(&i.name) {
+            if !reader.binds(&i.name) || !read.contains(&k) {
                 continue;
             }
             let shape = &i.meta.shape;

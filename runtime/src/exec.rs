@@ -416,6 +416,7 @@ pub(crate) fn step<'a, B: Backend>(
         op_seconds,
         data_bytes: 0,
         data_seconds: 0.0,
+        data_hash: 0,
     })
 }
 

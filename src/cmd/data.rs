@@ -38,9 +38,10 @@ pub struct DataArgs {
     #[arg(long, requires = "data")]
     pub no_shuffle: bool,
     /// Width of token ids in token files (any file but .npy/.npz): u16 (nanoGPT's train.bin),
-    /// u32, or u8 (bytes: a text file as byte-level tokens).
-    #[arg(long, value_enum, default_value = "u16")]
-    pub token_type: TokenKind,
+    /// u32, or u8 (bytes: a text file as byte-level tokens). Default: u8 for a .txt file, u16
+    /// otherwise.
+    #[arg(long, value_enum)]
+    pub token_type: Option<TokenKind>,
     /// Held-out data to evaluate the loss on (forward only, with the same plan; no gradients,
     /// no update): `NAME=PATH` as --data, read in file order, so every evaluation sees the same
     /// batches. Inputs it does not bind keep their training data.
@@ -94,11 +95,11 @@ impl DataArgs {
         let opts = DataOptions {
             seed: self.data_seed,
             shuffle,
-            tokens: match self.token_type {
+            tokens: self.token_type.map(|t| match t {
                 TokenKind::U8 => TokenType::U8,
                 TokenKind::U16 => TokenType::U16,
                 TokenKind::U32 => TokenType::U32,
-            },
+            }),
         };
         Ok(Dataset::open(&bindings, inputs, opts)?)
     }
@@ -109,7 +110,11 @@ impl DataArgs {
             return Ok(None);
         }
         let data = self.open_bindings(&self.eval_data, inputs, false).context("--eval-data")?;
-        let batches = self.eval_batches.unwrap_or(data.steps_per_epoch()).max(1);
+        let whole = data.steps_per_epoch();
+        if let Some(n) = self.eval_batches.filter(|&n| n > whole) {
+            bail!("--eval-batches {n}: the held-out data holds {whole} batch(es) of {}", data.batch());
+        }
+        let batches = self.eval_batches.unwrap_or(whole).max(1);
         Ok(Some(Eval { data, every: self.eval_every.unwrap_or(0), batches }))
     }
 }
@@ -141,9 +146,18 @@ pub fn graph_inputs(g: &ir::Graph) -> Vec<(String, TensorMeta)> {
 /// The file `train --save` records the data position in.
 const POSITION_FILE: &str = "data.json";
 
-/// Writes where a `train` run is in its data next to its saved state.
-pub fn save_position(dir: &Path, ds: &Dataset, steps_done: u64) -> Result<()> {
+/// Writes where a `train` run is in its data next to its saved state (and removes a position
+/// an earlier save left, for a run on fixed feeds).
+pub fn save_position(dir: &Path, ds: Option<&Dataset>, steps_done: u64) -> Result<()> {
     let file = dir.join(POSITION_FILE);
+    let Some(ds) = ds else {
+        return match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("--save: removing {}", file.display()))
+            }
+            _ => Ok(()),
+        };
+    };
     let text = serde_json::to_string_pretty(&ds.position(steps_done))?;
     std::fs::write(&file, text + "\n").with_context(|| format!("--save {}", file.display()))
 }

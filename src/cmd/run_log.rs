@@ -36,7 +36,12 @@ pub fn read(path: &Path) -> Result<Vec<Step>> {
     for (i, line) in text.lines().enumerate() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
-        let (Some(step), Some(loss)) = (f("step"), f("loss")) else { continue };
+        // A diverged step's loss is written as null (JSON has no NaN): kept, as NaN.
+        let loss = match v.get("loss") {
+            Some(serde_json::Value::Null) => Some(f64::NAN),
+            _ => f("loss"),
+        };
+        let (Some(step), Some(loss)) = (f("step"), loss) else { continue };
         if !step.is_finite() {
             bail!("{}:{}: step {step} is not a number", path.display(), i + 1);
         }

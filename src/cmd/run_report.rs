@@ -213,7 +213,7 @@ impl<'a> Reporter<'a> {
                 let ms = median_of(reports.iter().map(|r| r.data_seconds)) * 1e3;
                 writeln!(
                     out,
-                    "data read per rank: {} of the {} in this run's batches; reading {ms:.2} ms per step (median,                      slowest rank; {:.1}% of a step)",
+                    "data read per rank: {} of the {} in this run's batches; reading {ms:.2} ms per step (median, slowest rank; {:.1}% of a step)",
                     shares.join(", "),
                     fmt_bytes(total),
                     100.0 * ms / (median * 1e3).max(1e-12)

@@ -115,6 +115,8 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;
     }
     let mut reader = data.as_ref().map(|d| d.reader());
+    // The step the run starts after (a loaded state's): --steps more follow.
+    let first = trainer.steps_done();
     // Samples per step (the inputs' first dim) and, for a language model, tokens per sample.
     let batch = inputs.first().and_then(|(_, m)| m.shape.first().copied()).unwrap_or(1);
     let tokens_per_sample = data
@@ -179,7 +181,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         }
         let mut eval_loss = None;
         if let (Some(e), Some(r)) = (&eval, held_out.as_mut())
-            && e.due(rep.step, a.steps)
+            && e.due(rep.step, first + a.steps)
         {
             let mut sum = 0.0;
             for b in 0..e.batches {
@@ -217,10 +219,8 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     if let Some(dir) = &a.save {
         trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
+        super::data::save_position(dir, data.as_ref(), trainer.steps_done())?;
         common::write_torch_names(&a.model, dir, &trainer.params())?;
-        if let Some(d) = &data {
-            super::data::save_position(dir, d, trainer.steps_done())?;
-        }
     }
     if let Some(file) = &a.export_onnx {
         common::export_onnx(&a.model, file, &trainer.params())?;

@@ -443,11 +443,30 @@ pub(crate) fn step_report(
     let loss = r.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
     let ns = |s: f64| (s * 1e9) as i64;
     let mine = Tensor::i64(
-        vec![5],
-        vec![r.peak_bytes as i64, ns(r.seconds), ns(r.comm_seconds), r.data_bytes as i64, ns(r.data_seconds)],
+        vec![6],
+        vec![
+            r.peak_bytes as i64,
+            ns(r.seconds),
+            ns(r.comm_seconds),
+            r.data_bytes as i64,
+            ns(r.data_seconds),
+            r.data_hash,
+        ],
     );
     let all: Vec<Vec<i64>> =
         comm.exchange(everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
+    // Processes on other machines open their own copies of the data: the same files, or the
+    // replicas of a block would silently differ.
+    if let Some(k) = all.iter().position(|v| v[5] != r.data_hash) {
+        let me = comm.rank();
+        return Err(DistError::Data {
+            rank: me,
+            message: format!(
+                "rank {k} reads other data than rank {me} (its files, sizes, seed or order differ): every process \
+                 needs the same --data and --eval-data"
+            ),
+        });
+    }
     Ok(StepReport {
         step,
         loss,
@@ -585,6 +604,9 @@ pub fn rank_loop(
     let everyone: Vec<usize> = (0..program.ranks()).collect();
     let mut reader = opts.data.as_deref().map(crate::data::Dataset::reader);
     let mut held_out = opts.eval.as_ref().map(|e| e.data.reader());
+    // What this process reads: checked equal on every rank with the first step's report.
+    let data_hash = opts.data.as_ref().map_or(0, |d| d.fingerprint())
+        ^ opts.eval.as_ref().map_or(0, |e| e.data.fingerprint().rotate_left(1));
     while rank.steps_done() < opts.until_step {
         let step = rank.steps_done() + 1;
         let fault = opts.fault.filter(|f| f.rank == rank.rank() && f.step == step);
@@ -601,6 +623,7 @@ pub fn rank_loop(
         let mut r = rank.step(program)?;
         r.data_bytes = reader.as_ref().map_or(0, |rd| rd.bytes_read());
         r.data_seconds = data_seconds;
+        r.data_hash = data_hash;
         let mut rep = rank.report(&everyone, step, &r)?;
         if let (Some(e), Some(rd)) = (&opts.eval, held_out.as_mut())
             && (step == opts.until_step || (e.every > 0 && step.is_multiple_of(e.every)))
