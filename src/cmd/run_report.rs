@@ -89,12 +89,18 @@ impl<'a> Reporter<'a> {
         let sps = self.batch / r.seconds.max(1e-12);
         let comm = r.comm_seconds.iter().copied().fold(0.0, f64::max);
         let line = if self.a.json {
-            serde_json::json!({
+            let mut line = serde_json::json!({
                 "step": r.step, "loss": r.loss, "ms": r.seconds * 1e3, "samples_per_s": sps,
                 "comm_ms": comm * 1e3, "peak_bytes": r.peak_bytes.iter().max(),
                 "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
-            })
-            .to_string()
+            });
+            // The plan's learning-rate schedule and gradient clipping, when it has them.
+            for (key, v) in [("lr", r.lr), ("grad_norm", r.grad_norm)] {
+                if let Some(v) = v {
+                    line[key] = v.into();
+                }
+            }
+            line.to_string()
         } else {
             format!(
                 "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{}",

@@ -373,6 +373,11 @@ pub struct StepReport {
     pub step: u64,
     /// The loss.
     pub loss: f32,
+    /// The step's learning rate, when the plan's graph has a schedule (output `lr`).
+    pub lr: Option<f32>,
+    /// The gradients' global norm before clipping, when the plan's graph clips them (output
+    /// `grad_norm`).
+    pub grad_norm: Option<f32>,
     /// Wall seconds of the step (the slowest rank).
     pub seconds: f64,
     /// Seconds in collectives, per rank.
@@ -421,6 +426,8 @@ pub(crate) fn step_report(
     Ok(StepReport {
         step,
         loss,
+        lr: r.outputs.get("lr").map(crate::scalar_f32),
+        grad_norm: r.outputs.get("grad_norm").map(crate::scalar_f32),
         seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
         comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
         peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
