@@ -124,7 +124,7 @@ pub struct OptimizerArgs {
     /// --step-size steps: StepLR). Computed in the training graph from the optimizer's step
     /// count, so checkpoints resume it; `--json` lines show each step's `lr`.
     #[arg(long, value_enum, default_value = "constant", value_name = "KIND")]
-    pub lr_schedule: ScheduleKind,
+    pub lr_schedule: LrScheduleKind,
     /// Linear warmup: the lr of step k (from 0) is lr * (k+1)/W for the first W steps, then the
     /// schedule starts (`LambdaLR(lambda k: min(1, (k+1)/W))`, then SequentialLR).
     #[arg(long, value_name = "W", default_value = "0", value_parser = parse_schedule_steps)]
@@ -150,7 +150,7 @@ pub struct OptimizerArgs {
 
 /// `--lr-schedule`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum ScheduleKind {
+pub enum LrScheduleKind {
     /// The learning rate of --lr at every step (after any warmup).
     #[default]
     Constant,
@@ -188,11 +188,13 @@ impl OptimizerArgs {
 
     /// The learning-rate schedule these flags describe (a flag of another schedule is an error).
     pub fn schedule(&self) -> Result<LrSchedule> {
+        use clap::ValueEnum;
         let a = self;
         let misplaced = |flag: &str, kind: &str| -> Result<()> {
-            bail!("{flag} applies to --lr-schedule {kind}, not {}", a.lr_schedule.to_possible_value_name())
+            let given = a.lr_schedule.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+            bail!("{flag} applies to --lr-schedule {kind}, not {given}")
         };
-        if a.lr_schedule != ScheduleKind::Cosine {
+        if a.lr_schedule != LrScheduleKind::Cosine {
             if a.decay_steps.is_some() {
                 misplaced("--decay-steps", "cosine")?;
             }
@@ -200,7 +202,7 @@ impl OptimizerArgs {
                 misplaced("--min-lr", "cosine")?;
             }
         }
-        if a.lr_schedule != ScheduleKind::Step {
+        if a.lr_schedule != LrScheduleKind::Step {
             if a.step_size.is_some() {
                 misplaced("--step-size", "step")?;
             }
@@ -209,8 +211,8 @@ impl OptimizerArgs {
             }
         }
         let decay = match a.lr_schedule {
-            ScheduleKind::Constant => LrDecay::Constant,
-            ScheduleKind::Cosine => {
+            LrScheduleKind::Constant => LrDecay::Constant,
+            LrScheduleKind::Cosine => {
                 let Some(steps) = a.decay_steps else { bail!("--lr-schedule cosine needs --decay-steps T") };
                 let min_lr = a.min_lr.unwrap_or(0.0);
                 let lr = self.optimizer()?.lr();
@@ -219,7 +221,7 @@ impl OptimizerArgs {
                 }
                 LrDecay::Cosine { steps, min_lr }
             }
-            ScheduleKind::Step => {
+            LrScheduleKind::Step => {
                 let Some(step_size) = a.step_size else { bail!("--lr-schedule step needs --step-size S") };
                 LrDecay::Step { step_size, gamma: a.gamma.unwrap_or(0.1) }
             }
@@ -235,16 +237,6 @@ impl OptimizerArgs {
             clip_grad_norm: self.clip_grad_norm,
             ..TrainOptions::new(loss, Some(self.optimizer()?))
         })
-    }
-}
-
-impl ScheduleKind {
-    fn to_possible_value_name(self) -> &'static str {
-        match self {
-            ScheduleKind::Constant => "constant",
-            ScheduleKind::Cosine => "cosine",
-            ScheduleKind::Step => "step",
-        }
     }
 }
 

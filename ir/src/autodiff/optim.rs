@@ -75,8 +75,8 @@ pub struct LrSchedule {
     pub decay: LrDecay,
 }
 
-/// Largest step count a schedule takes (the counter is an i64; steps are counted in f32 only
-/// after the cosine clamps them, so far below 2^24 is not needed).
+/// Largest step count a schedule takes. The counter is an i64; in f32 the step is only the
+/// numerator of a ratio (`k / T`, `(k + 1) / W`), whose relative rounding does not grow with it.
 const MAX_STEPS: u64 = 1 << 40;
 
 impl LrSchedule {
