@@ -244,8 +244,8 @@ fn resumed_training_continues_the_schedule() -> Result<()> {
 
 /// Mixed precision: fp16 clips the gradients after dividing them by the loss scale (PyTorch's
 /// `scaler.unscale_` before `clip_grad_norm_`), so the first step's norm is the f32 run's
-/// within 16-bit rounding (0.1%; measured 8e-6, where a scaled norm would be 2^16 times larger); bf16 with
-/// 16-bit gradients widens them only after they are summed.
+/// within 16-bit rounding (0.1%; measured 8e-6, where a scaled norm would be 2^16 times
+/// larger); bf16 with 16-bit gradients widens them only after they are summed.
 #[test]
 fn mixed_precision_clips_unscaled_gradients() -> Result<()> {
     use ir::autodiff::{MixedPrecision, training_graph_with};
