@@ -8,8 +8,8 @@
 //!    that do not depend on the batch (optimizer state, the step counter and its increment),
 //!    the nodes the training graph names as running once per step
 //!    (`ir::autodiff::runs_once_per_step`: gradient clipping, which must see the summed
-//!    gradients, and the learning-rate schedule), and the conversions of their inputs. It moves, in order, to the end of the program
-//!    (`update_from`): nothing before reads it.
+//!    gradients, and the learning-rate schedule), and the conversions of their inputs. It
+//!    moves, in order, to the end of the program (`update_from`): nothing before reads it.
 //! 2. **Accumulated values** are the batch-dependent values the update part reads (the
 //!    gradients, in the layouts the pass writes them): the runtime sums them over the
 //!    microbatches before the update part runs once.

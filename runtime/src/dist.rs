@@ -842,8 +842,11 @@ impl Program {
                     _ => None,
                 })
                 .collect();
-            let per_microbatch = g.outputs.iter().zip(&outputs).filter(|((_, v), _)| !once.contains(&v.node.index()));
-            accumulate.extend(per_microbatch.map(|(_, o): (_, &(String, usize, ShardingSpec, Vec<usize>))| o.1));
+            for ((_, v), o) in g.outputs.iter().zip(&outputs) {
+                if !once.contains(&v.node.index()) {
+                    accumulate.push(o.1);
+                }
+            }
         }
         accumulate.sort_unstable();
         accumulate.dedup();

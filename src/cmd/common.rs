@@ -130,13 +130,13 @@ pub struct OptimizerArgs {
     #[arg(long, value_name = "W", default_value = "0", value_parser = parse_schedule_steps)]
     pub warmup_steps: u64,
     /// With --lr-schedule cosine: steps from lr down to --min-lr (after the warmup).
-    #[arg(long, value_name = "T", value_parser = parse_schedule_steps_positive)]
+    #[arg(long, value_name = "T", value_parser = parse_steps)]
     pub decay_steps: Option<u64>,
     /// With --lr-schedule cosine: the floor of the learning rate, from 0 to --lr (default 0).
     #[arg(long, value_name = "LR", value_parser = parse_min_lr)]
     pub min_lr: Option<f32>,
     /// With --lr-schedule step: steps between two decays.
-    #[arg(long, value_name = "S", value_parser = parse_schedule_steps_positive)]
+    #[arg(long, value_name = "S", value_parser = parse_steps)]
     pub step_size: Option<u64>,
     /// With --lr-schedule step: the factor of each decay, > 0 (default 0.1).
     #[arg(long, value_name = "G", value_parser = parse_gamma)]
@@ -190,24 +190,16 @@ impl OptimizerArgs {
     pub fn schedule(&self) -> Result<LrSchedule> {
         use clap::ValueEnum;
         let a = self;
-        let misplaced = |flag: &str, kind: &str| -> Result<()> {
-            let given = a.lr_schedule.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
-            bail!("{flag} applies to --lr-schedule {kind}, not {given}")
-        };
-        if a.lr_schedule != LrScheduleKind::Cosine {
-            if a.decay_steps.is_some() {
-                misplaced("--decay-steps", "cosine")?;
-            }
-            if a.min_lr.is_some() {
-                misplaced("--min-lr", "cosine")?;
-            }
-        }
-        if a.lr_schedule != LrScheduleKind::Step {
-            if a.step_size.is_some() {
-                misplaced("--step-size", "step")?;
-            }
-            if a.gamma.is_some() {
-                misplaced("--gamma", "step")?;
+        let name = |k: LrScheduleKind| k.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+        let (cosine, step) = (LrScheduleKind::Cosine, LrScheduleKind::Step);
+        for (flag, given, kind) in [
+            ("--decay-steps", a.decay_steps.is_some(), cosine),
+            ("--min-lr", a.min_lr.is_some(), cosine),
+            ("--step-size", a.step_size.is_some(), step),
+            ("--gamma", a.gamma.is_some(), step),
+        ] {
+            if given && a.lr_schedule != kind {
+                bail!("{flag} applies to --lr-schedule {}, not {}", name(kind), name(a.lr_schedule));
             }
         }
         let decay = match a.lr_schedule {
@@ -411,11 +403,6 @@ pub fn parse_lr(s: &str) -> Result<f32, String> {
 /// A schedule's step count (warmup): 0 to [`MAX_STEPS`].
 pub fn parse_schedule_steps(s: &str) -> Result<u64, String> {
     parse_int_in(s, 0, MAX_STEPS)
-}
-
-/// A schedule's step count (decay, step size): 1 to [`MAX_STEPS`].
-pub fn parse_schedule_steps_positive(s: &str) -> Result<u64, String> {
-    parse_int_in(s, 1, MAX_STEPS)
 }
 
 /// A learning-rate floor: finite and >= 0.
