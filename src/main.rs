@@ -31,7 +31,7 @@ enum Command {
     Infer(cmd::infer::InferArgs),
     /// Train on CPU (single device): forward, loss, backward, optimizer step; prints each loss.
     #[command(
-        after_help = "Examples:\n  autopar train gpt2.onnx --feed input_ids=ids.npy --loss ce-next:logits:input_ids --optimizer adamw --lr 1e-3 --steps 50\n  autopar train mlp.onnx --feed x=x.npy --feed t=t.npy --loss mse:y:t --optimizer sgd --lr 0.1 --steps 5 --json\n  (--save DIR / --load DIR keep parameters and optimizer state between runs)"
+        after_help = "Examples:\n  autopar train gpt2.onnx --feed input_ids=ids.npy --loss ce-next:logits:input_ids --optimizer adamw --lr 1e-3 --steps 50\n  autopar train mlp.onnx --feed x=x.npy --feed t=t.npy --loss mse:y:t --optimizer sgd --lr 0.1 --steps 5 --json\n  autopar train gpt2.onnx --feed input_ids=ids.npy --loss ce-next:logits:input_ids --lr 6e-4 --steps 200 \\\n    --lr-schedule cosine --warmup-steps 20 --decay-steps 180 --min-lr 6e-5 --clip-grad-norm 1.0\n  (--save DIR / --load DIR keep parameters and optimizer state between runs)"
     )]
     Train(cmd::train::TrainArgs),
     /// Solve a sharding cost-graph problem (IOPDDL JSON format).
@@ -50,12 +50,12 @@ enum Command {
     /// Plan distributed training: choose a sharding for every op under a memory budget and write plan.json.
     #[command(
         visible_alias = "plan",
-        after_help = "Examples:\n  autopar autoparallelize gpt2.onnx --mesh 2x4 --memory 16GiB -o plan.json\n  autopar plan mlp.onnx --mesh 1x2 --memory 64MiB --loss mse:y:t --strategy megatron\n  (--strategy dp|megatron|zero prices a manual baseline with the same cost model)"
+        after_help = "Examples:\n  autopar autoparallelize gpt2.onnx --mesh 2x4 --memory 16GiB -o plan.json\n  autopar plan mlp.onnx --mesh 1x2 --memory 64MiB --loss mse:y:t --strategy megatron\n  autopar plan gpt2.onnx --mesh 2x2 --memory 4GiB --lr-schedule cosine --decay-steps 1000 --clip-grad-norm 1.0 -o plan.json\n  (--strategy dp|megatron|zero prices a manual baseline with the same cost model; a schedule and\n  clipping are part of the planned step, and `run` executes them)"
     )]
     Autoparallelize(cmd::plan::PlanArgs),
     /// Execute a plan's training steps on N ranks (threads, MPI or NCCL); prints each step's loss.
     #[command(
-        after_help = "Examples:\n  autopar run plan.json --feed input_ids=ids.npy --steps 20\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 100 --checkpoint ckpt/ --checkpoint-every 10\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 200 --checkpoint ckpt/ --resume\n  (parameters are read block by block from the plan's ONNX file; --json streams {\"step\",\"loss\",...})"
+        after_help = "Examples:\n  autopar run plan.json --feed input_ids=ids.npy --steps 20\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 100 --checkpoint ckpt/ --checkpoint-every 10\n  autopar run plan.json --feed x=x.npy --feed t=t.npy --steps 200 --checkpoint ckpt/ --resume\n  (parameters are read block by block from the plan's ONNX file; --json streams {\"step\",\"loss\",...},\n  with \"lr\" and \"grad_norm\" when the plan has a schedule and clipping)"
     )]
     Run(cmd::run::RunArgs),
     /// Measure the mesh's links (all-reduce / all-gather sweeps) and the device; write a profile for --device.

@@ -52,10 +52,16 @@ fn plan(mesh: &str, optimizer: &str, dir: &Path) -> PathBuf {
 
 /// [`plan`] at a precision (`f32`, or mixed `bf16` / `fp16`).
 fn plan_in(mesh: &str, optimizer: &str, precision: &str, dir: &Path) -> PathBuf {
+    plan_with(mesh, optimizer, precision, &[], dir)
+}
+
+/// [`plan_in`] with more planning flags (the plan's file name takes the first).
+fn plan_with(mesh: &str, optimizer: &str, precision: &str, extra: &[&str], dir: &Path) -> PathBuf {
+    let tag = extra.first().map(|x| x.trim_start_matches('-')).unwrap_or("");
     let out = if precision == "f32" {
-        dir.join(format!("mlp-{mesh}-{optimizer}.json"))
+        dir.join(format!("mlp-{mesh}-{optimizer}{tag}.json"))
     } else {
-        dir.join(format!("mlp-{mesh}-{optimizer}-{precision}.json"))
+        dir.join(format!("mlp-{mesh}-{optimizer}{tag}-{precision}.json"))
     };
     let model = data("models/mlp.onnx");
     let args: Vec<String> = [
@@ -79,6 +85,7 @@ fn plan_in(mesh: &str, optimizer: &str, precision: &str, dir: &Path) -> PathBuf 
         s(&out).as_str(),
     ]
     .iter()
+    .chain(extra)
     .map(|a| a.to_string())
     .collect();
     ok(autopar(&args, &[]).output().unwrap(), "autopar plan");
@@ -190,6 +197,24 @@ fn one_rank_on_a_device_matches_threads() {
         let out = autopar(&run_args(&p, &ns, &["--backend", "nccl"]), &env).output().unwrap();
         let nccl = ok(out, "nccl run");
         agree(&format!("mlp on mesh 1 with {optimizer}"), &threads, &ts, &nccl, &ns);
+    }
+    // A learning-rate schedule and gradient clipping (their lr factor read back by the update
+    // kernels, the norm's reductions on the device).
+    let sched = ["--clip-grad-norm", "0.5", "--lr-schedule", "cosine", "--warmup-steps", "1", "--decay-steps", "2"];
+    let p = plan_with("1", "adamw", "f32", &sched, tmp.path());
+    let (ts, ns) = (tmp.path().join("threads-sched"), tmp.path().join("nccl-sched"));
+    let threads = ok(autopar(&run_args(&p, &ts, &[]), &[]).output().unwrap(), "threads run");
+    let nccl = ok(autopar(&run_args(&p, &ns, &["--backend", "nccl"]), &env).output().unwrap(), "nccl run");
+    agree("mlp on mesh 1 with AdamW, a schedule and clipping", &threads, &ts, &nccl, &ns);
+    let field = |out: &str, key: &str| -> Vec<f64> {
+        out.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?.get(key)?.as_f64()).collect()
+    };
+    for key in ["lr", "grad_norm"] {
+        let (t, n) = (field(&threads, key), field(&nccl, key));
+        assert_eq!(t.len(), 3, "{key}: {threads}");
+        for (a, b) in n.iter().zip(&t) {
+            assert!((a - b).abs() <= TOL * b.abs(), "{key}: nccl {n:?} vs threads {t:?}");
+        }
     }
     // Mixed precision: 16-bit values on the device (widened for each op and rounded once, as the
     // CPU does); losses within bf16's unit roundoff (2^-8) of the threads run, where a GEMM's

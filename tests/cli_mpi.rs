@@ -101,7 +101,7 @@ fn mpi_runs_equal_single_device() {
         }
         let loss: LossSpec = c.loss.parse().unwrap();
         let optimizer = Optimizer::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 0.0 };
-        let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(optimizer), frozen: vec![] }).unwrap();
+        let tg = training_graph(&g, &TrainOptions::new(loss, Some(optimizer))).unwrap();
         let ctx = CpuContext::new(1).unwrap();
         let mut trainer = Trainer::new(&tg, &g.param_data).unwrap();
         let want: Vec<f32> = (0..STEPS).map(|_| trainer.step(&ctx, &feeds).unwrap().loss).collect();

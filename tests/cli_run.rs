@@ -889,3 +889,74 @@ fn train_args<'a>(model: &'a str, bind: &'a [String; 2], steps: &'a str) -> Vec<
     a.extend(["--data", &bind[0], "--data", &bind[1], "--optimizer", "sgd"]);
     a
 }
+
+/// The `--json` lines' step, loss, lr and grad_norm.
+fn scheduled(stdout: &str) -> Vec<(u64, f64, f64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            Some((v.get("step")?.as_u64()?, v["loss"].as_f64()?, v["lr"].as_f64()?, v["grad_norm"].as_f64()?))
+        })
+        .collect()
+}
+
+/// Issue 23, items 2 and 3 from the command line: a plan with a learning-rate schedule and
+/// gradient clipping runs on 2x2 as `train` trains (loss, lr and grad norm in the `--json` lines
+/// within 1e-5), and resumed from a checkpoint mid-schedule it continues bit for bit.
+#[test]
+fn scheduled_and_clipped_plans_run_as_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = &MODELS[1];
+    let opt = [
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "1e-3",
+        "--lr-schedule",
+        "cosine",
+        "--warmup-steps",
+        "2",
+        "--decay-steps",
+        "3",
+        "--min-lr",
+        "1e-4",
+        "--clip-grad-norm",
+        "0.5",
+    ];
+    let p = plan(m, "2x2", &opt, dir.path());
+    let full = scheduled(&run_ok(&gpt2_run_args(&p, 5, &[])));
+    let mut train: Vec<String> =
+        vec!["train".into(), s(&data("models/gpt2-tiny.onnx")), "--loss".into(), m.loss.into()];
+    train.extend(opt.iter().map(|x| x.to_string()));
+    train.extend(feed_args(m));
+    train.extend(["--steps", "5", "--json"].map(String::from));
+    let want = scheduled(&run_ok(&train));
+    assert_eq!(full.len(), 5, "{full:?}");
+    assert_eq!(want.len(), 5, "{want:?}");
+    for (a, b) in full.iter().zip(&want) {
+        for (x, y, what) in [(a.1, b.1, "loss"), (a.2, b.2, "lr"), (a.3, b.3, "grad_norm")] {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "step {}: run's {what} {x} vs train's {y}", a.0);
+        }
+    }
+    let lrs: Vec<f64> = want.iter().map(|x| x.2).collect();
+    for (got, w) in lrs.iter().zip([5e-4, 1e-3, 1e-3, 7.75e-4, 3.25e-4]) {
+        assert!((got - w).abs() <= 1e-7, "lrs {lrs:?}");
+    }
+    assert!(want.iter().any(|x| x.3 > 0.5), "clipping is never active: {want:?}");
+    let ck = s(&dir.path().join("ckpt"));
+    run_ok(&gpt2_run_args(&p, 3, &["--checkpoint", &ck]));
+    let rest = scheduled(&run_ok(&gpt2_run_args(&p, 5, &["--checkpoint", &ck, "--resume"])));
+    assert_eq!(rest.len(), 2);
+    for (a, b) in rest.iter().zip(&full[3..]) {
+        assert_eq!((a.1.to_bits(), a.2.to_bits(), a.3.to_bits()), (b.1.to_bits(), b.2.to_bits(), b.3.to_bits()));
+    }
+    // Flags of another schedule are refused with the flag named.
+    let model = s(&data("models/gpt2-tiny.onnx"));
+    let out = autopar(&["train", &model, "--loss", m.loss, "--lr-schedule", "step", "--decay-steps", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--decay-steps applies to --lr-schedule cosine"), "{err}");
+    let out = autopar(&["train", &model, "--loss", m.loss, "--lr-schedule", "cosine"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs --decay-steps"), "{err}");
+}

@@ -6,8 +6,10 @@
 //!
 //! 1. **The update part** is the optimizer's update ops, the sources and values only they read
 //!    that do not depend on the batch (optimizer state, the step counter and its increment),
-//!    and the conversions of their inputs. It moves, in order, to the end of the program
-//!    (`update_from`): nothing before reads it.
+//!    the nodes the training graph names as running once per step
+//!    (`ir::autodiff::runs_once_per_step`: gradient clipping, which must see the summed
+//!    gradients, and the learning-rate schedule), and the conversions of their inputs. It
+//!    moves, in order, to the end of the program (`update_from`): nothing before reads it.
 //! 2. **Accumulated values** are the batch-dependent values the update part reads (the
 //!    gradients, in the layouts the pass writes them): the runtime sums them over the
 //!    microbatches before the update part runs once.
@@ -58,10 +60,14 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     for i in 0..n {
         batch[i] = matches!(node(i).op, Op::Input { .. }) || inputs_of[i].iter().any(|&j| batch[j]);
     }
+    // Besides the update ops, the nodes the training graph names as running once per step
+    // (gradient clipping, the learning-rate schedule) when nothing else reads them.
     let mut update = vec![false; n];
     for i in (0..n).rev() {
+        let all_update = consumers[i].iter().all(|&c| update[c]);
         update[i] = matches!(node(i).op, Op::SgdUpdate { .. } | Op::AdamWUpdate { .. })
-            || (!batch[i] && !consumers[i].is_empty() && consumers[i].iter().all(|&c| update[c]));
+            || (ir::autodiff::runs_once_per_step(&node(i).name) && all_update)
+            || (!batch[i] && !consumers[i].is_empty() && all_update);
     }
     if !update.iter().any(|&u| u) {
         if microbatches == 1 {

@@ -381,10 +381,20 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
         }
     };
     by_consumers(&mut place, true);
+    // Other update-phase ops (gradient clipping) run where their largest input is (a gradient
+    // is scaled on its stage, only the scalar norm and coefficient travel), the earliest stage
+    // on a tie.
+    let bytes = |j: usize| node(j).outputs.iter().map(|m| m.bytes()).max().unwrap_or(0);
     for i in 0..n_nodes {
         if update[i] && !is_source(i) {
             let owner = update_of_param.get(&i).and_then(|&p| place[p]).map(|p| p.vstage);
-            let v = owner.or_else(|| inputs_of[i].iter().filter_map(|&j| place[j]).map(|p| p.vstage).min());
+            let v = owner.or_else(|| {
+                inputs_of[i]
+                    .iter()
+                    .filter_map(|&j| place[j].map(|p| (bytes(j), p.vstage)))
+                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+                    .map(|(_, v)| v)
+            });
             place[i] = Some(Place { vstage: v.unwrap_or(0), phase: Phase::Update });
         }
     }

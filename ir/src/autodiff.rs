@@ -10,7 +10,11 @@
 //! - per trainable parameter, an optimizer update node ([`Op::SgdUpdate`], [`Op::AdamWUpdate`])
 //!   whose state tensors are [`Op::State`] nodes, and a [`Graph::updates`] entry tying the
 //!   parameter to its updated value. Without an optimizer the gradients become graph outputs
-//!   named `grad/<param>` instead.
+//!   named `grad/<param>` instead;
+//! - with [`TrainOptions::clip_grad_norm`], the gradients clipped by their global norm before the
+//!   updates (output `grad_norm`), and with a [`LrSchedule`], the learning rate of the step as a
+//!   factor every update op reads (output `lr`): see the `optim` submodule. Every node of the
+//!   update phase is named `update/…` ([`runs_once_per_step`]).
 //!
 //! Semantics follow ONNX: the parameters are the graph's [`Op::Param`]s, and a parameter read by
 //! several ops gets the sum of the gradients through every use. A trainable parameter with no
@@ -29,12 +33,15 @@ use crate::op::*;
 use crate::tensor::{DType, Tensor, TensorMeta};
 use crate::{NodeIndex, VerifyErrors};
 
+pub use optim::{CLIP_EPSILON, LrDecay, LrSchedule, SGD_STEP_STATE, UPDATE_PREFIX, runs_once_per_step};
+
 mod activation;
 mod conv;
 mod elementwise;
 mod index;
 mod linalg;
 mod norm;
+mod optim;
 mod reduce;
 mod resize;
 mod shape;
@@ -146,6 +153,12 @@ impl Optimizer {
     pub fn adamw(lr: f32) -> Optimizer {
         Optimizer::AdamW { lr, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 }
     }
+    /// The (base) learning rate.
+    pub fn lr(&self) -> f32 {
+        match self {
+            Optimizer::Sgd { lr, .. } | Optimizer::AdamW { lr, .. } => *lr,
+        }
+    }
 }
 
 /// What to build.
@@ -157,6 +170,18 @@ pub struct TrainOptions {
     pub optimizer: Option<Optimizer>,
     /// Parameters that are not trained (no gradient, no update).
     pub frozen: Vec<String>,
+    /// The learning-rate schedule (the default: none, the optimizer's lr at every step).
+    pub schedule: LrSchedule,
+    /// Clip the gradients to this global norm (`torch.nn.utils.clip_grad_norm_`), > 0.
+    pub clip_grad_norm: Option<f32>,
+}
+
+impl TrainOptions {
+    /// Training with `optimizer` (or none: gradients out), nothing frozen, no schedule, no
+    /// clipping.
+    pub fn new(loss: LossSpec, optimizer: Option<Optimizer>) -> TrainOptions {
+        TrainOptions { loss, optimizer, frozen: vec![], schedule: LrSchedule::default(), clip_grad_norm: None }
+    }
 }
 
 /// Mixed-precision training ([`crate::autocast`]): forward and backward in a 16-bit float type,
@@ -300,6 +325,9 @@ pub enum AutodiffError {
     /// The result does not verify (an internal bug, reported rather than hidden).
     #[error("the training graph does not verify: {0}")]
     Verify(#[from] VerifyErrors),
+    /// The learning-rate schedule or the clipping cannot be built as given (the user's input).
+    #[error("{0}")]
+    Options(String),
 }
 
 /// Builds the training graph of `forward` (see the module docs).
@@ -314,6 +342,7 @@ pub fn training_graph_with(
     opts: &TrainOptions,
     mixed: Option<MixedPrecision>,
 ) -> Result<TrainingGraph, AutodiffError> {
+    check_options(opts)?;
     let mut g = forward.clone();
     let mut phases: HashMap<NodeIndex, Phase> = g.g.node_indices().map(|n| (n, Phase::Forward)).collect();
     let mark = |g: &Graph, phases: &mut HashMap<NodeIndex, Phase>, ph: Phase| {
@@ -465,22 +494,38 @@ pub fn training_graph_with(
         }
     }
 
-    // Optimizer.
+    // Optimizer: gradients unscaled (loss scaling), clipped, then the updates (PyTorch's order:
+    // `scaler.unscale_`, `clip_grad_norm_`, `scaler.step`).
     match opts.optimizer {
         None => {
             for (name, v) in &grads {
                 g.set_output(&format!("grad/{name}"), *v);
             }
         }
-        Some(opt) => match &scaling {
-            None => add_updates(&mut g, &opt, &trainable, &grads)?,
-            Some(ls) => {
-                let (finite, unscaled) = ls.check(&mut g, &grads)?;
-                let before = g.updates.len();
-                add_updates(&mut g, &opt, &trainable, &unscaled)?;
+        Some(opt) => {
+            let (finite, unscaled) = match &scaling {
+                Some(ls) => {
+                    let (finite, unscaled) = ls.check(&mut g, &grads)?;
+                    (Some(finite), unscaled)
+                }
+                None => (None, grads.clone()),
+            };
+            let clipped = match opts.clip_grad_norm {
+                Some(max_norm) => {
+                    let (clipped, norm) = optim::clip_grad_norm(&mut g, &unscaled, max_norm)?;
+                    g.set_output("grad_norm", norm);
+                    clipped
+                }
+                None => unscaled,
+            };
+            let before = g.updates.len();
+            if let Some(lr) = add_updates(&mut g, &opt, &opts.schedule, &trainable, &clipped)? {
+                g.set_output("lr", lr);
+            }
+            if let (Some(ls), Some(finite)) = (&scaling, finite) {
                 ls.skip_unless(&mut g, finite, before)?;
             }
-        },
+        }
     }
     mark(&g, &mut phases, Phase::Update);
 
@@ -910,7 +955,6 @@ fn cross_entropy(b: &mut Builder, z: Value, labels: Value) -> Result<Value, Auto
     b.neg("ce", mean)
 }
 
-/// Appends one optimizer update per trainable parameter.
 /// Dynamic loss scaling's nodes (see [`LOSS_SCALE_STATE`]).
 struct LossScale {
     log2: Value,
@@ -999,22 +1043,58 @@ impl LossScale {
     }
 }
 
+/// Why the options cannot make a training graph (before anything is built).
+fn check_options(opts: &TrainOptions) -> Result<(), AutodiffError> {
+    let scheduled = !opts.schedule.is_constant();
+    let Some(opt) = opts.optimizer else {
+        if scheduled || opts.clip_grad_norm.is_some() {
+            return Err(AutodiffError::Options(
+                "a learning-rate schedule and gradient clipping need an optimizer".into(),
+            ));
+        }
+        return Ok(());
+    };
+    opts.schedule.check(opt.lr()).map_err(|m| AutodiffError::Options(format!("learning-rate schedule: {m}")))?;
+    if let Some(m) = opts.clip_grad_norm
+        && !(m.is_finite() && m > 0.0)
+    {
+        return Err(AutodiffError::Options(format!(
+            "gradient clipping to a norm of {m}: it must be a finite number > 0"
+        )));
+    }
+    Ok(())
+}
+
+/// Appends the optimizer's updates (and its step counter, and the schedule's factor when
+/// `schedule` is not constant); returns the schedule's learning rate, if any.
 fn add_updates(
     g: &mut Graph,
     opt: &Optimizer,
+    schedule: &LrSchedule,
     trainable: &[(String, NodeIndex)],
     grads: &BTreeMap<String, Value>,
-) -> Result<(), AutodiffError> {
-    // Each update's inputs: the parameter, its gradient, and the optimizer's state for it.
-    let step = match opt {
+) -> Result<Option<Value>, AutodiffError> {
+    // Each update's inputs: the parameter, its gradient, and the optimizer's state for it; then
+    // the schedule's factor at step k (AdamW's counter before its increment: 0 at the first step).
+    let (step, counter) = match opt {
         Optimizer::AdamW { .. } => {
             let s = g.state("adamw/step", TensorMeta::new(DType::I64, []));
             let one = g.constant("update/step.one", Tensor::i64([], vec![1]));
             let s1 = g.add1("update/step", Op::Binary(BinaryOp::Add), &[s, one])?;
             g.updates.push((s.node, s1));
-            vec![s1]
+            (vec![s1], Some(s))
         }
-        Optimizer::Sgd { .. } => vec![],
+        Optimizer::Sgd { .. } => (vec![], None),
+    };
+    let lr = opt.lr();
+    let scheduled = if schedule.is_constant() {
+        None
+    } else {
+        let k = match counter {
+            Some(k) => k,
+            None => optim::sgd_counter(g)?,
+        };
+        Some(optim::lr_factor(g, k, schedule, lr)?)
     };
     for (name, p) in trainable {
         let pv = Value::new(*p, 0);
@@ -1032,6 +1112,7 @@ fn add_updates(
         let mut ins = vec![pv, grads[name]];
         ins.extend(&states);
         ins.extend(&step);
+        ins.extend(scheduled.map(|(factor, _)| factor));
         // Output 0 is the new parameter, then the new state in input order.
         let outs = g.add_op(&format!("update/{name}"), op, &ins)?;
         g.updates.push((*p, outs[0]));
@@ -1039,5 +1120,5 @@ fn add_updates(
             g.updates.push((s.node, *o));
         }
     }
-    Ok(())
+    Ok(scheduled.map(|(_, lr)| lr))
 }

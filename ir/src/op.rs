@@ -519,7 +519,9 @@ pub enum Op {
     },
     /// One SGD step (PyTorch's `torch.optim.SGD`, no dampening or Nesterov):
     /// `g' = g + wd*p; buf' = momentum*buf + g'; p' = p - lr*buf'` (`buf'` = `g'` without momentum).
-    /// Inputs p, g and, with momentum, buf; outputs p' and, with momentum, buf'.
+    /// Inputs p, g, with momentum buf, and optionally a trailing scalar lr factor (of p's type:
+    /// the step's learning rate is `lr * factor`, a schedule's value; weight decay uses it
+    /// too); outputs p' and, with momentum, buf'.
     SgdUpdate {
         /// Learning rate.
         lr: f32,
@@ -529,7 +531,9 @@ pub enum Op {
         weight_decay: f32,
     },
     /// One AdamW step (PyTorch's `torch.optim.AdamW`: decoupled weight decay, bias correction).
-    /// Inputs p, g, m, v and the i64 step number t >= 1; outputs p', m', v'.
+    /// Inputs p, g, m, v, the i64 step number t >= 1 and optionally a trailing scalar lr factor
+    /// (of p's type: the step's learning rate is `lr * factor`, a schedule's value; the
+    /// decoupled weight decay uses it too, as PyTorch does); outputs p', m', v'.
     AdamWUpdate {
         /// Learning rate.
         lr: f32,

@@ -66,6 +66,8 @@ fn mixed_training_keeps_f32_parameters_and_gradients() {
         loss: LossSpec::CrossEntropy { output: "logits".into(), labels: "labels".into() },
         optimizer: Some(Optimizer::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 }),
         frozen: vec![],
+        schedule: Default::default(),
+        clip_grad_norm: None,
     };
     for (grads, want) in [(DType::F32, DType::F32), (DType::BF16, DType::BF16)] {
         let mp = MixedPrecision { low: DType::BF16, grads, loss_scaling: false };
@@ -88,6 +90,8 @@ fn fp16_loss_scaling_adds_its_state_and_skips() {
         loss: LossSpec::CrossEntropy { output: "logits".into(), labels: "labels".into() },
         optimizer: Some(Optimizer::AdamW { lr: 1e-3, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.0 }),
         frozen: vec![],
+        schedule: Default::default(),
+        clip_grad_norm: None,
     };
     let mp = MixedPrecision { low: DType::F16, grads: DType::F32, loss_scaling: true };
     let tg = ir::autodiff::training_graph_with(&model(), &opts, Some(mp)).unwrap();

@@ -41,7 +41,7 @@ fn run_case(path: &Path) -> Result<(), String> {
                 ["adamw", lr] => Some(ir::autodiff::Optimizer::adamw(num(lr)?)),
                 _ => return Err(format!("unknown optimizer {opt}")),
             };
-            let opts = ir::autodiff::TrainOptions { loss, optimizer, frozen: vec![] };
+            let opts = ir::autodiff::TrainOptions::new(loss, optimizer);
             g = ir::autodiff::training_graph(&g, &opts).map_err(|e| e.to_string())?.graph;
         }
         p => return Err(format!("unknown pass {p}")),

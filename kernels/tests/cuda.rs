@@ -742,7 +742,12 @@ fn gradients_and_optimizer_updates() {
     for t in [1, 5, 1000] {
         check(&ctx, adamw.clone(), &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![t])]);
     }
-    both_reject(&ctx, adamw, &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![0])]);
+    both_reject(&ctx, adamw.clone(), &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![0])]);
+    // A schedule's lr factor (the optional trailing input).
+    let f = Tensor::scalar_f32(0.37);
+    check(&ctx, Op::SgdUpdate { lr: 0.1, momentum: 0.0, weight_decay: 0.01 }, &[&p, &g, &f]);
+    check(&ctx, Op::SgdUpdate { lr: 0.1, momentum: 0.9, weight_decay: 0.01 }, &[&p, &g, &m, &f]);
+    check(&ctx, adamw, &[&p, &g, &m, &v, &Tensor::i64(vec![], vec![3]), &f]);
 }
 
 #[test]

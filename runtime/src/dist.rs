@@ -849,7 +849,21 @@ impl Program {
         let plan_hash = storage_hash(&plan.model.hash, &mesh, &resident);
         let mut accumulate: Vec<usize> = plan.accumulate.iter().map(&mut slot_of).collect();
         if plan.microbatches > 1 {
-            accumulate.extend(outputs.iter().map(|o: &(String, usize, ShardingSpec, Vec<usize>)| o.1));
+            // Outputs of each microbatch are summed (their mean is reported); those the update
+            // phase computes once per step (the learning rate, the gradient norm) are not.
+            let once: std::collections::HashSet<usize> = plan
+                .program
+                .iter()
+                .filter_map(|i| match i {
+                    Instr::Op { node, phase: plan::Phase::Update, .. } => Some(*node),
+                    _ => None,
+                })
+                .collect();
+            for ((_, v), o) in g.outputs.iter().zip(&outputs) {
+                if !once.contains(&v.node.index()) {
+                    accumulate.push(o.1);
+                }
+            }
         }
         accumulate.sort_unstable();
         accumulate.dedup();

@@ -394,8 +394,10 @@ pub(crate) fn step<'a, B: Backend>(
             sim::assemble(&blocks, spec, shape, &stage_mesh, f32::INFINITY)
                 .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?
         };
-        // The mean over microbatches of what each computed.
-        outputs.insert(name.clone(), if microbatches > 1 { mean_of(t, microbatches) } else { t });
+        // The mean over microbatches of what each computed (an output of the update phase is
+        // computed once, and not summed).
+        let summed = microbatches > 1 && program.accumulate.binary_search(slot).is_ok();
+        outputs.insert(name.clone(), if summed { mean_of(t, microbatches) } else { t });
     }
     for (name, slot) in updates.iter().chain(frozen) {
         let t = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;

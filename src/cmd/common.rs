@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use ir::autodiff::Optimizer;
+use ir::autodiff::{LossSpec, LrDecay, LrSchedule, Optimizer, TrainOptions};
 
 /// Parses `NAME=DIMS` bindings into the importer's options, with the ceiling on constants
 /// computed at import (`--max-constant-bytes`).
@@ -119,6 +119,45 @@ pub struct OptimizerArgs {
     /// AdamW epsilon, > 0.
     #[arg(long, default_value = "1e-8", value_parser = parse_eps)]
     pub eps: f32,
+    /// Learning-rate schedule after the warmup: `constant`; `cosine` (decay over --decay-steps
+    /// to --min-lr, then held there: torch's CosineAnnealingLR); `step` (times --gamma every
+    /// --step-size steps: StepLR). Computed in the training graph from the optimizer's step
+    /// count, so checkpoints resume it; `--json` lines show each step's `lr`.
+    #[arg(long, value_enum, default_value = "constant", value_name = "KIND")]
+    pub lr_schedule: LrScheduleKind,
+    /// Linear warmup: the lr of step k (from 0) is lr * (k+1)/W for the first W steps, then the
+    /// schedule starts (`LambdaLR(lambda k: min(1, (k+1)/W))`, then SequentialLR).
+    #[arg(long, value_name = "W", default_value = "0", value_parser = parse_schedule_steps)]
+    pub warmup_steps: u64,
+    /// With --lr-schedule cosine: steps from lr down to --min-lr (after the warmup).
+    #[arg(long, value_name = "T", value_parser = parse_steps)]
+    pub decay_steps: Option<u64>,
+    /// With --lr-schedule cosine: the floor of the learning rate, from 0 to --lr (default 0).
+    #[arg(long, value_name = "LR", value_parser = parse_min_lr)]
+    pub min_lr: Option<f32>,
+    /// With --lr-schedule step: steps between two decays.
+    #[arg(long, value_name = "S", value_parser = parse_steps)]
+    pub step_size: Option<u64>,
+    /// With --lr-schedule step: the factor of each decay, > 0 (default 0.1).
+    #[arg(long, value_name = "G", value_parser = parse_gamma)]
+    pub gamma: Option<f32>,
+    /// Clip the gradients to this global L2 norm before each update
+    /// (`torch.nn.utils.clip_grad_norm_`; after fp16's unscaling); `--json` lines show each
+    /// step's `grad_norm` (before clipping).
+    #[arg(long, value_name = "MAX", value_parser = parse_clip)]
+    pub clip_grad_norm: Option<f32>,
+}
+
+/// `--lr-schedule`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LrScheduleKind {
+    /// The learning rate of --lr at every step (after any warmup).
+    #[default]
+    Constant,
+    /// Cosine decay to --min-lr over --decay-steps.
+    Cosine,
+    /// Times --gamma every --step-size steps.
+    Step,
 }
 
 impl OptimizerArgs {
@@ -144,6 +183,51 @@ impl OptimizerArgs {
                     weight_decay: a.weight_decay.unwrap_or(0.01),
                 }
             }
+        })
+    }
+
+    /// The learning-rate schedule these flags describe (a flag of another schedule is an error).
+    pub fn schedule(&self) -> Result<LrSchedule> {
+        use clap::ValueEnum;
+        let a = self;
+        let name = |k: LrScheduleKind| k.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+        let (cosine, step) = (LrScheduleKind::Cosine, LrScheduleKind::Step);
+        for (flag, given, kind) in [
+            ("--decay-steps", a.decay_steps.is_some(), cosine),
+            ("--min-lr", a.min_lr.is_some(), cosine),
+            ("--step-size", a.step_size.is_some(), step),
+            ("--gamma", a.gamma.is_some(), step),
+        ] {
+            if given && a.lr_schedule != kind {
+                bail!("{flag} applies to --lr-schedule {}, not {}", name(kind), name(a.lr_schedule));
+            }
+        }
+        let decay = match a.lr_schedule {
+            LrScheduleKind::Constant => LrDecay::Constant,
+            LrScheduleKind::Cosine => {
+                let Some(steps) = a.decay_steps else { bail!("--lr-schedule cosine needs --decay-steps T") };
+                let min_lr = a.min_lr.unwrap_or(0.0);
+                let lr = self.optimizer()?.lr();
+                if min_lr > lr {
+                    bail!("--min-lr {min_lr} is above --lr {lr}: the cosine decays from --lr down to --min-lr");
+                }
+                LrDecay::Cosine { steps, min_lr }
+            }
+            LrScheduleKind::Step => {
+                let Some(step_size) = a.step_size else { bail!("--lr-schedule step needs --step-size S") };
+                LrDecay::Step { step_size, gamma: a.gamma.unwrap_or(0.1) }
+            }
+        };
+        Ok(LrSchedule { warmup_steps: a.warmup_steps, decay })
+    }
+
+    /// The training options of `loss` with these flags' optimizer, schedule and clipping.
+    pub fn train_options(&self, loss: LossSpec, frozen: Vec<String>) -> Result<TrainOptions> {
+        Ok(TrainOptions {
+            frozen,
+            schedule: self.schedule()?,
+            clip_grad_norm: self.clip_grad_norm,
+            ..TrainOptions::new(loss, Some(self.optimizer()?))
         })
     }
 }
@@ -312,6 +396,38 @@ pub fn parse_lr(s: &str) -> Result<f32, String> {
     let x = to_f32(v)?;
     if x <= 0.0 {
         return Err("a learning rate must be > 0".to_string());
+    }
+    Ok(x)
+}
+
+/// A schedule's step count (warmup): 0 to [`MAX_STEPS`].
+pub fn parse_schedule_steps(s: &str) -> Result<u64, String> {
+    parse_int_in(s, 0, MAX_STEPS)
+}
+
+/// A learning-rate floor: finite and >= 0.
+pub fn parse_min_lr(s: &str) -> Result<f32, String> {
+    let v = parse_finite(s)?;
+    if v < 0.0 {
+        return Err("a learning rate floor must be >= 0".to_string());
+    }
+    to_f32(v)
+}
+
+/// A step decay's factor: finite and > 0.
+pub fn parse_gamma(s: &str) -> Result<f32, String> {
+    let x = to_f32(parse_finite(s)?)?;
+    if x <= 0.0 {
+        return Err("gamma must be > 0".to_string());
+    }
+    Ok(x)
+}
+
+/// A gradient norm to clip to: finite and > 0.
+pub fn parse_clip(s: &str) -> Result<f32, String> {
+    let x = to_f32(parse_finite(s)?)?;
+    if x <= 0.0 {
+        return Err("the norm to clip to must be > 0".to_string());
     }
     Ok(x)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use codegen::{Baseline, PlanOptions};
-use ir::autodiff::{LossSpec, TrainOptions};
+use ir::autodiff::LossSpec;
 use sharding::DeviceProfile;
 
 use super::common;
@@ -173,7 +173,6 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
         None => default_loss(&forward)?,
     };
-    let optimizer = Some(a.opt.optimizer()?);
     // Progress on a terminal only: scripts and tests see the summary and at most one error line.
     let progress = std::io::stderr().is_terminal();
     if progress {
@@ -193,7 +192,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
              carry yet: use --precision bf16 (no loss scaling needed) with --microbatches or --pipeline"
         );
     }
-    let topts = TrainOptions { loss, optimizer, frozen: a.freeze.clone() };
+    let topts = a.opt.train_options(loss, a.freeze.clone())?;
     let mut tg = ir::autodiff::training_graph_with(&forward, &topts, precision.mixed(a.grad_reduce))?;
     if a.microbatches > 1 {
         tg = tg.with_gradient_scale(1.0 / a.microbatches as f32);

@@ -108,15 +108,19 @@ impl<'a> Reporter<'a> {
             if self.info.data.is_some() {
                 line["data_ms"] = serde_json::json!(r.data_seconds * 1e3);
             }
-            for (k, v) in &r.metrics {
-                line[k.as_str()] = serde_json::json!(v);
+            // The plan's learning-rate schedule and gradient clipping, when it has them.
+            for (key, v) in [("lr", r.lr), ("grad_norm", r.grad_norm)] {
+                if let Some(v) = v {
+                    line[key] = v.into();
+                }
             }
             if let Some(l) = r.eval_loss {
                 line["eval_loss"] = serde_json::json!(l);
             }
             line.to_string()
         } else {
-            let metrics: String = r.metrics.iter().map(|(k, v)| format!("  {} {v:.4e}", k.replace('_', " "))).collect();
+            let metrics = r.lr.map(|x| format!("  lr {x:.4e}")).unwrap_or_default()
+                + &r.grad_norm.map(|x| format!("  grad norm {x:.6}")).unwrap_or_default();
             format!(
                 "step {:>4}  loss {:<12.8}  {:>8.1} ms  {:>8.1} samples/s  collectives {:>6.1} ms{metrics}{}{}",
                 r.step,

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use ir::autodiff::{LossSpec, TrainOptions};
+use ir::autodiff::LossSpec;
 use sharding::DeviceProfile;
 
 use super::common;
@@ -63,8 +63,7 @@ pub fn run(a: &StrategiesArgs) -> Result<()> {
     let graph = match &a.loss {
         Some(spec) => {
             let loss: LossSpec = spec.parse().map_err(anyhow::Error::msg)?;
-            let optimizer = Some(a.opt.optimizer()?);
-            ir::autodiff::training_graph(&forward, &TrainOptions { loss, optimizer, frozen: vec![] })?.graph
+            ir::autodiff::training_graph(&forward, &a.opt.train_options(loss, vec![])?)?.graph
         }
         None => forward,
     };

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use ir::autodiff::{LossSpec, Optimizer, TrainOptions};
+use ir::autodiff::{LossSpec, Optimizer};
 
 use super::common;
 
@@ -87,6 +87,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     common::check_export_path(a.export_onnx.as_deref())?;
     let loss: LossSpec = a.loss.parse().map_err(anyhow::Error::msg)?;
     let opt = a.opt.optimizer()?;
+    let topts = a.opt.train_options(loss, a.freeze.clone())?;
     let feeds = common::read_feeds(&a.feeds)?;
     let mut opts = common::import_options(&a.inputs, true, a.max_constant_bytes)?;
     for (name, t) in &feeds {
@@ -94,7 +95,6 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     let g = common::load_model(&a.model, &opts)?;
     common::warn_shared_parameters(&g);
-    let topts = TrainOptions { loss, optimizer: Some(opt), frozen: a.freeze.clone() };
     let tg = ir::autodiff::training_graph_with(&g, &topts, a.precision.mixed(a.grad_reduce))?;
     let tg = match a.precision {
         common::Precision::F64 => tg.with_float_type(ir::DType::F64)?,
@@ -130,12 +130,13 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     if !a.json {
         let (np, pb) = g.param_stats();
         println!(
-            "training {} ({} trainable of {} parameter tensors, {np} parameters, {:.2} MiB) with {} on {} thread(s){}",
+            "training {} ({} trainable of {} parameter tensors, {np} parameters, {:.2} MiB) with {}{} on {} thread(s){}",
             g.name,
             tg.trainable.len(),
             g.params.len(),
             pb as f64 / 1048576.0,
             describe(&opt),
+            describe_schedule(&topts),
             ctx.threads(),
             match a.precision {
                 common::Precision::F32 => String::new(),
@@ -193,6 +194,10 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             }
             eval_loss = Some(sum / e.batches as f64);
         }
+        // The schedule's learning rate and the gradient norm before clipping, when the graph
+        // computes them.
+        let lr = rep.outputs.get("lr").map(runtime::scalar_f32);
+        let grad_norm = rep.outputs.get("grad_norm").map(runtime::scalar_f32);
         if a.json {
             let mut line = serde_json::json!({
                 "step": rep.step, "loss": rep.loss, "ms": dt * 1e3, "peak_bytes": rep.peak_bytes,
@@ -201,18 +206,21 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             if let Some(t) = tokens_per_sample {
                 line["tokens_per_s"] = serde_json::json!((batch * t) as f64 / dt.max(1e-12));
             }
-            for (k, t) in &rep.outputs {
-                if k != "loss" && t.shape().iter().product::<usize>() == 1 && t.dtype().is_float() {
-                    line[k.as_str()] = serde_json::json!(runtime::scalar_f32(t));
-                }
+            if let Some(lr) = lr {
+                line["lr"] = lr.into();
+            }
+            if let Some(n) = grad_norm {
+                line["grad_norm"] = n.into();
             }
             if let Some(l) = eval_loss {
                 line["eval_loss"] = serde_json::json!(l);
             }
             writeln!(out, "{line}")?;
         } else {
-            let ev = eval_loss.map(|l| format!("  eval loss {l:.8}")).unwrap_or_default();
-            writeln!(out, "step {:>4}  loss {:<12.8}  {:>8.1} ms{ev}", rep.step, rep.loss, dt * 1e3)?;
+            let extra = lr.map(|x| format!("  lr {x:.4e}")).unwrap_or_default()
+                + &grad_norm.map(|x| format!("  grad norm {x:.6}")).unwrap_or_default()
+                + &eval_loss.map(|l| format!("  eval loss {l:.8}")).unwrap_or_default();
+            writeln!(out, "step {:>4}  loss {:<12.8}  {:>8.1} ms{extra}", rep.step, rep.loss, dt * 1e3)?;
         }
         out.flush()?;
         last = Some(rep);
@@ -268,6 +276,25 @@ fn print_profile(out: &mut impl Write, tg: &ir::autodiff::TrainingGraph, times: 
         writeln!(out, "  {op:<22} {phase:<9} {k:>6} {:>10.2} {:>5.1}%", s * 1e3, 100.0 * s / total.max(1e-12))?;
     }
     Ok(())
+}
+
+/// The schedule and clipping, as the header says them (empty without either).
+fn describe_schedule(o: &ir::autodiff::TrainOptions) -> String {
+    use ir::autodiff::LrDecay;
+    let s = &o.schedule;
+    let mut parts = vec![];
+    if s.warmup_steps > 0 {
+        parts.push(format!("linear warmup over {} steps", s.warmup_steps));
+    }
+    match s.decay {
+        LrDecay::Constant => {}
+        LrDecay::Cosine { steps, min_lr } => parts.push(format!("cosine decay over {steps} steps to {min_lr}")),
+        LrDecay::Step { step_size, gamma } => parts.push(format!("times {gamma} every {step_size} steps")),
+    }
+    if let Some(m) = o.clip_grad_norm {
+        parts.push(format!("gradients clipped to norm {m}"));
+    }
+    if parts.is_empty() { String::new() } else { format!(", {}", parts.join(", ")) }
 }
 
 fn describe(o: &Optimizer) -> String {

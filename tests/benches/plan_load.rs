@@ -29,8 +29,7 @@ fn plan_file() -> PathBuf {
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/models/gpt2-small-graph-only.onnx");
     let g = tracer::import_file(&model, &tracer::ImportOptions { load_weights: false, ..Default::default() }).unwrap();
     let loss: LossSpec = "ce-next:logits:input_ids".parse().unwrap();
-    let t =
-        training_graph(&g, &TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-4)), frozen: vec![] }).unwrap();
+    let t = training_graph(&g, &TrainOptions::new(loss, Some(Optimizer::adamw(1e-4)))).unwrap();
     let mesh = DeviceMesh::uniform(&[2, 4]).unwrap();
     let cpu = DeviceProfile::builtin("cpu").unwrap();
     let opts = codegen::PlanOptions { budget: 64 << 30, ..Default::default() };

@@ -43,7 +43,7 @@ fn main() -> Result<()> {
     }
     let loss: LossSpec = "ce:logits:labels".parse().map_err(anyhow::Error::msg)?;
     let optimizer = Optimizer::Sgd { lr: 1e-4, momentum: 0.9, weight_decay: 0.0 };
-    let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(optimizer), frozen: vec![] })?;
+    let tg = training_graph(&g, &TrainOptions::new(loss, Some(optimizer)))?;
     let acc = Accumulation::F64;
     let ctx = CpuContext::new(1)?.with_accumulation(acc);
     let mut trainer = Trainer::new(&tg, &g.param_data)?;

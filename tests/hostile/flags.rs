@@ -86,11 +86,31 @@ fn learning_rates_and_optimizer_settings_are_finite_and_in_range() {
             (&["--weight-decay", "inf"], &["--weight-decay"]),
             (&["--optimizer", "sgd", "--momentum=-0.5"], &["--momentum", "from 0 to 1"]),
             (&["--optimizer", "sgd", "--momentum", "NaN"], &["--momentum"]),
+            (&["--clip-grad-norm", "0"], &["--clip-grad-norm", "> 0"]),
+            (&["--clip-grad-norm", "NaN"], &["--clip-grad-norm", "not a finite number"]),
+            (&["--clip-grad-norm", "1e39"], &["--clip-grad-norm", "32-bit"]),
+            (&["--lr-schedule", "linear"], &["--lr-schedule"]),
+            (&["--warmup-steps=-1"], &["--warmup-steps"]),
+            (&["--warmup-steps", "1e12"], &["--warmup-steps"]),
+            (&["--lr-schedule", "cosine"], &["--lr-schedule cosine needs --decay-steps"]),
+            (&["--lr-schedule", "cosine", "--decay-steps", "0"], &["--decay-steps", "out of range"]),
+            (&["--lr-schedule", "cosine", "--decay-steps", "9", "--min-lr", "1"], &["--min-lr", "above --lr"]),
+            (&["--lr-schedule", "cosine", "--decay-steps", "9", "--min-lr", "NaN"], &["--min-lr"]),
+            (&["--lr-schedule", "step"], &["--lr-schedule step needs --step-size"]),
+            (&["--lr-schedule", "step", "--step-size", "3", "--gamma", "0"], &["--gamma", "> 0"]),
+            (&["--gamma", "0.5"], &["--gamma applies to --lr-schedule step"]),
+            (&["--min-lr", "0"], &["--min-lr applies to --lr-schedule cosine"]),
         ],
     );
     // The same flags of planning and `strategies`.
-    each(&["plan", &m, "--mesh", "2", "--memory", "1GiB"], &[(&["--lr", "NaN"], &["--lr"])]);
-    each(&["strategies", &m, "--loss", "mse:y:t"], &[(&["--eps=-1"], &["--eps"])]);
+    each(
+        &["plan", &m, "--mesh", "2", "--memory", "1GiB"],
+        &[(&["--lr", "NaN"], &["--lr"]), (&["--lr-schedule", "step"], &["--step-size"])],
+    );
+    each(
+        &["strategies", &m, "--loss", "mse:y:t"],
+        &[(&["--eps=-1"], &["--eps"]), (&["--clip-grad-norm=-1"], &["--clip-grad-norm"])],
+    );
 }
 
 #[test]

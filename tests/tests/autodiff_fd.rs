@@ -186,6 +186,8 @@ fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) 
         loss: LossSpec::Mse { output: "y".into(), target: "t".into() },
         optimizer: None,
         frozen: frozen.iter().map(|s| s.to_string()).collect(),
+        schedule: Default::default(),
+        clip_grad_norm: None,
     };
     let tg = training_graph(&fwd, &opts).context("training graph")?;
     let tinterp = Interpreter::new(&tg.graph)?;

@@ -154,7 +154,7 @@ fn reference_at(c: &'static Case, path: &Path, feeds: BTreeMap<String, Tensor>, 
     ir::passes::canonicalize(&mut g)?;
     let loss: LossSpec = c.loss.parse().map_err(anyhow::Error::msg)?;
     let optimizer = Optimizer::Sgd { lr: c.lr, momentum: 0.9, weight_decay: 0.0 };
-    let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(optimizer), frozen: vec![] })?;
+    let tg = training_graph(&g, &TrainOptions::new(loss, Some(optimizer)))?;
     let index = tracer::InitializerIndex::open(path)?;
     // Single-device training: the per-step losses and the final parameters.
     let train = |tg: &ir::autodiff::TrainingGraph, acc: Accumulation| -> Result<(Vec<f32>, BTreeMap<String, Tensor>)> {
@@ -722,13 +722,13 @@ fn microbatched_plans_equal_full_batch_training() -> Result<()> {
         Ok(g)
     };
     let g64 = import(64)?;
-    let tg64 = training_graph(&g64, &TrainOptions { loss: loss.clone(), optimizer, frozen: vec![] })?;
+    let tg64 = training_graph(&g64, &TrainOptions::new(loss.clone(), optimizer))?;
     let ctx = CpuContext::new(1)?;
     let mut trainer = Trainer::new(&tg64, &g64.param_data)?;
     let want: Vec<f32> = (0..STEPS).map(|_| Ok(trainer.step(&ctx, &feeds)?.loss)).collect::<Result<_>>()?;
     let want_params = trainer.params();
     let g32 = import(32)?;
-    let tg = training_graph(&g32, &TrainOptions { loss, optimizer, frozen: vec![] })?.with_gradient_scale(0.5);
+    let tg = training_graph(&g32, &TrainOptions::new(loss, optimizer))?.with_gradient_scale(0.5);
     let index = tracer::InitializerIndex::open(&path)?;
     let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
     let mut rows = vec![];

@@ -41,7 +41,7 @@ fn model(name: &str) -> PathBuf {
 
 fn train(g: &Graph, loss: &str) -> Result<Graph> {
     let loss: LossSpec = loss.parse().map_err(anyhow::Error::msg)?;
-    let tg = training_graph(g, &TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-3)), frozen: vec![] })?;
+    let tg = training_graph(g, &TrainOptions::new(loss, Some(Optimizer::adamw(1e-3))))?;
     Ok(codegen::plan::canonical(&tg.graph)?)
 }
 

@@ -29,7 +29,7 @@ fn run(opt: Optimizer, steps: usize) -> Vec<Vec<f32>> {
     let y = g.add1("y", Op::Binary(BinaryOp::Mul), &[w, x]).unwrap();
     g.set_output("y", y);
     let loss = LossSpec::Mse { output: "y".into(), target: "t".into() };
-    let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: vec![] }).unwrap();
+    let tg = training_graph(&g, &TrainOptions::new(loss, Some(opt))).unwrap();
     let ctx = CpuContext::new(1).unwrap();
     let mut tr = Trainer::new(&tg, &g.param_data).unwrap();
     let feeds: BTreeMap<String, Tensor> =

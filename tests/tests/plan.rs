@@ -29,7 +29,7 @@ fn model(name: &str) -> PathBuf {
 fn training(name: &str, loss: &str) -> Result<Graph> {
     let g = tracer::import_file(&model(name), &tracer::ImportOptions { load_weights: false, ..Default::default() })?;
     let loss: LossSpec = loss.parse().map_err(anyhow::Error::msg)?;
-    Ok(training_graph(&g, &TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-3)), frozen: vec![] })?.graph)
+    Ok(training_graph(&g, &TrainOptions::new(loss, Some(Optimizer::adamw(1e-3))))?.graph)
 }
 
 const MODELS: [(&str, &str); 4] = [
@@ -632,8 +632,8 @@ fn schedules_bubbles_match_their_formulas() -> Result<()> {
     let g = tracer::import_bytes(&bytes, "uniform.onnx", "uniform", None, &tracer::ImportOptions::default())?;
     let loss: LossSpec = "ce-next:logits:input_ids".parse().map_err(anyhow::Error::msg)?;
     let (s, m) = (4usize, 8usize);
-    let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-3)), frozen: vec![] })?
-        .with_gradient_scale(1.0 / m as f32);
+    let tg =
+        training_graph(&g, &TrainOptions::new(loss, Some(Optimizer::adamw(1e-3))))?.with_gradient_scale(1.0 / m as f32);
     let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
     let mesh = DeviceMesh::uniform(&[s, 1])?;
     let mut bubble = std::collections::BTreeMap::new();
@@ -757,7 +757,7 @@ fn repeated_layers_share_their_edge_matrices() -> Result<()> {
     let opts = tracer::ImportOptions { load_weights: false, ..Default::default() };
     let g = tracer::import_bytes(&bytes, "llama", "llama", None, &opts)?;
     let loss: LossSpec = "ce-next:logits:input_ids".parse().map_err(anyhow::Error::msg)?;
-    let train = TrainOptions { loss, optimizer: Some(Optimizer::adamw(1e-3)), frozen: vec![] };
+    let train = TrainOptions::new(loss, Some(Optimizer::adamw(1e-3)));
     let g = codegen::plan::canonical(&training_graph(&g, &train)?.graph)?;
     let mesh = DeviceMesh::parse("2x2x2", &cpu)?;
     let b = build(&g, &mesh, &cpu, Baseline::Auto, Some(16 << 30))?;

@@ -135,7 +135,7 @@ fn load(c: &Case) -> Result<Loaded> {
 
 fn build(l: &Loaded, c: &Case, optimizer: Option<Optimizer>) -> Result<TrainingGraph> {
     let loss: LossSpec = c.loss.parse().map_err(anyhow::Error::msg)?;
-    Ok(training_graph(&l.graph, &TrainOptions { loss, optimizer, frozen: vec![] })?)
+    Ok(training_graph(&l.graph, &TrainOptions::new(loss, optimizer))?)
 }
 
 fn json(path: &Path) -> Result<serde_json::Value> {

@@ -468,7 +468,7 @@ fn every_claimed_strategy_is_correct() -> Result<()> {
         let mut on_mesh = 0;
         for build in [block, lm, cnn, shapes, indexing] {
             let (g, loss, opt) = build()?;
-            let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(opt), frozen: vec![] })?;
+            let tg = training_graph(&g, &TrainOptions::new(loss, Some(opt)))?;
             ir::verify(&tg.graph).map_err(|e| anyhow::anyhow!("{e}"))?;
             on_mesh +=
                 validate_graph(&ctx, &tg.graph, &mesh, &mut counts).with_context(|| format!("graph {}", g.name))?;

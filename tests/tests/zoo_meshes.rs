@@ -49,7 +49,7 @@ fn training(name: &str) -> Result<ir::Graph> {
     let loss: LossSpec = spec["loss"].as_str().unwrap_or_default().parse().map_err(anyhow::Error::msg)?;
     let lr = spec["optimizer"]["lr"].as_f64().unwrap_or(0.01) as f32;
     let frozen = spec["freeze"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect();
-    let tg = training_graph(&g, &TrainOptions { loss, optimizer: Some(Optimizer::sgd(lr)), frozen })?;
+    let tg = training_graph(&g, &TrainOptions { frozen, ..TrainOptions::new(loss, Some(Optimizer::sgd(lr))) })?;
     Ok(tg.graph)
 }
 

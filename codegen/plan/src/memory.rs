@@ -191,7 +191,18 @@ pub fn simulate_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<Me
     let microbatches = plan.microbatches.max(1);
     let mut accumulate: Vec<ValueRef> = plan.accumulate.clone();
     if microbatches > 1 {
-        accumulate.extend(graph.outputs.iter().map(|(_, v)| ValueRef::of(*v)));
+        // Outputs of the update phase (the learning rate, the gradient norm) are computed once.
+        let once: std::collections::HashSet<usize> = plan
+            .program
+            .iter()
+            .filter_map(|i| match i {
+                Instr::Op { node, phase: Phase::Update, .. } => Some(*node),
+                _ => None,
+            })
+            .collect();
+        accumulate.extend(
+            graph.outputs.iter().filter(|(_, v)| !once.contains(&v.node.index())).map(|(_, v)| ValueRef::of(*v)),
+        );
     }
     accumulate.sort();
     accumulate.dedup();

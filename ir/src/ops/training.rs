@@ -27,21 +27,31 @@ pub(crate) fn infer_grad(op: &Op, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>,
             Err(format!("{n}: gradient is {g}, parameter {p}"))
         }
     };
+    // The optional trailing lr factor (a schedule's value): a scalar of the parameter's type.
+    let factor = |ins: &[TensorMeta], at: usize| {
+        let Some(f) = ins.get(at) else { return Ok(()) };
+        want_dtype(n, f, ins[0].dtype, "lr factor")?;
+        if !f.shape.is_empty() {
+            return Err(format!("{n}: the lr factor must be a scalar, got {:?}", f.shape));
+        }
+        Ok(())
+    };
     match op {
         SgdUpdate { momentum, .. } => {
             let k = if *momentum != 0.0 { 3 } else { 2 };
-            want_inputs(n, ins, k, k)?;
+            want_inputs(n, ins, k, k + 1)?;
             let mut rest = vec![ins[0].clone()];
-            rest.extend(ins[2..].iter().cloned());
+            rest.extend(ins[2..k].iter().cloned());
             f32s(&rest)?;
             grad(ins)?;
-            for m in &ins[1..] {
+            for m in &ins[1..k] {
                 same(&ins[0], m, "parameter and gradient/state")?;
             }
+            factor(ins, k)?;
             Ok(vec![ins[0].clone(); k - 1])
         }
         AdamWUpdate { .. } => {
-            want_inputs(n, ins, 5, 5)?;
+            want_inputs(n, ins, 5, 6)?;
             f32s(&[ins[0].clone(), ins[2].clone(), ins[3].clone()])?;
             grad(ins)?;
             for m in &ins[1..4] {
@@ -51,6 +61,7 @@ pub(crate) fn infer_grad(op: &Op, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>,
             if !ins[4].shape.is_empty() {
                 return Err(format!("{n}: step must be a scalar, got {:?}", ins[4].shape));
             }
+            factor(ins, 5)?;
             Ok(vec![ins[0].clone(); 3])
         }
         _ => Err(format!("{n} is not a training gradient op (dispatch bug)")),

@@ -505,8 +505,9 @@ pub(crate) fn sgd_update(
     momentum: f32,
     weight_decay: f32,
 ) -> Result<Vec<Tensor>, Error> {
-    let (lr, momentum, weight_decay) = (lr as F, momentum as F, weight_decay as F);
     let op = "sgd_update";
+    let lr = lr as F * lr_factor(op, inputs.get(if momentum != 0.0 { 3 } else { 2 }))?;
+    let (momentum, weight_decay) = (momentum as F, weight_decay as F);
     let (p, g) = (floats(op, inputs[0])?, floats(op, inputs[1])?);
     let shape = inputs[0].shape();
     if momentum != 0.0 {
@@ -524,6 +525,14 @@ pub(crate) fn sgd_update(
     Ok(vec![tensor(op, shape, F::data(np))?])
 }
 
+/// The optional trailing lr factor of an update (a schedule's value; 1 without one).
+fn lr_factor(op: &'static str, t: Option<&&Tensor>) -> Result<F, Error> {
+    match t {
+        None => Ok(1.0),
+        Some(t) => floats(op, t)?.first().copied().ok_or_else(|| bad(op, "the lr factor is empty".into())),
+    }
+}
+
 /// One AdamW step at step number `t` (PyTorch's arithmetic: bias corrections in f64, applied
 /// as scalars of the element type).
 #[allow(clippy::too_many_arguments)]
@@ -535,8 +544,9 @@ pub(crate) fn adamw_update(
     eps: f32,
     weight_decay: f32,
 ) -> Result<Vec<Tensor>, Error> {
-    let (lr, beta1, beta2, eps, weight_decay) = (lr as F, beta1 as F, beta2 as F, eps as F, weight_decay as F);
     let op = "adamw_update";
+    let lr = lr as F * lr_factor(op, inputs.get(5))?;
+    let (beta1, beta2, eps, weight_decay) = (beta1 as F, beta2 as F, eps as F, weight_decay as F);
     let (p, g, m, v) = (floats(op, inputs[0])?, floats(op, inputs[1])?, floats(op, inputs[2])?, floats(op, inputs[3])?);
     let t = inputs[4].as_i64().and_then(|s| s.first().copied()).ok_or_else(|| bad(op, "step must be i64".into()))?;
     let k = crate::optim::AdamW::at(lr as f64, beta1 as f64, beta2 as f64, weight_decay as f64, t)

@@ -845,3 +845,45 @@ fn half_precision_storage_computes_in_f32_and_rounds_once() {
     // Widening a cast back is exact.
     assert_eq!(run1(Op::Cast { to: DType::F32 }, &[&b]).to_f32_vec(), b.to_f32_vec());
 }
+
+// ---------- optimizer updates ----------
+
+/// The optional trailing lr factor (a schedule's value) is the same step as an attribute lr
+/// of `lr * factor`, bit for bit, in f32 and f64 (weight decay uses the scaled lr too; in f64
+/// a factor of 0.5, whose product with the f32 attribute is exact in both); a
+/// factor that is not a scalar of the parameter's type is refused.
+#[test]
+fn update_lr_factor_scales_the_learning_rate() {
+    let (p, g, m, v) = (rnd([5, 7], 1), rnd([5, 7], 2), rnd([5, 7], 3), rnd([5, 7], 4));
+    let v = run1(Op::Unary(UnaryOp::Abs), &[&v]);
+    let lr = 0.3f32;
+    let t = Tensor::i64([], vec![4]);
+    let sgd = |lr: f32, momentum: f32| Op::SgdUpdate { lr, momentum, weight_decay: 0.1 };
+    let adamw = |lr: f32| Op::AdamWUpdate { lr, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.1 };
+    for wide in [false, true] {
+        let w = |x: &Tensor| if wide { x.clone().with_float_type(DType::F64) } else { x.clone() };
+        let (p, g, m, v) = (w(&p), w(&g), w(&m), w(&v));
+        let factor = if wide { 0.5f32 } else { 0.37 };
+        let f = w(&Tensor::scalar_f32(factor));
+        let cases: [(Op, Vec<&Tensor>, Op, Vec<&Tensor>); 3] = [
+            (sgd(lr, 0.0), vec![&p, &g, &f], sgd(lr * factor, 0.0), vec![&p, &g]),
+            (sgd(lr, 0.9), vec![&p, &g, &m, &f], sgd(lr * factor, 0.9), vec![&p, &g, &m]),
+            (adamw(lr), vec![&p, &g, &m, &v, &t, &f], adamw(lr * factor), vec![&p, &g, &m, &v, &t]),
+        ];
+        for (op, ins, plain, plain_ins) in cases {
+            let (got, want) = (run(op.clone(), &ins), run(plain, &plain_ins));
+            assert_eq!(got, want, "{} with a factor (f64: {wide})", op.name());
+            // Without a factor the op is unchanged: a factor of 1 is the same step.
+            let one = w(&Tensor::scalar_f32(1.0));
+            let mut ins1 = ins.clone();
+            *ins1.last_mut().unwrap() = &one;
+            let n = ins1.len() - 1;
+            assert_eq!(run(op.clone(), &ins1), run(op.clone(), &ins1[..n]), "{} with factor 1", op.name());
+        }
+    }
+    let bad_factor = [Tensor::f32([1], vec![0.5]), Tensor::scalar_f32(0.5).with_float_type(DType::F64)];
+    for f in &bad_factor {
+        assert!(matches!(bad(sgd(lr, 0.0), &[&p, &g, f]), Error::BadInput { .. }), "{}", f.meta());
+        assert!(matches!(bad(adamw(lr), &[&p, &g, &m, &v, &t, f]), Error::BadInput { .. }), "{}", f.meta());
+    }
+}

@@ -111,6 +111,19 @@ pub(crate) fn unary_grad(ctx: &CudaContext, u: UnaryOp, x: &CudaTensor, dy: &Cud
     Ok(CudaTensor::from_f32(x.shape(), out))
 }
 
+/// The optional trailing lr factor of an update at input `at` (a schedule's value, read back to
+/// the host: synchronises; 1 without one), as the CPU kernel takes it.
+fn lr_factor(ctx: &CudaContext, op: &'static str, inputs: &[&CudaTensor], at: usize) -> Result<f32, Error> {
+    match inputs.get(at) {
+        None => Ok(1.0),
+        Some(t) => ctx
+            .download_slice(op, t.f32s(op)?, 1)?
+            .first()
+            .copied()
+            .ok_or_else(|| Error::BadInput { op, message: "the lr factor is empty".into() }),
+    }
+}
+
 /// One SGD step; returns p' and, with momentum, the new buffer.
 pub(crate) fn sgd_update(
     ctx: &CudaContext,
@@ -120,6 +133,7 @@ pub(crate) fn sgd_update(
     weight_decay: f32,
 ) -> Result<Vec<CudaTensor>, Error> {
     let op = "sgd_update";
+    let lr = lr * lr_factor(ctx, op, inputs, if momentum != 0.0 { 3 } else { 2 })?;
     let (p, g) = (inputs[0].f32s(op)?, inputs[1].f32s(op)?);
     let shape = inputs[0].shape();
     let n = inputs[0].numel();
@@ -151,6 +165,7 @@ pub(crate) fn adamw_update(
     weight_decay: f32,
 ) -> Result<Vec<CudaTensor>, Error> {
     let op = "adamw_update";
+    let lr = lr * lr_factor(ctx, op, inputs, 5)?;
     let [p, g, m, v] = [0, 1, 2, 3].map(|i| inputs[i].f32s(op));
     let (p, g, m, v) = (p?, g?, m?, v?);
     let t = ctx.download_slice(op, inputs[4].i64s(op)?, 1)?[0];

@@ -392,6 +392,11 @@ pub struct StepReport {
     pub step: u64,
     /// The loss.
     pub loss: f32,
+    /// The step's learning rate, when the plan's graph has a schedule (output `lr`).
+    pub lr: Option<f32>,
+    /// The gradients' global norm before clipping, when the plan's graph clips them (output
+    /// `grad_norm`).
+    pub grad_norm: Option<f32>,
     /// Wall seconds of the step (the slowest rank).
     pub seconds: f64,
     /// Seconds in collectives, per rank.
@@ -406,8 +411,6 @@ pub struct StepReport {
     pub data_seconds: f64,
     /// The mean loss over the held-out batches, when this step was followed by an evaluation.
     pub eval_loss: Option<f64>,
-    /// The graph's other scalar float outputs (the learning rate, the gradient norm), by name.
-    pub metrics: std::collections::BTreeMap<String, f64>,
 }
 
 /// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
@@ -470,6 +473,8 @@ pub(crate) fn step_report(
     Ok(StepReport {
         step,
         loss,
+        lr: r.outputs.get("lr").map(crate::scalar_f32),
+        grad_norm: r.outputs.get("grad_norm").map(crate::scalar_f32),
         seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
         comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
         peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
@@ -477,12 +482,6 @@ pub(crate) fn step_report(
         data_bytes: all.iter().map(|v| v[3] as u64).collect(),
         data_seconds: all.iter().map(|v| v[4] as f64 * 1e-9).fold(0.0, f64::max),
         eval_loss: None,
-        metrics: r
-            .outputs
-            .iter()
-            .filter(|(k, t)| k.as_str() != "loss" && t.shape().iter().product::<usize>() == 1 && t.dtype().is_float())
-            .map(|(k, t)| (k.clone(), crate::scalar_f32(t) as f64))
-            .collect(),
     })
 }
 
