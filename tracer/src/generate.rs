@@ -173,7 +173,7 @@ fn ints_attr(name: &str, v: &[i64]) -> pb::AttributeProto {
 }
 
 /// The ONNX bytes (IR version 8, opset 20) of a weight-free GPT with input `input_ids`
-/// `[batch, seq]` (i64) and output `logits` `[batch, seq, vocab]`. Node and parameter names
+/// `[batch, seq]` (i64) and output `logits` `[batch, seq, vocab]`; attention is causal. Node and parameter names
 /// follow GPT-2's export (`/h.{i}/attn/...`, `h.{i}.mlp.c_fc.weight`).
 pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
     c.check()?;
@@ -188,6 +188,16 @@ pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
     let merged_shape = m.ints("shape.merged", &[b as i64, s as i64, h as i64]);
     let split = m.ints("split.qkv", &[h as i64, h as i64, h as i64]);
     let scale = m.scalar("attn.scale", (d as f32).sqrt());
+    // Causal mask [S, S]: a query attends to keys at its position and before (GPT-2's `bias`
+    // buffer); the importer folds it to a constant.
+    let positions: Vec<i64> = (0..s as i64).collect();
+    let positions = m.ints("mask.positions", &positions);
+    let q_shape = m.ints("shape.mask_q", &[s as i64, 1]);
+    let k_shape = m.ints("shape.mask_k", &[1, s as i64]);
+    let pq = m.op("/mask/Reshape", "Reshape", &[&positions, &q_shape], vec![]);
+    let pk = m.op("/mask/Reshape_1", "Reshape", &[&positions, &k_shape], vec![]);
+    let allowed = m.op("/mask/LessOrEqual", "LessOrEqual", &[&pk, &pq], vec![]);
+    let neg = m.scalar("mask.min", f32::MIN);
     for i in 0..c.layers {
         let p = format!("h.{i}");
         let ln1 = m.layer_norm(&format!("{p}.ln_1"), &x, h);
@@ -208,6 +218,7 @@ pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
         }
         let scores = m.op(&format!("/{p}/attn/MatMul"), "MatMul", &[&heads[0], &heads[1]], vec![]);
         let scores = m.op(&format!("/{p}/attn/Div"), "Div", &[&scores, &scale], vec![]);
+        let scores = m.op(&format!("/{p}/attn/Where"), "Where", &[&allowed, &scores, &neg], vec![]);
         let probs = m.op(&format!("/{p}/attn/Softmax"), "Softmax", &[&scores], vec![int_attr("axis", -1)]);
         let ctx = m.op(&format!("/{p}/attn/MatMul_1"), "MatMul", &[&probs, &heads[2]], vec![]);
         let ctx = m.op(&format!("/{p}/attn/Transpose"), "Transpose", &[&ctx], vec![ints_attr("perm", &[0, 2, 1, 3])]);
