@@ -345,3 +345,68 @@ fn infer_expect_fails_on_nan_inf_and_shape_mismatch() {
     let v: serde_json::Value = serde_json::from_str(stdout(&json).trim()).unwrap();
     assert_eq!(v["checks"][0]["ok"], false, "{v}");
 }
+
+/// `--data`: shards and token files that do not fit the inputs, or are not what they claim, are
+/// one clear error each (no panic, no hang on a FIFO, no allocation of a claimed size).
+#[test]
+fn datasets_that_do_not_fit_are_one_clear_error() {
+    let dir = tempdir();
+    let root = dir.path();
+    let m = s(&root.join("m.onnx"));
+    std::fs::write(
+        &m,
+        matmul_model(pb::TensorProto {
+            name: "w".into(),
+            dims: vec![3, 2],
+            data_type: DataType::Float as i32,
+            raw_data: w_bytes(),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let t = format!("t={}", write_npy(&root.join("t.npy"), &[4, 2], vec![1.0; 8]));
+    let ok_x = write_npy(&root.join("x.npy"), &[4, 3], (0..12).map(|i| i as f32).collect());
+    // A header that claims 999 rows over 4 rows of data.
+    let mut head = "{'descr': '<f4', 'fortran_order': False, 'shape': (999, 3), }".to_string();
+    while (head.len() + 11) % 64 != 0 {
+        head.push(' ');
+    }
+    head.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((head.len() as u16).to_le_bytes());
+    bytes.extend(head.as_bytes());
+    bytes.extend([0u8; 48]);
+    std::fs::write(root.join("long.npy"), &bytes).unwrap();
+    let fifo_dir = root.join("fifo");
+    std::fs::create_dir_all(&fifo_dir).unwrap();
+    mkfifo(&fifo_dir.join("a.npy"));
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    std::fs::write(root.join("tokens.bin"), [1u8, 0, 2, 0, 3, 0]).unwrap();
+    let wide = write_npy(&root.join("wide.npy"), &[4, 5], vec![0.0; 20]);
+    let few = write_npy(&root.join("few.npy"), &[1, 3], vec![0.0; 3]);
+    let train = |x: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> =
+            ["train", &m, "--loss", "mse:y:t", "--steps", "1", "--data", x, "--data", &t].map(String::from).to_vec();
+        a.extend(extra.iter().map(|e| e.to_string()));
+        a
+    };
+    let x = |p: &Path| format!("x={}", s(p));
+    for (args, says) in [
+        (train(&x(&root.join("long.npy")), &[]), &["long.npy", "the file has 48 data bytes"][..]),
+        (train(&x(&fifo_dir), &[]), &["a.npy"][..]),
+        (train(&x(&root.join("empty")), &[]), &["has no .npy or .npz shards"][..]),
+        (train(&x(&root.join("tokens.bin")), &[]), &["a token file feeds integer inputs"][..]),
+        (train(&format!("x={wide}"), &[]), &["shape [4, 5]", "samples of shape [3]"][..]),
+        (train(&format!("x={few}"), &[]), &["4 samples, but x has 1"][..]),
+        (train(&x(&root.join("missing.npy")), &[]), &["missing.npy"][..]),
+        (train(&format!("x,x={}", s(&root.join("tokens.bin"))), &[]), &["two different inputs"][..]),
+        (train(&format!("x={ok_x}"), &["--eval-data", &format!("x={wide}")]), &["--eval-data", "shape [4, 5]"][..]),
+        (
+            train(&format!("x={ok_x}"), &["--eval-data", &x(&root.join("x.npy")), "--eval-batches", "5"]),
+            &["--eval-batches 5"][..],
+        ),
+    ] {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&a, says);
+    }
+}
