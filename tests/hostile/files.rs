@@ -368,7 +368,7 @@ fn datasets_that_do_not_fit_are_one_clear_error() {
     let ok_x = write_npy(&root.join("x.npy"), &[4, 3], (0..12).map(|i| i as f32).collect());
     // A header that claims 999 rows over 4 rows of data.
     let mut head = "{'descr': '<f4', 'fortran_order': False, 'shape': (999, 3), }".to_string();
-    while (head.len() + 11) % 64 != 0 {
+    while !(head.len() + 11).is_multiple_of(64) {
         head.push(' ');
     }
     head.push('\n');
