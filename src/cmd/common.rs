@@ -606,3 +606,17 @@ pub fn write_torch_names(model: &Path, dir: &Path, params: &BTreeMap<String, ir:
     std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n").with_context(|| file.display().to_string())?;
     Ok(n)
 }
+
+/// A progress bar over `steps` training steps with their ETA, on stderr when it is a terminal
+/// (`None` otherwise, and with `--json`).
+pub fn step_bar(steps: u64, json: bool) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    (!json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(steps);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  ETA {eta}  {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    })
+}

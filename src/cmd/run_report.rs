@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 
 use anyhow::{Context, Result};
 use codegen::{Plan, fmt_bytes};
@@ -79,14 +79,7 @@ impl<'a> Reporter<'a> {
                 )?;
             }
         }
-        let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
-            let b = indicatif::ProgressBar::new(a.steps - start);
-            b.set_style(
-                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  ETA {eta}  {msg}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b
-        });
+        let bar = common::step_bar(a.steps - start, a.json);
         let batch = p.batch as f64;
         Ok(Reporter { a, info: p, ranks: n, batch, bar, reports: vec![], print_err: None })
     }

@@ -157,6 +157,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mut times = Vec::new();
     let mut last = None;
+    let bar = common::step_bar(a.steps, a.json);
     for _ in 0..a.steps {
         if a.inject_nonfinite == Some(trainer.steps_done() + 1)
             && !trainer.set(ir::autodiff::LOSS_SCALE_POISON, ir::Tensor::scalar_f32(f32::INFINITY))
@@ -220,10 +221,21 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             let extra = lr.map(|x| format!("  lr {x:.4e}")).unwrap_or_default()
                 + &grad_norm.map(|x| format!("  grad norm {x:.6}")).unwrap_or_default()
                 + &eval_loss.map(|l| format!("  eval loss {l:.8}")).unwrap_or_default();
-            writeln!(out, "step {:>4}  loss {:<12.8}  {:>8.1} ms{extra}", rep.step, rep.loss, dt * 1e3)?;
+            let line = format!("step {:>4}  loss {:<12.8}  {:>8.1} ms{extra}", rep.step, rep.loss, dt * 1e3);
+            match &bar {
+                Some(b) => {
+                    b.set_message(format!("loss {:.6}  {:.1} ms/step", rep.loss, dt * 1e3));
+                    b.inc(1);
+                    b.println(line);
+                }
+                None => writeln!(out, "{line}")?,
+            }
         }
         out.flush()?;
         last = Some(rep);
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
     }
     if let Some(dir) = &a.save {
         trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
