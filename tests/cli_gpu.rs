@@ -267,8 +267,13 @@ fn one_rank_on_a_device_matches_threads() {
             .collect()
     };
     let threads = ok(autopar(&args, &[]).output().unwrap(), "threads run with --data");
-    args.extend(["--backend".to_string(), "nccl".to_string()]);
+    let prof = tmp.path().join("prof.json");
+    args.extend(["--backend".to_string(), "nccl".to_string(), "--profile-ops".to_string(), s(&prof)]);
     let nccl = ok(autopar(&args, &env).output().unwrap(), "nccl run with --data");
+    // Profiled on the device: each instruction timed after the stream drains.
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
+    assert_eq!(doc["ranks"][0]["steps"], 2, "{doc}");
+    assert!(!doc["ranks"][0]["seconds"].as_object().unwrap().is_empty());
     let (want, got) = ([losses(&threads), evals(&threads)].concat(), [losses(&nccl), evals(&nccl)].concat());
     assert_eq!(got.len(), 6, "{nccl}");
     for (g, w) in got.iter().zip(&want) {

@@ -333,8 +333,13 @@ fn streamed_data_under_mpirun_reads_each_process_share() {
         a.extend(["--backend".to_string(), "mpi".to_string()]);
         a
     };
-    let mpi = lines(&mpirun(2, &mpi_args("4", &[])));
+    // Profiled too: each process's measurements gathered into one file.
+    let prof = dir.path().join("prof.json").display().to_string();
+    let mpi = lines(&mpirun(2, &mpi_args("4", &["--profile-ops", &prof])));
     assert_eq!(losses(&mpi), losses(&threads));
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
+    let ranks: Vec<u64> = doc["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, vec![0, 1]);
     let summary = mpi.last().unwrap();
     assert_eq!(summary["data_bytes_read"], serde_json::json!([4 * 64 * 2, 4 * 64 * 2]), "{summary}");
     lines(&mpirun(2, &mpi_args("2", &["--checkpoint", &ck])));

@@ -960,3 +960,44 @@ fn scheduled_and_clipped_plans_run_as_train() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("needs --decay-steps"), "{err}");
 }
+
+#[test]
+fn profiled_runs_set_measurements_beside_estimates() {
+    // `run --profile-ops`: every rank's time per plan instruction and the bytes held after each;
+    // `explain --measured` compares them with the plan's estimates per family and per
+    // instruction, and draws the memory over the step.
+    let dir = tempfile::tempdir().unwrap();
+    let model = s(&data("models/mlp.onnx"));
+    let p = s(&dir.path().join("dp.json"));
+    ok(&["plan", &model, "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target", "--strategy", "dp", "-o", &p]);
+    let prof = s(&dir.path().join("prof.json"));
+    let (x, t) =
+        (format!("x={}", s(&data("models/mlp.x.npy"))), format!("target={}", s(&data("refgrad/mlp/mlp.target.npy"))));
+    let out = ok(&["run", &p, "--steps", "3", "--json", "--feed", &x, "--feed", &t, "--profile-ops", &prof]);
+    let summary: serde_json::Value = out.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
+    let ranks = doc["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 4);
+    for (r, peak) in ranks.iter().zip(summary["measured_peak_bytes"].as_array().unwrap()) {
+        // Steps 2 and 3 (the first warms up).
+        assert_eq!(r["steps"], 2);
+        let secs: f64 = r["seconds"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+        let step = r["step_seconds"].as_f64().unwrap();
+        assert!(secs > 0.5 * step && secs <= 1.01 * step, "instructions {secs} s of a {step} s step");
+        let held = r["memory"].as_array().unwrap().iter().map(|m| m[1].as_u64().unwrap()).max().unwrap();
+        let peak = peak.as_u64().unwrap();
+        assert!(held <= peak && held as f64 >= 0.9 * peak as f64, "held {held}, peak {peak}");
+    }
+    let html = s(&dir.path().join("m.html"));
+    let text = ok(&["explain", &p, "--measured", &prof, "--html", &html]);
+    assert!(text.contains("measured  4 rank(s), 2 step(s)") && text.contains("collective all-reduce"), "{text}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("Memory over the step (measured)"));
+    // Measurements of another plan are refused.
+    let other = s(&dir.path().join("megatron.json"));
+    let mut args = vec!["plan", &model, "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target"];
+    args.extend(["--strategy", "megatron", "-o", &other]);
+    ok(&args);
+    let out = autopar(&["explain", &other, "--measured", &prof]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("measured on another plan"), "{err}");
+}

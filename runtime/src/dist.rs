@@ -206,6 +206,9 @@ pub struct Program {
     pub(crate) microbatches: usize,
     /// Per stage, where each segment of its code is (its instructions are in segment order).
     pub(crate) segments: Vec<HashMap<plan::Segment, std::ops::Range<usize>>>,
+    /// Per stage, the plan instruction (index in `plan.program`) each code instruction comes
+    /// from (empty for a program not compiled from a plan).
+    pub origin: Vec<Vec<usize>>,
     /// Per stage, the schedule's steps.
     pub(crate) steps: Vec<Vec<plan::Step>>,
     /// The pipeline's schedule, if any, and whether its transfers between two ranks are
@@ -272,6 +275,8 @@ pub struct RankState {
     pub(crate) feeds: Vec<Arc<Tensor>>,
     /// Steps run so far (including those of a loaded checkpoint).
     pub steps_done: u64,
+    /// The rank's measured profile of its last run (`RunOptions::profile_ops`).
+    pub profile: Option<crate::launch::RankProfile>,
 }
 
 /// What one step did on one rank.
@@ -289,6 +294,9 @@ pub struct StepResult {
     pub resident_bytes: u64,
     /// Seconds of each op, by program node id, in program order (only when profiled).
     pub op_seconds: Vec<(usize, f64)>,
+    /// Each instruction run (only when profiled): its place in the stage's code, its seconds
+    /// (waiting in collectives included) and the bytes the rank held after it.
+    pub instr_profile: Vec<(usize, f64, u64)>,
     /// Bytes this rank has read from a dataset so far (set by the launcher's loop).
     pub data_bytes: u64,
     /// Seconds this rank spent reading the step's data and setting its feeds (before the step).
@@ -605,6 +613,7 @@ impl Program {
         let program = Program {
             plan_hash: String::new(),
             streamed: Default::default(),
+            origin: vec![],
             eval_marks: Default::default(),
             mesh,
             stages: 1,
@@ -672,7 +681,12 @@ impl Program {
             r.end = at + 1;
             Ok(())
         };
-        for ins in plan.program.iter() {
+        let mut origin: Vec<Vec<usize>> = vec![vec![]; stages];
+        for (at, ins) in plan.program.iter().enumerate() {
+            // What this instruction adds to each stage's code comes from it.
+            for (o, c) in origin.iter_mut().zip(&codes) {
+                o.resize(c.len(), at.saturating_sub(1));
+            }
             let stage = match ins {
                 Instr::Op { stage, .. } | Instr::Collective { stage, .. } | Instr::Free { stage, .. } => *stage,
                 Instr::Transfer { from, .. } => *from,
@@ -846,6 +860,9 @@ impl Program {
             let n = n.ok_or_else(|| bad(format!("storage {} has no node", r.name)))?;
             kept[r.stage].push((r.name.clone(), slot_of(&ValueRef::new(n.index(), 0))));
         }
+        for (o, c) in origin.iter_mut().zip(&codes) {
+            o.resize(c.len(), plan.program.len().saturating_sub(1));
+        }
         let plan_hash = storage_hash(&plan.model.hash, &mesh, &resident);
         let mut accumulate: Vec<usize> = plan.accumulate.iter().map(&mut slot_of).collect();
         if plan.microbatches > 1 {
@@ -875,6 +892,7 @@ impl Program {
             stages,
             microbatches: plan.microbatches.max(1),
             segments,
+            origin,
             steps: plan.steps(),
             send_bytes,
             // Whether blocks arrive in the order sent matters only to a back end without tags,
@@ -1047,7 +1065,8 @@ impl Program {
             .iter()
             .map(|(t, s)| sim::local_block(t, s, &self.mesh, rank).map(Arc::new).map_err(|e| data(e.to_string())))
             .collect::<Result<_, _>>()?;
-        let mut st = RankState { rank, storage: BTreeMap::new(), constants, feeds: vec![], steps_done: 0 };
+        let mut st =
+            RankState { rank, storage: BTreeMap::new(), constants, feeds: vec![], steps_done: 0, profile: None };
         self.set_feeds(&mut st, feeds)?;
         Ok(st)
     }
@@ -1275,7 +1294,18 @@ impl Program {
         ctx: &CpuContext,
         comm: &mut dyn Communicator,
     ) -> Result<StepResult, DistError> {
-        let RankState { rank, storage, constants, feeds, steps_done } = st;
+        self.step_profiled(st, ctx, comm, false)
+    }
+
+    /// [`Program::step`], timing every instruction with `profile` ([`StepResult::instr_profile`]).
+    pub fn step_profiled(
+        &self,
+        st: &mut RankState,
+        ctx: &CpuContext,
+        comm: &mut dyn Communicator,
+        profile: bool,
+    ) -> Result<StepResult, DistError> {
+        let RankState { rank, storage, constants, feeds, steps_done, .. } = st;
         let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
         let constants: Vec<&Tensor> = constants.iter().map(|t| &**t).collect();
         let b = &mut CpuBackend { rank: *rank, ctx, comm };
@@ -1285,7 +1315,7 @@ impl Program {
             crate::exec::Storage::Owned(storage),
             &feeds,
             &constants,
-            false,
+            profile,
             crate::exec::Mode::Train,
         )?;
         *steps_done += 1;

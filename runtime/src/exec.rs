@@ -65,6 +65,11 @@ pub(crate) trait Backend {
         let (mut outs, _) = self.eval(&Kernel::Same(ir::Op::Reshape { shape: shape.to_vec() }), &[&x], mesh)?;
         outs.pop().ok_or_else(|| KernelFailure::Kernel("reshape returned nothing".into()))
     }
+    /// Waits until the work queued so far is done (a GPU's stream), so that a profiled
+    /// instruction's time is its own.
+    fn sync(&mut self) -> Result<(), DistError> {
+        Ok(())
+    }
     /// The step's peak bytes, given the executor's count (a back end with its own figures
     /// returns those).
     fn peak_bytes(&self, counted: u64) -> u64 {
@@ -131,6 +136,10 @@ pub(crate) fn step<'a, B: Backend>(
     let t0 = Instant::now();
     let mut comm_seconds = 0.0;
     let mut op_seconds = vec![];
+    // With `profile`: each instruction run, by its place in the stage's code, with its seconds
+    // and the bytes held after it.
+    let mut instr_profile: Vec<(usize, f64, u64)> = vec![];
+    let mut last_instr: Option<(usize, Instant)> = None;
     let mut vals: Vec<Option<Held<'a, B::T>>> = (0..program.slot_names.len()).map(|_| None).collect();
     // Parameters move out of owned storage into the step; that storage is rebuilt at the end.
     let (mut taken, borrowed, mut updates_out) = match storage {
@@ -187,6 +196,14 @@ pub(crate) fn step<'a, B: Backend>(
         for (k, ins) in code[range.clone()].iter().enumerate() {
             if marks.is_some_and(|mk| !mk[stage][range.start + k]) {
                 continue;
+            }
+            // The previous instruction's time and the bytes held after it.
+            if profile {
+                b.sync()?;
+                let now = Instant::now();
+                if let Some((at, t)) = last_instr.replace((range.start + k, now)) {
+                    instr_profile.push((at, (now - t).as_secs_f64(), live));
+                }
             }
             b.check()?;
             match ins {
@@ -362,6 +379,10 @@ pub(crate) fn step<'a, B: Backend>(
             }
         }
     }
+    if let Some((at, t)) = last_instr.take() {
+        b.sync()?;
+        instr_profile.push((at, t.elapsed().as_secs_f64(), live));
+    }
     if !tables.is_empty() {
         return Err(DistError::Plan(format!("rank {rank}: the schedule leaves microbatches unfinished")));
     }
@@ -416,6 +437,7 @@ pub(crate) fn step<'a, B: Backend>(
         seconds: t0.elapsed().as_secs_f64(),
         comm_seconds,
         op_seconds,
+        instr_profile,
         data_bytes: 0,
         data_seconds: 0.0,
         data_hash: 0,

@@ -238,7 +238,14 @@ impl GpuRank {
                 Ok((k.clone(), h))
             })
             .collect::<Result<_, DistError>>()?;
-        Ok(RankState { rank: self.rank, storage, constants: vec![], feeds: vec![], steps_done: self.steps_done })
+        Ok(RankState {
+            rank: self.rank,
+            storage,
+            constants: vec![],
+            feeds: vec![],
+            steps_done: self.steps_done,
+            profile: None,
+        })
     }
 
     /// The loss on this rank's feeds with `blocks` (host blocks, uploaded) in their places,
@@ -267,14 +274,14 @@ impl GpuRank {
     }
 
     /// Runs one training step of `program` (see the module docs).
-    pub fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
+    pub fn step(&mut self, program: &Program, profile: bool) -> Result<StepResult, DistError> {
         self.ctx.reset_peak();
         let GpuRank { rank, steps_done, ctx, groups, host, storage, constants, feeds } = self;
         let feeds: Vec<&CudaTensor> = feeds.iter().collect();
         let constants: Vec<&CudaTensor> = constants.iter().collect();
         let mut b = GpuExec { rank: *rank, ctx, groups, host };
         let storage = crate::exec::Storage::Owned(storage);
-        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, false, crate::exec::Mode::Train)?;
+        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, profile, crate::exec::Mode::Train)?;
         *steps_done += 1;
         Ok(r)
     }
@@ -316,6 +323,9 @@ impl crate::exec::Backend for GpuExec<'_> {
                 Ok((outs, t1.elapsed().as_secs_f64()))
             }
         }
+    }
+    fn sync(&mut self) -> Result<(), DistError> {
+        self.ctx.synchronize().map_err(|e| self.comm_err(e))
     }
     fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &CudaTensor) -> Result<CudaTensor, DistError> {
         let y = GpuExec::collective(self, c, mesh, x)?;
@@ -485,8 +495,8 @@ impl crate::launch::Rank for GpuRank {
     fn check(&mut self) -> Result<(), DistError> {
         Ok(())
     }
-    fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
-        GpuRank::step(self, program)
+    fn step(&mut self, program: &Program, profile: bool) -> Result<StepResult, DistError> {
+        GpuRank::step(self, program, profile)
     }
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
         crate::launch::step_report(&mut self.host_comm(), everyone, step, r)

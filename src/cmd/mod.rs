@@ -4,6 +4,7 @@ pub mod data;
 pub mod generate;
 pub mod infer;
 pub mod inspect;
+pub mod measured;
 pub mod plan;
 pub mod profile;
 pub mod reshard;

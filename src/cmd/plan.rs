@@ -139,6 +139,11 @@ pub struct ExplainArgs {
     /// data's unigram entropy, `3.318:unigram entropy`); repeatable.
     #[arg(long, value_name = "VALUE[:LABEL]", requires = "run", value_parser = super::run_log::parse_reference)]
     pub reference: Vec<(f64, String)>,
+    /// Measurements of a run of the plan (`autopar run --profile-ops FILE`): each op family's
+    /// and instruction's measured time beside its estimate, and (with --html) the memory held
+    /// over the step per rank.
+    #[arg(long, value_name = "FILE", requires = "plan")]
+    pub measured: Option<PathBuf>,
     /// With --run: write the loss chart alone as an SVG file.
     #[arg(long, value_name = "FILE", requires = "run")]
     pub svg: Option<PathBuf>,
@@ -254,8 +259,15 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         Some(p) => Some(common::read_plan(p)?),
         None => None,
     };
+    let measured = match (&a.measured, &plan) {
+        (Some(f), Some(plan)) => Some(super::measured::read(f, plan)?),
+        _ => None,
+    };
     if let Some(plan) = &plan {
         print!("{}", codegen::explain::summary(plan));
+        if let Some(m) = &measured {
+            print!("{}", super::measured::summary(plan, m));
+        }
         if let Some(f) = &a.dot {
             write(f, codegen::explain::dot(plan))?;
         }
@@ -270,7 +282,7 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         }
     }
     if let Some(f) = &a.html {
-        let page = match (&plan, &run) {
+        let mut page = match (&plan, &run) {
             (Some(plan), None) => codegen::explain::html(plan),
             (None, Some((log, steps))) => super::run_log::html(&log.display().to_string(), steps, &a.reference),
             (Some(plan), Some((_, steps))) => {
@@ -287,6 +299,15 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
             }
             (None, None) => bail!("nothing to draw: name a plan or --run LOG.jsonl"),
         };
+        if let (Some(plan), Some(m)) = (&plan, &measured) {
+            let at = page.rfind("</body>").unwrap_or(page.len());
+            let section = format!(
+                "<h2>Measured</h2>\n<pre>{}</pre>\n{}",
+                super::measured::summary(plan, m).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;"),
+                super::measured::memory_chart(plan, m).svg()
+            );
+            page.insert_str(at, &section);
+        }
         write(f, page)?;
     }
     Ok(())

@@ -92,6 +92,12 @@ pub struct RunArgs {
     /// One JSON object per line: `{"step":i,"loss":x,"ms":t,...}` per step, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// Time every instruction on every rank (compute, collectives with their waiting, transfers)
+    /// and the bytes held after each, and write them to FILE (the first step is left out as a
+    /// warm-up when there are more); `autopar explain PLAN --measured FILE` compares them with
+    /// the plan's estimates.
+    #[arg(long, value_name = "FILE")]
+    pub profile_ops: Option<PathBuf>,
     /// `--backend nccl`: this process's rank (default: from mpirun's OMPI_COMM_WORLD_RANK or
     /// PMI_RANK, else 0).
     #[arg(long, value_name = "R", requires = "world")]
@@ -153,6 +159,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         fault,
         run_id: format!("{}-{now}", std::process::id()),
         data: None,
+        profile_ops: a.profile_ops.is_some(),
         eval: a.data.open_eval(&program.feed_metas())?.map(|e| runtime::launch::EvalOptions {
             data: std::sync::Arc::new(e.data),
             every: e.every,
@@ -237,6 +244,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let done = done.map_err(explain)?;
     if let Some(rep) = rep.as_mut() {
         rep.finish()?;
+        if let Some(file) = &a.profile_ops {
+            super::measured::write(file, rep.plan(), &done.profiles)?;
+            if !a.json {
+                println!("wrote the measured profile of every rank to {}", file.display());
+            }
+        }
     }
     let Some(params) = done.params else { return Ok(()) };
     save_params(a, &params, model.borrow().as_deref())?;

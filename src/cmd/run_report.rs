@@ -84,6 +84,11 @@ impl<'a> Reporter<'a> {
         Ok(Reporter { a, info: p, ranks: n, batch, bar, reports: vec![], print_err: None })
     }
 
+    /// The plan the run executes.
+    pub fn plan(&self) -> &Plan {
+        &self.info.plan
+    }
+
     /// Prints a step.
     pub fn step(&mut self, r: &StepReport) {
         // Throughput over the whole step: reading its data, then running it.

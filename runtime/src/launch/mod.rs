@@ -13,6 +13,7 @@
 //! communicator, so every other rank stops at its next instruction with an error naming the
 //! failing rank; [`run_threads`] returns the failing rank's own error.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -168,6 +169,8 @@ pub struct Finished {
     /// This process's ranks' final states: every rank's with `threads`, this rank's with `mpi`,
     /// none with `nccl` (its blocks are on the GPU).
     pub states: Vec<RankState>,
+    /// Every rank's measured profile, in rank order, with [`RunOptions::profile_ops`].
+    pub profiles: Vec<RankProfile>,
 }
 
 /// The callback that hears a launch's [`Event`]s; an error from it stops the run.
@@ -219,9 +222,9 @@ fn run_reporting(
     opts: &RunOptions,
     reports: bool,
     on: &mut OnEvent<'_>,
-) -> Result<(), LaunchError> {
+) -> Result<Option<RankProfile>, LaunchError> {
     let mut failed: Option<String> = None;
-    rank_loop(program, rank, opts, &mut |r| {
+    let prof = rank_loop(program, rank, opts, &mut |r| {
         if reports
             && failed.is_none()
             && let Err(e) = on(Event::Step(&r))
@@ -229,7 +232,26 @@ fn run_reporting(
             failed = Some(e);
         }
     })?;
-    failed.map_or(Ok(()), |e| Err(LaunchError::Setup(e)))
+    failed.map_or(Ok(prof), |e| Err(LaunchError::Setup(e)))
+}
+
+/// Every rank's profile on every rank, gathered through `comm` (every rank calls it).
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+fn gather_profiles(
+    comm: &mut dyn Communicator,
+    ranks: usize,
+    mine: Option<RankProfile>,
+) -> Result<Vec<RankProfile>, LaunchError> {
+    let Some(mine) = mine else { return Ok(vec![]) };
+    let words = mine.to_words();
+    let everyone: Vec<usize> = (0..ranks).collect();
+    let all = comm
+        .exchange(&everyone, std::sync::Arc::new(Tensor::i64(vec![words.len()], words)))
+        .map_err(|e| LaunchError::Run(e.into()))?;
+    all.iter()
+        .map(|t| RankProfile::from_words(&t.to_i64_vec()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| LaunchError::Setup("a rank's profile did not arrive whole".into()))
 }
 
 /// Runs `job` with every rank a thread of this process (see the module docs).
@@ -259,7 +281,8 @@ pub fn threads(job: &Job, on: &mut OnEvent<'_>) -> Result<Finished, LaunchError>
         return Err(LaunchError::Setup(e));
     }
     let params = if job.gather { Some(program.assemble_params(&states)?) } else { None };
-    Ok(Finished { params, states })
+    let profiles = states.iter().filter_map(|s| s.profile.clone()).collect();
+    Ok(Finished { params, states, profiles })
 }
 
 /// What an injected fault does (tests of failure handling).
@@ -356,6 +379,59 @@ pub struct RunOptions {
     pub data: Option<std::sync::Arc<crate::data::Dataset>>,
     /// Evaluation on held-out data during the run.
     pub eval: Option<EvalOptions>,
+    /// Time every instruction and track the bytes held ([`RankProfile`], in
+    /// [`Finished::profiles`]).
+    pub profile_ops: bool,
+}
+
+/// One rank's measured profile of a run's steps (`--profile-ops`): the first step is left out
+/// as a warm-up when there are more.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankProfile {
+    /// The rank.
+    pub rank: usize,
+    /// Steps measured.
+    pub steps: u64,
+    /// Mean seconds per step of each plan instruction the rank runs (index in the plan's
+    /// program; summed over microbatches; waiting in collectives included).
+    pub seconds: BTreeMap<usize, f64>,
+    /// The bytes held after each instruction of the last measured step, in the order run (plan
+    /// instruction index, bytes).
+    pub memory: Vec<(usize, u64)>,
+    /// The median step's seconds.
+    pub step_seconds: f64,
+}
+
+impl RankProfile {
+    /// As i64 words, for gathering through a communicator.
+    pub fn to_words(&self) -> Vec<i64> {
+        let mut w = vec![self.rank as i64, self.steps as i64, (self.step_seconds * 1e9) as i64];
+        w.push(self.seconds.len() as i64);
+        for (&k, &v) in &self.seconds {
+            w.extend([k as i64, (v * 1e9) as i64]);
+        }
+        w.push(self.memory.len() as i64);
+        for &(k, b) in &self.memory {
+            w.extend([k as i64, b as i64]);
+        }
+        w
+    }
+
+    /// From [`RankProfile::to_words`] (`None`: not such words).
+    pub fn from_words(w: &[i64]) -> Option<RankProfile> {
+        let mut it = w.iter().map(|&x| x.max(0) as u64);
+        let mut next = || it.next();
+        let (rank, steps, step_ns) = (next()? as usize, next()?, next()?);
+        let mut seconds = BTreeMap::new();
+        for _ in 0..next()? {
+            seconds.insert(next()? as usize, next()? as f64 * 1e-9);
+        }
+        let mut memory = vec![];
+        for _ in 0..next()? {
+            memory.push((next()? as usize, next()?));
+        }
+        Some(RankProfile { rank, steps, seconds, memory, step_seconds: step_ns as f64 * 1e-9 })
+    }
 }
 
 /// Evaluation of the loss on held-out data: forward only, with the same plan.
@@ -381,6 +457,7 @@ impl Default for RunOptions {
             run_id: format!("{}", std::process::id()),
             data: None,
             eval: None,
+            profile_ops: false,
         }
     }
 }
@@ -494,8 +571,9 @@ pub trait Rank {
     fn steps_done(&self) -> u64;
     /// An error when another rank has aborted the run (`Ok` on a transport without abort).
     fn check(&mut self) -> Result<(), DistError>;
-    /// Runs one training step of `program`.
-    fn step(&mut self, program: &Program) -> Result<StepResult, DistError>;
+    /// Runs one training step of `program`, timing every instruction with `profile`
+    /// ([`StepResult::instr_profile`]).
+    fn step(&mut self, program: &Program, profile: bool) -> Result<StepResult, DistError>;
     /// The report of `step`: every rank's figures, exchanged through the host communicator.
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError>;
     /// Writes this rank's part of a checkpoint ([`checkpoint::write`]), with where the run is
@@ -541,8 +619,8 @@ impl Rank for CpuRank<'_> {
     fn check(&mut self) -> Result<(), DistError> {
         Ok(self.comm.check()?)
     }
-    fn step(&mut self, program: &Program) -> Result<StepResult, DistError> {
-        program.step(self.st, self.ctx, self.comm)
+    fn step(&mut self, program: &Program, profile: bool) -> Result<StepResult, DistError> {
+        program.step_profiled(self.st, self.ctx, self.comm, profile)
     }
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
         step_report(self.comm, everyone, step, r)
@@ -599,7 +677,10 @@ pub fn rank_loop(
     rank: &mut dyn Rank,
     opts: &RunOptions,
     report: &mut dyn FnMut(StepReport),
-) -> Result<(), DistError> {
+) -> Result<Option<RankProfile>, DistError> {
+    let mut prof = opts.profile_ops.then(|| RankProfile { rank: rank.rank(), ..Default::default() });
+    let mut step_times = vec![];
+    let first = rank.steps_done() + 1;
     let everyone: Vec<usize> = (0..program.ranks()).collect();
     let mut reader = opts.data.as_deref().map(crate::data::Dataset::reader);
     let mut held_out = opts.eval.as_ref().map(|e| e.data.reader());
@@ -619,7 +700,21 @@ pub fn rank_loop(
             rank.set_feed_blocks(blocks)?;
         }
         let data_seconds = t0.elapsed().as_secs_f64();
-        let mut r = rank.step(program)?;
+        let mut r = rank.step(program, prof.is_some())?;
+        // The first step warms up (caches, allocations) unless it is the only one.
+        if let Some(p) = prof.as_mut()
+            && (step > first || step == opts.until_step)
+        {
+            let origin = program.origin.get(program.stage_of(rank.rank()));
+            let plan_index = |at: usize| origin.and_then(|o| o.get(at)).copied().unwrap_or(at);
+            p.memory.clear();
+            for &(at, secs, live) in &r.instr_profile {
+                *p.seconds.entry(plan_index(at)).or_default() += secs;
+                p.memory.push((plan_index(at), live));
+            }
+            p.steps += 1;
+            step_times.push(r.seconds);
+        }
         r.data_bytes = reader.as_ref().map_or(0, |rd| rd.bytes_read());
         r.data_seconds = data_seconds;
         r.data_hash = data_hash;
@@ -645,7 +740,13 @@ pub fn rank_loop(
         }
         report(rep);
     }
-    Ok(())
+    if let Some(p) = prof.as_mut() {
+        let n = p.steps.max(1) as f64;
+        p.seconds.values_mut().for_each(|v| *v /= n);
+        step_times.sort_by(f64::total_cmp);
+        p.step_seconds = step_times.get(step_times.len() / 2).copied().unwrap_or(0.0);
+    }
+    Ok(prof)
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -689,7 +790,10 @@ pub fn run_threads(
                             let _ = tx.send(r);
                         }
                     };
-                    rank_loop(program, &mut CpuRank { st: &mut st, ctx: &ctx, comm: &mut comm }, opts, &mut send)
+                    let prof =
+                        rank_loop(program, &mut CpuRank { st: &mut st, ctx: &ctx, comm: &mut comm }, opts, &mut send)?;
+                    st.profile = prof;
+                    Ok(())
                 }));
                 let r = match run {
                     Ok(r) => r,

@@ -61,12 +61,13 @@ fn run(
     let ctx = kernels::cpu::CpuContext::new(job.opts.threads_per_rank)
         .map_err(|e| LaunchError::Setup(e.to_string()))?
         .with_accumulation(job.opts.accumulation);
-    run_reporting(program, &mut super::CpuRank { st: &mut st, ctx: &ctx, comm }, &job.opts, reports, on)?;
+    let prof = run_reporting(program, &mut super::CpuRank { st: &mut st, ctx: &ctx, comm }, &job.opts, reports, on)?;
+    let profiles = super::gather_profiles(comm, size, prof)?;
     let params = if job.gather {
         let p = super::gather_params(program, &st, comm)?;
         reports.then_some(p)
     } else {
         None
     };
-    Ok(Finished { params, states: vec![st] })
+    Ok(Finished { params, states: vec![st], profiles })
 }

@@ -96,7 +96,8 @@ fn run(
     job.opts.run_id = format!("nccl-{}", ids[0].to_i64_vec()[0]);
     let how = format!("as processes on GPUs with NCCL, rank 0 on {}", st.context().device_name());
     announce(on, reports, warnings, Event::Started { start, how, source })?;
-    run_reporting(&job.program, &mut st, &job.opts, reports, on)?;
+    let prof = run_reporting(&job.program, &mut st, &job.opts, reports, on)?;
+    let profiles = super::gather_profiles(&mut st.host_comm(), world, prof)?;
     let params = if job.gather {
         let host = st.host_state()?;
         let p = super::gather_params(&job.program, &host, &mut st.host_comm())?;
@@ -105,5 +106,5 @@ fn run(
         None
     };
     // The blocks stay on the GPU (download them with `GpuRank::host_state` when needed).
-    Ok(Finished { params, states: vec![] })
+    Ok(Finished { params, states: vec![], profiles })
 }

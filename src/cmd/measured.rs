@@ -1,0 +1,168 @@
+//! `autopar run --profile-ops FILE` writes what every rank measured of each instruction;
+//! `autopar explain PLAN --measured FILE` sets it beside the plan's estimates, per op family and
+//! per instruction, with the memory held over the step.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use codegen::Plan;
+use codegen::plan::Instr;
+use runtime::launch::RankProfile;
+
+/// The profile file's format name.
+const FORMAT: &str = "autopar-op-profile";
+
+/// Writes the ranks' profiles of a run of `plan`.
+pub fn write(path: &Path, plan: &Plan, profiles: &[RankProfile]) -> Result<()> {
+    let ranks: Vec<serde_json::Value> = profiles
+        .iter()
+        .map(|p| {
+            let seconds: serde_json::Map<String, serde_json::Value> =
+                p.seconds.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+            serde_json::json!({
+                "rank": p.rank, "steps": p.steps, "step_seconds": p.step_seconds,
+                "seconds": seconds, "memory": p.memory,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "format": FORMAT, "version": 1, "model_hash": plan.model.hash,
+        "instructions": plan.program.len(), "ranks": ranks,
+    });
+    std::fs::write(path, serde_json::to_string(&doc)? + "\n")
+        .with_context(|| format!("--profile-ops {}", path.display()))
+}
+
+/// Reads a profile file written for `plan`.
+pub fn read(path: &Path, plan: &Plan) -> Result<Vec<RankProfile>> {
+    let text = ir::files::read_regular_to_string(path, 1 << 30).with_context(|| path.display().to_string())?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
+    if v["format"] != FORMAT {
+        bail!("{} is not an op profile (written by `autopar run --profile-ops`)", path.display());
+    }
+    if v["model_hash"] != plan.model.hash.as_str() || v["instructions"] != plan.program.len() {
+        bail!("{} was measured on another plan (its model or program differs)", path.display());
+    }
+    let bad = || anyhow::anyhow!("{}: a malformed rank entry", path.display());
+    let mut out = vec![];
+    for r in v["ranks"].as_array().ok_or_else(bad)? {
+        let mut seconds = BTreeMap::new();
+        for (k, s) in r["seconds"].as_object().ok_or_else(bad)? {
+            let k: usize = k.parse().map_err(|_| bad())?;
+            if k >= plan.program.len() {
+                return Err(bad());
+            }
+            seconds.insert(k, s.as_f64().ok_or_else(bad)?);
+        }
+        let memory = r["memory"]
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|m| Some((m.get(0)?.as_u64()? as usize, m.get(1)?.as_u64()?)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?;
+        out.push(RankProfile {
+            rank: r["rank"].as_u64().ok_or_else(bad)? as usize,
+            steps: r["steps"].as_u64().ok_or_else(bad)?,
+            seconds,
+            memory,
+            step_seconds: r["step_seconds"].as_f64().ok_or_else(bad)?,
+        });
+    }
+    if out.is_empty() {
+        bail!("{} holds no rank's measurements", path.display());
+    }
+    Ok(out)
+}
+
+/// An instruction's family (its op, or its collective's kind) and estimated seconds.
+fn family(i: &Instr) -> (String, f64) {
+    match i {
+        Instr::Op { op, seconds, .. } => (op.name().to_string(), *seconds),
+        Instr::Collective { collective, seconds, .. } => (format!("collective {}", collective.kind()), *seconds),
+        Instr::Transfer { seconds, .. } => ("transfer".to_string(), *seconds),
+        Instr::Free { .. } => ("free".to_string(), 0.0),
+    }
+}
+
+/// The mean over the ranks that ran instruction `k` of their seconds for it.
+fn measured(profiles: &[RankProfile], k: usize) -> Option<f64> {
+    let v: Vec<f64> = profiles.iter().filter_map(|p| p.seconds.get(&k).copied()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// The text comparison: step and peak, per family, and the instructions that took longest.
+pub fn summary(plan: &Plan, profiles: &[RankProfile]) -> String {
+    let mut o = String::new();
+    let est = &plan.estimate;
+    let mut steps: Vec<f64> = profiles.iter().map(|p| p.step_seconds).collect();
+    steps.sort_by(f64::total_cmp);
+    let step = steps.last().copied().unwrap_or(0.0);
+    let peak = profiles.iter().flat_map(|p| p.memory.iter().map(|m| m.1)).max().unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "measured  {} rank(s), {} step(s): step {:.3} ms (slowest rank's median) against {:.3} ms estimated ({:+.1}%); \
+         peak {} against {}",
+        profiles.len(),
+        profiles.iter().map(|p| p.steps).max().unwrap_or(0),
+        step * 1e3,
+        est.step_seconds * 1e3,
+        100.0 * (step - est.step_seconds) / est.step_seconds.max(1e-12),
+        codegen::fmt_bytes(peak),
+        codegen::fmt_bytes(est.peak_bytes_per_rank)
+    );
+    let mut fams: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+    let mut rows = vec![];
+    for (k, i) in plan.program.iter().enumerate() {
+        let (f, e) = family(i);
+        let Some(m) = measured(profiles, k) else { continue };
+        let x = fams.entry(f.clone()).or_default();
+        x.0 += 1;
+        x.1 += e;
+        x.2 += m;
+        let name = match i {
+            Instr::Op { name, .. } => name.clone(),
+            _ => f.clone(),
+        };
+        rows.push((k, name, f, e, m));
+    }
+    let mut fams: Vec<_> = fams.into_iter().collect();
+    fams.sort_by(|a, b| b.1.2.total_cmp(&a.1.2));
+    let _ = writeln!(o, "per op family (mean over the ranks that run it, per step):");
+    let _ = writeln!(
+        o,
+        "  {:<28} {:>6} {:>12} {:>12} {:>9}",
+        "family", "instrs", "estimated ms", "measured ms", "meas/est"
+    );
+    for (f, (n, e, m)) in &fams {
+        let ratio = if *e > 0.0 { format!("{:.2}", m / e) } else { "-".into() };
+        let _ = writeln!(o, "  {f:<28} {n:>6} {:>12.3} {:>12.3} {ratio:>9}", e * 1e3, m * 1e3);
+    }
+    rows.sort_by(|a, b| b.4.total_cmp(&a.4));
+    let _ = writeln!(o, "longest instructions:");
+    for (k, name, f, e, m) in rows.iter().take(12) {
+        let _ = writeln!(o, "  #{k:<6} {name} ({f}): estimated {:.3} ms, measured {:.3} ms", e * 1e3, m * 1e3);
+    }
+    o
+}
+
+/// Memory over the step, one line per rank (bytes held after each instruction run).
+pub fn memory_chart(plan: &Plan, profiles: &[RankProfile]) -> codegen::svg::LineChart {
+    let series = profiles
+        .iter()
+        .map(|p| codegen::svg::Series {
+            name: format!("rank {}", p.rank),
+            points: p.memory.iter().enumerate().map(|(i, m)| (i as f64, m.1 as f64 / 1048576.0)).collect(),
+            dots: false,
+        })
+        .collect();
+    codegen::svg::LineChart {
+        title: "Memory over the step (measured)".into(),
+        x_label: "instructions run".into(),
+        y_label: "MiB held".into(),
+        series,
+        references: vec![(plan.estimate.peak_bytes_per_rank as f64 / 1048576.0, "estimated peak".into())],
+    }
+}
