@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use ir::{Tensor, TensorMeta};
 use runtime::data::{Binding, DataOptions, Dataset, Position, TokenType};
+use runtime::launch::EvalOptions;
 
 /// Token id width of token files.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,23 +56,6 @@ pub struct DataArgs {
     pub eval_batches: Option<u64>,
 }
 
-/// A dataset and its evaluation schedule.
-pub struct Eval {
-    /// The held-out data.
-    pub data: Dataset,
-    /// Evaluate after every this many steps (0: after the last only).
-    pub every: u64,
-    /// Batches per evaluation.
-    pub batches: u64,
-}
-
-impl Eval {
-    /// Whether the step `step` of a run until `until` is followed by an evaluation.
-    pub fn due(&self, step: u64, until: u64) -> bool {
-        step == until || (self.every > 0 && step.is_multiple_of(self.every))
-    }
-}
-
 impl DataArgs {
     /// Opens the dataset for `inputs` (name, the meta of one step's global batch), if any is
     /// bound; `feeds` (the fixed ones) must not name a bound input.
@@ -105,7 +89,7 @@ impl DataArgs {
     }
 
     /// Opens the held-out data of `--eval-data`, if any.
-    pub fn open_eval(&self, inputs: &[(String, TensorMeta)]) -> Result<Option<Eval>> {
+    pub fn open_eval(&self, inputs: &[(String, TensorMeta)]) -> Result<Option<EvalOptions>> {
         if self.eval_data.is_empty() {
             return Ok(None);
         }
@@ -115,7 +99,7 @@ impl DataArgs {
             bail!("--eval-batches {n}: the held-out data holds {whole} batch(es) of {}", data.batch());
         }
         let batches = self.eval_batches.unwrap_or(whole).max(1);
-        Ok(Some(Eval { data, every: self.eval_every.unwrap_or(0), batches }))
+        Ok(Some(EvalOptions { data: std::sync::Arc::new(data), every: self.eval_every.unwrap_or(0), batches }))
     }
 }
 

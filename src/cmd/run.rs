@@ -160,11 +160,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
         run_id: format!("{}-{now}", std::process::id()),
         data: None,
         profile_ops: a.profile_ops.is_some(),
-        eval: a.data.open_eval(&program.feed_metas())?.map(|e| runtime::launch::EvalOptions {
-            data: std::sync::Arc::new(e.data),
-            every: e.every,
-            batches: e.batches,
-        }),
+        eval: a.data.open_eval(&program.feed_metas())?,
     };
     // Checked again against the checkpoint's step once it is read (--resume).
     runtime::launch::check_fault(&opts, program.ranks(), 0).map_err(explain)?;

@@ -445,6 +445,14 @@ pub struct EvalOptions {
     pub batches: u64,
 }
 
+impl EvalOptions {
+    /// Whether step `step` of a run until step `until` is followed by an evaluation: every
+    /// `every` steps, and after the last.
+    pub fn due(&self, step: u64, until: u64) -> bool {
+        step == until || (self.every > 0 && step.is_multiple_of(self.every))
+    }
+}
+
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
@@ -720,7 +728,7 @@ pub fn rank_loop(
         r.data_hash = data_hash;
         let mut rep = rank.report(&everyone, step, &r)?;
         if let (Some(e), Some(rd)) = (&opts.eval, held_out.as_mut())
-            && (step == opts.until_step || (e.every > 0 && step.is_multiple_of(e.every)))
+            && e.due(step, opts.until_step)
         {
             let mut sum = 0.0;
             for b in 0..e.batches {
