@@ -47,6 +47,17 @@ pub enum Error {
         /// [`crate::problem::MAX_EDGE_ENTRIES`].
         limit: u64,
     },
+    /// A manual layout per mesh axis ([`crate::Baseline::Axes`]) does not fit the mesh or the
+    /// pipeline options.
+    #[error("layout `{layout}` on mesh {mesh}: {why}")]
+    Layout {
+        /// The layout as given.
+        layout: String,
+        /// The mesh.
+        mesh: String,
+        /// What is wrong.
+        why: String,
+    },
     /// Pipeline stages cannot be made as asked (their count does not fit the mesh, a stage
     /// over the budget).
     #[error("pipeline: {0}")]

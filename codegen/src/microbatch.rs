@@ -43,8 +43,9 @@ pub fn update_phase(plan: Plan, mesh: &DeviceMesh) -> Result<Plan> {
     split_at_update(plan, mesh, 1)
 }
 
-fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
-    let g = &plan.graph;
+/// Which nodes of `g` depend on the batch, and which form its update part (see the module
+/// docs), by node index.
+pub(crate) fn update_part(g: &ir::Graph) -> (Vec<bool>, Vec<bool>) {
     let n = g.g.node_count();
     let node = |i: usize| g.node(NodeIndex::new(i));
     let inputs_of: Vec<Vec<usize>> =
@@ -69,6 +70,12 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
             || (ir::autodiff::runs_once_per_step(&node(i).name) && all_update)
             || (!batch[i] && !consumers[i].is_empty() && all_update);
     }
+    (batch, update)
+}
+
+fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
+    let g = &plan.graph;
+    let (batch, update) = update_part(g);
     if !update.iter().any(|&u| u) {
         if microbatches == 1 {
             return Ok(plan);

@@ -164,7 +164,7 @@ pub(crate) fn solve_stage(
     stages: usize,
     budget: u64,
 ) -> Result<(Plan, u64)> {
-    let one = crate::PlanOptions { stages: 1, microbatches: 1, budget, ..opts.clone() };
+    let one = crate::PlanOptions { stages: 1, microbatches: 1, accumulated: opts.microbatches, budget, ..opts.clone() };
     let s = stages as u64;
     let inner = crate::plan(graph, sub, profile, &one).map_err(|e| match e {
         Error::Infeasible { min_peak_bytes, .. } => Error::Pipeline(format!(

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use ::plan::AxisRole;
 use ir::{Graph, NodeIndex, Op};
 use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
@@ -53,6 +54,12 @@ pub struct PlanOptions {
     /// gradient sums count against the budget (solved again with less room while they do not
     /// fit).
     pub microbatches: usize,
+    /// How many times the pass being solved runs per update (set by the microbatch and
+    /// pipeline paths to their microbatches when they solve one microbatch): the update part
+    /// (the optimizer and the conversions of its inputs, [`crate::microbatch`]) runs once per
+    /// step, so its costs weigh `1/accumulated` against the pass's. A gradient's reduction
+    /// then waits for the summed gradients where that is cheaper per step.
+    pub accumulated: usize,
     /// The pipeline schedule (with `stages > 1`; see [`crate::schedule`]).
     pub schedule: ScheduleKind,
     /// Model chunks per stage for the interleaved schedule (at least 2 there; 1 otherwise).
@@ -72,6 +79,7 @@ impl Default for PlanOptions {
             merge: Merge::Proven,
             stages: 1,
             microbatches: 1,
+            accumulated: 1,
             schedule: ScheduleKind::OneFOneB,
             chunks: 1,
         }
@@ -321,7 +329,69 @@ pub fn precision_of(g: &Graph) -> &'static str {
     wide
 }
 
+/// Divides the costs of the update part of `built`'s graph (its nodes, and the conversions
+/// into them) by `accumulated`, the passes per update (see [`PlanOptions::accumulated`]), and
+/// holds what the update part reads (the gradient sums) for the whole pass.
+fn weigh_update_part(built: &mut Built, g: &Graph, accumulated: usize) {
+    let (_, update) = crate::microbatch::update_part(g);
+    let m = accumulated as u64;
+    let once: Vec<bool> = built.nodes.iter().map(|n| update[n.index()]).collect();
+    for (node, &o) in built.problem.nodes.iter_mut().zip(&once) {
+        if o {
+            for c in node.costs.iter_mut().filter(|c| **c < FORBIDDEN) {
+                *c /= m;
+            }
+        }
+    }
+    // What the update part reads from the pass is summed over the microbatches: held from the
+    // first microbatch to the update, so for the whole pass.
+    let end = built.problem.nodes.iter().map(|n| n.interval.1).max().unwrap_or(0);
+    let read: Vec<usize> =
+        built.problem.edges.iter().filter(|e| once[e.nodes.1] && !once[e.nodes.0]).map(|e| e.nodes.0).collect();
+    for i in read {
+        built.problem.nodes[i].interval = (0, end);
+    }
+    // Matrices are shared between edges (repeated layers): divided once each.
+    let mut done: HashMap<usize, std::sync::Arc<[u64]>> = HashMap::new();
+    for e in &mut built.problem.edges {
+        if once[e.nodes.1] {
+            let key = e.costs.as_ptr() as usize;
+            e.costs = done
+                .entry(key)
+                .or_insert_with(|| e.costs.iter().map(|&c| if c >= FORBIDDEN { c } else { c / m }).collect())
+                .clone();
+        }
+    }
+}
+
+/// Checks a manual layout per mesh axis against the mesh and the pipeline: one role per axis,
+/// `pp` only on the outermost axis and exactly when it holds the stages.
+pub fn check_layout(b: Baseline, mesh: &DeviceMesh, stages: usize) -> Result<()> {
+    let Baseline::Axes(roles) = b else { return Ok(()) };
+    let roles = roles.roles();
+    let bad = |why: String| Error::Layout { layout: b.name(), mesh: mesh.to_string(), why };
+    if roles.len() != mesh.ndim() {
+        return Err(bad(format!(
+            "{} roles for {} mesh axes: give one per axis, outermost first",
+            roles.len(),
+            mesh.ndim()
+        )));
+    }
+    if let Some(a) = roles.iter().skip(1).position(|&r| r == AxisRole::Pp) {
+        return Err(bad(format!("`pp` on axis {}: the pipeline stages are the outermost axis", a + 1)));
+    }
+    let size = mesh.shape()[0];
+    match (roles[0] == AxisRole::Pp, stages > 1) {
+        (true, false) if size > 1 => Err(bad(format!("`pp` on an axis of {size}: add --pipeline {size}"))),
+        (false, true) => {
+            Err(bad(format!("{stages} pipeline stages: the outermost axis holds them, so its role is `pp`")))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
+    check_layout(opts.baseline, mesh, opts.stages)?;
     if opts.stages > 1 {
         let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
         let how = crate::pipeline::PipelineOptions {
@@ -345,7 +415,7 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
         // The gradient sums are held while later microbatches run: solved again with less room
         // while the step does not fit.
         let (mut p, peak) = within_budget(opts.budget, opts.budget, |budget| {
-            let one = PlanOptions { microbatches: 1, budget, ..opts.clone() };
+            let one = PlanOptions { microbatches: 1, accumulated: opts.microbatches, budget, ..opts.clone() };
             let inner = plan(graph, mesh, profile, &one)?;
             let solved = inner.estimate.peak_bytes_per_rank;
             let p = crate::microbatch::split(inner, mesh, opts.microbatches)?;
@@ -376,6 +446,9 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
     };
     let g = canonical(graph)?;
     let mut main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    if opts.accumulated > 1 {
+        weigh_update_part(&mut main, &g, opts.accumulated);
+    }
     lap(&mut timings, "build");
     let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
         vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]

@@ -37,6 +37,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ::plan::AxisRole;
 use ir::{Graph, NodeIndex, Op, Value};
 use sharding::fx::FxMap;
 use sharding::{DeviceMesh, DeviceProfile, LayoutConverter, Search, ShardingSpec, Strategy};
@@ -151,18 +152,16 @@ pub enum Why {
     Cheapest,
 }
 
-/// Mesh axes of size > 1.
-fn real_axes(mesh: &DeviceMesh) -> Vec<usize> {
-    (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1).collect()
+/// The role of every axis of `mesh` under baseline `b` (`None` for auto).
+fn roles(mesh: &DeviceMesh, b: Baseline) -> Option<Vec<AxisRole>> {
+    b.roles(mesh.shape())
 }
 
-/// The data axes of a baseline: every real axis for dp and zero; all but the innermost for megatron.
+/// The data axes of a baseline: the axes of size > 1 whose role splits the batch (`dp`, `zero`):
+/// every one for dp and zero, all but the innermost for megatron.
 fn data_axes(mesh: &DeviceMesh, b: Baseline) -> Vec<usize> {
-    let mut axes = real_axes(mesh);
-    if b == Baseline::Megatron {
-        axes.pop();
-    }
-    axes
+    let Some(r) = roles(mesh, b) else { return vec![] };
+    (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1 && matches!(r[a], AxisRole::Dp | AxisRole::Zero)).collect()
 }
 
 /// The batch split a baseline gives an input of batch size `batch`: the longest prefix of the
@@ -183,13 +182,15 @@ fn is_resident(op: &Op) -> bool {
     matches!(op, Op::Param { .. } | Op::State { .. })
 }
 
-/// Whether a baseline allows strategy `s` at node `n`.
+/// Whether a baseline allows strategy `s` at node `n`: inputs split over the data axes;
+/// parameters and optimizer state replicated over the `dp` axes, sharded over all `zero` axes
+/// (or replicated over them: small tensors), free over the `tp` axes, never partial.
 fn allowed(g: &Graph, n: NodeIndex, s: &Strategy, b: Baseline, mesh: &DeviceMesh) -> bool {
     let node = g.node(n);
     let out = &s.outputs[0];
-    match (&node.op, b) {
-        (_, Baseline::Auto) => true,
-        (Op::Input { .. }, _) => {
+    let Some(r) = roles(mesh, b) else { return true };
+    match &node.op {
+        Op::Input { .. } => {
             let shape = &node.outputs[0].shape;
             if shape.is_empty() {
                 return out.is_replicated();
@@ -197,15 +198,18 @@ fn allowed(g: &Graph, n: NodeIndex, s: &Strategy, b: Baseline, mesh: &DeviceMesh
             let want = ShardingSpec::shard(shape.len(), 0, &batch_axes(mesh, b, shape[0]));
             *out == want
         }
-        (op, Baseline::Dp) if is_resident(op) => out.is_replicated(),
-        (op, Baseline::Megatron) if is_resident(op) => {
-            let data = data_axes(mesh, b);
-            !out.is_partial() && out.used_axes().iter().all(|a| !data.contains(a))
-        }
-        (op, Baseline::Zero) if is_resident(op) => {
-            let data = data_axes(mesh, b);
-            // Sharded over every data axis when the tensor divides; small tensors stay replicated.
-            !out.is_partial() && (data.iter().all(|a| out.used_axes().contains(a)) || out.is_replicated())
+        op if is_resident(op) => {
+            if out.is_partial() {
+                return false;
+            }
+            let used = out.used_axes();
+            let real = |a: usize| mesh.shape()[a] > 1;
+            let zero: Vec<usize> = (0..mesh.ndim()).filter(|&a| real(a) && r[a] == AxisRole::Zero).collect();
+            let replicated_on = |a: &usize| !used.contains(a);
+            (0..mesh.ndim())
+                .filter(|&a| real(a) && matches!(r[a], AxisRole::Dp | AxisRole::Pp))
+                .all(|a| replicated_on(&a))
+                && (zero.iter().all(|a| used.contains(a)) || zero.iter().all(replicated_on))
         }
         _ => true,
     }

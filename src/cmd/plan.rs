@@ -34,8 +34,13 @@ pub struct PlanArgs {
     #[arg(long, value_name = "FILE")]
     pub mesh_profile: Option<String>,
     /// auto (the solver chooses; also compares the manual ones and keeps the best), or a manual
-    /// baseline priced by the same model: dp, megatron, zero.
-    #[arg(long, default_value = "auto")]
+    /// baseline priced by the same model: dp, megatron, zero; or a manual layout with one role
+    /// per mesh axis, outermost first: `dp` (batch split, parameters replicated), `zero` (batch
+    /// split, parameters and optimizer state sharded), `tp` (tensor parallel: batch whole,
+    /// parameters split as the solver finds cheapest), `pp` (the pipeline stages, outermost,
+    /// with --pipeline). E.g. Megatron's TP 8, PP 2, DP 32 on 512 GPUs: `--mesh
+    /// pipe=2,data=32,tensor=8 --pipeline 2 --strategy pp,dp,tp`.
+    #[arg(long, value_name = "STRATEGY", default_value = "auto")]
     pub strategy: String,
     /// The loss (`mse:OUT:TARGET`, `ce:OUT:LABELS`, `ce-next:OUT:IDS`); default: ce-next on the
     /// first output with an `input_ids` input, else mse on the first output.
@@ -171,6 +176,9 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
     let profile = DeviceProfile::load(&a.device)?;
     let mesh = common::mesh(&a.mesh, &profile, a.mesh_profile.as_deref())?;
+    if let Stages::Count(n) = a.pipeline {
+        codegen::check_layout(baseline, &mesh, n as usize)?;
+    }
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
     common::warn_shared_parameters(&forward);
@@ -224,11 +232,15 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             Stages::Count(n) => n as usize,
         },
         microbatches: a.microbatches as usize,
+        accumulated: 1,
         schedule: a.schedule.parse().map_err(anyhow::Error::msg)?,
         chunks: a.chunks as usize,
     };
     let mut plan = match a.pipeline {
         Stages::Count(_) => codegen::plan(&tg.graph, &mesh, &profile, &popts)?,
+        Stages::Auto if matches!(baseline, Baseline::Axes(_)) => {
+            bail!("--strategy {baseline} fixes the pipeline stages (`pp`): use --pipeline N, not auto")
+        }
         Stages::Auto => codegen::pipeline::search(&tg.graph, &mesh, &profile, &popts)?,
     };
     codegen::label(&mut plan, &mesh)?;

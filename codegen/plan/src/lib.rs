@@ -49,8 +49,12 @@ pub use value::{BadValueRef, ValueRef};
 pub const VERSION: u32 = 6;
 
 /// Which strategies a plan may use.
+///
+/// Written in `plan.json` as its command-line name: `auto`, `dp`, `megatron`, `zero`, or a role
+/// per mesh axis such as `pp,dp,tp` ([`AxisRoles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(into = "String", try_from = "String")]
+#[schemars(with = "String")]
 pub enum Baseline {
     /// Any strategy: the solver chooses.
     Auto,
@@ -63,29 +67,142 @@ pub enum Baseline {
     /// ZeRO: data parallel with parameters, their updates and optimizer state sharded over the
     /// data axes.
     Zero,
+    /// A manual layout given per mesh axis (as ColossalAI's parallel config or Megatron's
+    /// `--tensor/--pipeline-model-parallel-size` do): `dp,tp` on a 2-D mesh is Megatron's layout.
+    Axes(AxisRoles),
 }
 
-impl Baseline {
-    /// All of them.
-    pub const ALL: [Baseline; 4] = [Baseline::Auto, Baseline::Dp, Baseline::Megatron, Baseline::Zero];
+/// What one mesh axis does in a manual layout ([`Baseline::Axes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AxisRole {
+    /// Data parallel: the batch is split over the axis; parameters and optimizer state are
+    /// replicated over it.
+    Dp,
+    /// ZeRO (stage 3, as [`Baseline::Zero`]): the batch is split over the axis; parameters,
+    /// their updates and optimizer state are sharded over it when they divide.
+    Zero,
+    /// Tensor parallel: the batch is not split over the axis; parameters may be split over it
+    /// as the solver finds cheapest (Megatron's column and row splits among them).
+    Tp,
+    /// Pipeline stages: the outermost axis, with `--pipeline` as many stages as its size.
+    Pp,
+}
+
+impl AxisRole {
     /// Name as on the command line.
     pub fn name(self) -> &'static str {
         match self {
-            Baseline::Auto => "auto",
-            Baseline::Dp => "dp",
-            Baseline::Megatron => "megatron",
-            Baseline::Zero => "zero",
+            AxisRole::Dp => "dp",
+            AxisRole::Zero => "zero",
+            AxisRole::Tp => "tp",
+            AxisRole::Pp => "pp",
         }
+    }
+}
+
+/// Most mesh axes a manual layout names.
+pub const MAX_AXES: usize = 8;
+
+/// One [`AxisRole`] per mesh axis, outermost first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AxisRoles {
+    roles: [AxisRole; MAX_AXES],
+    len: u8,
+}
+
+impl AxisRoles {
+    /// Roles from a list (1 to [`MAX_AXES`] of them).
+    pub fn new(roles: &[AxisRole]) -> std::result::Result<AxisRoles, String> {
+        if roles.is_empty() || roles.len() > MAX_AXES {
+            return Err(format!("a layout names 1 to {MAX_AXES} mesh axes, not {}", roles.len()));
+        }
+        let mut all = [AxisRole::Dp; MAX_AXES];
+        all[..roles.len()].copy_from_slice(roles);
+        Ok(AxisRoles { roles: all, len: roles.len() as u8 })
+    }
+
+    /// The roles, outermost axis first.
+    pub fn roles(&self) -> &[AxisRole] {
+        &self.roles[..self.len as usize]
+    }
+}
+
+impl Baseline {
+    /// The named baselines.
+    pub const ALL: [Baseline; 4] = [Baseline::Auto, Baseline::Dp, Baseline::Megatron, Baseline::Zero];
+    /// Name as on the command line (`dp,tp` for a layout per axis).
+    pub fn name(self) -> String {
+        match self {
+            Baseline::Auto => "auto".into(),
+            Baseline::Dp => "dp".into(),
+            Baseline::Megatron => "megatron".into(),
+            Baseline::Zero => "zero".into(),
+            Baseline::Axes(a) => a.roles().iter().map(|r| r.name()).collect::<Vec<_>>().join(","),
+        }
+    }
+
+    /// The role of every mesh axis of a mesh with `ndim` axes: what the named baselines mean
+    /// per axis (`dp` and `zero` on every axis, `megatron` data parallel on all but the
+    /// innermost of `sizes`' axes larger than 1, tensor parallel on it); `None` for `auto`.
+    pub fn roles(self, sizes: &[usize]) -> Option<Vec<AxisRole>> {
+        let n = sizes.len();
+        match self {
+            Baseline::Auto => None,
+            Baseline::Dp => Some(vec![AxisRole::Dp; n]),
+            Baseline::Zero => Some(vec![AxisRole::Zero; n]),
+            Baseline::Megatron => {
+                let mut r = vec![AxisRole::Dp; n];
+                if let Some(inner) = (0..n).rev().find(|&a| sizes[a] > 1) {
+                    r[inner] = AxisRole::Tp;
+                }
+                Some(r)
+            }
+            Baseline::Axes(a) => Some(a.roles().to_vec()),
+        }
+    }
+}
+
+impl std::fmt::Display for Baseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl From<Baseline> for String {
+    fn from(b: Baseline) -> String {
+        b.name()
+    }
+}
+
+impl TryFrom<String> for Baseline {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<Baseline, String> {
+        s.parse()
     }
 }
 
 impl std::str::FromStr for Baseline {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Baseline, String> {
-        Baseline::ALL
-            .into_iter()
-            .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown strategy `{s}` (auto, dp, megatron, zero)"))
+        if let Some(b) = Baseline::ALL.into_iter().find(|b| b.name() == s) {
+            return Ok(b);
+        }
+        if !s.contains(',') && !matches!(s, "tp" | "pp") {
+            return Err(format!(
+                "unknown strategy `{s}` (auto, dp, megatron, zero, or a role per mesh axis such as `dp,tp` or `pp,dp,tp`)"
+            ));
+        }
+        let roles = s
+            .split(',')
+            .map(|r| match r.trim() {
+                "dp" => Ok(AxisRole::Dp),
+                "zero" => Ok(AxisRole::Zero),
+                "tp" => Ok(AxisRole::Tp),
+                "pp" => Ok(AxisRole::Pp),
+                other => Err(format!("unknown axis role `{other}` in `{s}` (dp, zero, tp, pp: one per mesh axis)")),
+            })
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        Ok(Baseline::Axes(AxisRoles::new(&roles)?))
     }
 }
 
