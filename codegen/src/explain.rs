@@ -266,9 +266,9 @@ pub fn timeline_svg(t: &::plan::schedule::Timeline) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"10\">",
-        left + width + 10.0,
-        row * (t.spans.len() as f64 + 1.0)
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"10\">",
+        w = left + width + 10.0,
+        h = row * (t.spans.len() as f64 + 1.0)
     );
     for (s, spans) in t.spans.iter().enumerate() {
         let y = row * s as f64 + 4.0;
@@ -329,7 +329,7 @@ pub fn html_with(p: &Plan, measured: Option<&crate::figures::Measured>) -> Strin
     let mut o = String::new();
     let _ = write!(
         o,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>autopar plan: {}</title>\n<style>\nbody {{ font-family: sans-serif; margin: 2em; }}\ntable {{ border-collapse: collapse; }}\ntd, th {{ border: 1px solid #999; padding: 2px 6px; font-family: monospace; font-size: 12px; }}\n.r {{ background: #dddddd; }} .p {{ background: #f4b183; }} .s {{ background: #9dc3e6; }}\nfigure {{ margin: 1em 0; }} figcaption {{ font-size: 13px; color: #333; max-width: 60em; }}\n</style>\n</head>\n<body>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>autopar plan: {}</title>\n<style>\nbody {{ font-family: sans-serif; margin: 2em; }}\ntable {{ border-collapse: collapse; }}\ntd, th {{ border: 1px solid #999; padding: 2px 6px; font-family: monospace; font-size: 12px; }}\n.r {{ background: #dddddd; }} .p {{ background: #f4b183; }} .s {{ background: #9dc3e6; }}\npre {{ overflow-x: auto; }} figure {{ margin: 1em 0; }} figure svg {{ max-width: 100%; height: auto; }}\nfigcaption {{ font-size: 13px; color: #333; max-width: 60em; }}\n</style>\n</head>\n<body>\n",
         esc(&p.model.name)
     );
     let _ = write!(o, "<h1>autopar plan: {}</h1>\n<pre>{}</pre>\n", esc(&p.model.name), esc(&summary(p)));
