@@ -273,6 +273,17 @@ impl Grid {
     }
 }
 
+/// How many blocks a parameter's drawing stacks down (dim 0's) and across (the other dims'; a
+/// vector's across).
+fn block_grid(x: &ParamShard) -> (usize, usize) {
+    let counts: Vec<usize> = x.shape.iter().zip(&x.local_shape).map(|(&s, &l)| s.checked_div(l).unwrap_or(1)).collect();
+    match counts.len() {
+        0 => (1, 1),
+        1 => (1, counts[0]),
+        _ => (counts[0], counts[1..].iter().product()),
+    }
+}
+
 /// Which block of `x` each rank holds: per dim, the block index along it, or `None` where the
 /// rank's pipeline stage does not hold the parameter.
 fn blocks_of(p: &Plan, x: &ParamShard, ranks: usize) -> Vec<Option<Vec<usize>>> {
@@ -308,9 +319,13 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
     let width = (left + g.width() + 40.0 + tensor_w + 20.0).max(640.0);
     let outer_label = if g.outer > 1 { 16.0 } else { 0.0 };
     // The panels' heights, as they are drawn below: a title line, the outer grids' labels, the
-    // grids (or the tensor, if taller) and a gap.
-    let panel_h = |least: f64| 16.0 + outer_label + g.height().max(least) + 26.0;
-    let height = 38.0 + panel_h(0.0) + params.len() as f64 * panel_h(60.0);
+    // grids (or the tensor and its label, if taller) and a gap.
+    // The tensor is at least 46 px high, and 16 px per row of blocks (legible labels).
+    let tensor_h = |x: &ParamShard| (g.height().max(60.0) - 14.0).max(16.0 * block_grid(x).0 as f64);
+    let body_h = |x: &ParamShard| g.height().max(tensor_h(x) + 14.0);
+    let height = 38.0
+        + (16.0 + outer_label + g.height() + 26.0)
+        + params.iter().map(|x| 16.0 + outer_label + body_h(x) + 26.0).sum::<f64>();
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -436,12 +451,8 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
         };
         grids(&mut o, y, &cell);
         // The tensor, split into its blocks: dim 0 down, the other dims across (a vector across).
-        let (brows, bcols) = match counts.len() {
-            0 => (1, 1),
-            1 => (1, counts[0]),
-            _ => (counts[0], counts[1..].iter().product()),
-        };
-        let (tx, th) = (left + g.width() + 40.0, g.height().max(60.0) - 14.0);
+        let (brows, bcols) = block_grid(x);
+        let (tx, th) = (left + g.width() + 40.0, tensor_h(x));
         let (bw, bh) = (tensor_w / bcols as f64, th / brows as f64);
         let mut holders: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (r, b) in blocks.iter().enumerate() {
@@ -498,7 +509,7 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
             "<text x=\"{tx:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#555\">the tensor: {axes_text}; each block names the ranks holding it</text>",
             y + th + 12.0
         );
-        y += g.height().max(60.0) + 26.0;
+        y += body_h(x) + 26.0;
     }
     o.push_str("</svg>\n");
     o
