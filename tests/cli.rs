@@ -710,7 +710,13 @@ fn autoparallelize_and_explain() {
     let dot = dir.path().join("plan.dot").display().to_string();
     let out = ok(&["explain", &plan, "--html", &html, "--dot", &dot]);
     assert!(out.contains("plan      mlp on mesh 2x2"), "{out}");
-    assert!(std::fs::read_to_string(&html).unwrap().contains("<h2>Program</h2>"));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<h2>Program</h2>"));
+    // Its figures, found by id; no pipeline stages, so no timeline; SPMD, so one memory line.
+    for id in ["memory", "families", "mesh"] {
+        assert!(page.contains(&format!("<figure id=\"{id}\">\n<svg")), "no figure {id}");
+    }
+    assert!(!page.contains("<figure id=\"timeline\">") && page.contains("estimated (every rank)"));
     assert!(std::fs::read_to_string(&dot).unwrap().starts_with("digraph plan"));
     // The alias, a manual baseline.
     let out = ok(&[

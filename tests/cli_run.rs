@@ -517,7 +517,8 @@ fn pipelined_plans_run_and_resume_from_the_command_line() {
     let page = dir.path().join("staged.html");
     ok(&["explain", &s(&p), "--html", &s(&page)]);
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("<h2>Schedule</h2>") && html.contains("<svg"), "no timeline");
+    assert!(html.contains("<h2>Schedule</h2>") && html.contains("<figure id=\"timeline\">"), "no timeline");
+    assert!(html.contains("estimated, stage 0") && html.contains("estimated, stage 1"), "a memory line per stage");
     assert!(html.contains("<title>stage 1 F0: ") && html.contains("<title>stage 0 B0: "), "no steps drawn");
 }
 
@@ -991,7 +992,11 @@ fn profiled_runs_set_measurements_beside_estimates() {
     let html = s(&dir.path().join("m.html"));
     let text = ok(&["explain", &p, "--measured", &prof, "--html", &html]);
     assert!(text.contains("measured  4 rank(s), 2 step(s)") && text.contains("collective all-reduce"), "{text}");
-    assert!(std::fs::read_to_string(&html).unwrap().contains("Memory over the step (measured)"));
+    // The measurements drawn beside the estimates: the 4 ranks of this dp plan held the same bytes.
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("Memory over the step per rank: estimated and measured"));
+    assert!(page.contains("measured, ranks 0-3") || page.contains("measured, rank 0"), "no measured memory line");
+    assert!(page.contains("Time per op family: estimated and measured") && page.contains(">measured</text>"));
     // Measurements of another plan are refused.
     let other = s(&dir.path().join("megatron.json"));
     let mut args = vec!["plan", &model, "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target"];

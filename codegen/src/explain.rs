@@ -266,9 +266,9 @@ pub fn timeline_svg(t: &::plan::schedule::Timeline) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"10\">",
-        left + width + 10.0,
-        row * (t.spans.len() as f64 + 1.0)
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"10\">",
+        w = left + width + 10.0,
+        h = row * (t.spans.len() as f64 + 1.0)
     );
     for (s, spans) in t.spans.iter().enumerate() {
         let y = row * s as f64 + 4.0;
@@ -311,26 +311,91 @@ pub fn timeline_svg(t: &::plan::schedule::Timeline) -> String {
     o
 }
 
+/// A figure of the page: an `<svg>` with its caption, found by its `id`.
+fn figure(id: &str, caption: &str, svg: &str) -> String {
+    format!("<figure id=\"{id}\">\n{svg}<figcaption>{caption}</figcaption>\n</figure>\n")
+}
+
 /// A standalone HTML page: the summary, the collectives, the parameter layouts and the program.
 pub fn html(p: &Plan) -> String {
+    html_with(p, None)
+}
+
+/// [`html`], with what a run measured beside the estimates when given. Its figures (SVG, no
+/// script), each a `<figure>` with a stable id: `memory` (memory over the step per rank),
+/// `families` (time per op family), `mesh` (the mesh and the layout of the largest
+/// parameters) and, with pipeline stages, `timeline` (the schedule).
+pub fn html_with(p: &Plan, measured: Option<&crate::figures::Measured>) -> String {
     let mut o = String::new();
     let _ = write!(
         o,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>autopar plan: {}</title>\n<style>\nbody {{ font-family: sans-serif; margin: 2em; }}\ntable {{ border-collapse: collapse; }}\ntd, th {{ border: 1px solid #999; padding: 2px 6px; font-family: monospace; font-size: 12px; }}\n.r {{ background: #dddddd; }} .p {{ background: #f4b183; }} .s {{ background: #9dc3e6; }}\n</style>\n</head>\n<body>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>autopar plan: {}</title>\n<style>\nbody {{ font-family: sans-serif; margin: 2em; }}\ntable {{ border-collapse: collapse; }}\ntd, th {{ border: 1px solid #999; padding: 2px 6px; font-family: monospace; font-size: 12px; }}\n.r {{ background: #dddddd; }} .p {{ background: #f4b183; }} .s {{ background: #9dc3e6; }}\npre {{ overflow-x: auto; }} figure {{ margin: 1em 0; }} figure svg {{ max-width: 100%; height: auto; }}\nfigcaption {{ font-size: 13px; color: #333; max-width: 60em; }}\n</style>\n</head>\n<body>\n",
         esc(&p.model.name)
     );
     let _ = write!(o, "<h1>autopar plan: {}</h1>\n<pre>{}</pre>\n", esc(&p.model.name), esc(&summary(p)));
+    o.push_str("<h2>Figures</h2>\n");
+    let stages = p.stages();
+    let who = if stages > 1 {
+        "one line per pipeline stage (the ranks of a stage hold the same), by the plan's liveness walk".to_string()
+    } else {
+        "one line for every rank: without pipeline stages the program is SPMD and every rank holds the same, \
+         by the plan's liveness walk"
+            .to_string()
+    };
+    let measured_text = if measured.is_some() {
+        "; measured (dashed): one line per group of ranks that held the same bytes, on the estimated line where \
+         the runtime's accounting agrees"
+    } else {
+        ""
+    };
+    o.push_str(&figure(
+        "memory",
+        &format!(
+            "Memory held after each instruction of the step, estimated: {who}{measured_text}. The dashed line is the \
+             estimated peak."
+        ),
+        &crate::figures::memory_chart(p, measured).svg(),
+    ));
+    o.push_str(&figure(
+        "families",
+        &format!(
+            "Time per op family (an op, or a collective's kind), estimated{} per step, summed over the family's \
+             instructions{}.",
+            if measured.is_some() {
+                " and measured (the mean over the ranks that run each instruction; a collective's or a transfer's \
+                 time includes waiting for its peers)"
+            } else {
+                ""
+            },
+            if p.microbatches > 1 { format!(" and the {} microbatches", p.microbatches) } else { String::new() }
+        ),
+        &crate::figures::families_chart(p, measured, 12).svg(),
+    ));
+    o.push_str(&figure(
+        "mesh",
+        "The device mesh and which block of each of the largest parameters every device holds: a device shows its \
+         block's index along the split dims (R: the whole tensor; –: another pipeline stage holds it), and the \
+         tensor beside it is split into those blocks in the same colours.",
+        &crate::figures::mesh_svg(p, 4),
+    ));
     if let Some(pp) = &p.pipeline
         && let Ok(t) = ::plan::schedule::timeline(p)
     {
         let _ = write!(
             o,
-            "<h2>Schedule</h2>\n<p>{} schedule, {} stages x {} microbatches: estimated bubble {:.1}%. F forward, B backward, W weight gradients, U update.</p>\n{}",
-            pp.schedule.kind,
-            pp.stages,
-            pp.microbatches,
-            100.0 * t.bubble,
-            timeline_svg(&t)
+            "<h2>Schedule</h2>\n{}",
+            figure(
+                "timeline",
+                &format!(
+                    "{} schedule, {} stages x {} microbatches: estimated bubble {:.1}%. F forward, B backward, W weight \
+                     gradients, U update.",
+                    pp.schedule.kind,
+                    pp.stages,
+                    pp.microbatches,
+                    100.0 * t.bubble
+                ),
+                &timeline_svg(&t)
+            )
         );
     }
     o.push_str("<h2>Parameters</h2>\n<table>\n<tr><th>name</th><th>shape</th><th>spec</th><th>local shape</th></tr>\n");

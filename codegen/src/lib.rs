@@ -4,7 +4,7 @@
 //! costs per edge, live intervals, parameter/update ties), `plan` solves it and lowers the choice
 //! into one SPMD program with inserted collectives and frees (a [`Plan`] of the `plan` crate,
 //! the format the runtime reads: re-exported here with its verifier and liveness walk),
-//! `explain` renders a plan for people.
+//! `explain` renders a plan for people (with `figures`, its pictures).
 //!
 //! Invariants: every cost is seconds (the solver sees picoseconds); memory is the liveness peak
 //! in bytes per rank; a parameter and its updated value always get the same spec; the plan the
@@ -16,6 +16,7 @@
 pub mod checkpoint;
 mod error;
 pub mod explain;
+pub mod figures;
 pub mod microbatch;
 pub mod pipeline;
 pub mod plan;

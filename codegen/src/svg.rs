@@ -1,15 +1,15 @@
-//! Line charts as standalone SVG (no script, no external resources), for the pages `autopar
-//! explain` writes: training curves of a run log, and measurements against estimates.
+//! Line and bar charts as standalone SVG (no script, no external resources), for the pages
+//! `autopar explain` writes: training curves of a run log, and measurements against estimates.
 //!
-//! Invariants: the output is one `<svg>` element with a `viewBox`, every series one `<polyline>`
-//! (with its legend entry), text escaped; non-finite points (and beyond ±1e300, where ranges
-//! overflow) are left out, and a chart with no such point says so instead of drawing axes over
-//! nothing.
+//! Invariants: the output is one `<svg>` element with a `viewBox`, every line chart series one
+//! `<polyline>` and every bar one `<rect class="bar">` (each series with its legend entry), text
+//! escaped; non-finite points (and beyond ±1e300, where ranges overflow) are left out, and a
+//! chart with no such point says so instead of drawing axes over nothing.
 
 use std::fmt::Write;
 
 /// One line of a chart: `(x, y)` points in x order.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Series {
     /// Legend text.
     pub name: String,
@@ -17,6 +17,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Draw a dot at every point (sparse series, such as evaluations).
     pub dots: bool,
+    /// Draw the line dashed (e.g. a measurement over the estimate it may coincide with).
+    pub dashed: bool,
 }
 
 /// A chart: its title, axis labels and series.
@@ -173,21 +175,24 @@ impl LineChart {
             let _ = writeln!(
                 o,
                 "<line class=\"reference\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#777\" stroke-dasharray=\"4 3\"/>\n\
-                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">{}</text>",
+                 <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#555\">{}</text>",
                 LEFT + pw,
-                LEFT + pw - 4.0,
+                LEFT + 4.0,
                 y - 4.0,
                 esc(name)
             );
         }
-        // Series and legend.
+        // Series, then their legend on a veil (legible over the lines).
+        let mut legend = String::new();
+        let lx = LEFT + pw - 150.0;
         for (k, s) in self.series.iter().enumerate() {
             let c = COLOURS[k % COLOURS.len()];
             let line: Vec<String> =
                 s.points.iter().filter(finite).map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+            let dash = if s.dashed { " stroke-dasharray=\"5 3\"" } else { "" };
             let _ = writeln!(
                 o,
-                "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\" points=\"{}\"/>",
+                "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\"{dash} points=\"{}\"/>",
                 esc(&s.name),
                 line.join(" ")
             );
@@ -197,16 +202,153 @@ impl LineChart {
                 }
             }
             let ly = TOP + 14.0 + 14.0 * k as f64;
-            let lx = LEFT + pw - 150.0;
             let _ = writeln!(
-                o,
-                "<line x1=\"{lx:.1}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-width=\"2\"/>\
+                legend,
+                "<line x1=\"{lx:.1}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-width=\"2\"{dash}/>\
                  <text x=\"{:.1}\" y=\"{ly:.1}\">{}</text>",
                 lx + 18.0,
                 ly - 4.0,
                 ly - 4.0,
                 lx + 22.0,
                 esc(&s.name)
+            );
+        }
+        if !self.series.is_empty() {
+            let _ = writeln!(
+                o,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"148\" height=\"{:.1}\" fill=\"white\" fill-opacity=\"0.8\"/>",
+                lx - 4.0,
+                TOP + 2.0,
+                14.0 * self.series.len() as f64 + 4.0
+            );
+        }
+        o.push_str(&legend);
+        o.push_str("</svg>\n");
+        o
+    }
+}
+
+/// Grouped horizontal bars: one row per category, one bar per series in each row (e.g. the
+/// estimated and the measured seconds of each op family).
+#[derive(Clone, Debug, Default)]
+pub struct BarChart {
+    /// Title above the plot.
+    pub title: String,
+    /// The value axis' label.
+    pub x_label: String,
+    /// Row labels, top to bottom.
+    pub categories: Vec<String>,
+    /// Each series' name and its value per category (`None`: no bar).
+    pub series: Vec<(String, Vec<Option<f64>>)>,
+}
+
+impl BarChart {
+    /// The chart as an `<svg>` element; its height grows with the rows.
+    pub fn svg(&self) -> String {
+        let (label_w, bar, gap) = (190.0, 9.0, 7.0);
+        let shown = |v: &Option<f64>| v.filter(|x| x.is_finite() && x.abs() < 1e300 && *x >= 0.0);
+        let max = self.series.iter().flat_map(|s| s.1.iter().filter_map(shown)).fold(0.0, f64::max);
+        let n = self.series.len().max(1) as f64;
+        let row = n * bar + gap;
+        let ph = (row * self.categories.len() as f64).max(row);
+        // The legend has a line of its own under the title.
+        let top = TOP + 14.0;
+        let h = top + ph + BOTTOM;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
+             font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"{}\">",
+            esc(&self.title)
+        );
+        let _ = writeln!(o, "<rect width=\"{W}\" height=\"{h}\" fill=\"white\"/>");
+        let _ = writeln!(
+            o,
+            "<text x=\"{:.1}\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
+            W / 2.0,
+            esc(&self.title)
+        );
+        if max <= 0.0 {
+            let _ = writeln!(
+                o,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no data</text>\n</svg>",
+                W / 2.0,
+                top + ph / 2.0
+            );
+            return o;
+        }
+        let t = ticks(0.0, max);
+        let hi = t.last().copied().filter(|&x| x >= max).unwrap_or(max);
+        let pw = W - label_w - RIGHT;
+        let sx = |v: f64| label_w + v / hi * pw;
+        let _ = writeln!(o, "<g stroke=\"#e0e0e0\">");
+        for &v in &t {
+            let _ = writeln!(o, "<line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{top}\" y2=\"{:.1}\"/>", sx(v), sx(v), top + ph);
+        }
+        let _ = writeln!(o, "</g>");
+        for &v in &t {
+            let _ = writeln!(
+                o,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                sx(v),
+                top + ph + 14.0,
+                label(v)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            label_w + pw / 2.0,
+            h - 8.0,
+            esc(&self.x_label)
+        );
+        for (i, c) in self.categories.iter().enumerate() {
+            let y = top + row * i as f64 + gap / 2.0;
+            // Long names keep their end, which tells families apart.
+            let text: String = if c.chars().count() > 30 {
+                "…".chars().chain(c.chars().skip(c.chars().count() - 29)).collect()
+            } else {
+                c.clone()
+            };
+            let _ = writeln!(
+                o,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\"><title>{}</title>{}</text>",
+                label_w - 6.0,
+                y + n * bar / 2.0 + 4.0,
+                esc(c),
+                esc(&text)
+            );
+            for (k, (name, values)) in self.series.iter().enumerate() {
+                let Some(v) = values.get(i).and_then(shown) else { continue };
+                let colour = COLOURS[k % COLOURS.len()];
+                let _ = writeln!(
+                    o,
+                    "<rect class=\"bar\" x=\"{label_w}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bar}\" fill=\"{colour}\">\
+                     <title>{}, {}: {}</title></rect>",
+                    y + bar * k as f64,
+                    (sx(v) - label_w).max(0.5),
+                    esc(c),
+                    esc(name),
+                    label(v)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "<line x1=\"{label_w}\" x2=\"{label_w}\" y1=\"{top}\" y2=\"{:.1}\" stroke=\"#444\"/>",
+            top + ph
+        );
+        // The legend on its line under the title, to the right.
+        for (k, (name, _)) in self.series.iter().enumerate() {
+            let colour = COLOURS[k % COLOURS.len()];
+            let (lx, ly) = (W - RIGHT - 80.0 * (self.series.len() - k) as f64, top - 8.0);
+            let _ = writeln!(
+                o,
+                "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"12\" height=\"9\" fill=\"{colour}\"/>\
+                 <text x=\"{:.1}\" y=\"{ly:.1}\">{}</text>",
+                ly - 8.0,
+                lx + 16.0,
+                esc(name)
             );
         }
         o.push_str("</svg>\n");
@@ -237,17 +379,39 @@ mod tests {
                     name: "train".into(),
                     points: vec![(1.0, 3.0), (2.0, f64::NAN), (2.5, 1e308), (3.0, 2.0)],
                     dots: false,
+                    dashed: true,
                 },
-                Series { name: "eval".into(), points: vec![(3.0, 2.5)], dots: true },
+                Series { name: "eval".into(), points: vec![(3.0, 2.5)], dots: true, dashed: false },
             ],
             references: vec![(3.3, "unigram".into())],
         };
         let s = c.svg();
         assert_eq!(s.matches("<polyline").count(), 2);
         assert_eq!(s.matches("<circle").count(), 1);
+        assert_eq!(s.matches("stroke-dasharray=\"5 3\"").count(), 2, "the dashed line and its legend entry");
         assert!(s.contains("loss &lt;train&gt;") && s.contains("class=\"reference\""));
         assert!(!s.contains("NaN"));
         let empty = LineChart { title: "t".into(), ..Default::default() }.svg();
+        assert!(empty.contains("no data"));
+    }
+
+    #[test]
+    fn a_bar_chart_draws_a_bar_per_present_value() {
+        let c = BarChart {
+            title: "time <per family>".into(),
+            x_label: "ms".into(),
+            categories: vec!["matmul".into(), "collective all-reduce".into(), "add".into()],
+            series: vec![
+                ("estimated".into(), vec![Some(2.0), Some(1.0), Some(0.5)]),
+                ("measured".into(), vec![Some(3.0), None, Some(f64::NAN)]),
+            ],
+        };
+        let s = c.svg();
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("class=\"bar\"").count(), 4);
+        assert!(s.contains("time &lt;per family&gt;") && s.contains(">estimated</text>"));
+        assert!(!s.contains("NaN"));
+        let empty = BarChart { title: "t".into(), ..Default::default() }.svg();
         assert!(empty.contains("no data"));
     }
 }

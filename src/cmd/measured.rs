@@ -77,16 +77,6 @@ pub fn read(path: &Path, plan: &Plan) -> Result<Vec<RankProfile>> {
     Ok(out)
 }
 
-/// An instruction's family (its op, or its collective's kind) and estimated seconds.
-fn family(i: &Instr) -> (String, f64) {
-    match i {
-        Instr::Op { op, seconds, .. } => (op.name().to_string(), *seconds),
-        Instr::Collective { collective, seconds, .. } => (format!("collective {}", collective.kind()), *seconds),
-        Instr::Transfer { seconds, .. } => ("transfer".to_string(), *seconds),
-        Instr::Free { .. } => ("free".to_string(), 0.0),
-    }
-}
-
 /// The mean over the ranks that ran instruction `k` of their seconds for it.
 fn measured(profiles: &[RankProfile], k: usize) -> Option<f64> {
     let v: Vec<f64> = profiles.iter().filter_map(|p| p.seconds.get(&k).copied()).collect();
@@ -113,32 +103,28 @@ pub fn summary(plan: &Plan, profiles: &[RankProfile]) -> String {
         codegen::fmt_bytes(peak),
         codegen::fmt_bytes(est.peak_bytes_per_rank)
     );
-    let mut fams: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+    let seconds = per_instruction(plan, profiles);
+    let fams = codegen::figures::families(plan, Some(&seconds));
     let mut rows = vec![];
     for (k, i) in plan.program.iter().enumerate() {
-        let (f, e) = family(i);
-        let Some(m) = measured(profiles, k) else { continue };
-        let x = fams.entry(f.clone()).or_default();
-        x.0 += 1;
-        x.1 += e;
-        x.2 += m;
+        let Some(m) = seconds[k] else { continue };
+        let f = codegen::figures::family(i);
         let name = match i {
             Instr::Op { name, .. } => name.clone(),
             _ => f.clone(),
         };
-        rows.push((k, name, f, e, m));
+        rows.push((k, name, f, codegen::figures::step_seconds(plan, i), m));
     }
-    let mut fams: Vec<_> = fams.into_iter().collect();
-    fams.sort_by(|a, b| b.1.2.total_cmp(&a.1.2));
     let _ = writeln!(o, "per op family (mean over the ranks that run it, per step):");
     let _ = writeln!(
         o,
         "  {:<28} {:>6} {:>12} {:>12} {:>9}",
         "family", "instrs", "estimated ms", "measured ms", "meas/est"
     );
-    for (f, (n, e, m)) in &fams {
-        let ratio = if *e > 0.0 { format!("{:.2}", m / e) } else { "-".into() };
-        let _ = writeln!(o, "  {f:<28} {n:>6} {:>12.3} {:>12.3} {ratio:>9}", e * 1e3, m * 1e3);
+    for f in &fams {
+        let (e, m) = (f.estimated, f.measured.unwrap_or(0.0));
+        let ratio = if e > 0.0 { format!("{:.2}", m / e) } else { "-".into() };
+        let _ = writeln!(o, "  {:<28} {:>6} {:>12.3} {:>12.3} {ratio:>9}", f.family, f.instructions, e * 1e3, m * 1e3);
     }
     rows.sort_by(|a, b| b.4.total_cmp(&a.4));
     let _ = writeln!(o, "longest instructions:");
@@ -148,21 +134,15 @@ pub fn summary(plan: &Plan, profiles: &[RankProfile]) -> String {
     o
 }
 
-/// Memory over the step, one line per rank (bytes held after each instruction run).
-pub fn memory_chart(plan: &Plan, profiles: &[RankProfile]) -> codegen::svg::LineChart {
-    let series = profiles
-        .iter()
-        .map(|p| codegen::svg::Series {
-            name: format!("rank {}", p.rank),
-            points: p.memory.iter().enumerate().map(|(i, m)| (i as f64, m.1 as f64 / 1048576.0)).collect(),
-            dots: false,
-        })
-        .collect();
-    codegen::svg::LineChart {
-        title: "Memory over the step (measured)".into(),
-        x_label: "instructions run".into(),
-        y_label: "MiB held".into(),
-        series,
-        references: vec![(plan.estimate.peak_bytes_per_rank as f64 / 1048576.0, "estimated peak".into())],
+/// Each instruction's measured seconds per step (the mean over the ranks that ran it).
+fn per_instruction(plan: &Plan, profiles: &[RankProfile]) -> Vec<Option<f64>> {
+    (0..plan.program.len()).map(|k| measured(profiles, k)).collect()
+}
+
+/// The profiles as the plan's page draws them beside its estimates.
+pub fn figures(plan: &Plan, profiles: &[RankProfile]) -> codegen::figures::Measured {
+    codegen::figures::Measured {
+        memory: profiles.iter().map(|p| (p.rank, p.memory.iter().map(|m| m.1).collect())).collect(),
+        seconds: per_instruction(plan, profiles),
     }
 }

@@ -145,8 +145,8 @@ pub struct ExplainArgs {
     #[arg(long, value_name = "VALUE[:LABEL]", requires = "run", value_parser = super::run_log::parse_reference)]
     pub reference: Vec<(f64, String)>,
     /// Measurements of a run of the plan (`autopar run --profile-ops FILE`): each op family's
-    /// and instruction's measured time beside its estimate, and (with --html) the memory held
-    /// over the step per rank.
+    /// and instruction's measured time beside its estimate, and (with --html) drawn in the
+    /// memory and time-per-family figures.
     #[arg(long, value_name = "FILE", requires = "plan")]
     pub measured: Option<PathBuf>,
     /// With --run: write the loss chart alone as an SVG file.
@@ -155,8 +155,10 @@ pub struct ExplainArgs {
     /// Also write the program as a Graphviz graph, coloured by layout.
     #[arg(long, value_name = "FILE")]
     pub dot: Option<PathBuf>,
-    /// Also write a standalone HTML page (summary, the pipeline schedule as an SVG timeline,
-    /// parameter layouts, program).
+    /// Also write a standalone HTML page: the summary, figures (SVG: memory over the step per
+    /// rank, time per op family, the mesh with the layout of the largest parameters, the
+    /// pipeline schedule as a timeline; with --measured, the measurements beside the
+    /// estimates), parameter layouts and the program.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 }
@@ -294,12 +296,17 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         }
     }
     if let Some(f) = &a.html {
+        let figures = match (&plan, &measured) {
+            (Some(plan), Some(m)) => Some(super::measured::figures(plan, m)),
+            _ => None,
+        };
+        let plan_page = |plan: &codegen::Plan| codegen::explain::html_with(plan, figures.as_ref());
         let mut page = match (&plan, &run) {
-            (Some(plan), None) => codegen::explain::html(plan),
+            (Some(plan), None) => plan_page(plan),
             (None, Some((log, steps))) => super::run_log::html(&log.display().to_string(), steps, &a.reference),
             (Some(plan), Some((_, steps))) => {
                 // The plan's page with the run's curves before its end.
-                let mut page = codegen::explain::html(plan);
+                let mut page = plan_page(plan);
                 let curves: String =
                     super::run_log::charts(steps, &a.reference).iter().map(codegen::svg::LineChart::svg).collect();
                 let at = page.rfind("</body>").unwrap_or(page.len());
@@ -313,10 +320,10 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         };
         if let (Some(plan), Some(m)) = (&plan, &measured) {
             let at = page.rfind("</body>").unwrap_or(page.len());
+            // The figures draw the measurements beside the estimates; this is their text.
             let section = format!(
-                "<h2>Measured</h2>\n<pre>{}</pre>\n{}",
-                super::measured::summary(plan, m).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;"),
-                super::measured::memory_chart(plan, m).svg()
+                "<h2>Measured</h2>\n<pre>{}</pre>\n",
+                super::measured::summary(plan, m).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
             );
             page.insert_str(at, &section);
         }

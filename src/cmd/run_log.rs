@@ -101,7 +101,12 @@ pub fn summary(steps: &[Step]) -> String {
 }
 
 fn series(name: &str, steps: &[Step], f: impl Fn(&Step) -> Option<f64>, dots: bool) -> Series {
-    Series { name: name.into(), points: steps.iter().filter_map(|s| Some((s.step, f(s)?))).collect(), dots }
+    Series {
+        name: name.into(),
+        points: steps.iter().filter_map(|s| Some((s.step, f(s)?))).collect(),
+        dots,
+        dashed: false,
+    }
 }
 
 /// The charts of a run: loss (and evaluation loss, and `references` as dashed lines), then

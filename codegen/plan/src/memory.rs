@@ -160,6 +160,25 @@ pub fn simulate_plan(plan: &Plan, mesh: &DeviceMesh) -> Result<MemoryProfile> {
 /// and what else it still holds replaces the previous microbatch's copy, for the update phase
 /// to read. With one microbatch and no stages this is [`simulate_stage`]'s walk.
 pub fn simulate_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<MemoryProfile> {
+    walk_steps(plan, mesh, stage, &mut |_, _| {})
+}
+
+/// The bytes one rank of `stage` holds after each instruction, in the order
+/// [`simulate_steps`] runs them (program index, bytes): its walk, recorded; an instruction
+/// appears once per microbatch that runs it. For drawing the memory over the step.
+pub fn trace_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<Vec<(usize, u64)>> {
+    let mut trace = vec![];
+    walk_steps(plan, mesh, stage, &mut |k, live| trace.push((k, live)))?;
+    Ok(trace)
+}
+
+/// [`simulate_steps`]'s walk, calling `after(k, live)` after each instruction it runs.
+fn walk_steps(
+    plan: &Plan,
+    mesh: &DeviceMesh,
+    stage: usize,
+    after: &mut dyn FnMut(usize, u64),
+) -> Result<MemoryProfile> {
     let graph = &plan.graph;
     let bad = |k: usize, why: String| Error::Invalid(Problems(vec![Problem { at: Location::Instr(k), why }]));
     let meta_of = |k: usize, v: &ValueRef| {
@@ -284,6 +303,7 @@ pub fn simulate_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<Me
                 peak = live;
                 peak_at = Some(k);
             }
+            after(k, live);
         }
         // A microbatch's last step on the stage: its sums, and what the update reads.
         if let Some(m) = mb
