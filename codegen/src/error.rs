@@ -6,19 +6,24 @@
 pub enum Error {
     /// No plan fits the memory budget.
     #[error(
-        "no plan fits {budget} per rank: the smallest peak any plan reaches is {min_peak} per rank{dominant}; use --memory {suggest} or more, or a larger mesh"
+        "no plan fits {budget} per rank: the smallest peak {} {min_peak} per rank{dominant}; use --memory {suggest}",
+        if *proven { "any plan reaches is" } else { "of the plans found is" }
     )]
     Infeasible {
         /// The budget, formatted.
         budget: String,
         /// The smallest reachable peak, formatted.
         min_peak: String,
-        /// A budget that fits, formatted.
+        /// A budget that fits, formatted, and what else may help ("... or more, or a larger
+        /// mesh", and a longer time limit when the peak is not `proven`).
         suggest: String,
         /// What dominates the peak (", dominated by ...").
         dominant: String,
         /// The smallest reachable peak in bytes.
         min_peak_bytes: u64,
+        /// Whether the peak is the least any plan reaches (else the least of the plans the
+        /// solver found before its time limit).
+        proven: bool,
     },
     /// A plan cannot be read, or breaks its invariants ([`crate::Plan::validate`]).
     #[error(transparent)]

@@ -219,7 +219,9 @@ fn map_solution(from: &Built, to: &Built, sol: &[usize]) -> Option<Vec<usize>> {
         .collect()
 }
 
-fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
+/// The "no plan fits" error. `searched` is `Some(the least peak any plan could reach)` when
+/// `min_peak` is the least of the plans found in the time limit rather than that minimum.
+fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128, searched: Option<u64>) -> Error {
     let resident: u64 = b
         .nodes
         .iter()
@@ -248,12 +250,22 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128) -> Error {
         )
     };
     let suggest = peak + peak / 100 + 1;
+    let hint = searched
+        .map(|floor| {
+            format!(
+                "; the solver's time limit ended its search before a proof (the layouts alone go down to {} before \
+                 recomputation): a longer --time-limit may find a plan that fits",
+                fmt_bytes(floor)
+            )
+        })
+        .unwrap_or_default();
     Error::Infeasible {
         budget: fmt_bytes(budget),
         min_peak: fmt_bytes(peak),
-        suggest: fmt_bytes(suggest),
+        suggest: format!("{} or more, or a larger mesh{hint}", fmt_bytes(suggest)),
         dominant,
         min_peak_bytes: peak,
+        proven: searched.is_none(),
     }
 }
 
@@ -477,8 +489,11 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
     // (stage two) starts afresh with the whole limit.
     let mut deadline = t0 + opts.time_limit;
     let mut skipped: Vec<String> = vec![];
+    // Whether the last round's own solve ended at its time limit without a proof.
+    let mut cut;
     loop {
         rounds += 1;
+        cut = false;
         if rounds > 1 {
             deadline = Instant::now() + opts.time_limit;
         }
@@ -575,6 +590,7 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
                 }
             }
             if own {
+                cut = solved.status == SolveStatus::Feasible;
                 first = Some(solved);
             }
         }
@@ -616,7 +632,7 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
         solver_budget = next;
     }
     let min_peak = smallest.map_or(floor, |(s, _)| s);
-    Err(infeasible(&main, &g, budget, min_peak as u128))
+    Err(infeasible(&main, &g, budget, min_peak as u128, cut.then_some(floor)))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -182,10 +182,26 @@ fn is_resident(op: &Op) -> bool {
     matches!(op, Op::Param { .. } | Op::State { .. })
 }
 
-/// Whether a baseline allows strategy `s` at node `n`: inputs split over the data axes;
-/// parameters and optimizer state replicated over the `dp` axes, sharded over all `zero` axes
-/// (or replicated over them: small tensors), free over the `tp` axes, never partial.
-fn allowed(g: &Graph, n: NodeIndex, s: &Strategy, b: Baseline, mesh: &DeviceMesh) -> bool {
+/// Whether a baseline allows strategy `s` at node `n` (`part`: which nodes depend on the batch
+/// and which form the update part, [`crate::microbatch::update_part`]):
+/// - inputs split over the data axes (`dp`, `zero`);
+/// - parameters and optimizer state replicated over the `dp` axes, sharded over all `zero` axes
+///   (or replicated over them: small tensors), free over the `tp` axes, never partial;
+/// - the forward and backward keep the data axes what data parallelism makes them: a value that
+///   depends on the batch is split over them along its first (batch) dimension or partial over
+///   them (a weight's gradient, before its reduction), nothing else; one that does not (a
+///   parameter's 16-bit copy) is whole on every `dp` axis. The update part is free (the
+///   gradients' reductions and ZeRO's shards are there). Without `strict`, only the first two
+///   (for a node with no strategy that keeps the batch first).
+fn allowed(
+    g: &Graph,
+    n: NodeIndex,
+    s: &Strategy,
+    b: Baseline,
+    mesh: &DeviceMesh,
+    part: &(Vec<bool>, Vec<bool>),
+    strict: bool,
+) -> bool {
     let node = g.node(n);
     let out = &s.outputs[0];
     let Some(r) = roles(mesh, b) else { return true };
@@ -211,7 +227,19 @@ fn allowed(g: &Graph, n: NodeIndex, s: &Strategy, b: Baseline, mesh: &DeviceMesh
                 .all(|a| replicated_on(&a))
                 && (zero.iter().all(|a| used.contains(a)) || zero.iter().all(replicated_on))
         }
-        _ => true,
+        _ if part.1[n.index()] || !strict => true,
+        _ => {
+            let real = |a: usize| mesh.shape()[a] > 1;
+            let specs = || s.inputs.iter().chain(&s.outputs);
+            if part.0[n.index()] {
+                let data: Vec<usize> =
+                    (0..mesh.ndim()).filter(|&a| real(a) && matches!(r[a], AxisRole::Dp | AxisRole::Zero)).collect();
+                specs().all(|x| x.dims().iter().skip(1).all(|d| d.iter().all(|a| !data.contains(a))))
+            } else {
+                let dp: Vec<usize> = (0..mesh.ndim()).filter(|&a| real(a) && r[a] == AxisRole::Dp).collect();
+                specs().all(|x| x.used_axes().iter().all(|a| !dp.contains(a)))
+            }
+        }
     }
 }
 
@@ -232,9 +260,18 @@ impl Built {
     /// The sub-problem with only the strategies `baseline` allows (replication where none is).
     pub fn restrict(&self, g: &Graph, mesh: &DeviceMesh, baseline: Baseline) -> Result<Built> {
         let mut keep: Vec<Vec<usize>> = Vec::with_capacity(self.nodes.len());
+        let part = crate::microbatch::update_part(g);
         for (i, &n) in self.nodes.iter().enumerate() {
             let st = &self.strategies[i];
-            let mut k: Vec<usize> = (0..st.len()).filter(|&j| allowed(g, n, &st[j], baseline, mesh)).collect();
+            let pick = |strict: bool| -> Vec<usize> {
+                (0..st.len()).filter(|&j| allowed(g, n, &st[j], baseline, mesh, &part, strict)).collect()
+            };
+            // A value whose batch is not its first dimension (a sequence-first layout) keeps
+            // what the layout pins of its inputs and parameters only.
+            let mut k = pick(true);
+            if k.is_empty() {
+                k = pick(false);
+            }
             if k.is_empty() {
                 k = (0..st.len())
                     .filter(|&j| st[j].inputs.iter().chain(&st[j].outputs).all(|x| x.is_replicated()))
