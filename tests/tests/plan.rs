@@ -224,7 +224,8 @@ fn check_html(html: &str) -> Result<()> {
         let end = rest.find('>').context("unclosed tag")?;
         let tag = &rest[..end];
         rest = &rest[end + 1..];
-        if tag.starts_with('!') {
+        // Comments, doctype and self-closing elements (SVG's `<line .../>`) open nothing.
+        if tag.starts_with('!') || tag.ends_with('/') {
             continue;
         }
         let name: String = tag.trim_start_matches('/').chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
