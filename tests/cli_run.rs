@@ -367,6 +367,11 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
     assert_eq!(p["name"], "measured-threads");
     assert!(p["f32_flops"].as_f64().unwrap() > 1e8 && p["memory_bandwidth"].as_f64().unwrap() > 1e8, "{p}");
+    // The executor's cost per instruction and a convolution's rate, which the plan prices with.
+    let per_op = p["op_seconds"].as_f64().unwrap();
+    assert!(per_op > 1e-9 && per_op < 1e-3, "{p}");
+    assert!(p["conv_flops"].as_f64().unwrap() > 1e8, "{p}");
+    assert!(out.contains("us per instruction"), "{out}");
     let links = p["mesh_axes"]["links"].as_array().unwrap().clone();
     assert_eq!(links.len(), 2);
     assert_eq!(p["mesh_axes"]["shape"], serde_json::json!([2, 2]));

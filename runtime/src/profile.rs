@@ -251,11 +251,15 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
 }
 
 /// Measured GEMM throughput of one thread in f32 and on bf16 storage (FLOP/s, best of a few
-/// 512^3 products) and copy bandwidth (bytes/s, best of a few 64 MiB copies).
-pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, kernels::Error> {
+/// 512^3 products), copy bandwidth (bytes/s, best of a few 64 MiB copies), a convolution's
+/// throughput ([`conv_flops`]) and the executor's cost per instruction ([`op_seconds`]).
+pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, crate::RunError> {
     let n = 512;
     let a = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect());
     let b = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect());
+    let kernel = |op: &'static str| {
+        move |e: kernels::Error| crate::RunError::Kernel { node: "profile".into(), op, message: e.to_string() }
+    };
     let gemm = |a: &Tensor, b: &Tensor| -> Result<f64, kernels::Error> {
         let mut best = f64::MAX;
         for _ in 0..4 {
@@ -265,9 +269,10 @@ pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, kernels::Er
         }
         Ok(2.0 * (n * n * n) as f64 / best)
     };
-    let f32_flops = gemm(&a, &b)?;
+    let f32_flops = gemm(&a, &b).map_err(kernel("matmul"))?;
     // The same product on bf16 storage: what a mixed-precision plan's matmuls run at here.
-    let bf16_flops = gemm(&a.clone().with_float_type(ir::DType::BF16), &b.clone().with_float_type(ir::DType::BF16))?;
+    let bf16_flops = gemm(&a.clone().with_float_type(ir::DType::BF16), &b.clone().with_float_type(ir::DType::BF16))
+        .map_err(kernel("matmul"))?;
     let len = 16 << 20; // 16 Mi f32 = 64 MiB
     let src = vec![1.0f32; len];
     let mut dst = vec![0.0f32; len];
@@ -278,7 +283,58 @@ pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, kernels::Er
         std::hint::black_box(&mut dst);
         best = best.min(t0.elapsed().as_secs_f64());
     }
-    Ok(DeviceRates { f32_flops, bf16_flops, memory_bandwidth: (len * 4) as f64 / best })
+    Ok(DeviceRates {
+        f32_flops,
+        bf16_flops,
+        memory_bandwidth: (len * 4) as f64 / best,
+        conv_flops: conv_flops(ctx).map_err(kernel("conv"))?,
+        op_seconds: op_seconds(ctx)?,
+    })
+}
+
+/// FLOP/s of a 3x3 convolution of 64 to 64 channels on 8 images of 28x28 (a ResNet stage's
+/// shape), best of a few, with the FLOPs the planner counts ([`ir::Op::flops`]).
+pub fn conv_flops(ctx: &kernels::cpu::CpuContext) -> Result<f64, kernels::Error> {
+    let op = ir::Op::Conv(ir::ConvAttrs { strides: [1, 1], pads: [1, 1, 1, 1], dilations: [1, 1], group: 1 });
+    let (n, c, hw) = (8, 64, 28);
+    let x = Tensor::f32(vec![n, c, hw, hw], (0..n * c * hw * hw).map(|i| (i % 7) as f32 * 0.1).collect());
+    let w = Tensor::f32(vec![c, c, 3, 3], (0..c * c * 9).map(|i| (i % 5) as f32 * 0.1).collect());
+    let metas =
+        [ir::TensorMeta::new(ir::DType::F32, [n, c, hw, hw]), ir::TensorMeta::new(ir::DType::F32, [c, c, 3, 3])];
+    let flops = op.flops(&metas, &[ir::TensorMeta::new(ir::DType::F32, [n, c, hw, hw])]) as f64;
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let t0 = Instant::now();
+        let _ = kernels::cpu::eval(ctx, &op, &[&x, &w])?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(flops / best)
+}
+
+/// Seconds the executor spends on an instruction beyond its kernel's arithmetic: a chain of
+/// 256 additions of 16-element tensors run by the single-device interpreter (the executor every
+/// back end shares: dispatch, output allocation, frees), best of 20 runs, per addition.
+pub fn op_seconds(ctx: &kernels::cpu::CpuContext) -> Result<f64, crate::RunError> {
+    const CHAIN: usize = 256;
+    let mut g = ir::Graph::new("op-overhead");
+    let meta = ir::TensorMeta::new(ir::DType::F32, [16]);
+    let x = g.input("x", meta);
+    let mut v = x;
+    for i in 0..CHAIN {
+        v = g
+            .add1(&format!("add{i}"), ir::Op::Binary(ir::BinaryOp::Add), &[v, x])
+            .map_err(|e| crate::RunError::Kernel { node: format!("add{i}"), op: "add", message: e.to_string() })?;
+    }
+    g.set_output("y", v);
+    let interp = crate::Interpreter::new(&g)?;
+    let feeds = std::collections::BTreeMap::from([("x".to_string(), Tensor::f32(vec![16], vec![0.5; 16]))]);
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let _ = interp.run(ctx, &feeds)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best / CHAIN as f64)
 }
 
 /// What [`device`] measured.
@@ -290,6 +346,10 @@ pub struct DeviceRates {
     pub bf16_flops: f64,
     /// Bytes per second of a large copy.
     pub memory_bandwidth: f64,
+    /// FLOP/s of a convolution ([`conv_flops`]).
+    pub conv_flops: f64,
+    /// Seconds per instruction beyond its arithmetic ([`op_seconds`]).
+    pub op_seconds: f64,
 }
 
 #[cfg(test)]

@@ -118,6 +118,15 @@ pub struct DeviceProfile {
     pub intra_node: Link,
     /// Link between machines.
     pub inter_node: Link,
+    /// Seconds every op instruction costs beyond its roofline time (dispatch, output
+    /// allocation, bookkeeping of the executor), measured by `autopar profile`; 0 in the
+    /// built-in profiles (and in profile files written before it was measured).
+    #[serde(default)]
+    pub op_seconds: f64,
+    /// FLOP/s of convolutions (and their gradients) when measured (`autopar profile`); the
+    /// matrix-product rate otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_flops: Option<f64>,
     /// Where the figures come from.
     pub source: String,
     /// Links measured per axis of one mesh (`autopar profile --mesh`): a mesh of exactly this
@@ -161,6 +170,8 @@ impl DeviceProfile {
                 devices_per_node: 64,
                 intra_node: Link::new(5e-6, 10.0 * GB),
                 inter_node: Link::new(20e-6, 12.5 * GB),
+                op_seconds: 0.0,
+                conv_flops: None,
                 source: "measured on the development host (see BENCHMARKS.md); inter-node: 100 Gb/s Ethernet".into(),
                 mesh_axes: None,
             }),
@@ -178,6 +189,8 @@ impl DeviceProfile {
                 devices_per_node: 8,
                 intra_node: Link::new(10e-6, 300.0 * GB),
                 inter_node: Link::new(20e-6, 25.0 * GB),
+                op_seconds: 0.0,
+                conv_flops: None,
                 source: "NVIDIA A100 datasheet (SXM 80GB); DGX A100 networking".into(),
                 mesh_axes: None,
             }),
@@ -195,6 +208,8 @@ impl DeviceProfile {
                 devices_per_node: 8,
                 intra_node: Link::new(10e-6, 450.0 * GB),
                 inter_node: Link::new(20e-6, 50.0 * GB),
+                op_seconds: 0.0,
+                conv_flops: None,
                 source: "NVIDIA H100 datasheet (SXM); DGX H100 networking".into(),
                 mesh_axes: None,
             }),
@@ -210,6 +225,8 @@ impl DeviceProfile {
                 devices_per_node: 8,
                 intra_node: Link::new(10e-6, 450.0 * GB),
                 inter_node: Link::new(20e-6, 50.0 * GB),
+                op_seconds: 0.0,
+                conv_flops: None,
                 source: "NVIDIA H200 datasheet (SXM); DGX H200 networking".into(),
                 mesh_axes: None,
             }),
@@ -243,6 +260,12 @@ impl DeviceProfile {
         pos(self.f32_flops_exact, "f32_flops_exact")?;
         pos(self.bf16_flops, "bf16_flops")?;
         pos(self.memory_bandwidth, "memory_bandwidth")?;
+        if !(self.op_seconds.is_finite() && (0.0..1.0).contains(&self.op_seconds)) {
+            return Err(format!("op_seconds must be from 0 to 1 s, got {}", self.op_seconds));
+        }
+        if let Some(c) = self.conv_flops {
+            pos(c, "conv_flops")?;
+        }
         for (l, what) in [(&self.intra_node, "intra_node"), (&self.inter_node, "inter_node")] {
             l.validate().map_err(|why| format!("{what}: {why}"))?;
         }
@@ -260,15 +283,29 @@ impl DeviceProfile {
         Ok(())
     }
 
-    /// Seconds to run `flops` floating-point operations touching `bytes` of memory (roofline).
+    /// Seconds to run `flops` floating-point operations touching `bytes` of memory (roofline),
+    /// plus the fixed cost of an instruction ([`DeviceProfile::op_seconds`]).
     pub fn compute_seconds(&self, flops: f64, bytes: f64) -> f64 {
-        (flops / self.f32_flops).max(bytes / self.memory_bandwidth)
+        self.op_seconds + (flops / self.f32_flops).max(bytes / self.memory_bandwidth)
     }
     /// [`DeviceProfile::compute_seconds`] for an op computing in `dtype`: 16-bit floats at
     /// [`DeviceProfile::bf16_flops`].
     pub fn compute_seconds_in(&self, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
         let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
-        (flops / rate).max(bytes / self.memory_bandwidth)
+        self.op_seconds + (flops / rate).max(bytes / self.memory_bandwidth)
+    }
+
+    /// [`DeviceProfile::compute_seconds_in`] for `op`: convolutions at
+    /// [`DeviceProfile::conv_flops`] when measured (scaled by the 16-bit speed-up).
+    pub fn op_compute_seconds(&self, op: &ir::Op, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
+        let conv = matches!(op, ir::Op::Conv(_) | ir::Op::ConvInputGrad { .. } | ir::Op::ConvWeightGrad { .. });
+        match self.conv_flops {
+            Some(c) if conv => {
+                let rate = if dtype.is_half() { c * self.bf16_flops / self.f32_flops } else { c };
+                self.op_seconds + (flops / rate).max(bytes / self.memory_bandwidth)
+            }
+            _ => self.compute_seconds_in(dtype, flops, bytes),
+        }
     }
 }
 

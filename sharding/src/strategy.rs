@@ -492,7 +492,8 @@ fn build(
         outputs,
         local,
         collectives,
-        compute_seconds: profile.compute_seconds_in(
+        compute_seconds: profile.op_compute_seconds(
+            op,
             ins.iter().map(|m| m.dtype).find(|d| d.is_float()).unwrap_or(ir::DType::F32),
             flops,
             bytes as f64,

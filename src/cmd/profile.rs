@@ -145,6 +145,8 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         devices_per_node: mesh.size(),
         intra_node: inner,
         inter_node: outer,
+        op_seconds: rates.op_seconds,
+        conv_flops: Some(rates.conv_flops),
         source: format!(
             "autopar profile --backend {backend} on {host}, mesh {mesh}: fitted to {} collectives",
             samples.len()
@@ -159,10 +161,13 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     if !a.json {
         writeln!(
             out,
-            "device    f32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s",
+            "device    f32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s, \
+             convolution {:.1} GFLOP/s, {:.2} us per instruction",
             flops / 1e9,
             rates.bf16_flops / 1e9,
-            bandwidth / 1e9
+            bandwidth / 1e9,
+            rates.conv_flops / 1e9,
+            rates.op_seconds * 1e6
         )?;
         for (axis, l) in links.iter().enumerate() {
             if let Some(l) = l {
