@@ -186,13 +186,36 @@ pub fn memory_chart(p: &Plan, measured: Option<&Measured>) -> LineChart {
             .into_iter()
             .map(|(name, b, dashed)| Series {
                 name,
-                points: b.iter().enumerate().map(|(i, &x)| (i as f64, x as f64 / size)).collect(),
+                points: envelope(b).into_iter().map(|(i, x)| (i as f64, x as f64 / size)).collect(),
                 dots: false,
                 dashed,
             })
             .collect(),
         references: vec![(p.estimate.peak_bytes_per_rank as f64 / size, "estimated peak".into())],
     }
+}
+
+/// Most points a memory line keeps: a long program (many stages and microbatches) is drawn by
+/// each bucket's lowest and highest value, in order, so the page stays small and every peak shows.
+const MAX_POINTS: usize = 4000;
+
+/// `bytes` by instruction index, reduced to [`MAX_POINTS`] (see there).
+fn envelope(bytes: &[u64]) -> Vec<(usize, u64)> {
+    if bytes.len() <= MAX_POINTS {
+        return bytes.iter().copied().enumerate().collect();
+    }
+    let bucket = bytes.len().div_ceil(MAX_POINTS / 2);
+    let mut out = Vec::with_capacity(MAX_POINTS);
+    for (k, chunk) in bytes.chunks(bucket).enumerate() {
+        let at = |j: usize| (k * bucket + j, chunk[j]);
+        let lo = (0..chunk.len()).min_by_key(|&j| chunk[j]).unwrap_or(0);
+        let hi = (0..chunk.len()).max_by_key(|&j| chunk[j]).unwrap_or(0);
+        out.push(at(lo.min(hi)));
+        if lo != hi {
+            out.push(at(lo.max(hi)));
+        }
+    }
+    out
 }
 
 /// Fills of blocks (by block index); a replicated tensor is grey, as in the page's tables.
@@ -522,6 +545,19 @@ mod tests {
     use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
     use ir::{DType, Graph, TensorMeta};
     use sharding::{DeviceMesh, DeviceProfile};
+
+    /// A long memory line keeps at most MAX_POINTS points, in order, with its lowest and highest.
+    #[test]
+    fn long_memory_lines_keep_their_extremes() {
+        let bytes: Vec<u64> =
+            (0..100_000u64).map(|i| (i * 7919) % 1000 + if i == 54_321 { 10_000 } else { 0 }).collect();
+        let e = envelope(&bytes);
+        assert!(e.len() <= MAX_POINTS && e.len() > MAX_POINTS / 2, "{}", e.len());
+        assert!(e.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(e.contains(&(54_321, bytes[54_321])));
+        assert_eq!(e.iter().map(|x| x.1).min(), bytes.iter().copied().min());
+        assert_eq!(envelope(&bytes[..10]).len(), 10);
+    }
 
     /// A two-layer MLP's training step planned on `shape`, in `stages` pipeline stages.
     fn planned(shape: &[usize], baseline: Baseline, stages: usize) -> Plan {

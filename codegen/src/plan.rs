@@ -226,7 +226,7 @@ fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128, searched: Optio
         .nodes
         .iter()
         .enumerate()
-        .filter(|(i, _)| b.problem.nodes[*i].interval.0 == 0 && b.problem.nodes[*i].interval.1 == b.nodes.len() as u64)
+        .filter(|(_, n)| matches!(g.node(**n).op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)))
         .map(|(i, _)| b.problem.nodes[i].usages.iter().copied().min().unwrap_or(0))
         .sum();
     let peak = min_peak.min(u64::MAX as u128) as u64;

@@ -266,8 +266,10 @@ impl Built {
             let pick = |strict: bool| -> Vec<usize> {
                 (0..st.len()).filter(|&j| allowed(g, n, &st[j], baseline, mesh, &part, strict)).collect()
             };
-            // A value whose batch is not its first dimension (a sequence-first layout) keeps
-            // what the layout pins of its inputs and parameters only.
+            // The strict rule always keeps the replicated strategy, so a value whose batch is
+            // not its first dimension (a sequence-first layout) is held whole on the data axes
+            // under a manual layout (a worse baseline, never a wrong plan; `auto` is free). The
+            // relaxed rule is for a node with no replicated strategy at all.
             let mut k = pick(true);
             if k.is_empty() {
                 k = pick(false);

@@ -297,7 +297,12 @@ impl DeviceProfile {
 
     /// [`DeviceProfile::compute_seconds_in`] for `op`: convolutions at
     /// [`DeviceProfile::conv_flops`] when measured (scaled by the 16-bit speed-up).
+    /// Sources (parameters, inputs, constants) are looked up, not run: no fixed cost.
     pub fn op_compute_seconds(&self, op: &ir::Op, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
+        if op.is_source() {
+            let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
+            return (flops / rate).max(bytes / self.memory_bandwidth);
+        }
         let conv = matches!(op, ir::Op::Conv(_) | ir::Op::ConvInputGrad { .. } | ir::Op::ConvWeightGrad { .. });
         match self.conv_flops {
             Some(c) if conv => {
