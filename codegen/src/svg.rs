@@ -48,6 +48,25 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
+/// An `<svg>` element's opening of height `h` (width [`W`]): white ground and the title.
+fn open(h: f64, title: &str) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
+         font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"{}\">",
+        esc(title)
+    );
+    let _ = writeln!(o, "<rect width=\"{W}\" height=\"{h}\" fill=\"white\"/>");
+    let _ = writeln!(
+        o,
+        "<text x=\"{:.1}\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
+        W / 2.0,
+        esc(title)
+    );
+    o
+}
+
 /// About five round tick values covering `lo..=hi`.
 pub fn ticks(lo: f64, hi: f64) -> Vec<f64> {
     if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
@@ -82,20 +101,7 @@ impl LineChart {
         // Beyond ±1e300 a range overflows: such points are left out as non-finite ones are.
         let finite = |p: &&(f64, f64)| p.0.abs() < 1e300 && p.1.abs() < 1e300;
         let pts: Vec<(f64, f64)> = self.series.iter().flat_map(|s| s.points.iter().filter(finite).copied()).collect();
-        let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" \
-             font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"{}\">",
-            esc(&self.title)
-        );
-        let _ = writeln!(o, "<rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>");
-        let _ = writeln!(
-            o,
-            "<text x=\"{:.1}\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
-            W / 2.0,
-            esc(&self.title)
-        );
+        let mut o = open(H, &self.title);
         if pts.is_empty() {
             let _ = writeln!(
                 o,
@@ -254,20 +260,7 @@ impl BarChart {
         // The legend has a line of its own under the title.
         let top = TOP + 14.0;
         let h = top + ph + BOTTOM;
-        let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
-             font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"{}\">",
-            esc(&self.title)
-        );
-        let _ = writeln!(o, "<rect width=\"{W}\" height=\"{h}\" fill=\"white\"/>");
-        let _ = writeln!(
-            o,
-            "<text x=\"{:.1}\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
-            W / 2.0,
-            esc(&self.title)
-        );
+        let mut o = open(h, &self.title);
         if max <= 0.0 {
             let _ = writeln!(
                 o,
