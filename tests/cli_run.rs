@@ -372,6 +372,12 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     assert!(per_op > 1e-9 && per_op < 1e-3, "{p}");
     assert!(p["conv_flops"].as_f64().unwrap() > 1e8, "{p}");
     assert!(out.contains("us per instruction"), "{out}");
+    // Every op family of the generated calibration steps is fitted, products among them.
+    assert!(out.contains("op families fitted on timed training steps"), "{out}");
+    for family in ["matmul", "conv", "conv/grouped", "transpose", "sgd_update"] {
+        let c = &p["op_costs"][family];
+        assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");
+    }
     let links = p["mesh_axes"]["links"].as_array().unwrap().clone();
     assert_eq!(links.len(), 2);
     assert_eq!(p["mesh_axes"]["shape"], serde_json::json!([2, 2]));

@@ -29,6 +29,7 @@
 //! error (weight-free models can be planned, not run, until they are initialised).
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
 pub mod data;

@@ -38,6 +38,6 @@ pub mod strategy;
 pub use collective::{Collective, ReduceKind};
 pub use convert::{Conversion, LayoutConverter, Search, Step};
 pub use error::{Error, Result};
-pub use mesh::{DeviceMesh, DeviceProfile, Link, MeshAxes, MeshProfile, Segment};
+pub use mesh::{DeviceMesh, DeviceProfile, Link, MeshAxes, MeshProfile, OpCost, Segment, cost_family, op_work};
 pub use spec::{AxisState, ShardingSpec};
 pub use strategy::{Local, OpContext, Strategy, expand, strategies};

@@ -8,6 +8,7 @@
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// Latency and inverse bandwidth of one mesh axis: a message of `b` bytes (as the collective's
@@ -127,12 +128,61 @@ pub struct DeviceProfile {
     /// matrix-product rate otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conv_flops: Option<f64>,
+    /// Costs fitted per op family ([`cost_family`]) on measured training steps (`autopar
+    /// profile`); an op of a family listed here is priced by its fit alone, the others by
+    /// [`DeviceProfile::op_seconds`] plus the roofline. Empty in the built-in profiles.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub op_costs: BTreeMap<String, OpCost>,
     /// Where the figures come from.
     pub source: String,
     /// Links measured per axis of one mesh (`autopar profile --mesh`): a mesh of exactly this
     /// shape takes them instead of `intra_node` / `inter_node`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh_axes: Option<MeshAxes>,
+}
+
+/// The measured cost of one op family: `fixed + per_byte * bytes + per_flop * flops` seconds,
+/// where `bytes` are the op's inputs and outputs and `flops` its [`ir::Op::flops`] (both of the
+/// local shapes). `fixed` includes the executor's share per instruction (dispatch, the output's
+/// allocation and its free).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpCost {
+    /// Seconds per instruction.
+    pub fixed: f64,
+    /// Seconds per byte read or written.
+    pub per_byte: f64,
+    /// Seconds per floating-point operation (at f32; 16-bit ops scale it by the profile's
+    /// `f32_flops / bf16_flops`).
+    pub per_flop: f64,
+    /// How many timed instructions the fit is made of.
+    pub samples: usize,
+}
+
+impl OpCost {
+    /// The fitted seconds of an op of this family.
+    pub fn seconds(&self, bytes: f64, flops: f64) -> f64 {
+        self.fixed + self.per_byte * bytes + self.per_flop * flops
+    }
+}
+
+/// The family an op is priced by: its name ([`ir::Op::name`]), with `/grouped` for grouped
+/// convolutions and their gradients (a depthwise convolution runs one small product per
+/// channel: its time is not that of a dense one of the same FLOPs).
+pub fn cost_family(op: &ir::Op) -> String {
+    let grouped = match op {
+        ir::Op::Conv(a) | ir::Op::ConvInputGrad { attrs: a, .. } | ir::Op::ConvWeightGrad { attrs: a, .. } => {
+            a.group > 1
+        }
+        _ => false,
+    };
+    if grouped { format!("{}/grouped", op.name()) } else { op.name().to_string() }
+}
+
+/// The work the cost model prices an op by: its FLOPs ([`ir::Op::flops`]) and the bytes of its
+/// inputs and outputs, for these (local) metas.
+pub fn op_work(op: &ir::Op, ins: &[ir::TensorMeta], outs: &[ir::TensorMeta]) -> (f64, f64) {
+    let bytes: usize = ins.iter().chain(outs).map(|m| m.bytes()).sum();
+    (op.flops(ins, outs) as f64, bytes as f64)
 }
 
 /// Links measured on the axes of a mesh of one shape.
@@ -172,6 +222,7 @@ impl DeviceProfile {
                 inter_node: Link::new(20e-6, 12.5 * GB),
                 op_seconds: 0.0,
                 conv_flops: None,
+                op_costs: BTreeMap::new(),
                 source: "measured on the development host (see BENCHMARKS.md); inter-node: 100 Gb/s Ethernet".into(),
                 mesh_axes: None,
             }),
@@ -191,6 +242,7 @@ impl DeviceProfile {
                 inter_node: Link::new(20e-6, 25.0 * GB),
                 op_seconds: 0.0,
                 conv_flops: None,
+                op_costs: BTreeMap::new(),
                 source: "NVIDIA A100 datasheet (SXM 80GB); DGX A100 networking".into(),
                 mesh_axes: None,
             }),
@@ -210,6 +262,7 @@ impl DeviceProfile {
                 inter_node: Link::new(20e-6, 50.0 * GB),
                 op_seconds: 0.0,
                 conv_flops: None,
+                op_costs: BTreeMap::new(),
                 source: "NVIDIA H100 datasheet (SXM); DGX H100 networking".into(),
                 mesh_axes: None,
             }),
@@ -227,6 +280,7 @@ impl DeviceProfile {
                 inter_node: Link::new(20e-6, 50.0 * GB),
                 op_seconds: 0.0,
                 conv_flops: None,
+                op_costs: BTreeMap::new(),
                 source: "NVIDIA H200 datasheet (SXM); DGX H200 networking".into(),
                 mesh_axes: None,
             }),
@@ -266,6 +320,13 @@ impl DeviceProfile {
         if let Some(c) = self.conv_flops {
             pos(c, "conv_flops")?;
         }
+        for (family, c) in &self.op_costs {
+            if ![c.fixed, c.per_byte, c.per_flop].iter().all(|v| v.is_finite() && *v >= 0.0) || c.fixed >= 1.0 {
+                return Err(format!(
+                    "op_costs.{family}: fixed, per_byte and per_flop must be finite and >= 0 (fixed < 1 s)"
+                ));
+            }
+        }
         for (l, what) in [(&self.intra_node, "intra_node"), (&self.inter_node, "inter_node")] {
             l.validate().map_err(|why| format!("{what}: {why}"))?;
         }
@@ -295,13 +356,20 @@ impl DeviceProfile {
         self.op_seconds + (flops / rate).max(bytes / self.memory_bandwidth)
     }
 
-    /// [`DeviceProfile::compute_seconds_in`] for `op`: convolutions at
+    /// [`DeviceProfile::compute_seconds_in`] for `op`: by its family's fitted cost when the
+    /// profile has one ([`DeviceProfile::op_costs`]); else convolutions at
     /// [`DeviceProfile::conv_flops`] when measured (scaled by the 16-bit speed-up).
     /// Sources (parameters, inputs, constants) are looked up, not run: no fixed cost.
     pub fn op_compute_seconds(&self, op: &ir::Op, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
         if op.is_source() {
             let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
             return (flops / rate).max(bytes / self.memory_bandwidth);
+        }
+        if !self.op_costs.is_empty()
+            && let Some(c) = self.op_costs.get(&cost_family(op))
+        {
+            let flops = if dtype.is_half() { flops * self.f32_flops / self.bf16_flops } else { flops };
+            return c.seconds(bytes, flops);
         }
         let conv = matches!(op, ir::Op::Conv(_) | ir::Op::ConvInputGrad { .. } | ir::Op::ConvWeightGrad { .. });
         match self.conv_flops {
@@ -725,6 +793,28 @@ mod tests {
         assert_eq!(s[0], vec![0, 1, 2]);
         assert_eq!(u.symmetries(4).len(), 4);
         assert_eq!(DeviceMesh::uniform(&[2, 4]).unwrap().symmetries(100), vec![vec![0, 1]]);
+    }
+
+    /// A profile with fitted op costs prices an op of a fitted family by its fit (grouped
+    /// convolutions apart from dense ones), any other op by `op_seconds` and the roofline, and a
+    /// negative coefficient is refused.
+    #[test]
+    fn fitted_op_costs_price_their_families() {
+        let mut p = DeviceProfile::builtin("cpu").unwrap();
+        p.op_seconds = 1e-6;
+        let fit = OpCost { fixed: 2e-6, per_byte: 1e-10, per_flop: 1e-11, samples: 3 };
+        p.op_costs.insert("conv/grouped".into(), fit.clone());
+        let conv = |group| ir::Op::Conv(ir::ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group });
+        let t = p.op_compute_seconds(&conv(4), ir::DType::F32, 1e6, 1e4);
+        assert!((t - (2e-6 + 1e-6 + 1e-5)).abs() < 1e-15, "{t}");
+        let dense = p.op_compute_seconds(&conv(1), ir::DType::F32, 1e6, 1e4);
+        assert!((dense - (1e-6 + 1e6 / p.f32_flops)).abs() < 1e-15, "{dense}");
+        assert_eq!(cost_family(&conv(1)), "conv");
+        assert_eq!(p.check(), Ok(()));
+        let back: DeviceProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        p.op_costs.insert("add".into(), OpCost { per_byte: -1e-12, ..fit });
+        assert!(p.check().unwrap_err().contains("op_costs.add"));
     }
 
     #[test]

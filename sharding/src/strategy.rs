@@ -469,8 +469,7 @@ fn build(
         inputs.iter().zip(ins).map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))).collect();
     let local_outs: Vec<TensorMeta> =
         outputs.iter().zip(outs).map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))).collect();
-    let flops = op.flops(&local_ins, &local_outs) as f64;
-    let bytes: usize = local_ins.iter().chain(&local_outs).map(|m| m.bytes()).sum();
+    let (flops, bytes) = crate::mesh::op_work(op, &local_ins, &local_outs);
     let memory: usize = local_outs.iter().map(|m| m.bytes()).sum();
     let mut collectives = vec![];
     if let Local::SplitSoftmax { axes } = &local {
@@ -496,7 +495,7 @@ fn build(
             op,
             ins.iter().map(|m| m.dtype).find(|d| d.is_float()).unwrap_or(ir::DType::F32),
             flops,
-            bytes as f64,
+            bytes,
         ),
         comm_seconds: comm,
         memory_bytes: memory as u64,

@@ -128,6 +128,9 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     let ctx = kernels::cpu::CpuContext::new(1)?;
     let rates = runtime::profile::device(&ctx)?;
     let (flops, bandwidth) = (rates.f32_flops, rates.memory_bandwidth);
+    // As many copies of the calibration steps at once as the mesh has ranks on this machine.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
     let measured: Vec<Link> = links.iter().flatten().cloned().collect();
     let Some(inner) = measured.last().cloned() else {
         bail!("--mesh {mesh}: every axis has size 1; nothing to measure")
@@ -145,8 +148,9 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         devices_per_node: mesh.size(),
         intra_node: inner,
         inter_node: outer,
-        op_seconds: rates.op_seconds,
+        op_seconds: cal.op_seconds,
         conv_flops: Some(rates.conv_flops),
+        op_costs: cal.op_costs.clone(),
         source: format!(
             "autopar profile --backend {backend} on {host}, mesh {mesh}: fitted to {} collectives",
             samples.len()
@@ -162,12 +166,22 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         writeln!(
             out,
             "device    f32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s, \
-             convolution {:.1} GFLOP/s, {:.2} us per instruction",
+             convolution {:.1} GFLOP/s, {:.2} us per instruction (chain of additions)",
             flops / 1e9,
             rates.bf16_flops / 1e9,
             bandwidth / 1e9,
             rates.conv_flops / 1e9,
             rates.op_seconds * 1e6
+        )?;
+        let mut errs: Vec<f64> = cal.errors.values().copied().collect();
+        errs.sort_by(f64::total_cmp);
+        writeln!(
+            out,
+            "ops       {} op families fitted on timed training steps of generated models (median error per \
+             instruction {:.0}%); the steps priced by the fit: {}",
+            cal.op_costs.len(),
+            errs.get(errs.len() / 2).copied().unwrap_or(0.0) * 100.0,
+            cal.step_errors.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
         )?;
         for (axis, l) in links.iter().enumerate() {
             if let Some(l) = l {
@@ -207,7 +221,8 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     }
     if a.json {
         let line = serde_json::json!({"samples": rows, "max_error": worst, "one_line_max_error": one_line_error(samples), "f32_flops": flops, "bf16_flops": rates.bf16_flops,
-            "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string()});
+            "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string(),
+            "op_costs": cal.op_costs, "op_errors": cal.errors, "calibration_step_errors": cal.step_errors});
         writeln!(out, "{line}")?;
     } else {
         writeln!(

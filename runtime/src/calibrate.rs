@@ -1,0 +1,543 @@
+//! The cost of each op family, fitted to measured training steps (`autopar profile`).
+//!
+//! A datasheet roofline prices an op by its FLOPs and bytes alone. On a CPU rank running small
+//! tensors, most of an op's time is elsewhere: dispatch, allocating its output, index arithmetic
+//! of broadcasts and transposes, one small product per group of a depthwise convolution. So the
+//! profile times every instruction of a few generated training steps (a GPT-2-style and a
+//! LLaMA-style decoder and a small CNN with depthwise and dense convolutions, each at two sizes;
+//! none of them is a model the cost model is judged on) and fits, per op family
+//! ([`sharding::cost_family`]), `fixed + per_byte * bytes + per_flop * flops` with non-negative
+//! coefficients, minimising the squared error relative to each time's square root (between the
+//! absolute error, which only the largest ops would steer, and the relative one, which only the
+//! many small ones would). The time between instructions (frees, the executor's own loop) is
+//! spread over the instructions' fixed costs.
+//!
+//! Every copy runs on its own thread, as many copies at once as the mesh has ranks on this
+//! machine, so the caches and memory bandwidth are shared as in a run of the plan. Each
+//! instruction's time is the median over a few steps, and the fastest of three rounds of all
+//! the models: the estimate is of a machine not slowed by others (as every rate of the profile
+//! is a best of several trials).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use ir::autodiff::{LossSpec, Optimizer, TrainOptions};
+use ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorMeta};
+use kernels::cpu::CpuContext;
+use sharding::OpCost;
+
+use crate::RunError;
+
+/// What [`calibrate`] fitted.
+#[derive(Clone, Debug)]
+pub struct Calibration {
+    /// The fitted cost per op family.
+    pub op_costs: BTreeMap<String, OpCost>,
+    /// Seconds per instruction for a family none of the steps ran: the median fixed cost.
+    pub op_seconds: f64,
+    /// Per family, the median relative error of the fit over its instructions.
+    pub errors: BTreeMap<String, f64>,
+    /// Median relative error of the whole steps as the fit prices them, per model.
+    pub step_errors: Vec<(String, f64)>,
+}
+
+/// A timed instruction: family, seconds, bytes, FLOPs.
+type Sample = (String, f64, f64, f64);
+
+/// One calibration model: its name, training graph and feeds.
+struct Model {
+    name: String,
+    tg: ir::autodiff::TrainingGraph,
+    params: BTreeMap<String, Tensor>,
+    feeds: BTreeMap<String, Tensor>,
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> RunError {
+    RunError::Kernel { node: format!("calibration {what}"), op: "profile", message: e.to_string() }
+}
+
+/// Deterministic small values in [-0.05, 0.05) (a hash of the index).
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (i.wrapping_add(seed.wrapping_mul(7919))).wrapping_mul(2_654_435_761) % 1000;
+            (h as f32 / 1000.0 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+fn ids(batch: usize, seq: usize, vocab: usize) -> Tensor {
+    Tensor::i64(vec![batch, seq], (0..batch * seq).map(|i| ((i * 37 + 11) % vocab) as i64).collect())
+}
+
+fn training(name: &str, mut g: Graph, loss: &str, feeds: BTreeMap<String, Tensor>) -> Result<Model, RunError> {
+    let loss: LossSpec = loss.parse().map_err(|e| fail(name, e))?;
+    let opt = Optimizer::Sgd { lr: 1e-4, momentum: 0.0, weight_decay: 0.0 };
+    let mut params = std::mem::take(&mut g.param_data);
+    for (k, &p) in g.params.iter().enumerate() {
+        if let Op::Param { name } = &g.node(p).op
+            && !params.contains_key(name)
+        {
+            let meta = &g.node(p).outputs[0];
+            let t = if meta.dtype == DType::F32 {
+                Tensor::f32(meta.shape.clone(), values(meta.numel(), k))
+            } else {
+                Tensor::zeros(meta)
+            };
+            params.insert(name.clone(), t);
+        }
+    }
+    let tg = ir::autodiff::training_graph(&g, &TrainOptions::new(loss, Some(opt))).map_err(|e| fail(name, e))?;
+    Ok(Model { name: name.to_string(), tg, params, feeds })
+}
+
+fn import(name: &str, bytes: Result<Vec<u8>, String>) -> Result<Graph, RunError> {
+    let bytes = bytes.map_err(|e| fail(name, e))?;
+    tracer::import_bytes(&bytes, name, name, None, &tracer::ImportOptions::default()).map_err(|e| fail(name, e))
+}
+
+fn gpt(layers: usize, hidden: usize, seq: usize, vocab: usize, batch: usize) -> Result<Model, RunError> {
+    let c = tracer::generate::GptConfig { layers, hidden, heads: 4, seq, vocab, batch };
+    let name = format!("gpt h{hidden} s{seq} b{batch}");
+    let g = import(&name, tracer::generate::gpt(&c))?;
+    training(&name, g, "ce-next:logits:input_ids", BTreeMap::from([("input_ids".into(), ids(batch, seq, vocab))]))
+}
+
+fn llama(hidden: usize, seq: usize, vocab: usize, batch: usize) -> Result<Model, RunError> {
+    let c =
+        tracer::generate::LlamaConfig { layers: 2, hidden, heads: 4, kv_heads: 2, ffn: 2 * hidden, seq, vocab, batch };
+    let name = format!("llama h{hidden} s{seq} b{batch}");
+    let g = import(&name, tracer::generate::llama(&c))?;
+    let pos = Tensor::i64(vec![batch, seq], (0..batch * seq).map(|i| (i % seq) as i64).collect());
+    let feeds = BTreeMap::from([("input_ids".into(), ids(batch, seq, vocab)), ("position_ids".into(), pos)]);
+    training(&name, g, "ce-next:logits:input_ids", feeds)
+}
+
+/// Builds a calibration graph with deterministic parameters.
+struct Builder {
+    g: Graph,
+    seed: usize,
+    k: usize,
+}
+
+impl Builder {
+    fn param(&mut self, shape: Vec<usize>) -> ir::Value {
+        self.seed += 1;
+        let numel = shape.iter().product();
+        let t = Tensor::f32(shape.clone(), values(numel, self.seed));
+        self.g.param(&format!("p{}", self.seed), TensorMeta::new(DType::F32, shape), Some(t))
+    }
+    fn op(&mut self, op: Op, ins: &[ir::Value]) -> Result<ir::Value, RunError> {
+        self.k += 1;
+        let name = format!("{}{}", op.name(), self.k);
+        self.g.add_op(&name, op, ins).map(|v| v[0]).map_err(|e| fail(&name, e))
+    }
+    fn unary(&mut self, u: ir::UnaryOp, x: ir::Value) -> Result<ir::Value, RunError> {
+        self.op(Op::Unary(u), &[x])
+    }
+    fn bin(&mut self, b: ir::BinaryOp, x: ir::Value, y: ir::Value) -> Result<ir::Value, RunError> {
+        self.op(Op::Binary(b), &[x, y])
+    }
+    fn scalar(&mut self, v: f32) -> ir::Value {
+        self.k += 1;
+        self.g.constant(&format!("c{}", self.k), Tensor::scalar_f32(v))
+    }
+    fn conv(&mut self, x: ir::Value, out: usize, k: usize, stride: usize, group: usize) -> Result<ir::Value, RunError> {
+        let c = self.g.meta(x).shape[1];
+        let w = self.param(vec![out, c / group, k, k]);
+        let attrs = ConvAttrs { strides: [stride, stride], pads: [k / 2; 4], dilations: [1, 1], group };
+        self.op(Op::Conv(attrs), &[x, w])
+    }
+    fn bn(&mut self, x: ir::Value) -> Result<ir::Value, RunError> {
+        let c = self.g.meta(x).shape[1];
+        let (scale, bias) = (self.param(vec![c]), self.param(vec![c]));
+        self.op(Op::BatchNormTrain { epsilon: 1e-5 }, &[x, scale, bias])
+    }
+    /// GELU as exports spell it: x * 0.5 * (1 + erf(x / sqrt 2)).
+    fn gelu(&mut self, x: ir::Value) -> Result<ir::Value, RunError> {
+        let r = self.scalar(std::f32::consts::FRAC_1_SQRT_2);
+        let (half, one) = (self.scalar(0.5), self.scalar(1.0));
+        let t = self.bin(ir::BinaryOp::Mul, x, r)?;
+        let t = self.unary(ir::UnaryOp::Erf, t)?;
+        let t = self.bin(ir::BinaryOp::Add, t, one)?;
+        let t = self.bin(ir::BinaryOp::Mul, t, half)?;
+        self.bin(ir::BinaryOp::Mul, x, t)
+    }
+}
+
+/// A small CNN with the blocks of today's vision models: a strided 7x7 stem with batch norm
+/// and max pooling (ResNet), a bottleneck (1x1, 3x3, 1x1), an inverted residual with a
+/// depthwise convolution, hard-swish and squeeze-excitation (MobileNetV3), a ConvNeXt block
+/// (depthwise 7x7, channels-last layer norm, GELU MLP) and a linear classifier.
+fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
+    use ir::BinaryOp::{Add, Mul};
+    use ir::UnaryOp::{HardSigmoid, HardSwish, Relu};
+    let name = format!("cnn c{c} {size}x{size} b{batch}");
+    let mut b = Builder { g: Graph::new(&name), seed: 0, k: 0 };
+    let x = b.g.input("x", TensorMeta::new(DType::F32, [batch, 3, size, size]));
+    b.g.input("labels", TensorMeta::new(DType::I64, [batch]));
+    let h = b.conv(x, c, 7, 2, 1)?;
+    let h = b.bn(h)?;
+    let h = b.unary(Relu, h)?;
+    let pool = ir::PoolAttrs {
+        kernel: [3, 3],
+        strides: [2, 2],
+        pads: [1; 4],
+        dilations: [1, 1],
+        ceil_mode: false,
+        count_include_pad: false,
+    };
+    let mut h = b.op(Op::MaxPool(pool), &[h])?;
+    // Bottleneck.
+    let y = b.conv(h, c / 2, 1, 1, 1)?;
+    let y = b.bn(y)?;
+    let y = b.unary(Relu, y)?;
+    let y = b.conv(y, c / 2, 3, 1, 1)?;
+    let y = b.bn(y)?;
+    let y = b.unary(Relu, y)?;
+    let y = b.conv(y, c, 1, 1, 1)?;
+    let y = b.bn(y)?;
+    h = b.bin(Add, h, y)?;
+    h = b.unary(Relu, h)?;
+    // Inverted residuals with depthwise 3x3 and 5x5 convolutions.
+    for k in [3, 5] {
+        let y = b.conv(h, 2 * c, 1, 1, 1)?;
+        let y = b.bn(y)?;
+        let y = b.unary(HardSwish, y)?;
+        let y = b.conv(y, 2 * c, k, 1, 2 * c)?;
+        let y = b.bn(y)?;
+        let s = b.op(Op::GlobalAveragePool, &[y])?;
+        let s = b.conv(s, c / 2, 1, 1, 1)?;
+        let s = b.unary(Relu, s)?;
+        let s = b.conv(s, 2 * c, 1, 1, 1)?;
+        let s = b.unary(HardSigmoid { alpha: 1.0 / 6.0, beta: 0.5 }, s)?;
+        let y = b.bin(Mul, y, s)?;
+        let y = b.conv(y, c, 1, 1, 1)?;
+        let y = b.bn(y)?;
+        h = b.bin(Add, h, y)?;
+    }
+    // Downsample, then a ConvNeXt block.
+    let h = b.conv(h, 2 * c, 3, 2, 1)?;
+    let c = 2 * c;
+    let y = b.conv(h, c, 7, 1, c)?;
+    let y = b.op(Op::Transpose { perm: vec![0, 2, 3, 1] }, &[y])?;
+    let (scale, bias) = (b.param(vec![c]), b.param(vec![c]));
+    let y = b.op(Op::LayerNorm { axis: 3, epsilon: 1e-6 }, &[y, scale, bias])?;
+    let w1 = b.param(vec![c, 4 * c]);
+    let y = b.op(Op::MatMul, &[y, w1])?;
+    let y = b.gelu(y)?;
+    let w2 = b.param(vec![4 * c, c]);
+    let y = b.op(Op::MatMul, &[y, w2])?;
+    let y = b.op(Op::Transpose { perm: vec![0, 3, 1, 2] }, &[y])?;
+    let h = b.bin(Add, h, y)?;
+    let h = b.op(Op::GlobalAveragePool, &[h])?;
+    let h = b.op(Op::Reshape { shape: vec![batch, c] }, &[h])?;
+    let w = b.param(vec![c, 10]);
+    let h = b.op(Op::MatMul, &[h, w])?;
+    let bias = b.param(vec![10]);
+    let logits = b.bin(Add, h, bias)?;
+    b.g.set_output("logits", logits);
+    let xs = Tensor::f32(vec![batch, 3, size, size], values(batch * 3 * size * size, 99));
+    let ls = Tensor::i64(vec![batch], (0..batch as i64).map(|i| i % 10).collect());
+    training(&name, b.g, "ce:logits:labels", BTreeMap::from([("x".into(), xs), ("labels".into(), ls)]))
+}
+
+/// The elementwise ops exports are made of (activations spelled out, normalisations and masks
+/// in pieces), each on an activation `[batch, seq, width]` and broadcast against a row.
+fn elementwise(batch: usize, seq: usize, width: usize) -> Result<Model, RunError> {
+    use ir::BinaryOp::{Add, Div, Max, Min, Mul, Pow, Sub};
+    use ir::UnaryOp::*;
+    let name = format!("elementwise {batch}x{seq}x{width}");
+    let mut b = Builder { g: Graph::new(&name), seed: 0, k: 0 };
+    let x = b.g.input("x", TensorMeta::new(DType::F32, [batch, seq, width]));
+    b.g.input("target", TensorMeta::new(DType::F32, [batch, seq, width]));
+    let w = b.param(vec![width]);
+    let h = b.bin(Mul, x, w)?;
+    let one = b.scalar(1.0);
+    let sq = b.bin(Mul, h, h)?;
+    let pos = b.bin(Add, sq, one)?;
+    let mut acc = h;
+    for u in [Tanh, Sigmoid, Erf, Neg, Cos, Sin, Exp, Softplus, Abs, Relu] {
+        let y = b.unary(u, h)?;
+        acc = b.bin(Add, acc, y)?;
+    }
+    for u in [Sqrt, Log, Reciprocal] {
+        let y = b.unary(u, pos)?;
+        acc = b.bin(Add, acc, y)?;
+    }
+    let two = b.scalar(2.0);
+    let p = b.bin(Pow, h, two)?;
+    let zero = b.scalar(0.0);
+    let mx = b.bin(Max, h, zero)?;
+    let mn = b.bin(Min, h, zero)?;
+    let d = b.bin(Div, h, pos)?;
+    let v = b.param(vec![width]);
+    let s = b.bin(Sub, h, v)?;
+    for y in [p, mx, mn, d, s] {
+        acc = b.bin(Add, acc, y)?;
+    }
+    let mean = b.op(Op::Reduce { op: ir::ReduceOp::Mean, axes: vec![2], keepdims: true }, &[acc])?;
+    let c = b.bin(Sub, acc, mean)?;
+    let sum = b.op(Op::Reduce { op: ir::ReduceOp::Sum, axes: vec![2], keepdims: true }, &[c])?;
+    let c = b.bin(Add, c, sum)?;
+    let sm = b.op(Op::Softmax { axis: 2 }, &[c])?;
+    let y = b.bin(Add, c, sm)?;
+    b.g.set_output("y", y);
+    let n = batch * seq * width;
+    let feeds = BTreeMap::from([
+        ("x".into(), Tensor::f32(vec![batch, seq, width], values(n, 7))),
+        ("target".into(), Tensor::f32(vec![batch, seq, width], values(n, 8))),
+    ]);
+    training(&name, b.g, "mse:y:target", feeds)
+}
+
+fn models() -> Result<Vec<Model>, RunError> {
+    Ok(vec![
+        gpt(2, 48, 24, 160, 2)?,
+        gpt(1, 128, 64, 512, 4)?,
+        llama(48, 24, 160, 2)?,
+        llama(96, 48, 256, 2)?,
+        cnn(2, 32, 16)?,
+        cnn(4, 64, 32)?,
+        elementwise(2, 16, 32)?,
+        elementwise(4, 64, 128)?,
+    ])
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+/// Timed steps per model after the warm-up ones.
+const STEPS: usize = 8;
+const WARM_UP: usize = 2;
+/// Rounds of every model's steps; each instruction keeps its fastest round.
+const ROUNDS: usize = 3;
+
+/// What one copy measured: the samples of every model (median of each instruction over the
+/// steps), and per model the median untimed step and its instruction count.
+struct Measured {
+    samples: Vec<(usize, Sample)>,
+    steps: Vec<f64>,
+}
+
+fn measure(models: &[Model]) -> Result<Measured, RunError> {
+    let ctx = CpuContext::new(1).map_err(|e| fail("context", e))?;
+    let mut samples = vec![];
+    let mut steps = vec![];
+    for (k, m) in models.iter().enumerate() {
+        let g = &m.tg.graph;
+        let mut timed = crate::train::Trainer::new(&m.tg, &m.params)?.with_profiling(true);
+        let mut plain = crate::train::Trainer::new(&m.tg, &m.params)?;
+        let mut per_node: BTreeMap<ir::NodeIndex, Vec<f64>> = BTreeMap::new();
+        let mut walls = vec![];
+        for s in 0..WARM_UP + STEPS {
+            let rep = timed.step(&ctx, &m.feeds)?;
+            let t0 = Instant::now();
+            plain.step(&ctx, &m.feeds)?;
+            let wall = t0.elapsed().as_secs_f64();
+            if s >= WARM_UP {
+                walls.push(wall);
+                for (n, t) in rep.node_seconds {
+                    per_node.entry(n).or_default().push(t);
+                }
+            }
+        }
+        steps.push(median(&mut walls));
+        for (n, mut ts) in per_node {
+            let node = g.node(n);
+            if node.op.is_source() {
+                continue;
+            }
+            let ins: Vec<TensorMeta> = g.node_inputs(n).iter().map(|&v| g.meta(v).clone()).collect();
+            let (flops, bytes) = sharding::op_work(&node.op, &ins, &node.outputs);
+            samples.push((k, (sharding::cost_family(&node.op), median(&mut ts), bytes, flops)));
+        }
+    }
+    Ok(Measured { samples, steps })
+}
+
+/// Weighted least squares of `t ~ c . x` over the columns in `cols`, with weights `w`; `None`
+/// when singular or a coefficient is negative.
+fn solve(xs: &[[f64; 3]], ts: &[f64], w: &[f64], cols: &[usize]) -> Option<[f64; 3]> {
+    let n = cols.len();
+    let mut a = vec![vec![0.0; n + 1]; n];
+    for ((x, &t), &wi) in xs.iter().zip(ts).zip(w) {
+        for (i, &ci) in cols.iter().enumerate() {
+            for (j, &cj) in cols.iter().enumerate() {
+                a[i][j] += wi * x[ci] * x[cj];
+            }
+            a[i][n] += wi * x[ci] * t;
+        }
+    }
+    // Gauss-Jordan with partial pivoting on the n x n system.
+    for i in 0..n {
+        let p = (i..n).max_by(|&r, &s| a[r][i].abs().total_cmp(&a[s][i].abs()))?;
+        a.swap(i, p);
+        if a[i][i].abs() < 1e-300 {
+            return None;
+        }
+        let pivot = a[i].clone();
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != i {
+                let f = row[i] / pivot[i];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(i) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    let mut c = [0.0; 3];
+    for (i, &ci) in cols.iter().enumerate() {
+        c[ci] = a[i][n] / a[i][i];
+        if !c[ci].is_finite() || c[ci] < 0.0 {
+            return None;
+        }
+    }
+    Some(c)
+}
+
+/// The non-negative fit of `t = fixed + per_byte * bytes + per_flop * flops` to `(t, bytes,
+/// flops)` samples, minimising `sum (pred - t)^2 / t` (every subset of the terms is tried; the
+/// best one with no negative coefficient wins).
+pub fn fit_family(samples: &[(f64, f64, f64)]) -> OpCost {
+    // Columns scaled to at most 1 keep the normal equations well conditioned.
+    let scale = |k: usize| samples.iter().map(|s| [1.0, s.1, s.2][k]).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    let sc = [scale(0), scale(1), scale(2)];
+    let xs: Vec<[f64; 3]> = samples.iter().map(|s| [1.0 / sc[0], s.1 / sc[1], s.2 / sc[2]]).collect();
+    let ts: Vec<f64> = samples.iter().map(|s| s.0).collect();
+    let w: Vec<f64> = ts.iter().map(|t| 1.0 / t.max(1e-9)).collect();
+    let mut best: Option<([f64; 3], f64)> = None;
+    for cols in [&[0][..], &[1], &[2], &[0, 1], &[0, 2], &[1, 2], &[0, 1, 2]] {
+        let Some(c) = solve(&xs, &ts, &w, cols) else { continue };
+        let loss: f64 = xs
+            .iter()
+            .zip(&ts)
+            .zip(&w)
+            .map(|((x, t), wi)| {
+                let p: f64 = (0..3).map(|k| c[k] * x[k]).sum();
+                wi * (p - t) * (p - t)
+            })
+            .sum();
+        if best.is_none_or(|(_, l)| loss < l) {
+            best = Some((c, loss));
+        }
+    }
+    let c = best.map_or([0.0; 3], |(c, _)| c);
+    OpCost { fixed: c[0] / sc[0], per_byte: c[1] / sc[1], per_flop: c[2] / sc[2], samples: samples.len() }
+}
+
+/// Times training steps of the calibration models on `copies` threads at once (one CPU thread
+/// each) and fits every op family's cost.
+pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
+    let copies = copies.max(1);
+    let per_copy: Vec<Result<Measured, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..copies)
+            .map(|_| {
+                s.spawn(|| -> Result<Measured, RunError> {
+                    let ms = models()?;
+                    // The fastest of a few rounds: a machine shared with others has slow spells
+                    // of a second or more, which a plan's estimate should not be priced by.
+                    let mut best = measure(&ms)?;
+                    for _ in 1..ROUNDS {
+                        let m = measure(&ms)?;
+                        for (b, s) in best.samples.iter_mut().zip(m.samples) {
+                            b.1.1 = b.1.1.min(s.1.1);
+                        }
+                        for (b, s) in best.steps.iter_mut().zip(m.steps) {
+                            *b = b.min(s);
+                        }
+                    }
+                    Ok(best)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(fail("thread", "a calibration thread panicked"))))
+            .collect()
+    });
+    let per_copy: Vec<Measured> = per_copy.into_iter().collect::<Result<_, _>>()?;
+    let names: Vec<String> = models()?.into_iter().map(|m| m.name).collect();
+    let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    for m in &per_copy {
+        for (_, (f, t, b, fl)) in &m.samples {
+            by_family.entry(f.clone()).or_default().push((*t, *b, *fl));
+        }
+    }
+    let mut op_costs: BTreeMap<String, OpCost> = by_family.iter().map(|(f, s)| (f.clone(), fit_family(s))).collect();
+    // The time between timed instructions (frees, the executor's loop), per instruction.
+    let mut gaps = vec![];
+    for m in &per_copy {
+        for (k, &wall) in m.steps.iter().enumerate() {
+            let mine: Vec<&Sample> = m.samples.iter().filter(|(i, _)| *i == k).map(|(_, s)| s).collect();
+            let timed: f64 = mine.iter().map(|s| s.1).sum();
+            if !mine.is_empty() {
+                gaps.push(((wall - timed) / mine.len() as f64).max(0.0));
+            }
+        }
+    }
+    let gap = median(&mut gaps);
+    for c in op_costs.values_mut() {
+        c.fixed += gap;
+    }
+    let errors = by_family
+        .iter()
+        .map(|(f, s)| {
+            let c = &op_costs[f];
+            let mut e: Vec<f64> = s.iter().map(|&(t, b, fl)| ((c.seconds(b, fl) - gap - t) / t).abs()).collect();
+            (f.clone(), median(&mut e))
+        })
+        .collect();
+    let step_errors = names
+        .iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let mut e: Vec<f64> = per_copy
+                .iter()
+                .map(|m| {
+                    let est: f64 = m
+                        .samples
+                        .iter()
+                        .filter(|(i, _)| *i == k)
+                        .map(|(_, (f, _, b, fl))| op_costs[f].seconds(*b, *fl))
+                        .sum();
+                    (est - m.steps[k]) / m.steps[k]
+                })
+                .collect();
+            (name.clone(), median(&mut e))
+        })
+        .collect();
+    let mut fixed: Vec<f64> = op_costs.values().map(|c| c.fixed).collect();
+    let op_seconds = median(&mut fixed);
+    Ok(Calibration { op_costs, op_seconds, errors, step_errors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A family whose times are exactly linear in bytes and FLOPs is fitted back.
+    #[test]
+    fn fit_recovers_a_linear_cost() {
+        let truth = OpCost { fixed: 1e-6, per_byte: 2e-10, per_flop: 1e-11, samples: 0 };
+        let s: Vec<(f64, f64, f64)> = [(1e3, 0.0), (1e4, 1e5), (1e5, 1e4), (1e6, 1e8), (3e4, 3e6)]
+            .iter()
+            .map(|&(b, f)| (truth.seconds(b, f), b, f))
+            .collect();
+        let c = fit_family(&s);
+        for (got, want) in [(c.fixed, truth.fixed), (c.per_byte, truth.per_byte), (c.per_flop, truth.per_flop)] {
+            assert!((got - want).abs() <= 1e-6 * want, "{c:?}");
+        }
+    }
+
+    /// A term that would come out negative is dropped, not kept below zero.
+    #[test]
+    fn fit_is_never_negative() {
+        // Time falls with bytes: the best non-negative fit is a constant.
+        let s = [(3e-6, 1e3, 0.0), (2e-6, 1e4, 0.0), (1e-6, 1e5, 0.0)];
+        let c = fit_family(&s);
+        assert!(c.fixed > 0.0 && c.per_byte == 0.0 && c.per_flop == 0.0, "{c:?}");
+    }
+}
