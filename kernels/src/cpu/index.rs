@@ -17,10 +17,12 @@ fn bad(op: &'static str, message: String) -> Error {
 }
 
 /// An index into a dim of size `d`, negative ones counted from the end; out of range is an error.
-fn norm_index(op: &'static str, i: i64, d: usize, what: &str) -> Result<usize, Error> {
+/// `what` names the dim for the error; it is only called on one (a message per index would cost
+/// more than the scatter itself).
+fn norm_index(op: &'static str, i: i64, d: usize, what: impl Fn() -> String) -> Result<usize, Error> {
     let j = if i < 0 { i as i128 + d as i128 } else { i as i128 };
     if j < 0 || j >= d as i128 {
-        return Err(bad(op, format!("index {i} is out of range for {what} of size {d}")));
+        return Err(bad(op, format!("index {i} is out of range for {} of size {d}", what())));
     }
     Ok(j as usize)
 }
@@ -45,7 +47,7 @@ pub(crate) fn nd_offsets(
         let mut off = t.checked_div(per_batch).map_or(0, |b| b * batch_block);
         for j in 0..q {
             let d = data[batch_dims + j];
-            off += norm_index(op, idx[t * q + j], d, &format!("dim {}", batch_dims + j))? * dst[j];
+            off += norm_index(op, idx[t * q + j], d, || format!("dim {}", batch_dims + j))? * dst[j];
         }
         offs.push(off);
     }
@@ -67,7 +69,7 @@ pub(crate) fn elements_offsets(
         let mut off = 0;
         for k in 0..data.len() {
             let c = if k == axis {
-                norm_index(op, i, data[axis], &format!("axis {axis}"))?
+                norm_index(op, i, data[axis], || format!("axis {axis}"))?
             } else {
                 p / is[k] % idx_shape[k]
             };
