@@ -374,7 +374,7 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     assert!(out.contains("us per instruction"), "{out}");
     // Every op family of the generated calibration steps is fitted, products among them.
     assert!(out.contains("op families fitted on timed training steps"), "{out}");
-    for family in ["matmul", "conv", "conv/grouped", "transpose", "sgd_update"] {
+    for family in ["matmul", "conv", "conv/1x1", "conv/grouped", "transpose", "sgd_update"] {
         let c = &p["op_costs"][family];
         assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");
     }

@@ -4,8 +4,8 @@
 //! tensors, most of an op's time is elsewhere: dispatch, allocating its output, index arithmetic
 //! of broadcasts and transposes, one small product per group of a depthwise convolution. So the
 //! profile times every instruction of a few generated training steps (a GPT-2-style and a
-//! LLaMA-style decoder and a small CNN with depthwise and dense convolutions, each at two sizes;
-//! none of them is a model the cost model is judged on) and fits, per op family
+//! LLaMA-style decoder, a small CNN with depthwise and dense convolutions, a graph of elementwise
+//! ops and a wide MLP, each at two sizes or more; none of them is a model the cost model is judged on) and fits, per op family
 //! ([`sharding::cost_family`]), `fixed + per_byte * bytes + per_flop * flops` with non-negative
 //! coefficients, minimising the squared error relative to each time's square root (between the
 //! absolute error, which only the largest ops would steer, and the relative one, which only the
@@ -166,7 +166,7 @@ impl Builder {
 }
 
 /// A small CNN with the blocks of today's vision models: a strided 7x7 stem with batch norm
-/// and max pooling (ResNet), a bottleneck (1x1, 3x3, 1x1), an inverted residual with a
+/// and max pooling and three stages of bottlenecks (ResNet), inverted residuals with a
 /// depthwise convolution, hard-swish and squeeze-excitation (MobileNetV3), a ConvNeXt block
 /// (depthwise 7x7, channels-last layer norm, GELU MLP) and a linear classifier.
 fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
@@ -188,17 +188,6 @@ fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
         count_include_pad: false,
     };
     let mut h = b.op(Op::MaxPool(pool), &[h])?;
-    // Bottleneck.
-    let y = b.conv(h, c / 2, 1, 1, 1)?;
-    let y = b.bn(y)?;
-    let y = b.unary(Relu, y)?;
-    let y = b.conv(y, c / 2, 3, 1, 1)?;
-    let y = b.bn(y)?;
-    let y = b.unary(Relu, y)?;
-    let y = b.conv(y, c, 1, 1, 1)?;
-    let y = b.bn(y)?;
-    h = b.bin(Add, h, y)?;
-    h = b.unary(Relu, h)?;
     // Inverted residuals with depthwise 3x3 and 5x5 convolutions.
     for k in [3, 5] {
         let y = b.conv(h, 2 * c, 1, 1, 1)?;
@@ -216,9 +205,7 @@ fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
         let y = b.bn(y)?;
         h = b.bin(Add, h, y)?;
     }
-    // Downsample, then a ConvNeXt block.
-    let h = b.conv(h, 2 * c, 3, 2, 1)?;
-    let c = 2 * c;
+    // A ConvNeXt block.
     let y = b.conv(h, c, 7, 1, c)?;
     let y = b.op(Op::Transpose { perm: vec![0, 2, 3, 1] }, &[y])?;
     let (scale, bias) = (b.param(vec![c]), b.param(vec![c]));
@@ -229,7 +216,31 @@ fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
     let w2 = b.param(vec![4 * c, c]);
     let y = b.op(Op::MatMul, &[y, w2])?;
     let y = b.op(Op::Transpose { perm: vec![0, 3, 1, 2] }, &[y])?;
-    let h = b.bin(Add, h, y)?;
+    h = b.bin(Add, h, y)?;
+    // ResNet stages of bottlenecks: 1x1, 3x3 (strided from the second stage on), 1x1, with a
+    // strided 1x1 projection where the shape changes; down to 2x2 pixels at the smaller size.
+    let mut c = c;
+    for stage in 0..3 {
+        let stride = if stage == 0 { 1 } else { 2 };
+        let out = if stage == 0 { c } else { 2 * c };
+        let y = b.conv(h, out / 2, 1, 1, 1)?;
+        let y = b.bn(y)?;
+        let y = b.unary(Relu, y)?;
+        let y = b.conv(y, out / 2, 3, stride, 1)?;
+        let y = b.bn(y)?;
+        let y = b.unary(Relu, y)?;
+        let y = b.conv(y, out, 1, 1, 1)?;
+        let y = b.bn(y)?;
+        let short = if stride == 1 && out == c {
+            h
+        } else {
+            let s = b.conv(h, out, 1, stride, 1)?;
+            b.bn(s)?
+        };
+        h = b.bin(Add, short, y)?;
+        h = b.unary(Relu, h)?;
+        c = out;
+    }
     let h = b.op(Op::GlobalAveragePool, &[h])?;
     let h = b.op(Op::Reshape { shape: vec![batch, c] }, &[h])?;
     let w = b.param(vec![c, 10]);
@@ -240,6 +251,32 @@ fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
     let xs = Tensor::f32(vec![batch, 3, size, size], values(batch * 3 * size * size, 99));
     let ls = Tensor::i64(vec![batch], (0..batch as i64).map(|i| i % 10).collect());
     training(&name, b.g, "ce:logits:labels", BTreeMap::from([("x".into(), xs), ("labels".into(), ls)]))
+}
+
+/// A multi-layer perceptron as `torch.nn.Linear` exports it: layer norm, then Gemm layers with
+/// transposed weights and ReLU between them (the large products of a wide model).
+fn mlp(batch: usize, width: usize, hidden: usize) -> Result<Model, RunError> {
+    let name = format!("mlp {batch}x{width}x{hidden}");
+    let mut b = Builder { g: Graph::new(&name), seed: 0, k: 0 };
+    let x = b.g.input("x", TensorMeta::new(DType::F32, [batch, width]));
+    b.g.input("target", TensorMeta::new(DType::F32, [batch, width]));
+    let (scale, bias) = (b.param(vec![width]), b.param(vec![width]));
+    let mut h = b.op(Op::LayerNorm { axis: 1, epsilon: 1e-5 }, &[x, scale, bias])?;
+    let gemm = Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
+    for (i, (from, to)) in [(width, hidden), (hidden, hidden), (hidden, width)].into_iter().enumerate() {
+        let (w, bias) = (b.param(vec![to, from]), b.param(vec![to]));
+        h = b.op(gemm.clone(), &[h, w, bias])?;
+        if i < 2 {
+            h = b.unary(ir::UnaryOp::Relu, h)?;
+        }
+    }
+    b.g.set_output("y", h);
+    let n = batch * width;
+    let feeds = BTreeMap::from([
+        ("x".into(), Tensor::f32(vec![batch, width], values(n, 5))),
+        ("target".into(), Tensor::f32(vec![batch, width], values(n, 6))),
+    ]);
+    training(&name, b.g, "mse:y:target", feeds)
 }
 
 /// The elementwise ops exports are made of (activations spelled out, normalisations and masks
@@ -299,8 +336,11 @@ fn models() -> Result<Vec<Model>, RunError> {
         llama(96, 48, 256, 2)?,
         cnn(2, 32, 16)?,
         cnn(4, 64, 32)?,
+        cnn(8, 96, 48)?,
         elementwise(2, 16, 32)?,
         elementwise(4, 64, 128)?,
+        mlp(8, 192, 768)?,
+        mlp(48, 320, 1280)?,
     ])
 }
 
@@ -309,16 +349,20 @@ fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
-/// Timed steps per model after the warm-up ones.
+/// Timed steps per model after the warm-up ones: `STEPS`, or fewer (at least `MIN_STEPS`) once
+/// the model's round has taken `MODEL_SECONDS`.
 const STEPS: usize = 8;
+const MIN_STEPS: usize = 3;
+const MODEL_SECONDS: f64 = 0.1;
 const WARM_UP: usize = 2;
 /// Rounds of every model's steps; each instruction keeps its fastest round.
 const ROUNDS: usize = 3;
 
-/// What one copy measured: the samples of every model (median of each instruction over the
-/// steps), and per model the median untimed step and its instruction count.
+/// What one copy measured: the samples of every model (by the model's index; each
+/// instruction's median over the steps), and per model its name and median untimed step.
 struct Measured {
     samples: Vec<(usize, Sample)>,
+    names: Vec<String>,
     steps: Vec<f64>,
 }
 
@@ -332,7 +376,12 @@ fn measure(models: &[Model]) -> Result<Measured, RunError> {
         let mut plain = crate::train::Trainer::new(&m.tg, &m.params)?;
         let mut per_node: BTreeMap<ir::NodeIndex, Vec<f64>> = BTreeMap::new();
         let mut walls = vec![];
+        let start = Instant::now();
         for s in 0..WARM_UP + STEPS {
+            // A large model stops after a few timed steps once it has had its share of time.
+            if s >= WARM_UP + MIN_STEPS && start.elapsed().as_secs_f64() > MODEL_SECONDS {
+                break;
+            }
             let rep = timed.step(&ctx, &m.feeds)?;
             let t0 = Instant::now();
             plain.step(&ctx, &m.feeds)?;
@@ -352,10 +401,10 @@ fn measure(models: &[Model]) -> Result<Measured, RunError> {
             }
             let ins: Vec<TensorMeta> = g.node_inputs(n).iter().map(|&v| g.meta(v).clone()).collect();
             let (flops, bytes) = sharding::op_work(&node.op, &ins, &node.outputs);
-            samples.push((k, (sharding::cost_family(&node.op), median(&mut ts), bytes, flops)));
+            samples.push((k, (sharding::cost_family(&node.op, &ins), median(&mut ts), bytes, flops)));
         }
     }
-    Ok(Measured { samples, steps })
+    Ok(Measured { samples, names: models.iter().map(|m| m.name.clone()).collect(), steps })
 }
 
 /// Weighted least squares of `t ~ c . x` over the columns in `cols`, with weights `w`; `None`
@@ -459,7 +508,7 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
             .collect()
     });
     let per_copy: Vec<Measured> = per_copy.into_iter().collect::<Result<_, _>>()?;
-    let names: Vec<String> = models()?.into_iter().map(|m| m.name).collect();
+    let names = per_copy.first().map(|m| m.names.clone()).unwrap_or_default();
     let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for m in &per_copy {
         for (_, (f, t, b, fl)) in &m.samples {

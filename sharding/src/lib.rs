@@ -2,8 +2,9 @@
 //! layout converter, and per-op sharding strategies.
 //!
 //! Invariants kept by this crate:
-//! - Costs are seconds (compute by a roofline on a [`DeviceProfile`], collectives by alpha-beta on
-//!   the mesh's links); memory is bytes per rank.
+//! - Costs are seconds (compute by a roofline on a [`DeviceProfile`], or by its op family's
+//!   measured cost when the profile has one, see [`OpCost`]; collectives by alpha-beta on the
+//!   mesh's links); memory is bytes per rank.
 //! - A [`ShardingSpec`] that passes [`ShardingSpec::check`] gives every rank a block of the same
 //!   shape; uneven splits are rejected, never silently padded.
 //! - Every strategy a generator returns is correct: executing the op on each rank's blocks (plus

@@ -165,17 +165,38 @@ impl OpCost {
     }
 }
 
-/// The family an op is priced by: its name ([`ir::Op::name`]), with `/grouped` for grouped
-/// convolutions and their gradients (a depthwise convolution runs one small product per
-/// channel: its time is not that of a dense one of the same FLOPs).
-pub fn cost_family(op: &ir::Op) -> String {
-    let grouped = match op {
-        ir::Op::Conv(a) | ir::Op::ConvInputGrad { attrs: a, .. } | ir::Op::ConvWeightGrad { attrs: a, .. } => {
-            a.group > 1
+/// The family an op is priced by: its name ([`ir::Op::name`]); convolutions and their gradients
+/// by their kind too, `conv/grouped` (a depthwise convolution runs one small product per
+/// channel: its time is not that of a dense one of the same FLOPs), `conv/1x1` (a pointwise
+/// one, stride 1 and no padding, is a plain matrix product) and `conv` (the others, which
+/// gather their patches first); `gemm` by which operand is transposed (`gemm/ta`, `gemm/tb`,
+/// `gemm/tab`). `ins` are the op's input metas (the weight's gives the kernel).
+pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
+    let kernel = |w: Option<&ir::TensorMeta>| w.and_then(|w| w.shape.get(2..4)).map(|k| k == [1, 1]);
+    let (attrs, pointwise) = match op {
+        ir::Op::Conv(a) => (a, kernel(ins.get(1))),
+        ir::Op::ConvInputGrad { attrs, .. } => (attrs, kernel(ins.get(1))),
+        ir::Op::ConvWeightGrad { attrs, shape } => (attrs, shape.get(2..4).map(|k| k == [1, 1])),
+        // A product with a transposed operand reads it with strides (and the CPU kernel then
+        // picks another implementation for some shapes).
+        ir::Op::Gemm { trans_a, trans_b, .. } => {
+            let t = match (trans_a, trans_b) {
+                (false, false) => "",
+                (true, false) => "/ta",
+                (false, true) => "/tb",
+                (true, true) => "/tab",
+            };
+            return format!("gemm{t}");
         }
-        _ => false,
+        _ => return op.name().to_string(),
     };
-    if grouped { format!("{}/grouped", op.name()) } else { op.name().to_string() }
+    if attrs.group > 1 {
+        format!("{}/grouped", op.name())
+    } else if pointwise == Some(true) && attrs.strides == [1, 1] && attrs.pads == [0; 4] {
+        format!("{}/1x1", op.name())
+    } else {
+        op.name().to_string()
+    }
 }
 
 /// The work the cost model prices an op by: its FLOPs ([`ir::Op::flops`]) and the bytes of its
@@ -359,14 +380,22 @@ impl DeviceProfile {
     /// [`DeviceProfile::compute_seconds_in`] for `op`: by its family's fitted cost when the
     /// profile has one ([`DeviceProfile::op_costs`]); else convolutions at
     /// [`DeviceProfile::conv_flops`] when measured (scaled by the 16-bit speed-up).
-    /// Sources (parameters, inputs, constants) are looked up, not run: no fixed cost.
-    pub fn op_compute_seconds(&self, op: &ir::Op, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
+    /// Sources (parameters, inputs, constants) are looked up, not run: no fixed cost. `ins` are
+    /// the op's (local) input metas.
+    pub fn op_compute_seconds(
+        &self,
+        op: &ir::Op,
+        ins: &[ir::TensorMeta],
+        dtype: ir::DType,
+        flops: f64,
+        bytes: f64,
+    ) -> f64 {
         if op.is_source() {
             let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
             return (flops / rate).max(bytes / self.memory_bandwidth);
         }
         if !self.op_costs.is_empty()
-            && let Some(c) = self.op_costs.get(&cost_family(op))
+            && let Some(c) = self.op_costs.get(&cost_family(op, ins))
         {
             let flops = if dtype.is_half() { flops * self.f32_flops / self.bf16_flops } else { flops };
             return c.seconds(bytes, flops);
@@ -805,11 +834,21 @@ mod tests {
         let fit = OpCost { fixed: 2e-6, per_byte: 1e-10, per_flop: 1e-11, samples: 3 };
         p.op_costs.insert("conv/grouped".into(), fit.clone());
         let conv = |group| ir::Op::Conv(ir::ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group });
-        let t = p.op_compute_seconds(&conv(4), ir::DType::F32, 1e6, 1e4);
+        let m = |s: &[usize]| ir::TensorMeta::new(ir::DType::F32, s.to_vec());
+        let (x, w3, w1) = (m(&[2, 8, 4, 4]), m(&[8, 2, 3, 3]), m(&[8, 8, 1, 1]));
+        let t = p.op_compute_seconds(&conv(4), &[x.clone(), w3.clone()], ir::DType::F32, 1e6, 1e4);
         assert!((t - (2e-6 + 1e-6 + 1e-5)).abs() < 1e-15, "{t}");
-        let dense = p.op_compute_seconds(&conv(1), ir::DType::F32, 1e6, 1e4);
+        let dense = p.op_compute_seconds(&conv(1), &[x.clone(), w3.clone()], ir::DType::F32, 1e6, 1e4);
         assert!((dense - (1e-6 + 1e6 / p.f32_flops)).abs() < 1e-15, "{dense}");
-        assert_eq!(cost_family(&conv(1)), "conv");
+        assert_eq!(cost_family(&conv(1), &[x.clone(), w3]), "conv");
+        assert_eq!(cost_family(&conv(1), &[x.clone(), w1.clone()]), "conv/1x1");
+        let wgrad = ir::Op::ConvWeightGrad {
+            attrs: ir::ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group: 1 },
+            shape: vec![8, 8, 1, 1],
+        };
+        assert_eq!(cost_family(&wgrad, &[x.clone(), x]), "conv_weight_grad/1x1");
+        let gemm = ir::Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
+        assert_eq!(cost_family(&gemm, &[]), "gemm/tb");
         assert_eq!(p.check(), Ok(()));
         let back: DeviceProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);

@@ -493,6 +493,7 @@ fn build(
         collectives,
         compute_seconds: profile.op_compute_seconds(
             op,
+            &local_ins,
             ins.iter().map(|m| m.dtype).find(|d| d.is_float()).unwrap_or(ir::DType::F32),
             flops,
             bytes,

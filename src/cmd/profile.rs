@@ -128,13 +128,16 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     let ctx = kernels::cpu::CpuContext::new(1)?;
     let rates = runtime::profile::device(&ctx)?;
     let (flops, bandwidth) = (rates.f32_flops, rates.memory_bandwidth);
-    // As many copies of the calibration steps at once as the mesh has ranks on this machine.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
     let measured: Vec<Link> = links.iter().flatten().cloned().collect();
     let Some(inner) = measured.last().cloned() else {
         bail!("--mesh {mesh}: every axis has size 1; nothing to measure")
     };
+    // As many copies of the calibration steps at once as the mesh has ranks on this machine.
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!("timing training steps of generated models to fit each op family's cost ...");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
     let outer = measured[0].clone();
     let per_axis: Vec<Link> = links.iter().map(|l| l.clone().unwrap_or_else(|| inner.clone())).collect();
     let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
