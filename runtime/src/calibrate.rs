@@ -13,7 +13,8 @@
 //! spread over the instructions' fixed costs.
 //!
 //! Every copy runs on its own thread, as many copies at once as the mesh has ranks on this
-//! machine, so the caches and memory bandwidth are shared as in a run of the plan. Each
+//! machine, so the caches and memory bandwidth are shared much as in a run of the plan (the
+//! copies are not kept in step: one may finish its last models alone). Each
 //! instruction's time is the median over a few steps, and the fastest of three rounds of all
 //! the models: the estimate is of a machine not slowed by others (as every rate of the profile
 //! is a best of several trials).
@@ -420,11 +421,14 @@ fn solve(xs: &[[f64; 3]], ts: &[f64], w: &[f64], cols: &[usize]) -> Option<[f64;
             a[i][n] += wi * x[ci] * t;
         }
     }
-    // Gauss-Jordan with partial pivoting on the n x n system.
+    // Gauss-Jordan with partial pivoting on the n x n system; a pivot this small against the
+    // diagonal means dependent columns (bytes proportional to FLOPs): that subset is left to
+    // the smaller ones.
+    let scale = (0..n).map(|i| a[i][i].abs()).fold(0.0, f64::max);
     for i in 0..n {
         let p = (i..n).max_by(|&r, &s| a[r][i].abs().total_cmp(&a[s][i].abs()))?;
         a.swap(i, p);
-        if a[i][i].abs() < 1e-300 {
+        if a[i][i].abs() <= 1e-12 * scale {
             return None;
         }
         let pivot = a[i].clone();
@@ -492,6 +496,8 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
                     for _ in 1..ROUNDS {
                         let m = measure(&ms)?;
                         for (b, s) in best.samples.iter_mut().zip(m.samples) {
+                            // The same instructions in the same order every round.
+                            debug_assert!(b.0 == s.0 && b.1.0 == s.1.0 && b.1.2 == s.1.2);
                             b.1.1 = b.1.1.min(s.1.1);
                         }
                         for (b, s) in best.steps.iter_mut().zip(m.steps) {
@@ -535,7 +541,8 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
         .iter()
         .map(|(f, s)| {
             let c = &op_costs[f];
-            let mut e: Vec<f64> = s.iter().map(|&(t, b, fl)| ((c.seconds(b, fl) - gap - t) / t).abs()).collect();
+            let mut e: Vec<f64> =
+                s.iter().map(|&(t, b, fl)| ((c.seconds(b, fl) - gap - t) / t.max(1e-9)).abs()).collect();
             (f.clone(), median(&mut e))
         })
         .collect();
@@ -552,7 +559,7 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
                         .filter(|(i, _)| *i == k)
                         .map(|(_, (f, _, b, fl))| op_costs[f].seconds(*b, *fl))
                         .sum();
-                    (est - m.steps[k]) / m.steps[k]
+                    (est - m.steps[k]) / m.steps[k].max(1e-9)
                 })
                 .collect();
             (name.clone(), median(&mut e))

@@ -155,6 +155,7 @@ pub struct OpCost {
     /// `f32_flops / bf16_flops`).
     pub per_flop: f64,
     /// How many timed instructions the fit is made of.
+    #[serde(default)]
     pub samples: usize,
 }
 
@@ -342,9 +343,12 @@ impl DeviceProfile {
             pos(c, "conv_flops")?;
         }
         for (family, c) in &self.op_costs {
-            if ![c.fixed, c.per_byte, c.per_flop].iter().all(|v| v.is_finite() && *v >= 0.0) || c.fixed >= 1.0 {
+            // Bounds far above any device (a second per instruction, a millisecond per byte or
+            // FLOP) keep every priced op finite.
+            let ok = |v: f64, max: f64| v.is_finite() && (0.0..max).contains(&v);
+            if !(ok(c.fixed, 1.0) && ok(c.per_byte, 1e-3) && ok(c.per_flop, 1e-3)) {
                 return Err(format!(
-                    "op_costs.{family}: fixed, per_byte and per_flop must be finite and >= 0 (fixed < 1 s)"
+                    "op_costs.{family}: fixed (s), per_byte and per_flop (s) must be >= 0 and below 1, 1e-3 and 1e-3"
                 ));
             }
         }
@@ -397,6 +401,8 @@ impl DeviceProfile {
         if !self.op_costs.is_empty()
             && let Some(c) = self.op_costs.get(&cost_family(op, ins))
         {
+            // Fitted on f32 steps: a 16-bit op's FLOPs at the profile's 16-bit speed-up (none on a
+            // CPU, which computes bf16 in f32), its bytes as they are.
             let flops = if dtype.is_half() { flops * self.f32_flops / self.bf16_flops } else { flops };
             return c.seconds(bytes, flops);
         }
@@ -852,7 +858,9 @@ mod tests {
         assert_eq!(p.check(), Ok(()));
         let back: DeviceProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);
-        p.op_costs.insert("add".into(), OpCost { per_byte: -1e-12, ..fit });
+        p.op_costs.insert("add".into(), OpCost { per_byte: -1e-12, ..fit.clone() });
+        assert!(p.check().unwrap_err().contains("op_costs.add"));
+        p.op_costs.insert("add".into(), OpCost { per_flop: 1e300, ..fit });
         assert!(p.check().unwrap_err().contains("op_costs.add"));
     }
 

@@ -117,7 +117,7 @@ pub struct PlanArgs {
     /// The float precision of the step: `f32`, or mixed precision `bf16` / `fp16` (16-bit
     /// activations and matrix products priced at the device's 16-bit rate, f32 parameters and
     /// optimizer state; see `train --help`). Default: bf16 on devices whose 16-bit rate is
-    /// higher than their f32 one (the GPU profiles), f32 otherwise (cpu).
+    /// at least 1.5x their f32 one (the GPU profiles), f32 otherwise (cpu, measured profiles).
     #[arg(long, value_enum)]
     pub precision: Option<common::Precision>,
     /// With mixed precision: the type parameter gradients are kept, summed and reduced in

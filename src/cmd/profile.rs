@@ -132,7 +132,8 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     let Some(inner) = measured.last().cloned() else {
         bail!("--mesh {mesh}: every axis has size 1; nothing to measure")
     };
-    // As many copies of the calibration steps at once as the mesh has ranks on this machine.
+    // As many copies of the calibration steps at once as the mesh has ranks, at most one per
+    // core of this machine (under MPI: the world's size, capped the same way).
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!("timing training steps of generated models to fit each op family's cost ...");
     }
@@ -169,7 +170,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         writeln!(
             out,
             "device    f32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s, \
-             convolution {:.1} GFLOP/s, {:.2} us per instruction (chain of additions)",
+             convolution {:.1} GFLOP/s, {:.2} us per instruction of a chain of additions",
             flops / 1e9,
             rates.bf16_flops / 1e9,
             bandwidth / 1e9,
@@ -180,10 +181,12 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         errs.sort_by(f64::total_cmp);
         writeln!(
             out,
-            "ops       {} op families fitted on timed training steps of generated models (median error per \
-             instruction {:.0}%); the steps priced by the fit: {}",
+            "ops       {} op families fitted on timed training steps of generated models (each family's \
+             median error per instruction: {:.0}% in the median family); other ops {:.2} us + roofline \
+             (the median fixed cost); the steps priced by the fit: {}",
             cal.op_costs.len(),
             errs.get(errs.len() / 2).copied().unwrap_or(0.0) * 100.0,
+            cal.op_seconds * 1e6,
             cal.step_errors.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
         )?;
         for (axis, l) in links.iter().enumerate() {
