@@ -252,7 +252,8 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
 
 /// Measured GEMM throughput of one thread in f32 and on bf16 storage (FLOP/s, best of a few
 /// 512^3 products), copy bandwidth (bytes/s, best of a few 64 MiB copies), a convolution's
-/// throughput ([`conv_flops`]) and the executor's cost per instruction ([`op_seconds`]).
+/// throughput ([`conv_flops`]). The cost per instruction of each op family is fitted apart
+/// ([`crate::calibrate`]).
 pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, crate::RunError> {
     let n = 512;
     let a = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect());
@@ -288,7 +289,6 @@ pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, crate::RunE
         bf16_flops,
         memory_bandwidth: (len * 4) as f64 / best,
         conv_flops: conv_flops(ctx).map_err(kernel("conv"))?,
-        op_seconds: op_seconds(ctx)?,
     })
 }
 
@@ -311,32 +311,6 @@ pub fn conv_flops(ctx: &kernels::cpu::CpuContext) -> Result<f64, kernels::Error>
     Ok(flops / best)
 }
 
-/// Seconds the executor spends on an instruction beyond its kernel's arithmetic: a chain of
-/// 256 additions of 16-element tensors run by the single-device interpreter (the executor every
-/// back end shares: dispatch, output allocation, frees), best of 20 runs, per addition.
-pub fn op_seconds(ctx: &kernels::cpu::CpuContext) -> Result<f64, crate::RunError> {
-    const CHAIN: usize = 256;
-    let mut g = ir::Graph::new("op-overhead");
-    let meta = ir::TensorMeta::new(ir::DType::F32, [16]);
-    let x = g.input("x", meta);
-    let mut v = x;
-    for i in 0..CHAIN {
-        v = g
-            .add1(&format!("add{i}"), ir::Op::Binary(ir::BinaryOp::Add), &[v, x])
-            .map_err(|e| crate::RunError::Kernel { node: format!("add{i}"), op: "add", message: e.to_string() })?;
-    }
-    g.set_output("y", v);
-    let interp = crate::Interpreter::new(&g)?;
-    let feeds = std::collections::BTreeMap::from([("x".to_string(), Tensor::f32(vec![16], vec![0.5; 16]))]);
-    let mut best = f64::MAX;
-    for _ in 0..20 {
-        let t0 = Instant::now();
-        let _ = interp.run(ctx, &feeds)?;
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    Ok(best / CHAIN as f64)
-}
-
 /// What [`device`] measured.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceRates {
@@ -348,8 +322,6 @@ pub struct DeviceRates {
     pub memory_bandwidth: f64,
     /// FLOP/s of a convolution ([`conv_flops`]).
     pub conv_flops: f64,
-    /// Seconds per instruction beyond its arithmetic ([`op_seconds`]).
-    pub op_seconds: f64,
 }
 
 #[cfg(test)]

@@ -119,9 +119,10 @@ pub struct DeviceProfile {
     pub intra_node: Link,
     /// Link between machines.
     pub inter_node: Link,
-    /// Seconds every op instruction costs beyond its roofline time (dispatch, output
-    /// allocation, bookkeeping of the executor), measured by `autopar profile`; 0 in the
-    /// built-in profiles (and in profile files written before it was measured).
+    /// Seconds an op instruction of a family without a fit ([`DeviceProfile::op_costs`]) costs
+    /// beyond its roofline time (dispatch, output allocation, bookkeeping of the executor):
+    /// `autopar profile` writes the median fitted fixed cost; 0 in the built-in profiles (and in
+    /// profile files written before it was measured).
     #[serde(default)]
     pub op_seconds: f64,
     /// FLOP/s of convolutions (and their gradients) when measured (`autopar profile`); the

@@ -170,20 +170,19 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         writeln!(
             out,
             "device    f32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s (one thread, 512^3 products), copy bandwidth {:.1} GB/s, \
-             convolution {:.1} GFLOP/s, {:.2} us per instruction of a chain of additions",
+             convolution {:.1} GFLOP/s",
             flops / 1e9,
             rates.bf16_flops / 1e9,
             bandwidth / 1e9,
             rates.conv_flops / 1e9,
-            rates.op_seconds * 1e6
         )?;
         let mut errs: Vec<f64> = cal.errors.values().copied().collect();
         errs.sort_by(f64::total_cmp);
         writeln!(
             out,
             "ops       {} op families fitted on timed training steps of generated models (each family's \
-             median error per instruction: {:.0}% in the median family); other ops {:.2} us + roofline \
-             (the median fixed cost); the steps priced by the fit: {}",
+             median error per instruction: {:.0}% in the median family); other ops {:.2} us per \
+             instruction (the median fixed cost) + roofline; the steps priced by the fit: {}",
             cal.op_costs.len(),
             errs.get(errs.len() / 2).copied().unwrap_or(0.0) * 100.0,
             cal.op_seconds * 1e6,
