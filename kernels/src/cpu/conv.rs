@@ -17,6 +17,34 @@ fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usi
     (lo, (hi as usize).clamp(lo, out))
 }
 
+/// Where one kernel tap `(i, j)` reads: its offsets into the image and the output rows and
+/// columns whose input lies inside it (the rest is padding). One per tap, shared by every
+/// channel: computing them per im2col row (seven integer divisions) cost more than copying a
+/// small map's row.
+#[derive(Clone, Copy)]
+struct Tap {
+    offy: isize,
+    offx: isize,
+    rows: (usize, usize),
+    cols: (usize, usize),
+}
+
+fn taps(h: usize, w: usize, kh: usize, kw: usize, a: &ConvAttrs, oh: usize, ow: usize) -> Vec<Tap> {
+    (0..kh * kw)
+        .map(|t| {
+            let (i, j) = (t / kw, t % kw);
+            let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
+            let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
+            Tap {
+                offy,
+                offx,
+                rows: valid_range(offy, a.strides[0], h, oh),
+                cols: valid_range(offx, a.strides[1], w, ow),
+            }
+        })
+        .collect()
+}
+
 /// Fills `col` (`[cg*kh*kw, oh*ow]`) with the patches of `x` (`[cg, h, w]`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn im2col(
@@ -31,10 +59,13 @@ pub(crate) fn im2col(
     ow: usize,
     col: &mut [F],
 ) {
-    let fill_row = |r: usize, row: &mut [F]| im2col_row(x, h, w, kh, kw, a, oh, ow, r, row);
+    let taps = taps(h, w, kh, kw, a, oh, ow);
     match ctx {
-        Some(ctx) => ctx.for_rows(col, oh * ow, fill_row),
-        None => col.chunks_mut(oh * ow).enumerate().for_each(|(r, row)| fill_row(r, row)),
+        Some(ctx) if ctx.parallel_for(col.len()) => ctx.for_rows(col, oh * ow, |r, row| {
+            let (c, t) = (r / taps.len(), r % taps.len());
+            im2col_row(&x[c * h * w..(c + 1) * h * w], w, a.strides, ow, taps[t], row)
+        }),
+        _ => im2col_rows(x, h, w, kh, kw, a, oh, ow, 0, col),
     }
 }
 
@@ -53,52 +84,60 @@ pub(crate) fn im2col_rows(
     row0: usize,
     col: &mut [F],
 ) {
-    for (r, row) in col.chunks_mut(oh * ow).enumerate() {
-        im2col_row(x, h, w, kh, kw, a, oh, ow, row0 + r, row);
+    let taps = taps(h, w, kh, kw, a, oh, ow);
+    let (mut c, mut t) = (row0 / taps.len(), row0 % taps.len());
+    for row in col.chunks_mut(oh * ow) {
+        im2col_row(&x[c * h * w..(c + 1) * h * w], w, a.strides, ow, taps[t], row);
+        t += 1;
+        if t == taps.len() {
+            (c, t) = (c + 1, 0);
+        }
     }
 }
 
-/// Row `r` (input channel, kernel row, kernel column) of the im2col matrix of `x`.
-#[allow(clippy::too_many_arguments)]
+/// One row of the im2col matrix: what kernel tap `tap` sees of `plane` (one channel, `w`
+/// wide) at every output position.
 #[inline]
-fn im2col_row(
-    x: &[F],
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    a: &ConvAttrs,
-    oh: usize,
-    ow: usize,
-    r: usize,
-    row: &mut [F],
-) {
-    let (c, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
-    let plane = &x[c * h * w..(c + 1) * h * w];
-    let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
-    let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
-    let (ylo, yhi) = valid_range(offy, a.strides[0], h, oh);
-    let (xlo, xhi) = valid_range(offx, a.strides[1], w, ow);
+fn im2col_row(plane: &[F], w: usize, strides: [usize; 2], ow: usize, tap: Tap, row: &mut [F]) {
+    let ((ylo, yhi), (xlo, xhi)) = (tap.rows, tap.cols);
+    if ow <= 8 {
+        // Element by element: on a narrow map, calls to fill and copy cost more than this.
+        for (oy, out) in row.chunks_mut(ow).enumerate() {
+            let inside = oy >= ylo && oy < yhi;
+            let iy = ((oy * strides[0]) as isize + tap.offy) as usize;
+            for (ox, o) in out.iter_mut().enumerate() {
+                *o = if inside && ox >= xlo && ox < xhi {
+                    plane[iy * w + ((ox * strides[1]) as isize + tap.offx) as usize]
+                } else {
+                    0.0
+                };
+            }
+        }
+        return;
+    }
     for (oy, out) in row.chunks_mut(ow).enumerate() {
         if oy < ylo || oy >= yhi {
             out.fill(0.0);
             continue;
         }
-        let iy = (oy * a.strides[0]) as isize + offy;
+        let iy = (oy * strides[0]) as isize + tap.offy;
         let src = &plane[iy as usize * w..(iy as usize + 1) * w];
-        out[..xlo].fill(0.0);
-        out[xhi..].fill(0.0);
         // No column of this kernel tap lands in the image (a map narrower than the padded
         // kernel): `xlo + offx` may then be negative, so nothing may be computed from it.
         if xlo == xhi {
+            out.fill(0.0);
             continue;
         }
-        if a.strides[1] == 1 {
-            let s = (xlo as isize + offx) as usize;
+        if strides[1] == 1 {
+            out[..xlo].fill(0.0);
+            out[xhi..].fill(0.0);
+            let s = (xlo as isize + tap.offx) as usize;
             out[xlo..xhi].copy_from_slice(&src[s..s + (xhi - xlo)]);
         } else {
+            out[..xlo].fill(0.0);
+            out[xhi..].fill(0.0);
             for (ox, o) in out.iter_mut().enumerate().take(xhi).skip(xlo) {
-                *o = src[((ox * a.strides[1]) as isize + offx) as usize];
+                *o = src[((ox * strides[1]) as isize + tap.offx) as usize];
             }
         }
     }
