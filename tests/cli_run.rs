@@ -374,6 +374,13 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     assert!(out.contains("us per instruction (the median fixed cost)"), "{out}");
     // Every op family of the generated calibration steps is fitted, products among them.
     assert!(out.contains("op families fitted on timed training steps"), "{out}");
+    // Scaled to the data-parallel plans of those models run on the mesh, when this machine has
+    // a core per rank.
+    assert!(
+        out.contains("plans     the fit then scaled to the data-parallel plans")
+            || out.contains("plans     not run: the fit is not scaled to plans' runs (the mesh has more ranks"),
+        "{out}"
+    );
     for family in ["matmul", "conv", "conv/1x1", "conv/grouped", "transpose", "sgd_update"] {
         let c = &p["op_costs"][family];
         assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");
@@ -414,6 +421,35 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     let bad = autopar(&["profile", "--mesh", "1x1", "-o", &s(&dir.path().join("q.json"))]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("nothing to measure"));
+}
+
+/// On a mesh with a core per rank, `autopar profile` also runs the data-parallel plans of its
+/// generated models on threads, fits the op families again on their instructions' times and
+/// scales the fit to their measured steps; it says so, and the profile prices ops by that fit.
+#[test]
+fn profile_scales_the_fit_to_plans_run_on_the_mesh() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        eprintln!("skipped: this machine has {cores} core; the plans' runs need a core per rank of a 2-rank mesh");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prof = dir.path().join("p.json");
+    let out = ok(&["profile", "--mesh", "2", "--max-bytes", "4KiB", "--reps", "2", "--json", "-o", &s(&prof)]);
+    let line: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    // Every calibration model's plan was run and priced, and the scales are positive.
+    let errors = line["plan_errors"].as_array().unwrap_or_else(|| panic!("{line}"));
+    assert!(errors.len() >= 8, "{line}");
+    for e in errors {
+        assert!(e[1].as_f64().unwrap().is_finite(), "{e}");
+    }
+    let scales = line["calibration_step_scales"].as_array().unwrap();
+    assert!(scales.iter().all(|x| x.as_f64().unwrap() > 0.0), "{line}");
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
+    for family in ["matmul", "conv", "reshape", "sgd_update"] {
+        let c = &p["op_costs"][family];
+        assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");
+    }
 }
 
 /// A generated LLaMA (RMSNorm, rotary embeddings from `position_ids`, grouped-query attention

@@ -3,21 +3,32 @@
 //! A datasheet roofline prices an op by its FLOPs and bytes alone. On a CPU rank running small
 //! tensors, most of an op's time is elsewhere: dispatch, allocating its output, index arithmetic
 //! of broadcasts and transposes, one small product per group of a depthwise convolution. So the
-//! profile times every instruction of a few generated training steps (a GPT-2-style and a
-//! LLaMA-style decoder, a small CNN with depthwise and dense convolutions, a graph of elementwise
-//! ops and a wide MLP, each at two sizes or more; none of them is a model the cost model is judged on) and fits, per op family
-//! ([`sharding::cost_family`]), `fixed + per_byte * bytes + per_flop * flops` with non-negative
-//! coefficients, minimising the squared error relative to each time's square root (between the
-//! absolute error, which only the largest ops would steer, and the relative one, which only the
-//! many small ones would). The time between instructions (frees, the executor's own loop) is
-//! spread over the instructions' fixed costs.
+//! profile times every instruction of a few generated training steps ([`models`]: a
+//! GPT-2-style and a LLaMA-style decoder, a small CNN with depthwise and dense convolutions, a
+//! graph of elementwise ops and a wide MLP, each at two sizes or more; none of them is a model
+//! the cost model is judged on) and fits, per op family ([`sharding::cost_family`]),
+//! `fixed + per_byte * bytes + per_flop * flops` with non-negative coefficients, minimising the
+//! squared error relative to each time's square root (between the absolute error, which only
+//! the largest ops would steer, and the relative one, which only the many small ones would).
+//!
+//! The fit says how a step's time splits over its instructions; the untimed steps say what the
+//! whole costs. Time no instruction is charged for (frees, the executor's loop) and the fit's
+//! lean towards the many small instructions leave a small model's step priced high and a large
+//! one's low, so every family's fixed part and its per-byte/per-FLOP part are scaled by the two
+//! factors that best price the untimed steps ([`step_scales`]). With threads and a core per
+//! rank, `autopar profile` then runs these models' data-parallel plans on the profiled mesh as
+//! `autopar run` would, fits every family again on their instructions' times (the executor's
+//! own work per instruction included: a reshape there costs several times what it does in a
+//! single-device step) and scales that fit the same way to the plans' measured steps
+//! ([`Calibration::rescale`]), which also have frees and collectives that wait for the slower
+//! rank.
 //!
 //! Every copy runs on its own thread, as many copies at once as the mesh has ranks on this
-//! machine, so the caches and memory bandwidth are shared much as in a run of the plan (the
-//! copies are not kept in step: one may finish its last models alone). Each
-//! instruction's time is the median over a few steps, and the fastest of three rounds of all
-//! the models: the estimate is of a machine not slowed by others (as every rate of the profile
-//! is a best of several trials).
+//! machine, kept in step (every step starts on all copies at once), so the caches and memory
+//! bandwidth are shared much as in a run of the plan. Each instruction's time is the median over
+//! a few steps, and the median of three rounds of all the models: a shared machine's slow
+//! spells meet a plan's run as often as they meet the rounds, so the estimate is of the machine
+//! as it typically runs.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -40,17 +51,24 @@ pub struct Calibration {
     pub errors: BTreeMap<String, f64>,
     /// Median relative error of the whole steps as the fit prices them, per model.
     pub step_errors: Vec<(String, f64)>,
+    /// The factors the fixed and the per-byte/per-FLOP parts of every family were scaled by,
+    /// so that the fit prices the untimed steps.
+    pub step_scales: (f64, f64),
 }
 
 /// A timed instruction: family, seconds, bytes, FLOPs.
 type Sample = (String, f64, f64, f64);
 
-/// One calibration model: its name, training graph and feeds.
-struct Model {
-    name: String,
-    tg: ir::autodiff::TrainingGraph,
-    params: BTreeMap<String, Tensor>,
-    feeds: BTreeMap<String, Tensor>,
+/// One calibration model: its name, training graph (SGD), parameters and feeds.
+pub struct Model {
+    /// What it is and its size, e.g. `gpt h48 s24 b2`.
+    pub name: String,
+    /// The training graph.
+    pub tg: ir::autodiff::TrainingGraph,
+    /// Every parameter's value.
+    pub params: BTreeMap<String, Tensor>,
+    /// Every input's value (the same batch each step).
+    pub feeds: BTreeMap<String, Tensor>,
 }
 
 fn fail(what: &str, e: impl std::fmt::Display) -> RunError {
@@ -329,7 +347,8 @@ fn elementwise(batch: usize, seq: usize, width: usize) -> Result<Model, RunError
     training(&name, b.g, "mse:y:target", feeds)
 }
 
-fn models() -> Result<Vec<Model>, RunError> {
+/// The calibration models, smallest of each kind first.
+pub fn models() -> Result<Vec<Model>, RunError> {
     Ok(vec![
         gpt(2, 48, 24, 160, 2)?,
         gpt(1, 128, 64, 512, 4)?,
@@ -356,7 +375,7 @@ const STEPS: usize = 8;
 const MIN_STEPS: usize = 3;
 const MODEL_SECONDS: f64 = 0.1;
 const WARM_UP: usize = 2;
-/// Rounds of every model's steps; each instruction keeps its fastest round.
+/// Rounds of every model's steps; each instruction keeps its median round.
 const ROUNDS: usize = 3;
 
 /// What one copy measured: the samples of every model (by the model's index; each
@@ -367,7 +386,33 @@ struct Measured {
     steps: Vec<f64>,
 }
 
-fn measure(models: &[Model]) -> Result<Measured, RunError> {
+/// Keeps the copies in step, as the ranks of a plan are: every step starts on all of them at
+/// once, and the first copy decides for all when a model has had its share of time.
+struct Lockstep {
+    barrier: std::sync::Barrier,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl Lockstep {
+    fn new(copies: usize) -> Self {
+        Lockstep { barrier: std::sync::Barrier::new(copies), stop: std::sync::atomic::AtomicBool::new(false) }
+    }
+
+    /// The leader's `stop`, agreed by every copy.
+    fn agree(&self, leader: bool, stop: bool) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        if leader {
+            self.stop.store(stop, SeqCst);
+        }
+        self.barrier.wait();
+        let stop = self.stop.load(SeqCst);
+        // No copy may store the next decision before every copy has read this one.
+        self.barrier.wait();
+        stop
+    }
+}
+
+fn measure(models: &[Model], sync: &Lockstep, leader: bool) -> Result<Measured, RunError> {
     let ctx = CpuContext::new(1).map_err(|e| fail("context", e))?;
     let mut samples = vec![];
     let mut steps = vec![];
@@ -380,10 +425,12 @@ fn measure(models: &[Model]) -> Result<Measured, RunError> {
         let start = Instant::now();
         for s in 0..WARM_UP + STEPS {
             // A large model stops after a few timed steps once it has had its share of time.
-            if s >= WARM_UP + MIN_STEPS && start.elapsed().as_secs_f64() > MODEL_SECONDS {
+            let done = s >= WARM_UP + MIN_STEPS && start.elapsed().as_secs_f64() > MODEL_SECONDS;
+            if sync.agree(leader, done) {
                 break;
             }
             let rep = timed.step(&ctx, &m.feeds)?;
+            sync.barrier.wait();
             let t0 = Instant::now();
             plain.step(&ctx, &m.feeds)?;
             let wall = t0.elapsed().as_secs_f64();
@@ -481,28 +528,75 @@ pub fn fit_family(samples: &[(f64, f64, f64)]) -> OpCost {
     OpCost { fixed: c[0] / sc[0], per_byte: c[1] / sc[1], per_flop: c[2] / sc[2], samples: samples.len() }
 }
 
+/// The factors `(a, b)` minimising `sum ((a * fixed + b * variable + rest - wall) / wall)^2`
+/// over `(fixed, variable, rest, wall)` steps, both non-negative (one common factor when the two
+/// cannot be told apart; `(1, 1)` without steps).
+pub fn step_scales(parts: &[(f64, f64, f64, f64)]) -> (f64, f64) {
+    let (mut ff, mut fv, mut vv, mut fy, mut vy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(f, v, rest, w) in parts.iter().filter(|p| p.3 > 0.0) {
+        let (f, v, y) = (f / w, v / w, (w - rest) / w);
+        ff += f * f;
+        fv += f * v;
+        vv += v * v;
+        fy += f * y;
+        vy += v * y;
+    }
+    let det = ff * vv - fv * fv;
+    if det > 1e-9 * ff * vv {
+        let (a, b) = ((fy * vv - vy * fv) / det, (vy * ff - fy * fv) / det);
+        if a > 0.0 && b > 0.0 {
+            return (a, b);
+        }
+    }
+    let all = ff + 2.0 * fv + vv;
+    if all > 0.0 && fy + vy > 0.0 {
+        let c = (fy + vy) / all;
+        (c, c)
+    } else {
+        (1.0, 1.0)
+    }
+}
+
+impl Calibration {
+    /// Scales every family's fixed cost by `a` and its per-byte and per-FLOP costs by `b`.
+    pub fn rescale(&mut self, a: f64, b: f64) {
+        for c in self.op_costs.values_mut() {
+            c.fixed *= a;
+            c.per_byte *= b;
+            c.per_flop *= b;
+        }
+        self.op_seconds *= a;
+        self.step_scales = (self.step_scales.0 * a, self.step_scales.1 * b);
+    }
+}
+
 /// Times training steps of the calibration models on `copies` threads at once (one CPU thread
 /// each) and fits every op family's cost.
 pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
     let copies = copies.max(1);
+    let sync = Lockstep::new(copies);
     let per_copy: Vec<Result<Measured, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..copies)
-            .map(|_| {
-                s.spawn(|| -> Result<Measured, RunError> {
+            .map(|copy| {
+                let sync = &sync;
+                s.spawn(move || -> Result<Measured, RunError> {
+                    let leader = copy == 0;
                     let ms = models()?;
-                    // The fastest of a few rounds: a machine shared with others has slow spells
-                    // of a second or more, which a plan's estimate should not be priced by.
-                    let mut best = measure(&ms)?;
-                    for _ in 1..ROUNDS {
-                        let m = measure(&ms)?;
-                        for (b, s) in best.samples.iter_mut().zip(m.samples) {
-                            // The same instructions in the same order every round.
-                            debug_assert!(b.0 == s.0 && b.1.0 == s.1.0 && b.1.2 == s.1.2);
-                            b.1.1 = b.1.1.min(s.1.1);
-                        }
-                        for (b, s) in best.steps.iter_mut().zip(m.steps) {
-                            *b = b.min(s);
-                        }
+                    // The median of a few rounds: this shared machine has slow spells of a
+                    // second or more, and a plan's run meets them as often as the rounds do.
+                    let mut rounds = vec![];
+                    for _ in 0..ROUNDS {
+                        rounds.push(measure(&ms, sync, leader)?);
+                    }
+                    let mut best = rounds.pop().ok_or_else(|| fail("rounds", "no round"))?;
+                    for (i, b) in best.samples.iter_mut().enumerate() {
+                        // The same instructions in the same order every round.
+                        let mut ts: Vec<f64> = rounds.iter().map(|r| r.samples[i].1.1).chain([b.1.1]).collect();
+                        b.1.1 = median(&mut ts);
+                    }
+                    for (k, b) in best.steps.iter_mut().enumerate() {
+                        let mut ts: Vec<f64> = rounds.iter().map(|r| r.steps[k]).chain([*b]).collect();
+                        *b = median(&mut ts);
                     }
                     Ok(best)
                 })
@@ -522,30 +616,38 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
         }
     }
     let mut op_costs: BTreeMap<String, OpCost> = by_family.iter().map(|(f, s)| (f.clone(), fit_family(s))).collect();
-    // The time between timed instructions (frees, the executor's loop), per instruction.
-    let mut gaps = vec![];
-    for m in &per_copy {
-        for (k, &wall) in m.steps.iter().enumerate() {
-            let mine: Vec<&Sample> = m.samples.iter().filter(|(i, _)| *i == k).map(|(_, s)| s).collect();
-            let timed: f64 = mine.iter().map(|s| s.1).sum();
-            if !mine.is_empty() {
-                gaps.push(((wall - timed) / mine.len() as f64).max(0.0));
-            }
-        }
-    }
-    let gap = median(&mut gaps);
-    for c in op_costs.values_mut() {
-        c.fixed += gap;
-    }
     let errors = by_family
         .iter()
         .map(|(f, s)| {
             let c = &op_costs[f];
-            let mut e: Vec<f64> =
-                s.iter().map(|&(t, b, fl)| ((c.seconds(b, fl) - gap - t) / t.max(1e-9)).abs()).collect();
+            let mut e: Vec<f64> = s.iter().map(|&(t, b, fl)| ((c.seconds(b, fl) - t) / t.max(1e-9)).abs()).collect();
             (f.clone(), median(&mut e))
         })
         .collect();
+    // The fit says how a step's time splits over its instructions; the untimed steps say what
+    // the whole costs. Between timed instructions there is time no instruction is charged for
+    // (frees, the executor's loop), and the fit over many small instructions prices a small
+    // model's step high and a large one's low. So the fixed and the variable parts of every
+    // family are scaled, by the two factors that best price the untimed steps of every model.
+    let parts: Vec<(f64, f64, f64, f64)> = per_copy
+        .iter()
+        .flat_map(|m| {
+            let op_costs = &op_costs;
+            m.steps.iter().enumerate().map(move |(k, &wall)| {
+                let (fixed, variable) = m.samples.iter().filter(|(i, _)| *i == k).fold((0.0, 0.0), |(f, v), (_, s)| {
+                    let c = &op_costs[&s.0];
+                    (f + c.fixed, v + c.seconds(s.2, s.3) - c.fixed)
+                });
+                (fixed, variable, 0.0, wall)
+            })
+        })
+        .collect();
+    let (a, b) = step_scales(&parts);
+    for c in op_costs.values_mut() {
+        c.fixed *= a;
+        c.per_byte *= b;
+        c.per_flop *= b;
+    }
     let step_errors = names
         .iter()
         .enumerate()
@@ -567,7 +669,7 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
         .collect();
     let mut fixed: Vec<f64> = op_costs.values().map(|c| c.fixed).collect();
     let op_seconds = median(&mut fixed);
-    Ok(Calibration { op_costs, op_seconds, errors, step_errors })
+    Ok(Calibration { op_costs, op_seconds, errors, step_errors, step_scales: (a, b) })
 }
 
 #[cfg(test)]
@@ -589,6 +691,23 @@ mod tests {
     }
 
     /// A term that would come out negative is dropped, not kept below zero.
+    #[test]
+    fn step_scales_recover_the_factors() {
+        // Steps of (fixed, variable, rest) parts whose walls are 1.3 * fixed + 0.8 * variable + rest.
+        let parts: Vec<(f64, f64, f64, f64)> =
+            [(1e-3, 4e-3, 0.0), (5e-4, 1e-4, 1e-4), (2e-3, 1e-2, 5e-4), (1e-4, 1e-5, 0.0)]
+                .iter()
+                .map(|&(f, v, r)| (f, v, r, 1.3 * f + 0.8 * v + r))
+                .collect();
+        let (a, b) = step_scales(&parts);
+        assert!((a - 1.3).abs() < 1e-9 && (b - 0.8).abs() < 1e-9, "{a} {b}");
+        // Parts that cannot tell the two apart get one factor; no steps leave the fit alone.
+        let same: Vec<(f64, f64, f64, f64)> = [(1e-3, 1e-3, 0.0, 3e-3), (2e-3, 2e-3, 0.0, 6e-3)].to_vec();
+        let (a, b) = step_scales(&same);
+        assert!((a - 1.5).abs() < 1e-9 && (b - 1.5).abs() < 1e-9, "{a} {b}");
+        assert_eq!(step_scales(&[]), (1.0, 1.0));
+    }
+
     #[test]
     fn fit_is_never_negative() {
         // Time falls with bytes: the best non-negative fit is a constant.

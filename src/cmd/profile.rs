@@ -1,6 +1,7 @@
 //! `autopar profile`: measures the links of a mesh and one device on the chosen back end and
 //! writes a device profile that `autoparallelize --device FILE` uses.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -138,7 +139,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         eprintln!("timing training steps of generated models to fit each op family's cost ...");
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
+    let mut cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
     let outer = measured[0].clone();
     let per_axis: Vec<Link> = links.iter().map(|l| l.clone().unwrap_or_else(|| inner.clone())).collect();
     let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
@@ -161,6 +162,47 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         ),
         mesh_axes: Some(MeshAxes { shape: mesh.shape().to_vec(), links: per_axis.clone() }),
     };
+    // The fit prices the single-device training steps it was made on. A plan's run also has the
+    // executor's own work per instruction, frees, and collectives that wait for the slower rank:
+    // with threads on this machine, the data-parallel plans of the calibration models are run
+    // and the fit scaled to price them.
+    let mut profile = profile;
+    let trainer_scales = cal.step_scales;
+    let anchored = if backend == "threads" && mesh.size() <= cores {
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            eprintln!("running the data-parallel plans of the generated models on {mesh} ...");
+        }
+        // Each family's cost as the plans' runs measured it (the executor's own work per
+        // instruction included), then the whole scaled to their steps.
+        let runs = run_plans(&profile, mesh)?;
+        let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
+        for r in &runs {
+            for (f, t, b, fl) in &r.ops {
+                by_family.entry(f.clone()).or_default().push((*t, *b, *fl));
+            }
+        }
+        for (f, samples) in &by_family {
+            cal.op_costs.insert(f.clone(), runtime::calibrate::fit_family(samples));
+        }
+        let mut fixed: Vec<f64> = cal.op_costs.values().map(|c| c.fixed).collect();
+        fixed.sort_by(f64::total_cmp);
+        cal.op_seconds = fixed.get(fixed.len() / 2).copied().unwrap_or(cal.op_seconds);
+        profile.op_costs = cal.op_costs.clone();
+        profile.op_seconds = cal.op_seconds;
+        let parts = anchors(&profile, mesh, &runs);
+        let (sa, sb) = runtime::calibrate::step_scales(&parts.iter().map(|p| p.1).collect::<Vec<_>>());
+        cal.rescale(sa, sb);
+        profile.op_costs = cal.op_costs.clone();
+        profile.op_seconds = cal.op_seconds;
+        Some(
+            parts
+                .iter()
+                .map(|(name, (f, v, rest, wall))| (name.clone(), (sa * f + sb * v + rest - wall) / wall))
+                .collect::<Vec<_>>(),
+        )
+    } else {
+        None
+    };
     std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")
         .with_context(|| format!("writing {}", a.out.display()))?;
     let mut worst: f64 = 0.0;
@@ -182,12 +224,34 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
             out,
             "ops       {} op families fitted on timed training steps of generated models (each family's \
              median error per instruction: {:.0}% in the median family); other ops {:.2} us per \
-             instruction (the median fixed cost) + roofline; the steps priced by the fit: {}",
+             instruction (the median fixed cost) + roofline; fixed costs x{:.2} and per-byte/FLOP \
+             costs x{:.2} to price the untimed steps, which the fit then prices: {}",
             cal.op_costs.len(),
             errs.get(errs.len() / 2).copied().unwrap_or(0.0) * 100.0,
             cal.op_seconds * 1e6,
+            trainer_scales.0,
+            trainer_scales.1,
             cal.step_errors.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
         )?;
+        match &anchored {
+            Some(errs) => writeln!(
+                out,
+                "plans     the fit then scaled to the data-parallel plans of those models run on {mesh} (fixed costs \
+                 x{:.2}, per-byte/FLOP costs x{:.2} in all), whose estimates are then: {}",
+                cal.step_scales.0,
+                cal.step_scales.1,
+                errs.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
+            )?,
+            None => writeln!(
+                out,
+                "plans     not run: the fit is not scaled to plans' runs ({})",
+                if backend == "threads" {
+                    "the mesh has more ranks than this machine has cores"
+                } else {
+                    "threads only"
+                }
+            )?,
+        }
         for (axis, l) in links.iter().enumerate() {
             if let Some(l) = l {
                 writeln!(out, "axis {axis}    all-reduce {}", describe(l))?;
@@ -227,7 +291,8 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     if a.json {
         let line = serde_json::json!({"samples": rows, "max_error": worst, "one_line_max_error": one_line_error(samples), "f32_flops": flops, "bf16_flops": rates.bf16_flops,
             "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string(),
-            "op_costs": cal.op_costs, "op_errors": cal.errors, "calibration_step_errors": cal.step_errors});
+            "op_costs": cal.op_costs, "op_errors": cal.errors, "calibration_step_errors": cal.step_errors,
+            "calibration_step_scales": [cal.step_scales.0, cal.step_scales.1], "plan_errors": anchored});
         writeln!(out, "{line}")?;
     } else {
         writeln!(
@@ -249,6 +314,151 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         )?;
     }
     Ok(())
+}
+
+/// One calibration model's data-parallel plan on `mesh`, priced by a profile and run on threads:
+/// `(name, (fixed, variable, rest, measured))`, where the estimate is `fixed + variable + rest`:
+/// the fitted families' fixed costs, their per-byte and per-FLOP costs, and the rest (the
+/// collectives, ops of no fitted family).
+type Anchor = (String, (f64, f64, f64, f64));
+
+/// A calibration model's data-parallel plan and what its run on threads measured: the median
+/// step, and every op instruction's `(family, seconds, bytes, FLOPs)` on every rank (the median
+/// over the profiled steps).
+struct PlanRun {
+    model: runtime::calibrate::Model,
+    step: f64,
+    ops: Vec<(String, f64, f64, f64)>,
+}
+
+fn dp_options() -> codegen::plan::PlanOptions {
+    codegen::plan::PlanOptions {
+        baseline: plan::Baseline::Dp,
+        compare_baselines: false,
+        checkpoint: false,
+        ..codegen::plan::PlanOptions::default()
+    }
+}
+
+/// Family, bytes and FLOPs of a plan's op instruction on one rank (`None` for other kinds and
+/// for parameters, inputs and constants, which are looked up, not run).
+fn op_sample(p: &plan::Plan, mesh: &DeviceMesh, i: &plan::Instr) -> Option<(String, f64, f64)> {
+    let plan::Instr::Op { op, inputs, input_specs, outputs, local_shapes, .. } = i else { return None };
+    if op.is_source() {
+        return None;
+    }
+    let meta =
+        |v: &plan::ValueRef| p.graph.g.node_weight(ir::NodeIndex::new(v.node)).and_then(|n| n.outputs.get(v.slot));
+    let ins: Vec<ir::TensorMeta> = inputs
+        .iter()
+        .zip(input_specs)
+        .map(|(v, s)| meta(v).map(|m| ir::TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))))
+        .collect::<Option<_>>()?;
+    let outs: Vec<ir::TensorMeta> = outputs
+        .iter()
+        .zip(local_shapes)
+        .map(|(v, shape)| meta(v).map(|m| ir::TensorMeta::new(m.dtype, shape.clone())))
+        .collect::<Option<_>>()?;
+    let (flops, bytes) = sharding::op_work(op, &ins, &outs);
+    Some((sharding::cost_family(op, &ins), bytes, flops))
+}
+
+/// Runs the data-parallel plan of every calibration model on `mesh`'s threads (one kernel thread
+/// per rank), as `autopar run` would: about a tenth of a second of steps by `profile`'s
+/// estimate, every other one profiled per instruction. A model whose plan cannot be made is left
+/// out.
+fn run_plans(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<Vec<PlanRun>> {
+    let mut out = vec![];
+    for m in runtime::calibrate::models()? {
+        let Ok(plan) = codegen::plan::plan(&m.tg.graph, mesh, profile, &dp_options()) else { continue };
+        let est = plan.estimate.step_seconds;
+        let Ok(valid) = plan.into_valid() else { continue };
+        let program = runtime::dist::Program::from_valid(&valid, ir::DType::F32)?;
+        let steps = (0.1 / est.max(1e-6)).clamp(6.0, 200.0) as usize;
+        let comms = ThreadWorld::new(program.ranks(), Duration::from_secs(120));
+        type Rank = (Vec<f64>, BTreeMap<usize, Vec<f64>>);
+        let ranks: Vec<Result<Rank>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, mut comm)| {
+                    let (program, m) = (&program, &m);
+                    s.spawn(move || -> Result<Rank> {
+                        let ctx = kernels::cpu::CpuContext::new(1)?;
+                        let mut st = program.init_rank(rank, &m.params, &m.feeds)?;
+                        let origin = program.origin.get(program.stage_of(rank));
+                        let (mut walls, mut times) = (vec![], BTreeMap::<usize, Vec<f64>>::new());
+                        for step in 0..=steps {
+                            // Step 0 warms up; the profiled ones time each instruction, the
+                            // others (whose timing nothing slows) the step.
+                            let profiled = step % 2 == 1;
+                            let r = program.step_profiled(&mut st, &ctx, &mut comm, profiled)?;
+                            if step == 0 {
+                                continue;
+                            }
+                            if !profiled {
+                                walls.push(r.seconds);
+                            }
+                            for (at, secs, _) in r.instr_profile {
+                                let at = origin.and_then(|o| o.get(at)).copied().unwrap_or(at);
+                                times.entry(at).or_default().push(secs);
+                            }
+                        }
+                        Ok((walls, times))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| bail!("a rank panicked"))).collect()
+        });
+        let ranks = ranks.into_iter().collect::<Result<Vec<_>>>()?;
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        // A step lasts as long as its slowest rank.
+        let walls: Vec<f64> = (0..ranks.iter().map(|r| r.0.len()).min().unwrap_or(0))
+            .map(|k| ranks.iter().map(|r| r.0[k]).fold(0.0, f64::max))
+            .collect();
+        let Some(step) = median(walls) else { continue };
+        let mut ops = vec![];
+        for (_, times) in ranks {
+            for (at, ts) in times {
+                let sample = valid.program.get(at).and_then(|i| op_sample(&valid, valid.mesh(), i));
+                if let (Some((family, bytes, flops)), Some(t)) = (sample, median(ts)) {
+                    ops.push((family, t, bytes, flops));
+                }
+            }
+        }
+        out.push(PlanRun { model: m, step, ops });
+    }
+    Ok(out)
+}
+
+/// Every run plan priced again by `profile`, split into its fixed, variable and other parts.
+fn anchors(profile: &DeviceProfile, mesh: &DeviceMesh, runs: &[PlanRun]) -> Vec<Anchor> {
+    // The same profile with only the fixed costs, and with only the per-byte and per-FLOP ones.
+    let only = |fixed: bool| {
+        let mut p = profile.clone();
+        for c in p.op_costs.values_mut() {
+            if fixed {
+                (c.per_byte, c.per_flop) = (0.0, 0.0);
+            } else {
+                c.fixed = 0.0;
+            }
+        }
+        p
+    };
+    let (fixed_only, variable_only) = (only(true), only(false));
+    runs.iter()
+        .filter_map(|r| {
+            let est = |p: &DeviceProfile| {
+                codegen::plan::plan(&r.model.tg.graph, mesh, p, &dp_options()).ok().map(|pl| pl.estimate.step_seconds)
+            };
+            let (e, ef, ev) = (est(profile)?, est(&fixed_only)?, est(&variable_only)?);
+            let rest = ef + ev - e;
+            Some((r.model.name.clone(), (ef - rest, ev - rest, rest, r.step)))
+        })
+        .collect()
 }
 
 /// Runs `autopar profile`.
