@@ -323,7 +323,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
 type Anchor = (String, (f64, f64, f64, f64));
 
 /// A calibration model's data-parallel plan and what its run on threads measured: the median
-/// step, and every op instruction's `(family, seconds, bytes, FLOPs)` on every rank (the median
+/// step, and every op instruction's `(family, seconds, bytes, FLOPs)` on every rank (the mean
 /// over the profiled steps).
 struct PlanRun {
     model: runtime::calibrate::Model,
@@ -364,9 +364,9 @@ fn op_sample(p: &plan::Plan, mesh: &DeviceMesh, i: &plan::Instr) -> Option<(Stri
 }
 
 /// Runs the data-parallel plan of every calibration model on `mesh`'s threads (one kernel thread
-/// per rank), as `autopar run` would: about a tenth of a second of steps by `profile`'s
-/// estimate, every other one profiled per instruction. A model whose plan cannot be made is left
-/// out.
+/// per rank), as `autopar run` would: about a twentieth of a second of steps by `profile`'s
+/// estimate profiled per instruction, then as many timed whole. A model whose plan cannot be
+/// made is left out.
 fn run_plans(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<Vec<PlanRun>> {
     let mut out = vec![];
     for m in runtime::calibrate::models()? {
@@ -374,57 +374,36 @@ fn run_plans(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<Vec<PlanRun>>
         let est = plan.estimate.step_seconds;
         let Ok(valid) = plan.into_valid() else { continue };
         let program = runtime::dist::Program::from_valid(&valid, ir::DType::F32)?;
-        let steps = (0.1 / est.max(1e-6)).clamp(6.0, 200.0) as usize;
-        let comms = ThreadWorld::new(program.ranks(), Duration::from_secs(120));
-        type Rank = (Vec<f64>, BTreeMap<usize, Vec<f64>>);
-        let ranks: Vec<Result<Rank>> = std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .enumerate()
-                .map(|(rank, mut comm)| {
-                    let (program, m) = (&program, &m);
-                    s.spawn(move || -> Result<Rank> {
-                        let ctx = kernels::cpu::CpuContext::new(1)?;
-                        let mut st = program.init_rank(rank, &m.params, &m.feeds)?;
-                        let origin = program.origin.get(program.stage_of(rank));
-                        let (mut walls, mut times) = (vec![], BTreeMap::<usize, Vec<f64>>::new());
-                        for step in 0..=steps {
-                            // Step 0 warms up; the profiled ones time each instruction, the
-                            // others (whose timing nothing slows) the step.
-                            let profiled = step % 2 == 1;
-                            let r = program.step_profiled(&mut st, &ctx, &mut comm, profiled)?;
-                            if step == 0 {
-                                continue;
-                            }
-                            if !profiled {
-                                walls.push(r.seconds);
-                            }
-                            for (at, secs, _) in r.instr_profile {
-                                let at = origin.and_then(|o| o.get(at)).copied().unwrap_or(at);
-                                times.entry(at).or_default().push(secs);
-                            }
-                        }
-                        Ok((walls, times))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| bail!("a rank panicked"))).collect()
-        });
-        let ranks = ranks.into_iter().collect::<Result<Vec<_>>>()?;
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied()
+        let steps = (0.05 / est.max(1e-6)).clamp(3.0, 100.0) as u64;
+        let states =
+            (0..program.ranks()).map(|r| program.init_rank(r, &m.params, &m.feeds)).collect::<Result<Vec<_>, _>>()?;
+        // Steps timed per instruction (the first warms up and is left out), then as many timed
+        // whole, which nothing slows.
+        let mut opts = runtime::launch::RunOptions {
+            until_step: steps + 1,
+            threads_per_rank: 1,
+            accumulation: Default::default(),
+            timeout: Duration::from_secs(120),
+            checkpoint: None,
+            fault: None,
+            run_id: format!("profile-{}", std::process::id()),
+            data: None,
+            eval: None,
+            profile_ops: true,
         };
-        // A step lasts as long as its slowest rank.
-        let walls: Vec<f64> = (0..ranks.iter().map(|r| r.0.len()).min().unwrap_or(0))
-            .map(|k| ranks.iter().map(|r| r.0[k]).fold(0.0, f64::max))
-            .collect();
-        let Some(step) = median(walls) else { continue };
+        let states = runtime::launch::run_threads(&program, states, &opts, &mut |_| {})?;
+        let profiles: Vec<runtime::launch::RankProfile> = states.iter().filter_map(|st| st.profile.clone()).collect();
+        (opts.until_step, opts.profile_ops) = (2 * steps + 1, false);
+        let mut walls = vec![];
+        runtime::launch::run_threads(&program, states, &opts, &mut |r| walls.push(r.seconds))?;
+        walls.sort_by(f64::total_cmp);
+        let Some(&step) = walls.get(walls.len() / 2) else { continue };
         let mut ops = vec![];
-        for (_, times) in ranks {
-            for (at, ts) in times {
-                let sample = valid.program.get(at).and_then(|i| op_sample(&valid, valid.mesh(), i));
-                if let (Some((family, bytes, flops)), Some(t)) = (sample, median(ts)) {
+        for p in &profiles {
+            for (&at, &t) in &p.seconds {
+                if let Some((family, bytes, flops)) =
+                    valid.program.get(at).and_then(|i| op_sample(&valid, valid.mesh(), i))
+                {
                     ops.push((family, t, bytes, flops));
                 }
             }
