@@ -373,12 +373,12 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     assert!(p["conv_flops"].as_f64().unwrap() > 1e8, "{p}");
     assert!(out.contains("us per instruction (the median fixed cost)"), "{out}");
     // Every op family of the generated calibration steps is fitted, products among them.
-    assert!(out.contains("op families fitted on timed training steps"), "{out}");
-    // Scaled to the data-parallel plans of those models run on the mesh, when this machine has
-    // a core per rank.
+    assert!(out.contains("op families fitted on timed single-device training steps"), "{out}");
+    // Fitted again on the data-parallel plans of those models run on the mesh, when this machine
+    // has a core per rank.
     assert!(
-        out.contains("plans     the fit then scaled to the data-parallel plans")
-            || out.contains("plans     not run: the fit is not scaled to plans' runs (the mesh has more ranks"),
+        out.contains("families fitted again on the instructions of the models' data-parallel plans run on 2x2")
+            || out.contains("plans     not run (the mesh has more ranks than this machine has cores)"),
         "{out}"
     );
     for family in ["matmul", "conv", "conv/1x1", "conv/grouped", "transpose", "sgd_update"] {
@@ -437,18 +437,23 @@ fn profile_scales_the_fit_to_plans_run_on_the_mesh() {
     let prof = dir.path().join("p.json");
     let out = ok(&["profile", "--mesh", "2", "--max-bytes", "4KiB", "--reps", "2", "--json", "-o", &s(&prof)]);
     let line: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-    // Every calibration model's plan was run and priced, and the scales are positive.
+    // Every calibration model's plan was run and priced.
     let errors = line["plan_errors"].as_array().unwrap_or_else(|| panic!("{line}"));
     assert!(errors.len() >= 8, "{line}");
     for e in errors {
         assert!(e[1].as_f64().unwrap().is_finite(), "{e}");
     }
-    let scales = line["calibration_step_scales"].as_array().unwrap();
-    assert!(scales.iter().all(|x| x.as_f64().unwrap() > 0.0), "{line}");
+    let scales = line["plan_step_scales"].as_array().unwrap();
+    assert!(scales.iter().all(|x| x.as_f64().unwrap().is_finite()), "{line}");
+    // The profile prices the families the plans ran by the plans' fit: it is not the
+    // single-device one.
+    let families: Vec<&str> = line["plan_families"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(families.contains(&"reshape") && families.contains(&"matmul"), "{line}");
     let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
     for family in ["matmul", "conv", "reshape", "sgd_update"] {
-        let c = &p["op_costs"][family];
+        let (c, single) = (&p["op_costs"][family], &line["single_device_op_costs"][family]);
         assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");
+        assert_ne!(c, single, "{family}: the profile keeps the single-device fit");
     }
 }
 

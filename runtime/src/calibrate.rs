@@ -19,9 +19,8 @@
 //! rank, `autopar profile` then runs these models' data-parallel plans on the profiled mesh as
 //! `autopar run` would, fits every family again on their instructions' times (the executor's
 //! own work per instruction included: a reshape there costs several times what it does in a
-//! single-device step) and scales that fit the same way to the plans' measured steps
-//! ([`Calibration::rescale`]), which also have frees and collectives that wait for the slower
-//! rank.
+//! single-device step) and scales that fit the same way to the plans' measured steps, which
+//! also have frees and collectives that wait for the slower rank.
 //!
 //! Every copy runs on its own thread, as many copies at once as the mesh has ranks on this
 //! machine, kept in step (every step starts on all copies at once), so the caches and memory
@@ -387,28 +386,74 @@ struct Measured {
 }
 
 /// Keeps the copies in step, as the ranks of a plan are: every step starts on all of them at
-/// once, and the first copy decides for all when a model has had its share of time.
+/// once, and the first copy decides for all when a model has had its share of time. A copy that
+/// stops (an error, a panic) aborts it, and every copy waiting in it or arriving later fails
+/// instead of waiting for good.
 struct Lockstep {
-    barrier: std::sync::Barrier,
+    copies: usize,
+    /// Copies arrived at the current barrier, the barrier's generation, aborted.
+    state: std::sync::Mutex<(usize, u64, bool)>,
+    turn: std::sync::Condvar,
     stop: std::sync::atomic::AtomicBool,
 }
 
 impl Lockstep {
     fn new(copies: usize) -> Self {
-        Lockstep { barrier: std::sync::Barrier::new(copies), stop: std::sync::atomic::AtomicBool::new(false) }
+        Lockstep {
+            copies,
+            state: std::sync::Mutex::new((0, 0, false)),
+            turn: std::sync::Condvar::new(),
+            stop: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Waits until every copy has arrived.
+    fn wait(&self) -> Result<(), RunError> {
+        let aborted = || fail("lockstep", "another copy of the calibration stopped");
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if g.2 {
+            return Err(aborted());
+        }
+        let generation = g.1;
+        g.0 += 1;
+        if g.0 == self.copies {
+            (g.0, g.1) = (0, g.1 + 1);
+            self.turn.notify_all();
+            return Ok(());
+        }
+        while g.1 == generation && !g.2 {
+            g = self.turn.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        if g.1 == generation { Err(aborted()) } else { Ok(()) }
+    }
+
+    fn abort(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
+        self.turn.notify_all();
     }
 
     /// The leader's `stop`, agreed by every copy.
-    fn agree(&self, leader: bool, stop: bool) -> bool {
+    fn agree(&self, leader: bool, stop: bool) -> Result<bool, RunError> {
         use std::sync::atomic::Ordering::SeqCst;
         if leader {
             self.stop.store(stop, SeqCst);
         }
-        self.barrier.wait();
+        self.wait()?;
         let stop = self.stop.load(SeqCst);
         // No copy may store the next decision before every copy has read this one.
-        self.barrier.wait();
-        stop
+        self.wait()?;
+        Ok(stop)
+    }
+}
+
+/// Aborts the lockstep when dropped armed: a copy that returns early or panics.
+struct AbortOnDrop<'a>(&'a Lockstep, bool);
+
+impl Drop for AbortOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.abort();
+        }
     }
 }
 
@@ -426,11 +471,11 @@ fn measure(models: &[Model], sync: &Lockstep, leader: bool) -> Result<Measured, 
         for s in 0..WARM_UP + STEPS {
             // A large model stops after a few timed steps once it has had its share of time.
             let done = s >= WARM_UP + MIN_STEPS && start.elapsed().as_secs_f64() > MODEL_SECONDS;
-            if sync.agree(leader, done) {
+            if sync.agree(leader, done)? {
                 break;
             }
             let rep = timed.step(&ctx, &m.feeds)?;
-            sync.barrier.wait();
+            sync.wait()?;
             let t0 = Instant::now();
             plain.step(&ctx, &m.feeds)?;
             let wall = t0.elapsed().as_secs_f64();
@@ -529,8 +574,8 @@ pub fn fit_family(samples: &[(f64, f64, f64)]) -> OpCost {
 }
 
 /// The factors `(a, b)` minimising `sum ((a * fixed + b * variable + rest - wall) / wall)^2`
-/// over `(fixed, variable, rest, wall)` steps, both non-negative (one common factor when the two
-/// cannot be told apart; `(1, 1)` without steps).
+/// over `(fixed, variable, rest, wall)` steps. When the two cannot be told apart, or one would
+/// not come out positive, one common factor for both; `(1, 1)` without steps.
 pub fn step_scales(parts: &[(f64, f64, f64, f64)]) -> (f64, f64) {
     let (mut ff, mut fv, mut vv, mut fy, mut vy) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for &(f, v, rest, w) in parts.iter().filter(|p| p.3 > 0.0) {
@@ -557,19 +602,6 @@ pub fn step_scales(parts: &[(f64, f64, f64, f64)]) -> (f64, f64) {
     }
 }
 
-impl Calibration {
-    /// Scales every family's fixed cost by `a` and its per-byte and per-FLOP costs by `b`.
-    pub fn rescale(&mut self, a: f64, b: f64) {
-        for c in self.op_costs.values_mut() {
-            c.fixed *= a;
-            c.per_byte *= b;
-            c.per_flop *= b;
-        }
-        self.op_seconds *= a;
-        self.step_scales = (self.step_scales.0 * a, self.step_scales.1 * b);
-    }
-}
-
 /// Times training steps of the calibration models on `copies` threads at once (one CPU thread
 /// each) and fits every op family's cost.
 pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
@@ -581,6 +613,7 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
                 let sync = &sync;
                 s.spawn(move || -> Result<Measured, RunError> {
                     let leader = copy == 0;
+                    let mut guard = AbortOnDrop(sync, true);
                     let ms = models()?;
                     // The median of a few rounds: this shared machine has slow spells of a
                     // second or more, and a plan's run meets them as often as the rounds do.
@@ -598,6 +631,7 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
                         let mut ts: Vec<f64> = rounds.iter().map(|r| r.steps[k]).chain([*b]).collect();
                         *b = median(&mut ts);
                     }
+                    guard.1 = false;
                     Ok(best)
                 })
             })
@@ -690,7 +724,6 @@ mod tests {
         }
     }
 
-    /// A term that would come out negative is dropped, not kept below zero.
     #[test]
     fn step_scales_recover_the_factors() {
         // Steps of (fixed, variable, rest) parts whose walls are 1.3 * fixed + 0.8 * variable + rest.
@@ -708,6 +741,7 @@ mod tests {
         assert_eq!(step_scales(&[]), (1.0, 1.0));
     }
 
+    /// A term that would come out negative is dropped, not kept below zero.
     #[test]
     fn fit_is_never_negative() {
         // Time falls with bytes: the best non-negative fit is a constant.

@@ -139,7 +139,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         eprintln!("timing training steps of generated models to fit each op family's cost ...");
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
+    let cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
     let outer = measured[0].clone();
     let per_axis: Vec<Link> = links.iter().map(|l| l.clone().unwrap_or_else(|| inner.clone())).collect();
     let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
@@ -164,45 +164,25 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     };
     // The fit prices the single-device training steps it was made on. A plan's run also has the
     // executor's own work per instruction, frees, and collectives that wait for the slower rank:
-    // with threads on this machine, the data-parallel plans of the calibration models are run
-    // and the fit scaled to price them.
+    // with threads on this machine, the data-parallel plans of the calibration models are run,
+    // the families they ran fitted again on their instructions' times and scaled to their steps.
     let mut profile = profile;
-    let trainer_scales = cal.step_scales;
-    let anchored = if backend == "threads" && mesh.size() <= cores {
+    let anchored: Result<PlanFit, String> = if backend != "threads" {
+        Err("threads only".into())
+    } else if mesh.size() > cores {
+        Err("the mesh has more ranks than this machine has cores".into())
+    } else {
         if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             eprintln!("running the data-parallel plans of the generated models on {mesh} ...");
         }
-        // Each family's cost as the plans' runs measured it (the executor's own work per
-        // instruction included), then the whole scaled to their steps.
-        let runs = run_plans(&profile, mesh)?;
-        let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
-        for r in &runs {
-            for (f, t, b, fl) in &r.ops {
-                by_family.entry(f.clone()).or_default().push((*t, *b, *fl));
-            }
-        }
-        for (f, samples) in &by_family {
-            cal.op_costs.insert(f.clone(), runtime::calibrate::fit_family(samples));
-        }
-        let mut fixed: Vec<f64> = cal.op_costs.values().map(|c| c.fixed).collect();
-        fixed.sort_by(f64::total_cmp);
-        cal.op_seconds = fixed.get(fixed.len() / 2).copied().unwrap_or(cal.op_seconds);
-        profile.op_costs = cal.op_costs.clone();
-        profile.op_seconds = cal.op_seconds;
-        let parts = anchors(&profile, mesh, &runs);
-        let (sa, sb) = runtime::calibrate::step_scales(&parts.iter().map(|p| p.1).collect::<Vec<_>>());
-        cal.rescale(sa, sb);
-        profile.op_costs = cal.op_costs.clone();
-        profile.op_seconds = cal.op_seconds;
-        Some(
-            parts
-                .iter()
-                .map(|(name, (f, v, rest, wall))| (name.clone(), (sa * f + sb * v + rest - wall) / wall))
-                .collect::<Vec<_>>(),
-        )
-    } else {
-        None
+        plan_fit(&profile, mesh)
     };
+    if let Ok(f) = &anchored {
+        profile.op_costs.extend(f.op_costs.clone());
+        let mut fixed: Vec<f64> = profile.op_costs.values().map(|c| c.fixed).collect();
+        fixed.sort_by(f64::total_cmp);
+        profile.op_seconds = fixed.get(fixed.len() / 2).copied().unwrap_or(profile.op_seconds);
+    }
     std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")
         .with_context(|| format!("writing {}", a.out.display()))?;
     let mut worst: f64 = 0.0;
@@ -222,36 +202,33 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         errs.sort_by(f64::total_cmp);
         writeln!(
             out,
-            "ops       {} op families fitted on timed training steps of generated models (each family's \
-             median error per instruction: {:.0}% in the median family); other ops {:.2} us per \
-             instruction (the median fixed cost) + roofline; fixed costs x{:.2} and per-byte/FLOP \
-             costs x{:.2} to price the untimed steps, which the fit then prices: {}",
+            "ops       {} op families fitted on timed single-device training steps of generated models \
+             (each family's median error per instruction: {:.0}% in the median family), fixed costs x{:.2} \
+             and per-byte/FLOP costs x{:.2} to price the untimed steps, which the fit then prices: {}",
             cal.op_costs.len(),
             errs.get(errs.len() / 2).copied().unwrap_or(0.0) * 100.0,
-            cal.op_seconds * 1e6,
-            trainer_scales.0,
-            trainer_scales.1,
+            cal.step_scales.0,
+            cal.step_scales.1,
             cal.step_errors.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
         )?;
         match &anchored {
-            Some(errs) => writeln!(
+            Ok(f) => writeln!(
                 out,
-                "plans     the fit then scaled to the data-parallel plans of those models run on {mesh} (fixed costs \
-                 x{:.2}, per-byte/FLOP costs x{:.2} in all), whose estimates are then: {}",
-                cal.step_scales.0,
-                cal.step_scales.1,
-                errs.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
+                "plans     {} of those families fitted again on the instructions of the models' data-parallel \
+                 plans run on {mesh}, fixed costs x{:.2} and per-byte/FLOP costs x{:.2} to price their steps, \
+                 which the profile then prices: {}",
+                f.op_costs.len(),
+                f.scales.0,
+                f.scales.1,
+                f.errors.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
             )?,
-            None => writeln!(
-                out,
-                "plans     not run: the fit is not scaled to plans' runs ({})",
-                if backend == "threads" {
-                    "the mesh has more ranks than this machine has cores"
-                } else {
-                    "threads only"
-                }
-            )?,
+            Err(why) => writeln!(out, "plans     not run ({why}): the single-device fit is kept")?,
         }
+        writeln!(
+            out,
+            "          other ops: {:.2} us per instruction (the median fixed cost) + roofline",
+            profile.op_seconds * 1e6
+        )?;
         for (axis, l) in links.iter().enumerate() {
             if let Some(l) = l {
                 writeln!(out, "axis {axis}    all-reduce {}", describe(l))?;
@@ -291,8 +268,12 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     if a.json {
         let line = serde_json::json!({"samples": rows, "max_error": worst, "one_line_max_error": one_line_error(samples), "f32_flops": flops, "bf16_flops": rates.bf16_flops,
             "memory_bandwidth": bandwidth, "links": per_axis, "profile": a.out.display().to_string(),
-            "op_costs": cal.op_costs, "op_errors": cal.errors, "calibration_step_errors": cal.step_errors,
-            "calibration_step_scales": [cal.step_scales.0, cal.step_scales.1], "plan_errors": anchored});
+            "op_costs": profile.op_costs, "single_device_op_costs": cal.op_costs, "single_device_op_errors": cal.errors, "calibration_step_errors": cal.step_errors,
+            "calibration_step_scales": [cal.step_scales.0, cal.step_scales.1],
+            "plan_families": anchored.as_ref().ok().map(|f| f.op_costs.keys().collect::<Vec<_>>()),
+            "plan_step_scales": anchored.as_ref().ok().map(|f| [f.scales.0, f.scales.1]),
+            "plan_errors": anchored.as_ref().ok().map(|f| &f.errors),
+            "plans_not_run": anchored.as_ref().err()});
         writeln!(out, "{line}")?;
     } else {
         writeln!(
@@ -316,28 +297,22 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     Ok(())
 }
 
-/// One calibration model's data-parallel plan on `mesh`, priced by a profile and run on threads:
-/// `(name, (fixed, variable, rest, measured))`, where the estimate is `fixed + variable + rest`:
-/// the fitted families' fixed costs, their per-byte and per-FLOP costs, and the rest (the
-/// collectives, ops of no fitted family).
-type Anchor = (String, (f64, f64, f64, f64));
-
-/// A calibration model's data-parallel plan and what its run on threads measured: the median
-/// step, and every op instruction's `(family, seconds, bytes, FLOPs)` on every rank (the mean
-/// over the profiled steps).
+/// A calibration model's data-parallel plan, run on threads: the plan, the median measured step,
+/// and every op instruction's `(plan index, family, seconds, bytes, FLOPs)` on every rank (the
+/// mean over the profiled steps).
 struct PlanRun {
-    model: runtime::calibrate::Model,
+    name: String,
+    plan: plan::Valid,
     step: f64,
-    ops: Vec<(String, f64, f64, f64)>,
+    ops: Vec<(usize, String, f64, f64, f64)>,
 }
 
-fn dp_options() -> codegen::plan::PlanOptions {
-    codegen::plan::PlanOptions {
-        baseline: plan::Baseline::Dp,
-        compare_baselines: false,
-        checkpoint: false,
-        ..codegen::plan::PlanOptions::default()
-    }
+/// What the plans' runs fitted: the families they ran, the factors their fixed and per-byte/FLOP
+/// costs were scaled by to price the plans' steps, and each plan's error as the result prices it.
+struct PlanFit {
+    op_costs: BTreeMap<String, sharding::OpCost>,
+    scales: (f64, f64),
+    errors: Vec<(String, f64)>,
 }
 
 /// Family, bytes and FLOPs of a plan's op instruction on one rank (`None` for other kinds and
@@ -363,81 +338,120 @@ fn op_sample(p: &plan::Plan, mesh: &DeviceMesh, i: &plan::Instr) -> Option<(Stri
     Some((sharding::cost_family(op, &ins), bytes, flops))
 }
 
-/// Runs the data-parallel plan of every calibration model on `mesh`'s threads (one kernel thread
-/// per rank), as `autopar run` would: about a twentieth of a second of steps by `profile`'s
-/// estimate profiled per instruction, then as many timed whole. A model whose plan cannot be
-/// made is left out.
-fn run_plans(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<Vec<PlanRun>> {
-    let mut out = vec![];
-    for m in runtime::calibrate::models()? {
-        let Ok(plan) = codegen::plan::plan(&m.tg.graph, mesh, profile, &dp_options()) else { continue };
-        let est = plan.estimate.step_seconds;
-        let Ok(valid) = plan.into_valid() else { continue };
-        let program = runtime::dist::Program::from_valid(&valid, ir::DType::F32)?;
-        let steps = (0.05 / est.max(1e-6)).clamp(3.0, 100.0) as u64;
-        let states =
-            (0..program.ranks()).map(|r| program.init_rank(r, &m.params, &m.feeds)).collect::<Result<Vec<_>, _>>()?;
-        // Steps timed per instruction (the first warms up and is left out), then as many timed
-        // whole, which nothing slows.
-        let mut opts = runtime::launch::RunOptions {
-            until_step: steps + 1,
-            threads_per_rank: 1,
-            accumulation: Default::default(),
-            timeout: Duration::from_secs(120),
-            checkpoint: None,
-            fault: None,
-            run_id: format!("profile-{}", std::process::id()),
-            data: None,
-            eval: None,
-            profile_ops: true,
-        };
-        let states = runtime::launch::run_threads(&program, states, &opts, &mut |_| {})?;
-        let profiles: Vec<runtime::launch::RankProfile> = states.iter().filter_map(|st| st.profile.clone()).collect();
-        (opts.until_step, opts.profile_ops) = (2 * steps + 1, false);
-        let mut walls = vec![];
-        runtime::launch::run_threads(&program, states, &opts, &mut |r| walls.push(r.seconds))?;
-        walls.sort_by(f64::total_cmp);
-        let Some(&step) = walls.get(walls.len() / 2) else { continue };
-        let mut ops = vec![];
-        for p in &profiles {
-            for (&at, &t) in &p.seconds {
-                if let Some((family, bytes, flops)) =
-                    valid.program.get(at).and_then(|i| op_sample(&valid, valid.mesh(), i))
-                {
-                    ops.push((family, t, bytes, flops));
-                }
+/// Plans one calibration model data-parallel on `mesh` and runs it on threads (one kernel
+/// thread per rank) as `autopar run` would: about a twentieth of a second of steps by the
+/// estimate profiled per instruction (after one warm-up step), then as many timed whole.
+fn run_plan(m: &runtime::calibrate::Model, profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanRun> {
+    let opts = codegen::plan::PlanOptions {
+        baseline: plan::Baseline::Dp,
+        compare_baselines: false,
+        checkpoint: false,
+        ..codegen::plan::PlanOptions::default()
+    };
+    let plan = codegen::plan::plan(&m.tg.graph, mesh, profile, &opts)?;
+    let est = plan.estimate.step_seconds;
+    let plan = plan.into_valid()?;
+    let program = runtime::dist::Program::from_valid(&plan, ir::DType::F32)?;
+    let steps = (0.05 / est.max(1e-6)).clamp(3.0, 100.0) as u64;
+    let states =
+        (0..program.ranks()).map(|r| program.init_rank(r, &m.params, &m.feeds)).collect::<Result<Vec<_>, _>>()?;
+    let mut opts = runtime::launch::RunOptions {
+        until_step: steps + 1,
+        threads_per_rank: 1,
+        accumulation: Default::default(),
+        timeout: Duration::from_secs(120),
+        checkpoint: None,
+        fault: None,
+        run_id: format!("profile-{}", std::process::id()),
+        data: None,
+        eval: None,
+        profile_ops: true,
+    };
+    let states = runtime::launch::run_threads(&program, states, &opts, &mut |_| {})?;
+    let profiles: Vec<runtime::launch::RankProfile> = states.iter().filter_map(|st| st.profile.clone()).collect();
+    (opts.until_step, opts.profile_ops) = (2 * steps + 1, false);
+    let mut walls = vec![];
+    runtime::launch::run_threads(&program, states, &opts, &mut |r| walls.push(r.seconds))?;
+    walls.sort_by(f64::total_cmp);
+    let step = walls.get(walls.len() / 2).copied().context("no step was run")?;
+    let mut ops = vec![];
+    for p in &profiles {
+        for (&at, &t) in &p.seconds {
+            if let Some((family, bytes, flops)) = plan.program.get(at).and_then(|i| op_sample(&plan, plan.mesh(), i)) {
+                ops.push((at, family, t, bytes, flops));
             }
         }
-        out.push(PlanRun { model: m, step, ops });
     }
-    Ok(out)
+    Ok(PlanRun { name: m.name.clone(), plan, step, ops })
 }
 
-/// Every run plan priced again by `profile`, split into its fixed, variable and other parts.
-fn anchors(profile: &DeviceProfile, mesh: &DeviceMesh, runs: &[PlanRun]) -> Vec<Anchor> {
-    // The same profile with only the fixed costs, and with only the per-byte and per-FLOP ones.
-    let only = |fixed: bool| {
-        let mut p = profile.clone();
-        for c in p.op_costs.values_mut() {
-            if fixed {
-                (c.per_byte, c.per_flop) = (0.0, 0.0);
-            } else {
-                c.fixed = 0.0;
-            }
+/// Runs the data-parallel plan of every calibration model on `mesh` ([`run_plan`]; a model whose
+/// plan cannot be made or run is left out, with a warning), fits the families they ran on their
+/// instructions' times, and scales that fit to the plans' measured steps: each plan is priced as
+/// made (its collectives and any other family by the plan's own figures) with the new fit's fixed
+/// and per-byte/FLOP parts apart, and [`runtime::calibrate::step_scales`] gives the two factors.
+fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, String> {
+    let models = runtime::calibrate::models().map_err(|e| e.to_string())?;
+    let mut runs = vec![];
+    for m in &models {
+        match run_plan(m, profile, mesh) {
+            Ok(r) => runs.push(r),
+            Err(e) => eprintln!("warning: the data-parallel plan of {} on {mesh} is left out: {e:#}", m.name),
         }
-        p
-    };
-    let (fixed_only, variable_only) = (only(true), only(false));
-    runs.iter()
-        .filter_map(|r| {
-            let est = |p: &DeviceProfile| {
-                codegen::plan::plan(&r.model.tg.graph, mesh, p, &dp_options()).ok().map(|pl| pl.estimate.step_seconds)
-            };
-            let (e, ef, ev) = (est(profile)?, est(&fixed_only)?, est(&variable_only)?);
-            let rest = ef + ev - e;
-            Some((r.model.name.clone(), (ef - rest, ev - rest, rest, r.step)))
+    }
+    if runs.is_empty() {
+        return Err(format!("no calibration model's data-parallel plan could be run on {mesh}"));
+    }
+    let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    for r in &runs {
+        for (_, f, t, b, fl) in &r.ops {
+            by_family.entry(f.clone()).or_default().push((*t, *b, *fl));
+        }
+    }
+    let mut op_costs: BTreeMap<String, sharding::OpCost> =
+        by_family.iter().map(|(f, s)| (f.clone(), runtime::calibrate::fit_family(s))).collect();
+    // Each plan's estimate split: the new fit's fixed and variable parts of every op it timed,
+    // and the rest as the plan priced it (collectives; an op's own collectives: its seconds
+    // beyond the old fit's price of it).
+    let parts: Vec<(f64, f64, f64, f64)> = runs
+        .iter()
+        .map(|r| {
+            let timed: BTreeMap<usize, (&String, f64, f64)> =
+                r.ops.iter().map(|(at, f, _, b, fl)| (*at, (f, *b, *fl))).collect();
+            let (mut fixed, mut variable, mut rest) = (0.0, 0.0, 0.0);
+            for (at, i) in r.plan.program.iter().enumerate() {
+                let seconds = match i {
+                    plan::Instr::Op { seconds, .. }
+                    | plan::Instr::Collective { seconds, .. }
+                    | plan::Instr::Transfer { seconds, .. } => *seconds,
+                    _ => 0.0,
+                };
+                match (timed.get(&at), i) {
+                    (Some(&(f, b, fl)), plan::Instr::Op { .. }) => {
+                        let new = &op_costs[f];
+                        fixed += new.fixed;
+                        variable += new.seconds(b, fl) - new.fixed;
+                        let old = profile.op_costs.get(f).map_or(0.0, |c| c.seconds(b, fl));
+                        rest += (seconds - old).max(0.0);
+                    }
+                    _ => rest += seconds,
+                }
+            }
+            (fixed, variable, rest, r.step)
         })
-        .collect()
+        .collect();
+    let (a, b) = runtime::calibrate::step_scales(&parts);
+    for c in op_costs.values_mut() {
+        c.fixed *= a;
+        c.per_byte *= b;
+        c.per_flop *= b;
+    }
+    let errors = runs
+        .iter()
+        .zip(&parts)
+        .map(|(r, &(f, v, rest, wall))| (r.name.clone(), (a * f + b * v + rest - wall) / wall))
+        .collect();
+    Ok(PlanFit { op_costs, scales: (a, b), errors })
 }
 
 /// Runs `autopar profile`.
