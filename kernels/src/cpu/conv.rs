@@ -59,6 +59,10 @@ pub(crate) fn im2col(
     ow: usize,
     col: &mut [F],
 ) {
+    // An empty map or kernel: the matrix has no cells to fill.
+    if oh * ow == 0 || kh * kw == 0 {
+        return;
+    }
     let taps = taps(h, w, kh, kw, a, oh, ow);
     match ctx {
         Some(ctx) if ctx.parallel_for(col.len()) => ctx.for_rows(col, oh * ow, |r, row| {
@@ -84,6 +88,9 @@ pub(crate) fn im2col_rows(
     row0: usize,
     col: &mut [F],
 ) {
+    if oh * ow == 0 || kh * kw == 0 {
+        return;
+    }
     let taps = taps(h, w, kh, kw, a, oh, ow);
     let (mut c, mut t) = (row0 / taps.len(), row0 % taps.len());
     for row in col.chunks_mut(oh * ow) {
