@@ -363,7 +363,8 @@ pub fn models() -> Result<Vec<Model>, RunError> {
     ])
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The upper median (0 for none); sorts `v`.
+pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
@@ -602,6 +603,16 @@ pub fn step_scales(parts: &[(f64, f64, f64, f64)]) -> (f64, f64) {
     }
 }
 
+/// Scales every family's fixed cost by `a` and its per-byte and per-FLOP costs by `b` (the
+/// factors of [`step_scales`]).
+pub fn scale(op_costs: &mut BTreeMap<String, OpCost>, (a, b): (f64, f64)) {
+    for c in op_costs.values_mut() {
+        c.fixed *= a;
+        c.per_byte *= b;
+        c.per_flop *= b;
+    }
+}
+
 /// Times training steps of the calibration models on `copies` threads at once (one CPU thread
 /// each) and fits every op family's cost.
 pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
@@ -677,11 +688,7 @@ pub fn calibrate(copies: usize) -> Result<Calibration, RunError> {
         })
         .collect();
     let (a, b) = step_scales(&parts);
-    for c in op_costs.values_mut() {
-        c.fixed *= a;
-        c.per_byte *= b;
-        c.per_flop *= b;
-    }
+    scale(&mut op_costs, (a, b));
     let step_errors = names
         .iter()
         .enumerate()

@@ -180,8 +180,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     if let Ok(f) = &anchored {
         profile.op_costs.extend(f.op_costs.clone());
         let mut fixed: Vec<f64> = profile.op_costs.values().map(|c| c.fixed).collect();
-        fixed.sort_by(f64::total_cmp);
-        profile.op_seconds = fixed.get(fixed.len() / 2).copied().unwrap_or(profile.op_seconds);
+        profile.op_seconds = runtime::calibrate::median(&mut fixed);
     }
     std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")
         .with_context(|| format!("writing {}", a.out.display()))?;
@@ -441,11 +440,7 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
         })
         .collect();
     let (a, b) = runtime::calibrate::step_scales(&parts);
-    for c in op_costs.values_mut() {
-        c.fixed *= a;
-        c.per_byte *= b;
-        c.per_flop *= b;
-    }
+    runtime::calibrate::scale(&mut op_costs, (a, b));
     let errors = runs
         .iter()
         .zip(&parts)
