@@ -278,14 +278,12 @@ pub(crate) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// 1 / (1 + e^-x) without overflow for large |x|.
+/// 1 / (1 + e^-x), branch-free so that loops over it vectorise ([`exp_fast`]): for x < -88.5,
+/// e^-x is +inf and the result 0; NaN stays NaN. Through libm's `exp` and a branch per sign it
+/// cost 7 ns an element (EfficientNet's SiLUs were a sixth of its step).
+#[inline(always)]
 pub(crate) fn sigmoid(x: F) -> F {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
+    1.0 / (1.0 + exp_fast(-x))
 }
 
 fn bad(op: &'static str, message: &str) -> Error {

@@ -298,6 +298,11 @@ pub(crate) fn conv_input_grad(
     if dx.is_empty() || p == 0 {
         return tensor(op, shape, F::data(dx));
     }
+    if cg == 1 && conv::is_depthwise(ctx, a, c, m) {
+        let d = conv::Depthwise { n, c, h, w: wd, kh, kw, oh, ow };
+        conv::depthwise_input_grad(ctx, a, d, dv, wv, &mut dx);
+        return tensor(op, shape, F::data(dx));
+    }
     let direct = conv::is_direct(a, kh, kw);
     let run = |t: usize, dxg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
@@ -337,6 +342,11 @@ pub(crate) fn conv_weight_grad(
     let plane = h * wd;
     let mut dw = vec![0.0; m * kk];
     if dw.is_empty() || p == 0 {
+        return tensor(op, shape, F::data(dw));
+    }
+    if cg == 1 && conv::is_depthwise(ctx, a, c, m) {
+        let d = conv::Depthwise { n, c, h, w: wd, kh, kw, oh, ow };
+        conv::depthwise_weight_grad(ctx, a, d, xv, dv, &mut dw);
         return tensor(op, shape, F::data(dw));
     }
     let direct = conv::is_direct(a, kh, kw);

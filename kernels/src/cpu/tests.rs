@@ -423,6 +423,13 @@ fn conv_small_maps_under_big_kernels() {
         ([1, 2, 2, 2], [2, 2, 2, 2], [3, 3], [2, 2, 2, 2], [1, 1], 1),
         ([2, 3, 3, 3], [3, 3, 7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
         ([1, 2, 1, 4], [2, 1, 1, 3], [1, 2], [0, 3, 0, 3], [1, 2], 2),
+        // Depthwise (one channel per group), which runs tap by tap without im2col: strides,
+        // dilations, asymmetric pads, maps wider than 8 and narrower than the kernel.
+        ([2, 5, 11, 13], [5, 1, 5, 5], [2, 2], [2, 1, 2, 3], [1, 1], 5),
+        ([1, 3, 9, 10], [3, 1, 3, 3], [1, 2], [2, 2, 2, 2], [2, 2], 3),
+        ([3, 4, 16, 16], [4, 1, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        ([1, 6, 4, 4], [6, 1, 5, 5], [2, 2], [2, 2, 2, 2], [1, 1], 6),
+        ([2, 2, 3, 1], [2, 1, 3, 3], [1, 1], [0, 4, 1, 0], [1, 1], 2),
     ];
     for (i, (xs, ws, strides, pads, dilations, group)) in cases.into_iter().enumerate() {
         let x = rnd(xs, 200 + i as u64);
