@@ -224,7 +224,20 @@ pub fn run(a: &RunArgs) -> Result<()> {
         Ok(job)
     };
     let done = match a.backend {
-        Backend::Threads => runtime::launch::threads(&prepared(a)?, &mut on),
+        Backend::Threads => {
+            let job = prepared(a)?;
+            let threads = job.program.ranks() * a.threads_per_rank;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if threads > cores {
+                eprintln!(
+                    "warning: {} ranks x {} kernel thread(s) on {cores} cores: the ranks take turns on the cores, \
+                     so the steps run slower than the plan's estimate, which gives each kernel thread a core",
+                    job.program.ranks(),
+                    a.threads_per_rank
+                );
+            }
+            runtime::launch::threads(&job, &mut on)
+        }
         // MPI starts before the plan is read, so that a failure in reading it stops the whole job.
         Backend::Mpi => runtime::launch::mpi(&mut || prepared(a).map_err(|e| format!("{e:#}")), &mut on),
         Backend::Nccl => {
