@@ -356,6 +356,9 @@ pub fn models() -> Result<Vec<Model>, RunError> {
         cnn(2, 32, 16)?,
         cnn(4, 64, 32)?,
         cnn(8, 96, 48)?,
+        // ResNet-sized convolutions (64 channels at 56x56 after the stem): a product of 100+
+        // MFLOP runs near the device's peak, which the fit on small maps alone overprices.
+        cnn(2, 224, 64)?,
         elementwise(2, 16, 32)?,
         elementwise(4, 64, 128)?,
         mlp(8, 192, 768)?,
