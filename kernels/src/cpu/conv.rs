@@ -154,7 +154,7 @@ fn im2col_row(plane: &[F], w: usize, strides: [usize; 2], ow: usize, tap: Tap, r
 
 /// True for a depthwise convolution (one input and one output channel per group) under f32
 /// accumulation: [`depthwise`] and its gradients run it directly, tap by tap over the map.
-/// Through im2col, one small product per channel cost 40-50 us per convolution on small maps
+/// Through im2col, one small product per channel cost 40-150 us per convolution on small maps
 /// whatever their work (MobileNet's and EfficientNet's 2x2 and 4x4 maps).
 pub(crate) fn is_depthwise(ctx: &CpuContext, a: &ConvAttrs, c: usize, m: usize) -> bool {
     a.group > 1 && a.group == c && a.group == m && ctx.accumulation() == Accumulation::F32

@@ -430,6 +430,8 @@ fn conv_small_maps_under_big_kernels() {
         ([3, 4, 16, 16], [4, 1, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
         ([1, 6, 4, 4], [6, 1, 5, 5], [2, 2], [2, 2, 2, 2], [1, 1], 6),
         ([2, 2, 3, 1], [2, 1, 3, 3], [1, 1], [0, 4, 1, 0], [1, 1], 2),
+        // Enough work (83K multiply-adds) for the two-thread context to split the planes.
+        ([2, 8, 24, 24], [8, 1, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 8),
     ];
     for (i, (xs, ws, strides, pads, dilations, group)) in cases.into_iter().enumerate() {
         let x = rnd(xs, 200 + i as u64);
