@@ -34,6 +34,14 @@ fn main() {
         ("conv 3x3 256->256 @14", conv(1, 1), vec![vec![1, 256, 14, 14], vec![256, 256, 3, 3], vec![256]]),
         ("conv 3x3 512->512 @7", conv(1, 1), vec![vec![1, 512, 7, 7], vec![512, 512, 3, 3], vec![512]]),
         ("conv 1x1/2 64->128 @56", conv(2, 0), vec![vec![1, 64, 56, 56], vec![128, 64, 1, 1], vec![128]]),
+        (
+            "conv weight grad 3x3 24->8 @32",
+            Op::ConvWeightGrad {
+                attrs: ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], group: 1 },
+                shape: vec![8, 24, 3, 3],
+            },
+            vec![vec![1, 24, 32, 32], vec![1, 8, 32, 32]],
+        ),
         ("matmul [1,128,256]@[256,1024]", Op::MatMul, vec![vec![1, 128, 256], vec![256, 1024]]),
         ("matmul attn [1,4,128,64]@[1,4,64,128]", Op::MatMul, vec![vec![1, 4, 128, 64], vec![1, 4, 64, 128]]),
         ("softmax [1,4,128,128]", Op::Softmax { axis: 3 }, vec![vec![1, 4, 128, 128]]),

@@ -95,6 +95,14 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
     if m == 0 || n == 0 {
         return;
     }
+    // Few rows against a transposed right operand (or few columns against a left one), long k:
+    // a convolution's weight gradient with few output channels. Packing the large operand
+    // costs as much as the product there; dot products need no packing.
+    if a.cs == 1 && b.rs == 1 && m.min(n) <= DOTS_MAX_SIDE && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
+        // SAFETY: forwarded from the caller.
+        unsafe { product_dots(m, n, k, a, b, c, ldc, alpha, beta) };
+        return;
+    }
     let trans_a = a.cs != 1;
     let trans_b = b.cs != 1;
     // Measured on the target: mm wins for [16..64, k] x [k, n]^T with k around 1024 (the mlp's
@@ -131,6 +139,78 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
         }
     }
 }
+
+/// [`product_dots`] takes the products with at most this many rows or columns, more than
+/// `DOTS_GEMM_MAX_MN` outputs (`gemm` has its own fast path for fewer: 100 GFLOP/s for 4 x 36
+/// against 60-70 here) and at least this depth. Measured on the target (GFLOP/s, depth 1024):
+/// 8 x 216: 5 `gemm`, 10 `matrixmultiply`, 53-65 here; 16 x 144: 11, 25, 74; 32 x 288: 20,
+/// 42, 70. At 64 x 576 (depth 3136) `gemm` is ahead again: 77 against 57.
+const DOTS_MAX_SIDE: usize = 32;
+const DOTS_GEMM_MAX_MN: usize = 256;
+const DOTS_MIN_K: usize = 256;
+
+/// `c = alpha * a @ b + beta * c` as one dot product per element, for `a` contiguous along its
+/// rows and `b` along its columns (`a.cs == 1`, `b.rs == 1`): `DOT_MR` rows of `a` against
+/// `DOT_NR` columns of `b` at a time, `DOT_LANES` partial sums each, compiled for AVX2 when the
+/// CPU has it. Measured against `gemm` for 8 rows, 216 columns and depth 1024 (a 3x3
+/// convolution's weight gradient, 8 output channels, 24 input channels, 32x32): see
+/// BENCHMARKS.md.
+///
+/// # Safety
+/// As [`product_f32`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn product_dots(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F, ldc: usize, alpha: F, beta: F) {
+    const L: usize = DOT_LANES;
+    let body = || {
+        let kb = k / L * L;
+        for i in (0..m).step_by(DOT_MR) {
+            let mr = (m - i).min(DOT_MR);
+            // Rows past the edge repeat the last one: the loop keeps its shape, the extra sums
+            // are dropped.
+            let rows: [*const F; DOT_MR] =
+                std::array::from_fn(|r| a.ptr.wrapping_offset((i + r.min(mr - 1)) as isize * a.rs));
+            for j in (0..n).step_by(DOT_NR) {
+                let nr = (n - j).min(DOT_NR);
+                let cols: [*const F; DOT_NR] =
+                    std::array::from_fn(|q| b.ptr.wrapping_offset((j + q.min(nr - 1)) as isize * b.cs));
+                let mut acc = [[[F::default(); L]; DOT_NR]; DOT_MR];
+                for p in (0..kb).step_by(L) {
+                    // SAFETY: rows and columns hold k elements each; p + L <= kb <= k.
+                    let av: [[F; L]; DOT_MR] =
+                        std::array::from_fn(|r| unsafe { rows[r].add(p).cast::<[F; L]>().read_unaligned() });
+                    for q in 0..DOT_NR {
+                        // SAFETY: as above.
+                        let bv = unsafe { cols[q].add(p).cast::<[F; L]>().read_unaligned() };
+                        for r in 0..DOT_MR {
+                            for l in 0..L {
+                                acc[r][q][l] += av[r][l] * bv[l];
+                            }
+                        }
+                    }
+                }
+                for r in 0..mr {
+                    for q in 0..nr {
+                        let mut s: F = acc[r][q].iter().copied().fold(F::default(), |x, y| x + y);
+                        for p in kb..k {
+                            // SAFETY: p < k.
+                            s += unsafe { *rows[r].add(p) * *cols[q].add(p) };
+                        }
+                        // SAFETY: (i + r, j + q) is inside c's m x n block with row stride ldc.
+                        let out = unsafe { &mut *c.add((i + r) * ldc + j + q) };
+                        *out = if beta == F::default() { alpha * s } else { alpha * s + beta * *out };
+                    }
+                }
+            }
+        }
+    };
+    super::elementwise::with_simd(body)
+}
+
+/// Rows of `a` and columns of `b` per block of [`product_dots`], and the partial sums per dot
+/// product (one AVX2 register of f32): 8 accumulators, 4 + 1 operand registers.
+const DOT_MR: usize = 4;
+const DOT_NR: usize = 2;
+const DOT_LANES: usize = 8;
 
 fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }

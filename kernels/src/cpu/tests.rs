@@ -290,6 +290,44 @@ fn gemm_f32_checks_sizes() {
     assert_eq!(c, vec![0.0; 4]);
 }
 
+/// Few rows (or few columns) against a transposed right operand with a long depth: the products
+/// run as dot products without packing (`linalg::product_dots`). Edges off the 4 x 2 blocks and
+/// the 8 lanes, alpha and beta, both orientations, one and two threads, against f64 sums; and a
+/// convolution weight gradient of that shape (8 output channels, 1024 pixels) against the naive
+/// reference.
+#[test]
+fn thin_products_by_dot_products_match_naive() {
+    // (m, n, k)
+    for (i, (m, n, k)) in [(8, 216, 1024), (5, 63, 259), (13, 40, 300), (32, 33, 257), (300, 7, 513), (1, 300, 2000)]
+        .into_iter()
+        .enumerate()
+    {
+        let a = rnd([m, k], 600 + i as u64);
+        let bt = rnd([n, k], 700 + i as u64);
+        let c = rnd([m, n], 800 + i as u64);
+        let (av, bv, cv) = (a.as_f32().unwrap(), bt.as_f32().unwrap(), c.as_f32().unwrap());
+        let want: Vec<f32> = (0..m * n)
+            .map(|e| {
+                let (r, q) = (e / n, e % n);
+                let dot: f64 = (0..k).map(|p| av[r * k + p] as f64 * bv[q * k + p] as f64).sum();
+                (1.5 * dot + 0.25 * cv[e] as f64) as f32
+            })
+            .collect();
+        let op = Op::Gemm { alpha: 1.5, beta: 0.25, trans_a: false, trans_b: true };
+        for ctx in [ctx1(), ctx2()] {
+            close(&eval(&ctx, &op, &[&a, &bt, &c]).unwrap()[0], &[m, n], &want);
+        }
+    }
+    let a = ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], group: 1 };
+    let (x, w) = (rnd([1, 24, 32, 32], 900), rnd([8, 24, 3, 3], 901));
+    let dy = rnd([1, 8, 32, 32], 902);
+    let (_, want_dw) = naive_conv_grads(&x, &w, &dy, &a);
+    for ctx in [ctx1(), ctx2()] {
+        let dw = eval(&ctx, &Op::ConvWeightGrad { attrs: a.clone(), shape: vec![8, 24, 3, 3] }, &[&x, &dy]).unwrap();
+        same(&dw[0], &want_dw);
+    }
+}
+
 // ---------- convolution and pooling ----------
 
 fn naive_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, a: &ConvAttrs) -> Tensor {
