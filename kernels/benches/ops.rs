@@ -35,6 +35,22 @@ fn main() {
         ("conv 3x3 512->512 @7", conv(1, 1), vec![vec![1, 512, 7, 7], vec![512, 512, 3, 3], vec![512]]),
         ("conv 1x1/2 64->128 @56", conv(2, 0), vec![vec![1, 64, 56, 56], vec![128, 64, 1, 1], vec![128]]),
         (
+            "conv input grad 3x3 24->8 @32",
+            Op::ConvInputGrad {
+                attrs: ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], group: 1 },
+                shape: vec![1, 24, 32, 32],
+            },
+            vec![vec![1, 8, 32, 32], vec![8, 24, 3, 3]],
+        ),
+        (
+            "conv input grad 3x3 64->64 @56",
+            Op::ConvInputGrad {
+                attrs: ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], group: 1 },
+                shape: vec![1, 64, 56, 56],
+            },
+            vec![vec![1, 64, 56, 56], vec![64, 64, 3, 3]],
+        ),
+        (
             "conv weight grad 3x3 24->8 @32",
             Op::ConvWeightGrad {
                 attrs: ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], group: 1 },

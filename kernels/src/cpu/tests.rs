@@ -470,6 +470,10 @@ fn conv_small_maps_under_big_kernels() {
         ([2, 2, 3, 1], [2, 1, 3, 3], [1, 1], [0, 4, 1, 0], [1, 1], 2),
         // Enough work (83K multiply-adds) for the two-thread context to split the planes.
         ([2, 8, 24, 24], [8, 1, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 8),
+        // Groups of several channels at stride 1, whose input gradient is a forward convolution
+        // of dy with the flipped kernel: asymmetric pads, and a size the two threads split.
+        ([2, 4, 7, 6], [6, 2, 3, 3], [1, 1], [1, 0, 2, 1], [1, 1], 2),
+        ([4, 8, 16, 16], [8, 2, 3, 5], [1, 1], [1, 2, 1, 2], [1, 1], 4),
     ];
     for (i, (xs, ws, strides, pads, dilations, group)) in cases.into_iter().enumerate() {
         let x = rnd(xs, 200 + i as u64);
