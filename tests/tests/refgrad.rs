@@ -19,7 +19,9 @@
 //! resnet18 runs twice: with f64 accumulation in its matrix products
 //! (`kernels::cpu::Accumulation::F64`) every check above holds at 1e-4; with the default f32
 //! accumulation, the gradients behind one ReLU input that f32 sums cannot resolve are compared to
-//! 2e-3 (see `RESNET`).
+//! 2e-3 (see `RESNET`), and so is the loss after its lr 0.1 step, which those parameters feed
+//! (the step diverges: 7 to 93; the loss moved 3e-4 when the classifier's product changed its
+//! summation order).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -231,7 +233,9 @@ fn check_steps(c: &Case) -> Result<()> {
     let curve01: Vec<Option<f64>> = serde_json::from_value(json(&l.refs.join("losses_sgd5.json"))?)?;
     let first = |i: usize| curve01.get(i).copied().flatten().context("losses_sgd5.json: missing loss");
     close(&format!("{}: SGD lr 0.1 loss 0", c.model), l0 as f64, first(0)?)?;
-    close(&format!("{}: SGD lr 0.1 loss 1", c.model), l1 as f64, first(1)?)?;
+    // The loss after the step sees the flip-sensitive parameters (see `RESNET`): their tolerance.
+    let tol = if c.flip_sensitive.is_empty() { TOL } else { FLIP_TOL };
+    close_to(&format!("{}: SGD lr 0.1 loss 1", c.model), l1 as f64, first(1)?, tol)?;
 
     // The 5-step curve.
     let (lr, file) = c.curve;
