@@ -4,7 +4,7 @@
 //! cargo bench -p kernels --bench ops
 //! ```
 
-use ir::{BinaryOp, ConvAttrs, Op, Tensor, UnaryOp};
+use ir::{BinaryOp, ConvAttrs, Op, PoolAttrs, Tensor, UnaryOp};
 use kernels::cpu::{CpuContext, eval};
 use std::time::Instant;
 
@@ -22,6 +22,17 @@ fn time(ctx: &CpuContext, op: &Op, ins: &[&Tensor]) -> f64 {
         best = best.min(t.elapsed().as_secs_f64());
     }
     best
+}
+
+fn pool() -> PoolAttrs {
+    PoolAttrs {
+        kernel: [3, 3],
+        strides: [2, 2],
+        pads: [1; 4],
+        dilations: [1, 1],
+        ceil_mode: false,
+        count_include_pad: false,
+    }
 }
 
 fn main() {
@@ -58,6 +69,8 @@ fn main() {
             },
             vec![vec![1, 24, 32, 32], vec![1, 8, 32, 32]],
         ),
+        ("maxpool 3x3/2 [1,64,32,32]", Op::MaxPool(pool()), vec![vec![1, 64, 32, 32]]),
+        ("maxpool grad 3x3/2 [1,64,32,32]", Op::MaxPoolGrad(pool()), vec![vec![1, 64, 32, 32], vec![1, 64, 16, 16]]),
         ("matmul [1,128,256]@[256,1024]", Op::MatMul, vec![vec![1, 128, 256], vec![256, 1024]]),
         ("matmul attn [1,4,128,64]@[1,4,64,128]", Op::MatMul, vec![vec![1, 4, 128, 64], vec![1, 4, 64, 128]]),
         ("softmax [1,4,128,128]", Op::Softmax { axis: 3 }, vec![vec![1, 4, 128, 128]]),

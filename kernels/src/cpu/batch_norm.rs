@@ -11,6 +11,28 @@ fn ncs(s: &[usize]) -> (usize, usize, usize) {
     (s[0], s[1], s[2..].iter().product())
 }
 
+/// Independent partial sums of [`lane_sum`], so that its loop vectorises.
+const LANES: usize = 8;
+
+/// `sum f(a, b)` over the pairs of `xs` and `ys` (of one length) in f64: `LANES` partial sums,
+/// added at the end, then the tail. Compiled for AVX2 when the CPU has it. A single running
+/// f64 sum waited on each addition: 14% of resnet50's step went to the batch statistics.
+#[inline(always)]
+fn lane_sum(xs: &[F], ys: &[F], f: impl Fn(f64, f64) -> f64) -> f64 {
+    super::elementwise::with_simd(|| {
+        let (xc, yc) = (xs.chunks_exact(LANES), ys.chunks_exact(LANES));
+        let (xr, yr) = (xc.remainder(), yc.remainder());
+        let mut acc = [0f64; LANES];
+        for (a, b) in xc.zip(yc) {
+            for l in 0..LANES {
+                acc[l] += f(a[l] as f64, b[l] as f64);
+            }
+        }
+        let tail: f64 = xr.iter().zip(yr).map(|(&a, &b)| f(a as f64, b as f64)).sum();
+        acc.iter().sum::<f64>() + tail
+    })
+}
+
 /// Per channel: the batch mean and `1/sqrt(var + eps)` (population variance), as `[mean, inv]`
 /// pairs, and the batch's element count per channel.
 fn channel_stats(ctx: &CpuContext, x: &[F], s: &[usize], eps: F) -> (Vec<F>, usize) {
@@ -19,8 +41,8 @@ fn channel_stats(ctx: &CpuContext, x: &[F], s: &[usize], eps: F) -> (Vec<F>, usi
     let mut stats = vec![0.0 as F; 2 * c];
     ctx.for_rows_weighted(&mut stats, 2, 2 * m, |ch, st| {
         let rows = || (0..n).map(move |i| &x[(i * c + ch) * sp..(i * c + ch + 1) * sp]);
-        let mean = rows().flatten().map(|&a| a as f64).sum::<f64>() / m.max(1) as f64;
-        let var = rows().flatten().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / m.max(1) as f64;
+        let mean = rows().map(|r| lane_sum(r, r, |a, _| a)).sum::<f64>() / m.max(1) as f64;
+        let var = rows().map(|r| lane_sum(r, r, |a, _| (a - mean) * (a - mean))).sum::<f64>() / m.max(1) as f64;
         st[0] = mean as F;
         st[1] = (1.0 / (var + eps as f64).sqrt()) as F;
     });
@@ -64,10 +86,8 @@ pub(crate) fn batch_norm_train_grad(ctx: &CpuContext, inputs: &[&Tensor], eps: f
         let (mut sg, mut sgx) = (0f64, 0f64);
         for i in 0..n {
             let r = (i * c + ch) * sp..(i * c + ch + 1) * sp;
-            for (&a, &g) in x[r.clone()].iter().zip(&dy[r]) {
-                sg += g as f64;
-                sgx += g as f64 * ((a - mean) * inv) as f64;
-            }
+            sg += lane_sum(&dy[r.clone()], &dy[r.clone()], |g, _| g);
+            sgx += lane_sum(&x[r.clone()], &dy[r], |a, g| g * ((a as F - mean) * inv) as f64);
         }
         out[0] = sg as F;
         out[1] = sgx as F;

@@ -466,14 +466,21 @@ pub(crate) fn plane_argmax(
         return;
     }
     // The first cell is taken, then a later one wins when greater or NaN (window_argmax's rule).
-    #[inline(always)]
-    fn pick(plane: &[F], best: &mut F, at: &mut usize, k: usize) {
+    // Without NaNs in the plane, branch-free: on a ReLU's output the comparisons go either way at
+    // random, and the mispredicted branches took 3/4 of the time (0.42 ms for resnet50's 64 x
+    // 32 x 32 max pool in a training step, 0.1 ms when the same input was pooled over and over).
+    let finite = !plane.iter().fold(false, |nan, v| nan | v.is_nan());
+    let pick = |plane: &[F], best: &mut F, at: &mut usize, k: usize| {
         let v = plane[k];
-        if v > *best || v.is_nan() {
+        if finite {
+            let take = 0usize.wrapping_sub((v > *best) as usize);
+            *at = (*at & !take) | (k & take);
+            *best = best.max(v);
+        } else if v > *best || v.is_nan() {
             *best = v;
             *at = k;
         }
-    }
+    };
     for oy in 0..oh {
         let (ya, yb) = clip(oy, a, 0, h);
         for (ox, &(xa, xb)) in xr.iter().enumerate() {

@@ -562,6 +562,57 @@ fn pooling_small_maps_under_big_windows() {
     }
 }
 
+/// Ties and NaNs in max pooling and its gradient: the first maximal cell of a window (row-major)
+/// wins a tie and the last NaN wins over everything, in planes with NaNs and in planes without
+/// (which take the branch-free path), for full 3x3 windows and clipped ones, against a direct
+/// walk over each window.
+#[test]
+fn max_pool_ties_and_nans() {
+    // Values from {0, 1, 2, 3} (many ties); channel 0 gets NaNs, channel 1 none.
+    let (h, w) = (7, 8);
+    let mut v: Vec<f32> = (0..2 * h * w).map(|i| ((i * 7 + i / 5) % 4) as f32).collect();
+    for k in [3, 12, 13, 30, 44] {
+        v[k] = f32::NAN;
+    }
+    let x = f([1, 2, h, w], v.clone());
+    for a in [pool([3, 3], [1, 1], [0; 4]), pool([3, 3], [2, 2], [1, 1, 1, 1]), pool([2, 3], [2, 1], [0, 1, 1, 0])] {
+        let (oh, ow) = a.out_hw(h, w).unwrap();
+        let mut want_y = vec![0f32; 2 * oh * ow];
+        let mut dy = vec![0f32; 2 * oh * ow];
+        let mut want_dx = vec![0f32; 2 * h * w];
+        for p in 0..2 {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let o = (p * oh + oy) * ow + ox;
+                    dy[o] = 1.0 + o as f32;
+                    let mut at: Option<usize> = None;
+                    for ky in 0..a.kernel[0] {
+                        for kx in 0..a.kernel[1] {
+                            let y = (oy * a.strides[0] + ky) as isize - a.pads[0] as isize;
+                            let xx = (ox * a.strides[1] + kx) as isize - a.pads[1] as isize;
+                            if y < 0 || xx < 0 || y >= h as isize || xx >= w as isize {
+                                continue;
+                            }
+                            let k = (p * h + y as usize) * w + xx as usize;
+                            if at.is_none_or(|b| v[k] > v[b] || v[k].is_nan()) {
+                                at = Some(k);
+                            }
+                        }
+                    }
+                    let k = at.expect("every window has a cell in these cases");
+                    want_y[o] = v[k];
+                    want_dx[k] += dy[o];
+                }
+            }
+        }
+        let dy = f([1, 2, oh, ow], dy);
+        for ctx in [ctx1(), ctx2()] {
+            close(&eval(&ctx, &Op::MaxPool(a.clone()), &[&x]).unwrap()[0], &[1, 2, oh, ow], &want_y);
+            close(&eval(&ctx, &Op::MaxPoolGrad(a.clone()), &[&x, &dy]).unwrap()[0], &[1, 2, h, w], &want_dx);
+        }
+    }
+}
+
 fn pool(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4]) -> PoolAttrs {
     PoolAttrs { kernel, strides, pads, dilations: [1, 1], ceil_mode: false, count_include_pad: false }
 }
