@@ -304,11 +304,17 @@ pub(crate) fn conv_input_grad(
         return tensor(op, shape, F::data(dx));
     }
     let direct = conv::is_direct(a, kh, kw);
-    if !direct && let Some(full) = as_forward(a, kh, kw) {
+    if !direct
+        && cg >= mg
+        && let Some(full) = as_forward(a, kh, kw)
+    {
         // With stride 1, dx is the forward convolution of dy (padded by dilation * (k - 1) less
         // the forward pads) with the kernel flipped and its channel axes swapped per group: a
         // deep product (depth mg * kh * kw) instead of a depth-mg one whose kh * kw times larger
-        // result is scattered back (1.2-4.5x faster measured, BENCHMARKS.md).
+        // result is scattered back (that took 1.2-4.5x the forward convolution's time; BENCHMARKS.md).
+        // Not when the convolution widens its channels (cg < mg): there the product has only cg
+        // rows against the im2col of the wider dy, and the scatter measured faster (8 to 64
+        // channels, 3x3 at 32x32: 141 against 287 us).
         let mut flipped = vec![0.0; wv.len()];
         for gi in 0..g {
             for mi in 0..mg {

@@ -1,4 +1,6 @@
-//! Matrix products through the `gemm` crate: `MatMul` (numpy batching) and `Gemm`.
+//! Matrix products through the `gemm` crate: `MatMul` (numpy batching) and `Gemm`; thin ones
+//! (a few rows or columns, long depth) as dot products without packing ([`product_dots`]), some
+//! through `matrixmultiply` where it measured faster.
 //!
 //! `gemm` 0.19 with `x86-v4` was the fastest crate measured on the target machine (see
 //! `benches/gemm.rs` and BENCHMARKS.md); its `Parallelism::Rayon(n)` runs on whichever rayon pool
@@ -84,9 +86,10 @@ pub(crate) unsafe fn product_f32(
     });
 }
 
-/// One thread's `c = alpha * a @ b + beta * c`: `matrixmultiply` where it measured faster on the
-/// target (few rows against a transposed right operand of moderate depth; a transposed left
-/// operand against few columns), `gemm` otherwise.
+/// One thread's `c = alpha * a @ b + beta * c`: [`product_dots`] for thin products whose operands
+/// are contiguous along the depth, `matrixmultiply` where it measured faster on the target (up
+/// to 64 rows against a transposed right operand of moderate depth; a transposed left operand
+/// against few columns), `gemm` otherwise.
 ///
 /// # Safety
 /// As [`product_f32`].
@@ -98,7 +101,8 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
     // Few rows against a transposed right operand (or few columns against a left one), long k:
     // a convolution's weight gradient with few output channels. Packing the large operand
     // costs as much as the product there; dot products need no packing.
-    if a.cs == 1 && b.rs == 1 && m.min(n) <= DOTS_MAX_SIDE && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
+    if a.cs == 1 && b.rs == 1 && (2..=DOTS_MAX_SIDE).contains(&m.min(n)) && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K
+    {
         // SAFETY: forwarded from the caller.
         unsafe { product_dots(m, n, k, a, b, c, ldc, alpha, beta) };
         return;
@@ -140,11 +144,13 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
     }
 }
 
-/// [`product_dots`] takes the products with at most this many rows or columns, more than
-/// `DOTS_GEMM_MAX_MN` outputs (`gemm` has its own fast path for fewer: 100 GFLOP/s for 4 x 36
-/// against 60-70 here) and at least this depth. Measured on the target (GFLOP/s, depth 1024):
-/// 8 x 216: 5 `gemm`, 10 `matrixmultiply`, 53-65 here; 16 x 144: 11, 25, 74; 32 x 288: 20,
-/// 42, 70. At 64 x 576 (depth 3136) `gemm` is ahead again: 77 against 57.
+/// [`product_dots`] takes the products with 2 to this many rows or columns (`gemm` multiplies a
+/// single row at 39 GFLOP/s, 1 x 1000 x 512), more than `DOTS_GEMM_MAX_MN` outputs (`gemm` has
+/// its own fast path for fewer: 100 GFLOP/s for 4 x 36 against 60-70 here) and at least this
+/// depth. Measured on the target (GFLOP/s, depth 1024): 8 x 216: 5 `gemm`, 10 `matrixmultiply`,
+/// 53-73 here; 16 x 144: 11, 25, 65-74; 32 x 288: 20, 42, 70; 32 x 1024: 70 here (64 in
+/// `matrixmultiply`, BENCHMARKS.md); 2 x 1000 x 512: 2 in `gemm`, 9 here. At 64 x 576 (depth
+/// 3136) `gemm` is ahead again: 77 against 57.
 const DOTS_MAX_SIDE: usize = 32;
 const DOTS_GEMM_MAX_MN: usize = 256;
 const DOTS_MIN_K: usize = 256;
@@ -160,50 +166,81 @@ const DOTS_MIN_K: usize = 256;
 /// As [`product_f32`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn product_dots(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F, ldc: usize, alpha: F, beta: F) {
-    const L: usize = DOT_LANES;
-    let body = || {
-        let kb = k / L * L;
-        for i in (0..m).step_by(DOT_MR) {
-            let mr = (m - i).min(DOT_MR);
-            // Rows past the edge repeat the last one: the loop keeps its shape, the extra sums
-            // are dropped.
-            let rows: [*const F; DOT_MR] =
-                std::array::from_fn(|r| a.ptr.wrapping_offset((i + r.min(mr - 1)) as isize * a.rs));
-            for j in (0..n).step_by(DOT_NR) {
-                let nr = (n - j).min(DOT_NR);
-                let cols: [*const F; DOT_NR] =
-                    std::array::from_fn(|q| b.ptr.wrapping_offset((j + q.min(nr - 1)) as isize * b.cs));
-                let mut acc = [[[F::default(); L]; DOT_NR]; DOT_MR];
-                for p in (0..kb).step_by(L) {
-                    // SAFETY: rows and columns hold k elements each; p + L <= kb <= k.
-                    let av: [[F; L]; DOT_MR] =
-                        std::array::from_fn(|r| unsafe { rows[r].add(p).cast::<[F; L]>().read_unaligned() });
-                    for q in 0..DOT_NR {
-                        // SAFETY: as above.
-                        let bv = unsafe { cols[q].add(p).cast::<[F; L]>().read_unaligned() };
-                        for r in 0..DOT_MR {
-                            for l in 0..L {
-                                acc[r][q][l] += av[r][l] * bv[l];
-                            }
-                        }
-                    }
-                }
-                for r in 0..mr {
-                    for q in 0..nr {
-                        let mut s: F = acc[r][q].iter().copied().fold(F::default(), |x, y| x + y);
-                        for p in kb..k {
-                            // SAFETY: p < k.
-                            s += unsafe { *rows[r].add(p) * *cols[q].add(p) };
-                        }
-                        // SAFETY: (i + r, j + q) is inside c's m x n block with row stride ldc.
-                        let out = unsafe { &mut *c.add((i + r) * ldc + j + q) };
-                        *out = if beta == F::default() { alpha * s } else { alpha * s + beta * *out };
+    super::elementwise::with_simd(|| {
+        // The long side streams through once, against blocks of the short side's operand,
+        // which stays in cache (at most 32 rows or columns of the depth).
+        let (outer, inner) =
+            if m <= n { (n.div_ceil(DOT_NR), m.div_ceil(DOT_MR)) } else { (m.div_ceil(DOT_MR), n.div_ceil(DOT_NR)) };
+        for o in 0..outer {
+            for t in 0..inner {
+                let (i, j) = if m <= n { (t * DOT_MR, o * DOT_NR) } else { (o * DOT_MR, t * DOT_NR) };
+                let (mr, nr) = ((m - i).min(DOT_MR), (n - j).min(DOT_NR));
+                let row = |r: usize| a.ptr.wrapping_offset((i + r) as isize * a.rs);
+                let col = |q: usize| b.ptr.wrapping_offset((j + q) as isize * b.cs);
+                // SAFETY: (i + r, j + q) is inside c's m x n block with row stride ldc for r < mr
+                // and q < nr; rows and columns hold k elements each (the caller's views).
+                let o = (unsafe { c.add(i * ldc + j) }, ldc);
+                let ab = (alpha, beta);
+                unsafe {
+                    match (mr, nr) {
+                        (4, 2) => dot_block::<4, 2>(k, [row(0), row(1), row(2), row(3)], [col(0), col(1)], o, ab),
+                        (4, _) => dot_block::<4, 1>(k, [row(0), row(1), row(2), row(3)], [col(0)], o, ab),
+                        (3, 2) => dot_block::<3, 2>(k, [row(0), row(1), row(2)], [col(0), col(1)], o, ab),
+                        (3, _) => dot_block::<3, 1>(k, [row(0), row(1), row(2)], [col(0)], o, ab),
+                        (2, 2) => dot_block::<2, 2>(k, [row(0), row(1)], [col(0), col(1)], o, ab),
+                        (2, _) => dot_block::<2, 1>(k, [row(0), row(1)], [col(0)], o, ab),
+                        (_, 2) => dot_block::<1, 2>(k, [row(0)], [col(0), col(1)], o, ab),
+                        _ => dot_block::<1, 1>(k, [row(0)], [col(0)], o, ab),
                     }
                 }
             }
         }
-    };
-    super::elementwise::with_simd(body)
+    })
+}
+
+/// `MR x NR` results of [`product_dots`] at `out` (row stride `ldc`): the dot products of
+/// `rows` and `cols`, `k` long, with `DOT_LANES` partial sums each. Inlined into
+/// [`product_dots`]'s AVX2 closure (dispatching to an AVX2 function per block instead ran at
+/// 8 GFLOP/s).
+///
+/// # Safety
+/// `rows` and `cols` hold `k` elements each; `out` covers the `MR x NR` block.
+#[inline(always)]
+unsafe fn dot_block<const MR: usize, const NR: usize>(
+    k: usize,
+    rows: [*const F; MR],
+    cols: [*const F; NR],
+    (out, ldc): (*mut F, usize),
+    (alpha, beta): (F, F),
+) {
+    const L: usize = DOT_LANES;
+    let kb = k / L * L;
+    let mut acc = [[[F::default(); L]; NR]; MR];
+    for p in (0..kb).step_by(L) {
+        // SAFETY: p + L <= kb <= k.
+        let av: [[F; L]; MR] = std::array::from_fn(|r| unsafe { rows[r].add(p).cast::<[F; L]>().read_unaligned() });
+        for q in 0..NR {
+            // SAFETY: as above.
+            let bv = unsafe { cols[q].add(p).cast::<[F; L]>().read_unaligned() };
+            for r in 0..MR {
+                for l in 0..L {
+                    acc[r][q][l] += av[r][l] * bv[l];
+                }
+            }
+        }
+    }
+    for r in 0..MR {
+        for q in 0..NR {
+            let mut s: F = acc[r][q].iter().copied().fold(F::default(), |x, y| x + y);
+            for p in kb..k {
+                // SAFETY: p < k.
+                s += unsafe { *rows[r].add(p) * *cols[q].add(p) };
+            }
+            // SAFETY: inside the caller's block.
+            let o = unsafe { &mut *out.add(r * ldc + q) };
+            *o = if beta == F::default() { alpha * s } else { alpha * s + beta * *o };
+        }
+    }
 }
 
 /// Rows of `a` and columns of `b` per block of [`product_dots`], and the partial sums per dot

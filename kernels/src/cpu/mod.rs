@@ -90,8 +90,9 @@ pub struct CpuContext {
 /// How matrix products (MatMul, Gemm, convolutions and their gradients) accumulate their sums.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Accumulation {
-    /// In f32 with fused multiply-adds, as BLAS libraries do: fast; a sum of `k` products carries
-    /// a rounding error of a few `sqrt(k)` f32 ulps of its terms.
+    /// In f32 (fused multiply-adds in the GEMM libraries, separate ones in the thin products'
+    /// dot products), as BLAS libraries do: fast; a sum of `k` products carries a rounding error
+    /// of a few `sqrt(k)` f32 ulps of its terms.
     #[default]
     F32,
     /// Products and sums in f64, rounded to f32 once at the end: about twice the time of a

@@ -298,9 +298,10 @@ fn gemm_f32_checks_sizes() {
 #[test]
 fn thin_products_by_dot_products_match_naive() {
     // (m, n, k)
-    for (i, (m, n, k)) in [(8, 216, 1024), (5, 63, 259), (13, 40, 300), (32, 33, 257), (300, 7, 513), (1, 300, 2000)]
-        .into_iter()
-        .enumerate()
+    for (i, (m, n, k)) in
+        [(8, 216, 1024), (5, 63, 259), (13, 40, 300), (32, 33, 257), (300, 7, 513), (2, 300, 2000), (1, 300, 2000)]
+            .into_iter()
+            .enumerate()
     {
         let a = rnd([m, k], 600 + i as u64);
         let bt = rnd([n, k], 700 + i as u64);
@@ -470,9 +471,11 @@ fn conv_small_maps_under_big_kernels() {
         ([2, 2, 3, 1], [2, 1, 3, 3], [1, 1], [0, 4, 1, 0], [1, 1], 2),
         // Enough work (83K multiply-adds) for the two-thread context to split the planes.
         ([2, 8, 24, 24], [8, 1, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 8),
-        // Groups of several channels at stride 1, whose input gradient is a forward convolution
-        // of dy with the flipped kernel: asymmetric pads, and a size the two threads split.
-        ([2, 4, 7, 6], [6, 2, 3, 3], [1, 1], [1, 0, 2, 1], [1, 1], 2),
+        // Stride 1 with at least as many input as output channels per group, whose input
+        // gradient is a forward convolution of dy with the flipped kernel: groups, asymmetric
+        // pads, dilations, and a size the two threads split.
+        ([2, 6, 7, 6], [4, 3, 3, 3], [1, 1], [1, 0, 2, 1], [1, 1], 2),
+        ([1, 3, 6, 7], [2, 3, 3, 3], [1, 1], [3, 2, 1, 4], [2, 3], 1),
         ([4, 8, 16, 16], [8, 2, 3, 5], [1, 1], [1, 2, 1, 2], [1, 1], 4),
     ];
     for (i, (xs, ws, strides, pads, dilations, group)) in cases.into_iter().enumerate() {
