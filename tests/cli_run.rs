@@ -374,11 +374,12 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     assert!(out.contains("us per instruction (the median fixed cost)"), "{out}");
     // Every op family of the generated calibration steps is fitted, products among them.
     assert!(out.contains("op families fitted on timed single-device training steps"), "{out}");
-    // Fitted again on the data-parallel plans of those models run on the mesh, when this machine
-    // has a core per rank.
+    // Fitted again on the data-parallel and Megatron plans of those models run on the mesh, when
+    // this machine has a core per rank.
     assert!(
-        out.contains("families fitted again on the instructions of the models' data-parallel plans run on 2x2")
-            || out.contains("plans     not run (the mesh has more ranks than this machine has cores)"),
+        out.contains(
+            "families fitted again on the instructions of the models' data-parallel and Megatron plans run on 2x2"
+        ) || out.contains("plans     not run (the mesh has more ranks than this machine has cores)"),
         "{out}"
     );
     for family in ["matmul", "conv", "conv/1x1", "conv/grouped", "transpose", "sgd_update"] {
@@ -423,9 +424,11 @@ fn profile_writes_a_device_profile_that_plan_uses() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("nothing to measure"));
 }
 
-/// On a mesh with a core per rank, `autopar profile` also runs the data-parallel plans of its
-/// generated models on threads, fits the op families again on their instructions' times and
-/// scales the fit to their measured steps; it says so, and the profile prices ops by that fit.
+/// On a mesh with a core per rank, `autopar profile` also runs the data-parallel and Megatron
+/// plans of its generated models on threads, fits the op families again on their instructions'
+/// times and scales the fit to their measured steps, and adds the latency their collectives had
+/// beyond the sweep's lines to the profile's links; it says so, and the profile prices ops and
+/// collectives by that fit.
 #[test]
 fn profile_scales_the_fit_to_plans_run_on_the_mesh() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -437,9 +440,10 @@ fn profile_scales_the_fit_to_plans_run_on_the_mesh() {
     let prof = dir.path().join("p.json");
     let out = ok(&["profile", "--mesh", "2", "--max-bytes", "4KiB", "--reps", "2", "--json", "-o", &s(&prof)]);
     let line: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-    // Every calibration model's plan was run and priced.
+    // Every calibration model's plans were run and priced: data-parallel and Megatron.
     let errors = line["plan_errors"].as_array().unwrap_or_else(|| panic!("{line}"));
-    assert!(errors.len() >= 8, "{line}");
+    assert!(errors.len() >= 16, "{line}");
+    assert!(errors.iter().any(|e| e[0].as_str().unwrap().ends_with(" megatron")), "{line}");
     for e in errors {
         assert!(e[1].as_f64().unwrap().is_finite(), "{e}");
     }
@@ -450,6 +454,14 @@ fn profile_scales_the_fit_to_plans_run_on_the_mesh() {
     let families: Vec<&str> = line["plan_families"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
     assert!(families.contains(&"reshape") && families.contains(&"matmul"), "{line}");
     let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
+    // The collectives' latency in the plans' runs is added to every line of the measured links.
+    let latency = line["plan_collective_latency"].as_f64().unwrap_or_else(|| panic!("{line}"));
+    assert!((0.0..1e-3).contains(&latency), "{line}");
+    let (swept, priced) = (&line["links"][0], &p["mesh_axes"]["links"][0]);
+    for (w, g) in [(swept, priced), (&swept["gather"], &priced["gather"])] {
+        let (w, g) = (w["alpha"].as_f64().unwrap(), g["alpha"].as_f64().unwrap());
+        assert!((g - w - latency).abs() <= 1e-12, "alpha: profile {g}, sweep {w}, latency {latency}");
+    }
     for family in ["matmul", "conv", "reshape", "sgd_update"] {
         let (c, single) = (&p["op_costs"][family], &line["single_device_op_costs"][family]);
         assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");

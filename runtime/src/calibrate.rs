@@ -16,11 +16,12 @@
 //! lean towards the many small instructions leave a small model's step priced high and a large
 //! one's low, so every family's fixed part and its per-byte/per-FLOP part are scaled by the two
 //! factors that best price the untimed steps ([`step_scales`]). With threads and a core per
-//! rank, `autopar profile` then runs these models' data-parallel plans on the profiled mesh as
-//! `autopar run` would, fits every family again on their instructions' times (the executor's
-//! own work per instruction included: a reshape there costs several times what it does in a
-//! single-device step) and scales that fit the same way to the plans' measured steps, which
-//! also have frees and collectives that wait for the slower rank.
+//! rank, `autopar profile` then runs these models' data-parallel and Megatron plans on the
+//! profiled mesh as `autopar run` would, fits every family again on their instructions' times
+//! (the executor's own work per instruction included: a reshape there costs several times what
+//! it does in a single-device step), takes the latency their collectives had beyond the link
+//! sweep's lines (waiting for the slower rank among it) into the links, and scales the fit the
+//! same way to the plans' measured steps, which also have frees.
 //!
 //! Every copy runs on its own thread, as many copies at once as the mesh has ranks on this
 //! machine, kept in step (every step starts on all copies at once), so the caches and memory

@@ -71,6 +71,18 @@ impl Link {
         }
     }
 
+    /// The same link with `seconds` more latency per collective, in every segment and in the
+    /// [`Link::gather`] link: what a collective costs beyond the line measured in a tight loop,
+    /// such as the waiting for the other ranks inside a running program.
+    pub fn with_latency(&self, seconds: f64) -> Link {
+        Link {
+            alpha: self.alpha + seconds,
+            beta: self.beta,
+            segments: self.segments.iter().map(|s| Segment { alpha: s.alpha + seconds, ..*s }).collect(),
+            gather: self.gather.as_ref().map(|g| Box::new(g.with_latency(seconds))),
+        }
+    }
+
     /// Checks that the link's figures are finite, latencies `>= 0`, per-byte costs `> 0`, and
     /// segments in increasing order with non-negative times where they start.
     pub fn validate(&self) -> std::result::Result<(), String> {
@@ -884,6 +896,12 @@ mod tests {
         assert!((l.time(2e6) - (-1e-4 + 6e-4)).abs() < 1e-15);
         assert!((l.for_gather().time(2e6) - (1e-6 + 2e-4)).abs() < 1e-15);
         assert_eq!(l.validate(), Ok(()));
+        // Added latency moves every line by the same time, the gather link's too.
+        let slow = l.with_latency(3e-6);
+        for bytes in [1e3, 2e6] {
+            assert!((slow.time(bytes) - l.time(bytes) - 3e-6).abs() < 1e-15);
+            assert!((slow.for_gather().time(bytes) - l.for_gather().time(bytes) - 3e-6).abs() < 1e-15);
+        }
         let m = DeviceMesh::new(vec![2], vec!["x".into()], vec![l.clone()]).unwrap();
         assert_eq!(m.time(&[0], 2e6, false), l.time(2e6));
         assert_eq!(m.time(&[0], 2e6, true), l.for_gather().time(2e6));

@@ -164,8 +164,9 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     };
     // The fit prices the single-device training steps it was made on. A plan's run also has the
     // executor's own work per instruction, frees, and collectives that wait for the slower rank:
-    // with threads on this machine, the data-parallel plans of the calibration models are run,
-    // the families they ran fitted again on their instructions' times and scaled to their steps.
+    // with threads on this machine, the data-parallel and Megatron plans of the calibration
+    // models are run, the families they ran fitted again on their instructions' times and scaled
+    // to their steps, and their collectives' latency beyond the sweep's lines added to the links.
     let mut profile = profile;
     let anchored: Result<PlanFit, String> = if backend != "threads" {
         Err("threads only".into())
@@ -173,12 +174,17 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         Err("the mesh has more ranks than this machine has cores".into())
     } else {
         if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            eprintln!("running the data-parallel plans of the generated models on {mesh} ...");
+            eprintln!("running the data-parallel and Megatron plans of the generated models on {mesh} ...");
         }
         plan_fit(&profile, mesh)
     };
     if let Ok(f) = &anchored {
         profile.op_costs.extend(f.op_costs.clone());
+        profile.intra_node = profile.intra_node.with_latency(f.latency);
+        profile.inter_node = profile.inter_node.with_latency(f.latency);
+        if let Some(m) = &mut profile.mesh_axes {
+            m.links = m.links.iter().map(|l| l.with_latency(f.latency)).collect();
+        }
         let mut fixed: Vec<f64> = profile.op_costs.values().map(|c| c.fixed).collect();
         profile.op_seconds = runtime::calibrate::median(&mut fixed);
     }
@@ -214,11 +220,13 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
             Ok(f) => writeln!(
                 out,
                 "plans     {} of those families fitted again on the instructions of the models' data-parallel \
-                 plans run on {mesh}, fixed costs x{:.2} and per-byte/FLOP costs x{:.2} to price their steps, \
-                 which the profile then prices: {}",
+                 and Megatron plans run on {mesh}, fixed costs x{:.2} and per-byte/FLOP costs x{:.2} to price \
+                 their steps; their collectives took {:.2} us more than the links' lines below (added to the \
+                 profile's latencies); the profile then prices the plans: {}",
                 f.op_costs.len(),
                 f.scales.0,
                 f.scales.1,
+                f.latency * 1e6,
                 f.errors.iter().map(|(m, e)| format!("{m} {:+.1}%", e * 100.0)).collect::<Vec<_>>().join(", ")
             )?,
             Err(why) => writeln!(out, "plans     not run ({why}): the single-device fit is kept")?,
@@ -271,6 +279,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
             "calibration_step_scales": [cal.step_scales.0, cal.step_scales.1],
             "plan_families": anchored.as_ref().ok().map(|f| f.op_costs.keys().collect::<Vec<_>>()),
             "plan_step_scales": anchored.as_ref().ok().map(|f| [f.scales.0, f.scales.1]),
+            "plan_collective_latency": anchored.as_ref().ok().map(|f| f.latency),
             "plan_errors": anchored.as_ref().ok().map(|f| &f.errors),
             "plans_not_run": anchored.as_ref().err()});
         writeln!(out, "{line}")?;
@@ -296,21 +305,26 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
     Ok(())
 }
 
-/// A calibration model's data-parallel plan, run on threads: the plan, the median measured step,
-/// and every op instruction's `(plan index, family, seconds, bytes, FLOPs)` on every rank (the
-/// mean over the profiled steps).
+/// A calibration model's plan, run on threads: the plan, the median measured step, every op
+/// instruction's `(plan index, family, seconds, bytes, FLOPs)` on every rank (the mean over the
+/// profiled steps), and every communicating collective's `(measured, priced)` seconds on every
+/// rank (waiting for the other ranks included).
 struct PlanRun {
     name: String,
     plan: plan::Valid,
     step: f64,
     ops: Vec<(usize, String, f64, f64, f64)>,
+    collectives: Vec<(f64, f64)>,
 }
 
 /// What the plans' runs fitted: the families they ran, the factors their fixed and per-byte/FLOP
-/// costs were scaled by to price the plans' steps, and each plan's error as the result prices it.
+/// costs were scaled by to price the plans' steps, the latency every collective had beyond its
+/// link's line (seconds; added to the profile's links), and each plan's error as the result
+/// prices it.
 struct PlanFit {
     op_costs: BTreeMap<String, sharding::OpCost>,
     scales: (f64, f64),
+    latency: f64,
     errors: Vec<(String, f64)>,
 }
 
@@ -337,12 +351,18 @@ fn op_sample(p: &plan::Plan, mesh: &DeviceMesh, i: &plan::Instr) -> Option<(Stri
     Some((sharding::cost_family(op, &ins), bytes, flops))
 }
 
-/// Plans one calibration model data-parallel on `mesh` and runs it on threads (one kernel
+/// Plans one calibration model on `mesh` with `baseline` and runs it on threads (one kernel
 /// thread per rank) as `autopar run` would: about a twentieth of a second of steps by the
 /// estimate profiled per instruction (after one warm-up step), then as many timed whole.
-fn run_plan(m: &runtime::calibrate::Model, profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanRun> {
+fn run_plan(
+    m: &runtime::calibrate::Model,
+    baseline: plan::Baseline,
+    profile: &DeviceProfile,
+    mesh: &DeviceMesh,
+) -> Result<PlanRun> {
+    let name = format!("{} {}", m.name, baseline.name());
     let opts = codegen::plan::PlanOptions {
-        baseline: plan::Baseline::Dp,
+        baseline,
         compare_baselines: false,
         checkpoint: false,
         ..codegen::plan::PlanOptions::default()
@@ -373,34 +393,51 @@ fn run_plan(m: &runtime::calibrate::Model, profile: &DeviceProfile, mesh: &Devic
     runtime::launch::run_threads(&program, states, &opts, &mut |r| walls.push(r.seconds))?;
     walls.sort_by(f64::total_cmp);
     let step = walls.get(walls.len() / 2).copied().context("no step was run")?;
-    let mut ops = vec![];
+    let (mut ops, mut collectives) = (vec![], vec![]);
     for p in &profiles {
         for (&at, &t) in &p.seconds {
-            if let Some((family, bytes, flops)) = plan.program.get(at).and_then(|i| op_sample(&plan, plan.mesh(), i)) {
-                ops.push((at, family, t, bytes, flops));
+            match plan.program.get(at) {
+                Some(plan::Instr::Collective { collective, seconds, .. }) if !collective.is_local() => {
+                    collectives.push((t, *seconds))
+                }
+                Some(i) => {
+                    if let Some((family, bytes, flops)) = op_sample(&plan, plan.mesh(), i) {
+                        ops.push((at, family, t, bytes, flops));
+                    }
+                }
+                None => {}
             }
         }
     }
-    Ok(PlanRun { name: m.name.clone(), plan, step, ops })
+    Ok(PlanRun { name, plan, step, ops, collectives })
 }
 
-/// Runs the data-parallel plan of every calibration model on `mesh` ([`run_plan`]; a model whose
-/// plan cannot be made or run is left out, with a warning), fits the families they ran on their
-/// instructions' times, and scales that fit to the plans' measured steps: each plan is priced as
-/// made (its collectives and any other family by the plan's own figures) with the new fit's fixed
-/// and per-byte/FLOP parts apart, and [`runtime::calibrate::step_scales`] gives the two factors.
+/// Runs the data-parallel and Megatron plans of every calibration model on `mesh`
+/// ([`run_plan`]; a plan that cannot be made or run is left out, with a warning) and fits:
+/// - the latency a collective has in a running program beyond its link's line (the waiting for
+///   the other ranks, a colder cache than the sweep's loop): the median excess over the plans'
+///   communicating collectives, at least 0. Megatron's plans have several per layer, in the
+///   middle of the step, which the data-parallel plans' gradient reductions alone do not show;
+/// - the families the plans ran, on their instructions' times, scaled to the plans' measured
+///   steps: each plan is priced as made (its collectives with the latency above, and any other
+///   family by the plan's own figures) with the new fit's fixed and per-byte/FLOP parts apart,
+///   and [`runtime::calibrate::step_scales`] gives the two factors.
 fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, String> {
     let models = runtime::calibrate::models().map_err(|e| e.to_string())?;
     let mut runs = vec![];
     for m in &models {
-        match run_plan(m, profile, mesh) {
-            Ok(r) => runs.push(r),
-            Err(e) => eprintln!("warning: the data-parallel plan of {} on {mesh} is left out: {e:#}", m.name),
+        for baseline in [plan::Baseline::Dp, plan::Baseline::Megatron] {
+            match run_plan(m, baseline, profile, mesh) {
+                Ok(r) => runs.push(r),
+                Err(e) => eprintln!("warning: the {} plan of {} on {mesh} is left out: {e:#}", baseline.name(), m.name),
+            }
         }
     }
     if runs.is_empty() {
-        return Err(format!("no calibration model's data-parallel plan could be run on {mesh}"));
+        return Err(format!("no calibration model's plan could be run on {mesh}"));
     }
+    let mut excess: Vec<f64> = runs.iter().flat_map(|r| r.collectives.iter().map(|(t, p)| t - p)).collect();
+    let latency = runtime::calibrate::median(&mut excess).max(0.0);
     let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for r in &runs {
         for (_, f, t, b, fl) in &r.ops {
@@ -433,6 +470,9 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
                         let old = profile.op_costs.get(f).map_or(0.0, |c| c.seconds(b, fl));
                         rest += (seconds - old).max(0.0);
                     }
+                    (_, plan::Instr::Collective { collective, .. }) if !collective.is_local() => {
+                        rest += seconds + latency
+                    }
                     _ => rest += seconds,
                 }
             }
@@ -446,7 +486,7 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
         .zip(&parts)
         .map(|(r, &(f, v, rest, wall))| (r.name.clone(), (a * f + b * v + rest - wall) / wall))
         .collect();
-    Ok(PlanFit { op_costs, scales: (a, b), errors })
+    Ok(PlanFit { op_costs, scales: (a, b), latency, errors })
 }
 
 /// Runs `autopar profile`.
