@@ -351,6 +351,11 @@ fn op_sample(p: &plan::Plan, mesh: &DeviceMesh, i: &plan::Instr) -> Option<(Stri
     Some((sharding::cost_family(op, &ins), bytes, flops))
 }
 
+/// Whether a plan's collective moves data between ranks (not a local slice, nor a group of one).
+fn communicates(p: &plan::Valid, c: &sharding::Collective) -> bool {
+    !c.is_local() && p.mesh().group_size(c.axes()) > 1
+}
+
 /// Plans one calibration model on `mesh` with `baseline` and runs it on threads (one kernel
 /// thread per rank) as `autopar run` would: about a twentieth of a second of steps by the
 /// estimate profiled per instruction (after one warm-up step), then as many timed whole.
@@ -361,10 +366,14 @@ fn run_plan(
     mesh: &DeviceMesh,
 ) -> Result<PlanRun> {
     let name = format!("{} {}", m.name, baseline.name());
+    // One pass per step: each instruction's profiled time per step is then its time per run.
     let opts = codegen::plan::PlanOptions {
         baseline,
         compare_baselines: false,
         checkpoint: false,
+        stages: 1,
+        microbatches: 1,
+        accumulated: 1,
         ..codegen::plan::PlanOptions::default()
     };
     let plan = codegen::plan::plan(&m.tg.graph, mesh, profile, &opts)?;
@@ -397,7 +406,7 @@ fn run_plan(
     for p in &profiles {
         for (&at, &t) in &p.seconds {
             match plan.program.get(at) {
-                Some(plan::Instr::Collective { collective, seconds, .. }) if !collective.is_local() => {
+                Some(plan::Instr::Collective { collective, seconds, .. }) if communicates(&plan, collective) => {
                     collectives.push((t, *seconds))
                 }
                 Some(i) => {
@@ -423,6 +432,10 @@ fn run_plan(
 ///   family by the plan's own figures) with the new fit's fixed and per-byte/FLOP parts apart,
 ///   and [`runtime::calibrate::step_scales`] gives the two factors.
 fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, String> {
+    // The plans price their collectives by the swept links (`mesh` came with the built-in CPU
+    // profile's), so the excess measured is over the lines the profile is written with.
+    let mesh =
+        &DeviceMesh::with_profile(mesh.shape().to_vec(), mesh.names().to_vec(), profile).map_err(|e| e.to_string())?;
     let models = runtime::calibrate::models().map_err(|e| e.to_string())?;
     let mut runs = vec![];
     for m in &models {
@@ -470,7 +483,7 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
                         let old = profile.op_costs.get(f).map_or(0.0, |c| c.seconds(b, fl));
                         rest += (seconds - old).max(0.0);
                     }
-                    (_, plan::Instr::Collective { collective, .. }) if !collective.is_local() => {
+                    (_, plan::Instr::Collective { collective, .. }) if communicates(&r.plan, collective) => {
                         rest += seconds + latency
                     }
                     _ => rest += seconds,
