@@ -19,8 +19,8 @@
 //! rank, `autopar profile` then runs these models' data-parallel and Megatron plans on the
 //! profiled mesh as `autopar run` would, fits every family again on their instructions' times
 //! (the executor's own work per instruction included: a reshape there costs several times what
-//! it does in a single-device step), takes the latency their collectives had beyond the link
-//! sweep's lines (waiting for the slower rank among it) into the links, and scales the fit the
+//! it does in a single-device step), takes the latency their small collectives had beyond the
+//! link sweep's lines (waiting for the slower rank among it) into the links, and scales the fit the
 //! same way to the plans' measured steps, which also have frees.
 //!
 //! Every copy runs on its own thread, as many copies at once as the mesh has ranks on this

@@ -221,8 +221,8 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
                 out,
                 "plans     {} of those families fitted again on the instructions of the models' data-parallel \
                  and Megatron plans run on {mesh}, fixed costs x{:.2} and per-byte/FLOP costs x{:.2} to price \
-                 their steps; their collectives took {:.2} us more than the links' lines below (added to the \
-                 profile's latencies); the profile then prices the plans: {}",
+                 their steps; their latency-dominated collectives took {:.2} us more than the links' lines below \
+                 (added to the profile's latencies); the profile then prices the plans: {}",
                 f.op_costs.len(),
                 f.scales.0,
                 f.scales.1,
@@ -307,14 +307,15 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
 
 /// A calibration model's plan, run on threads: the plan, the median measured step, every op
 /// instruction's `(plan index, family, seconds, bytes, FLOPs)` on every rank (the mean over the
-/// profiled steps), and every communicating collective's `(measured, priced)` seconds on every
-/// rank (waiting for the other ranks included).
+/// profiled steps), and every communicating collective's `(measured, priced, priced latency)`
+/// seconds on every rank (waiting for the other ranks included; the last is its link's time for
+/// no bytes, the part of its price that is not per byte).
 struct PlanRun {
     name: String,
     plan: plan::Valid,
     step: f64,
     ops: Vec<(usize, String, f64, f64, f64)>,
-    collectives: Vec<(f64, f64)>,
+    collectives: Vec<(f64, f64, f64)>,
 }
 
 /// What the plans' runs fitted: the families they ran, the factors their fixed and per-byte/FLOP
@@ -407,7 +408,7 @@ fn run_plan(
         for (&at, &t) in &p.seconds {
             match plan.program.get(at) {
                 Some(plan::Instr::Collective { collective, seconds, .. }) if communicates(&plan, collective) => {
-                    collectives.push((t, *seconds))
+                    collectives.push((t, *seconds, collective.cost(0, plan.mesh())))
                 }
                 Some(i) => {
                     if let Some((family, bytes, flops)) = op_sample(&plan, plan.mesh(), i) {
@@ -421,11 +422,32 @@ fn run_plan(
     Ok(PlanRun { name, plan, step, ops, collectives })
 }
 
+/// The latency collectives have in a running program beyond their links' lines, from
+/// `(measured, priced, priced latency)` seconds: the median excess of the latency-dominated ones
+/// (whose per-byte part of the price is at most their latency part), at least 0; of all of
+/// them when none is.
+///
+/// Larger collectives are left out: inside a run they take anything from a third to three times
+/// their swept price (other ranks' compute shares the memory bandwidth, the blocks are colder or
+/// warmer than the sweep's loop), so a median over every size lands between the two and moves
+/// with how many of each the plans have (0 to 12 us between profiles of one machine).
+fn collective_latency(samples: impl Iterator<Item = (f64, f64, f64)>) -> f64 {
+    let (mut small, mut all) = (vec![], vec![]);
+    for (measured, priced, alpha) in samples {
+        all.push(measured - priced);
+        if priced <= 2.0 * alpha {
+            small.push(measured - priced);
+        }
+    }
+    let excess = if small.is_empty() { &mut all } else { &mut small };
+    runtime::calibrate::median(excess).max(0.0)
+}
+
 /// Runs the data-parallel and Megatron plans of every calibration model on `mesh`
 /// ([`run_plan`]; a plan that cannot be made or run is left out, with a warning) and fits:
 /// - the latency a collective has in a running program beyond its link's line (the waiting for
-///   the other ranks, a colder cache than the sweep's loop): the median excess over the plans'
-///   communicating collectives, at least 0. Megatron's plans have several per layer, in the
+///   the other ranks, a colder cache than the sweep's loop): [`collective_latency`] over the
+///   plans' communicating collectives. Megatron's plans have several per layer, in the
 ///   middle of the step, which the data-parallel plans' gradient reductions alone do not show;
 /// - the families the plans ran, on their instructions' times, scaled to the plans' measured
 ///   steps: each plan is priced as made (its collectives with the latency above, and any other
@@ -449,8 +471,7 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
     if runs.is_empty() {
         return Err(format!("no calibration model's plan could be run on {mesh}"));
     }
-    let mut excess: Vec<f64> = runs.iter().flat_map(|r| r.collectives.iter().map(|(t, p)| t - p)).collect();
-    let latency = runtime::calibrate::median(&mut excess).max(0.0);
+    let latency = collective_latency(runs.iter().flat_map(|r| r.collectives.iter().copied()));
     let mut by_family: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for r in &runs {
         for (_, f, t, b, fl) in &r.ops {
@@ -569,4 +590,27 @@ fn run_mpi(a: &ProfileArgs, sizes: &[usize], cpu: &DeviceProfile) -> Result<()> 
         report(a, &mesh, &samples, &links, "mpi")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::collective_latency;
+
+    /// Large collectives' excess, whichever its sign, does not move the latency: only those
+    /// whose price is mostly latency count.
+    #[test]
+    fn latency_from_the_latency_dominated_collectives() {
+        let us = 1e-6;
+        // (measured, priced, priced latency): three small ones 2 us over their price, four
+        // large ones far under it.
+        let mut s =
+            vec![(6.0 * us, 4.0 * us, 4.0 * us), (7.0 * us, 5.0 * us, 4.0 * us), (10.0 * us, 8.0 * us, 4.0 * us)];
+        s.extend([(80.0 * us, 280.0 * us, 4.0 * us); 4]);
+        assert!((collective_latency(s.iter().copied()) - 2.0 * us).abs() < 1e-12);
+        // Only large ones: their median excess, at least 0.
+        assert_eq!(collective_latency([(80.0 * us, 280.0 * us, 4.0 * us)].into_iter()), 0.0);
+        let large =
+            [(300.0 * us, 280.0 * us, 4.0 * us), (310.0 * us, 280.0 * us, 4.0 * us), (90.0 * us, 60.0 * us, 4.0 * us)];
+        assert!((collective_latency(large.into_iter()) - 30.0 * us).abs() < 1e-12);
+    }
 }
