@@ -79,10 +79,13 @@ fn human_bytes(b: f64) -> String {
     if b >= (1 << 20) as f64 { format!("{:.1} MiB", b / (1 << 20) as f64) } else { format!("{:.0} KiB", b / 1024.0) }
 }
 
+/// The smallest block the link sweep measures, bytes per rank.
+const SMALLEST: usize = 1024;
+
 fn sizes(max: u64) -> Vec<usize> {
     let mut v = vec![];
-    let mut s = 1024u64;
-    while s <= max.max(1024) {
+    let mut s = SMALLEST as u64;
+    while s <= max.max(SMALLEST as u64) {
         v.push(s as usize);
         s *= 2;
     }
@@ -307,9 +310,9 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
 
 /// A calibration model's plan, run on threads: the plan, the median measured step, every op
 /// instruction's `(plan index, family, seconds, bytes, FLOPs)` on every rank (the mean over the
-/// profiled steps), and every communicating collective's `(measured, priced, priced latency)`
-/// seconds on every rank (waiting for the other ranks included; the last is its link's time for
-/// no bytes, the part of its price that is not per byte).
+/// profiled steps), and every communicating collective's `(measured, priced, priced small)`
+/// seconds on every rank (waiting for the other ranks included; the last is the price of the
+/// same collective of the sweep's smallest blocks, [`SMALLEST`] bytes per rank).
 struct PlanRun {
     name: String,
     plan: plan::Valid,
@@ -408,7 +411,7 @@ fn run_plan(
         for (&at, &t) in &p.seconds {
             match plan.program.get(at) {
                 Some(plan::Instr::Collective { collective, seconds, .. }) if communicates(&plan, collective) => {
-                    collectives.push((t, *seconds, collective.cost(0, plan.mesh())))
+                    collectives.push((t, *seconds, collective.cost(SMALLEST, plan.mesh())))
                 }
                 Some(i) => {
                     if let Some((family, bytes, flops)) = op_sample(&plan, plan.mesh(), i) {
@@ -423,9 +426,9 @@ fn run_plan(
 }
 
 /// The latency collectives have in a running program beyond their links' lines, from
-/// `(measured, priced, priced latency)` seconds: the median excess of the latency-dominated ones
-/// (whose per-byte part of the price is at most their latency part), at least 0; of all of
-/// them when none is.
+/// `(measured, priced, priced small)` seconds: the median excess of the latency-dominated ones
+/// (priced at most twice the same collective of the sweep's smallest blocks, which the links'
+/// latency prices), at least 0; of all of them when none is.
 ///
 /// Larger collectives are left out: inside a run they take anything from a third to three times
 /// their swept price (other ranks' compute shares the memory bandwidth, the blocks are colder or
@@ -433,9 +436,9 @@ fn run_plan(
 /// with how many of each the plans have (0 to 12 us between profiles of one machine).
 fn collective_latency(samples: impl Iterator<Item = (f64, f64, f64)>) -> f64 {
     let (mut small, mut all) = (vec![], vec![]);
-    for (measured, priced, alpha) in samples {
+    for (measured, priced, small_price) in samples {
         all.push(measured - priced);
-        if priced <= 2.0 * alpha {
+        if priced <= 2.0 * small_price {
             small.push(measured - priced);
         }
     }
@@ -601,11 +604,12 @@ mod tests {
     #[test]
     fn latency_from_the_latency_dominated_collectives() {
         let us = 1e-6;
-        // (measured, priced, priced latency): three small ones 2 us over their price, four
-        // large ones far under it.
+        // (measured, priced, priced small): three small ones 2 us over their price, four large
+        // ones far under it and four far over it.
         let mut s =
             vec![(6.0 * us, 4.0 * us, 4.0 * us), (7.0 * us, 5.0 * us, 4.0 * us), (10.0 * us, 8.0 * us, 4.0 * us)];
         s.extend([(80.0 * us, 280.0 * us, 4.0 * us); 4]);
+        s.extend([(400.0 * us, 280.0 * us, 4.0 * us); 4]);
         assert!((collective_latency(s.iter().copied()) - 2.0 * us).abs() < 1e-12);
         // Only large ones: their median excess, at least 0.
         assert_eq!(collective_latency([(80.0 * us, 280.0 * us, 4.0 * us)].into_iter()), 0.0);
