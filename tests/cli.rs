@@ -740,6 +740,10 @@ fn autoparallelize_and_explain() {
     );
     fails(&["plan", &m, "--mesh", "2x2", "--memory", "lots", "-o", &plan], &["--memory", "lots"]);
     fails(
+        &["plan", &m, "--mesh", "2x2", "--memory", "1GiB", "--min-gain", "150", "-o", &plan],
+        &["--min-gain", "`150` is not a percentage from 0 to 100"],
+    );
+    fails(
         &["plan", &m, "--mesh", "2x2", "--memory", "1GiB", "--strategy", "fsdp", "-o", &plan],
         &["unknown strategy `fsdp`"],
     );

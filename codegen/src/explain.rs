@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::fmt_bytes;
 use crate::plan::{Instr, Phase, Plan, SolveStatus};
+use crate::{Baseline, fmt_bytes};
 
 fn ms(s: f64) -> String {
     if s >= 1.0 { format!("{s:.3} s") } else { format!("{:.3} ms", s * 1e3) }
@@ -183,9 +183,24 @@ pub fn summary(p: &Plan) -> String {
     } else {
         format!("; not solved in the time limit: {} (raise --time-limit to compare them)", p.solver.skipped.join(", "))
     };
-    // A search stopped far from its bound: say what more time could buy.
+    // A baseline kept although auto's own plan was estimated (slightly) faster: say why.
+    let own = p.solver.compared.get(&Baseline::Auto.name()).copied().flatten();
+    let kept = own.filter(|&own| {
+        p.options.strategy == Baseline::Auto && p.solver.chosen != Baseline::Auto && own < e.step_seconds
+    });
+    let skipped = match kept {
+        Some(own) => format!(
+            "{skipped}; kept {}: auto's own plan is estimated only {:.2}% faster (--min-gain {}%)",
+            p.solver.chosen.name(),
+            (1.0 - own / e.step_seconds) * 100.0,
+            p.options.min_gain * 100.0
+        ),
+        None => skipped,
+    };
+    // A search stopped far from its bound (not a baseline kept over a cheaper auto plan): say
+    // what more time could buy.
     let gap = p.solver.objective_seconds / p.solver.lower_bound_seconds - 1.0;
-    let skipped = if p.solver.status == SolveStatus::Feasible && gap > 0.1 && gap.is_finite() {
+    let skipped = if kept.is_none() && p.solver.status == SolveStatus::Feasible && gap > 0.1 && gap.is_finite() {
         format!(
             "{skipped}; the objective is {:.0}% above its bound: a longer --time-limit may find a better plan",
             gap * 100.0

@@ -34,6 +34,13 @@ pub struct PlanOptions {
     /// With `Auto`, also solve the manual baselines and keep the best plan (each is a feasible
     /// plan of the unrestricted problem), so the result is never worse than those solved.
     pub compare_baselines: bool,
+    /// With `Auto` comparing the baselines: auto's own plan is chosen only when it is estimated
+    /// at least this fraction of the step faster than the cheapest baseline's; otherwise that
+    /// baseline is (its status then says `feasible`, with auto's bound). The cost model is good
+    /// to several percent (BENCHMARKS.md), so a smaller gain is not one to count on, and on a
+    /// near tie two different programs measure apart by noise alone; the baseline's layout is
+    /// the familiar one. 0: the cheapest, auto's on a tie.
+    pub min_gain: f64,
     /// Recompute activations during backward when the program's peak exceeds the budget
     /// ([`crate::checkpoint`]).
     pub checkpoint: bool,
@@ -66,6 +73,9 @@ pub struct PlanOptions {
     pub chunks: usize,
 }
 
+/// [`PlanOptions::min_gain`]'s default: 1% of the step.
+pub const DEFAULT_MIN_GAIN: f64 = 0.01;
+
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
@@ -74,6 +84,7 @@ impl Default for PlanOptions {
             time_limit: Duration::from_secs(5),
             threads: 1,
             compare_baselines: true,
+            min_gain: DEFAULT_MIN_GAIN,
             checkpoint: true,
             tie_layers: true,
             merge: Merge::Proven,
@@ -594,15 +605,7 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
                 first = Some(solved);
             }
         }
-        if let Some((b, mut p)) =
-            // The cheapest; on a tie the restriction asked for (its status and bound are known).
-            candidates.into_iter().min_by(|x, y| {
-                x.1.estimate
-                    .step_seconds
-                    .total_cmp(&y.1.estimate.step_seconds)
-                    .then((x.0 != opts.baseline).cmp(&(y.0 != opts.baseline)))
-            })
-        {
+        if let Some((b, mut p)) = choose(candidates, opts) {
             let first_bound = first.as_ref().map_or(0, |f| f.bound);
             let objective = (p.solver.objective_seconds * 1e12).round() as u128;
             p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 {
@@ -633,6 +636,23 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
     }
     let min_peak = smallest.map_or(floor, |(s, _)| s);
     Err(infeasible(&main, &g, budget, min_peak as u128, cut.then_some(floor)))
+}
+
+/// The plan to keep of those that fit: the cheapest, on a tie the restriction asked for (its
+/// status and bound are known); but with `Auto`, the cheapest baseline when auto's own plan is
+/// not at least [`PlanOptions::min_gain`] of it faster.
+fn choose(candidates: Vec<(Baseline, Plan)>, opts: &PlanOptions) -> Option<(Baseline, Plan)> {
+    let step = |c: &(Baseline, Plan)| c.1.estimate.step_seconds;
+    let (own, others): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.0 == opts.baseline);
+    let own = own.into_iter().min_by(|x, y| step(x).total_cmp(&step(y)));
+    let other = others.into_iter().min_by(|x, y| step(x).total_cmp(&step(y)));
+    match (own, other) {
+        (Some(o), Some(b)) => {
+            let margin = if opts.baseline == Baseline::Auto { opts.min_gain.clamp(0.0, 1.0) } else { 0.0 };
+            Some(if step(&o) <= step(&b) * (1.0 - margin) { o } else { b })
+        }
+        (o, b) => o.or(b),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -794,6 +814,7 @@ fn lower(
             strategy: opts.baseline,
             time_limit_seconds: opts.time_limit.as_secs_f64(),
             precision: precision_of(g).to_string(),
+            min_gain: if opts.baseline == Baseline::Auto && opts.compare_baselines { opts.min_gain } else { 0.0 },
         },
         graph: g.clone(),
         microbatches: 1,

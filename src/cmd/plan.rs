@@ -67,6 +67,12 @@ pub struct PlanArgs {
     /// (`solver.timings`).
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = common::parse_seconds)]
     pub time_limit: Duration,
+    /// With --strategy auto: keep the cheapest manual baseline (dp, megatron, zero) unless the
+    /// solver's own plan is estimated at least this many percent of the step faster. The cost
+    /// model is good to several percent (BENCHMARKS.md), so a smaller gain is not one to count
+    /// on, and the baseline's layout is the familiar one. 0 keeps the cheapest plan.
+    #[arg(long, value_name = "PERCENT", default_value = "1", value_parser = parse_percent)]
+    pub min_gain: f64,
     /// Solver threads.
     #[arg(long, default_value = "1", value_parser = common::parse_threads)]
     pub threads: usize,
@@ -229,6 +235,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         time_limit: a.time_limit,
         threads: a.threads,
         compare_baselines: true,
+        min_gain: a.min_gain / 100.0,
         checkpoint: !a.no_checkpoint,
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
@@ -345,6 +352,14 @@ pub enum Stages {
 }
 
 /// `--pipeline`: a stage count (1 to 4096), or `auto`.
+/// A percentage from 0 to 100 (`1`, `0.5`, `2%`).
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.strip_suffix('%').unwrap_or(s).trim().parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("`{s}` is not a percentage from 0 to 100")),
+    }
+}
+
 fn parse_pipeline(s: &str) -> Result<Stages, String> {
     if s == "auto" {
         return Ok(Stages::Auto);

@@ -118,6 +118,58 @@ fn auto_is_never_worse_than_manual_baselines() -> Result<()> {
 }
 
 /// The chosen strategy of the op named `name`.
+/// `min_gain`: with `Auto`, the solver's own plan is kept only when it is estimated at least
+/// that fraction of the step faster than the cheapest baseline compared; otherwise that
+/// baseline is, `plan.json` records the threshold and `explain` says why the baseline was kept.
+#[test]
+fn auto_keeps_the_cheapest_baseline_unless_its_own_plan_gains_enough() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mut kept = 0;
+    for (name, loss) in [MODELS[0], MODELS[1]] {
+        let g = training(name, loss)?;
+        for shape in [[1, 2], [2, 2]] {
+            let mesh = DeviceMesh::with_profile(shape.to_vec(), vec!["data".into(), "tensor".into()], &cpu)?;
+            for min_gain in [0.0, 0.01, 0.2, 1.0] {
+                let at = format!("{name} on {mesh}, min_gain {min_gain}");
+                let o = PlanOptions { min_gain, ..opts(64 << 30, Baseline::Auto) };
+                let p = round_trip(&codegen::plan(&g, &mesh, &cpu, &o).context(at.clone())?)?;
+                ensure!(p.options.min_gain == min_gain, "{at}: plan.json records min_gain {}", p.options.min_gain);
+                let step = p.estimate.step_seconds;
+                let own =
+                    p.solver.compared.get("auto").copied().flatten().with_context(|| format!("{at}: auto fits"))?;
+                let best = ["dp", "megatron", "zero"]
+                    .iter()
+                    .filter_map(|b| p.solver.compared.get(*b).copied().flatten())
+                    .min_by(f64::total_cmp)
+                    .with_context(|| format!("{at}: no baseline was compared"))?;
+                if p.solver.chosen == Baseline::Auto {
+                    ensure!(step == own, "{at}: the auto plan's step {step} is not its compared {own}");
+                    ensure!(own <= best * (1.0 - min_gain), "{at}: auto {own} s kept against the baselines' {best} s");
+                } else {
+                    ensure!(
+                        step == best,
+                        "{at}: kept {} at {step} s, not the cheapest baseline ({best} s)",
+                        p.solver.chosen
+                    );
+                    ensure!(own > best * (1.0 - min_gain), "{at}: auto {own} s gains enough over {best} s");
+                    if own < step {
+                        kept += 1;
+                        let text = codegen::explain::summary(&p);
+                        ensure!(
+                            text.contains(&format!("kept {}: auto's own plan is estimated only", p.solver.chosen)),
+                            "{at}: explain does not say why the baseline was kept:\n{text}"
+                        );
+                    }
+                }
+                ensure!(min_gain < 1.0 || p.solver.chosen != Baseline::Auto, "{at}: auto kept with min_gain 1");
+            }
+        }
+    }
+    // With a threshold of 100%, a baseline is kept wherever auto's own plan was cheaper.
+    ensure!(kept > 0, "no case kept a baseline over a cheaper auto plan: the test shows nothing");
+    Ok(())
+}
+
 fn chosen<'a>(p: &'a Plan, name: &str) -> Result<(&'a str, Vec<String>)> {
     for i in &p.program {
         if let Instr::Op { name: n, strategy, input_specs, .. } = i

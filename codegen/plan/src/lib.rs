@@ -329,6 +329,15 @@ pub struct OptionsInfo {
     /// (16-bit values in the graph, f32 parameters and optimizer state).
     #[serde(default = "f32_name", skip_serializing_if = "is_f32")]
     pub precision: String,
+    /// With `auto`: the fraction of the step by which auto's own plan had to be estimated
+    /// faster than the cheapest baseline compared to be chosen over it (0 in plans made before
+    /// it existed: the cheapest was chosen).
+    #[serde(default, skip_serializing_if = "no_gain")]
+    pub min_gain: f64,
+}
+
+fn no_gain(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn f32_name() -> String {
