@@ -706,6 +706,9 @@ fn autoparallelize_and_explain() {
     for k in ["step ", "memory ", "comms ", "params ", "solver ", "wrote "] {
         assert!(out.lines().any(|l| l.starts_with(k)), "no `{k}` line in\n{out}");
     }
+    // `--min-gain` is a percentage; plan.json records it as a fraction (1% by default).
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(doc["options"]["min_gain"], 0.01, "{}", doc["options"]);
     let html = dir.path().join("plan.html").display().to_string();
     let dot = dir.path().join("plan.dot").display().to_string();
     let out = ok(&["explain", &plan, "--html", &html, "--dot", &dot]);

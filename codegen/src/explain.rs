@@ -184,23 +184,32 @@ pub fn summary(p: &Plan) -> String {
         format!("; not solved in the time limit: {} (raise --time-limit to compare them)", p.solver.skipped.join(", "))
     };
     // A baseline kept although auto's own plan was estimated (slightly) faster: say why.
-    let own = p.solver.compared.get(&Baseline::Auto.name()).copied().flatten();
-    let kept = own.filter(|&own| {
-        p.options.strategy == Baseline::Auto && p.solver.chosen != Baseline::Auto && own < e.step_seconds
-    });
+    // (Both from `compared`: a pipelined or microbatched plan's step is not its solves'.)
+    let solved = |b: Baseline| p.solver.compared.get(&b.name()).copied().flatten();
+    let kept = match (solved(Baseline::Auto), solved(p.solver.chosen)) {
+        (Some(own), Some(base))
+            if p.options.strategy == Baseline::Auto
+                && p.solver.chosen != Baseline::Auto
+                && p.options.min_gain > 0.0
+                && own < base =>
+        {
+            Some(1.0 - own / base)
+        }
+        _ => None,
+    };
     let skipped = match kept {
-        Some(own) => format!(
+        Some(gain) => format!(
             "{skipped}; kept {}: auto's own plan is estimated only {:.2}% faster (--min-gain {}%)",
             p.solver.chosen.name(),
-            (1.0 - own / e.step_seconds) * 100.0,
-            p.options.min_gain * 100.0
+            gain * 100.0,
+            (p.options.min_gain * 1e8).round() / 1e6
         ),
         None => skipped,
     };
-    // A search stopped far from its bound (not a baseline kept over a cheaper auto plan): say
-    // what more time could buy.
-    let gap = p.solver.objective_seconds / p.solver.lower_bound_seconds - 1.0;
-    let skipped = if kept.is_none() && p.solver.status == SolveStatus::Feasible && gap > 0.1 && gap.is_finite() {
+    // A search stopped far from its bound: say what more time could buy (beyond the gain of
+    // auto's own plan over a baseline kept).
+    let gap = p.solver.objective_seconds / p.solver.lower_bound_seconds - 1.0 - kept.unwrap_or(0.0);
+    let skipped = if p.solver.status == SolveStatus::Feasible && gap > 0.1 && gap.is_finite() {
         format!(
             "{skipped}; the objective is {:.0}% above its bound: a longer --time-limit may find a better plan",
             gap * 100.0

@@ -608,9 +608,12 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
         if let Some((b, mut p)) = choose(candidates, opts) {
             let first_bound = first.as_ref().map_or(0, |f| f.bound);
             let objective = (p.solver.objective_seconds * 1e12).round() as u128;
+            // A baseline kept on a tie with the restriction's own plan (`min_gain`) is as good
+            // as that plan, and its status is the solve's.
+            let tied = compared.get(opts.baseline.name().as_str()).copied().flatten() == Some(p.estimate.step_seconds);
             p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 {
                 SolveStatus::Optimal
-            } else if b == opts.baseline {
+            } else if b == opts.baseline || tied {
                 first.as_ref().map_or(p.solver.status, |f| f.status)
             } else {
                 SolveStatus::Feasible

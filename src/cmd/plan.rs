@@ -351,7 +351,6 @@ pub enum Stages {
     Count(u32),
 }
 
-/// `--pipeline`: a stage count (1 to 4096), or `auto`.
 /// A percentage from 0 to 100 (`1`, `0.5`, `2%`).
 fn parse_percent(s: &str) -> Result<f64, String> {
     match s.strip_suffix('%').unwrap_or(s).trim().parse::<f64>() {
@@ -360,6 +359,7 @@ fn parse_percent(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--pipeline`: a stage count (1 to 4096), or `auto`.
 fn parse_pipeline(s: &str) -> Result<Stages, String> {
     if s == "auto" {
         return Ok(Stages::Auto);
