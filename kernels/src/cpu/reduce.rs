@@ -50,6 +50,24 @@ fn reduce_f32(ctx: &CpuContext, op: ReduceOp, x: &[F], outer: usize, red: usize,
         return out;
     }
     let (init, map, comb) = parts(op);
+    if inner == 1 {
+        // Each output reduces one contiguous run (a reduction over the trailing axes, e.g.
+        // the gradient of a squeeze-excitation scale summing NCHW over H, W): no per-output
+        // accumulators to allocate, which cost more than a short run's adds.
+        ctx.for_rows_weighted(&mut out, 1, red.max(1), |o, row| {
+            let block = &x[o * red..(o + 1) * red];
+            row[0] = match op {
+                ReduceOp::Sum | ReduceOp::Mean => finish(op, lane_sum_f64(block), red) as F,
+                ReduceOp::LogSumExp => {
+                    let m = block.iter().fold(f64::NEG_INFINITY, |m, &v| nan_max(m, v as f64));
+                    let m = if m.is_infinite() { 0.0 } else { m };
+                    (m + block.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()) as F
+                }
+                _ => finish(op, block.iter().fold(init, |a, &v| comb(a, map(v as f64))), red) as F,
+            };
+        });
+        return out;
+    }
     ctx.for_rows_weighted(&mut out, inner, red.max(1), |o, row| {
         let block = &x[o * red * inner..(o + 1) * red * inner];
         let mut shift = vec![0f64; inner];

@@ -819,6 +819,48 @@ fn reductions() {
     assert!(matches!(bad(r(ReduceOp::Sum, vec![2], false), &[&x]), Error::BadInput { .. }));
 }
 
+/// Reductions over trailing axes, where each output is one contiguous run, for every float
+/// kind against the run folded in f64 here; with runs of -inf and an empty run.
+#[test]
+fn trailing_reductions_match_a_direct_fold() {
+    let mut vals: Vec<f32> = (0..90).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+    vals[9..18].fill(f32::NEG_INFINITY);
+    let x = f([2, 5, 3, 3], vals.clone());
+    let fold = |op: ReduceOp, c: &[f32]| -> f32 {
+        let c: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+        let sum = |f: &dyn Fn(f64) -> f64| c.iter().map(|&v| f(v)).sum::<f64>();
+        (match op {
+            ReduceOp::Sum => sum(&|v| v),
+            ReduceOp::Mean => sum(&|v| v) / c.len() as f64,
+            ReduceOp::Max => c.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            ReduceOp::Min => c.iter().copied().fold(f64::INFINITY, f64::min),
+            ReduceOp::Prod => c.iter().product(),
+            ReduceOp::SumSquare => sum(&|v| v * v),
+            ReduceOp::L2 => sum(&|v| v * v).sqrt(),
+            ReduceOp::L1 => sum(&|v| v.abs()),
+            ReduceOp::LogSum => sum(&|v| v).ln(),
+            ReduceOp::LogSumExp => {
+                let m = c.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let m = if m.is_infinite() { 0.0 } else { m };
+                m + sum(&|v| (v - m).exp()).ln()
+            }
+        }) as f32
+    };
+    use ReduceOp::*;
+    for op in [Sum, Mean, Max, Min, Prod, SumSquare, L2, L1, LogSum, LogSumExp] {
+        for (axes, run, shape) in
+            [(vec![3], 3, vec![2, 5, 3]), (vec![2, 3], 9, vec![2, 5]), (vec![1, 2, 3], 45, vec![2])]
+        {
+            let want: Vec<f32> = vals.chunks(run).map(|c| fold(op, c)).collect();
+            close(&run1(Op::Reduce { op, axes, keepdims: false }, &[&x]), &shape, &want);
+        }
+    }
+    let empty = f([2, 0], vec![]);
+    for op in [Sum, Max, LogSumExp] {
+        close(&run1(Op::Reduce { op, axes: vec![1], keepdims: false }, &[&empty]), &[2], &[fold(op, &[]); 2]);
+    }
+}
+
 #[test]
 fn pad_constant() {
     let x = iota([2, 2]);
