@@ -382,7 +382,7 @@ fn profile_writes_a_device_profile_that_plan_uses() {
         ) || out.contains("plans     not run (the mesh has more ranks than this machine has cores)"),
         "{out}"
     );
-    for family in ["matmul", "conv", "conv/1x1", "conv/grouped", "transpose", "sgd_update"] {
+    for family in ["matmul", "conv", "conv/1x1", "conv/grouped", "conv/depthwise", "transpose", "sgd_update"] {
         let c = &p["op_costs"][family];
         assert!(c["fixed"].as_f64().unwrap() >= 0.0 && c["samples"].as_u64().unwrap() > 0, "{family}: {p}");
     }

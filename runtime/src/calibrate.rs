@@ -245,7 +245,8 @@ fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {
         let y = b.conv(h, out / 2, 1, 1, 1)?;
         let y = b.bn(y)?;
         let y = b.unary(Relu, y)?;
-        let y = b.conv(y, out / 2, 3, stride, 1)?;
+        // The middle stage's 3x3 grouped, as ResNeXt's (4 groups): a small product per group.
+        let y = b.conv(y, out / 2, 3, stride, if stage == 1 { 4 } else { 1 })?;
         let y = b.bn(y)?;
         let y = b.unary(Relu, y)?;
         let y = b.conv(y, out, 1, 1, 1)?;

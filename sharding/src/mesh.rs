@@ -180,17 +180,18 @@ impl OpCost {
 }
 
 /// The family an op is priced by: its name ([`ir::Op::name`]); convolutions and their gradients
-/// by their kind too, `conv/grouped` (a depthwise convolution runs one small product per
-/// channel: its time is not that of a dense one of the same FLOPs), `conv/1x1` (a pointwise
+/// by their kind too, `conv/depthwise` (one input channel per group: its time is not that of a
+/// dense one of the same FLOPs), `conv/grouped` (other grouped ones: a small product per
+/// group), `conv/1x1` (a pointwise
 /// one, stride 1 and no padding, is a plain matrix product) and `conv` (the others, which
 /// gather their patches first); `gemm` by which operand is transposed (`gemm/ta`, `gemm/tb`,
 /// `gemm/tab`). `ins` are the op's input metas (the weight's gives the kernel).
 pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
-    let kernel = |w: Option<&ir::TensorMeta>| w.and_then(|w| w.shape.get(2..4)).map(|k| k == [1, 1]);
-    let (attrs, pointwise) = match op {
-        ir::Op::Conv(a) => (a, kernel(ins.get(1))),
-        ir::Op::ConvInputGrad { attrs, .. } => (attrs, kernel(ins.get(1))),
-        ir::Op::ConvWeightGrad { attrs, shape } => (attrs, shape.get(2..4).map(|k| k == [1, 1])),
+    // The weight's shape `[out, in / group, kh, kw]`.
+    let (attrs, weight) = match op {
+        ir::Op::Conv(a) => (a, ins.get(1).map(|w| &w.shape[..])),
+        ir::Op::ConvInputGrad { attrs, .. } => (attrs, ins.get(1).map(|w| &w.shape[..])),
+        ir::Op::ConvWeightGrad { attrs, shape } => (attrs, Some(&shape[..])),
         // A product with a transposed operand reads it with strides (and the CPU kernel then
         // picks another implementation for some shapes).
         ir::Op::Gemm { trans_a, trans_b, .. } => {
@@ -204,7 +205,14 @@ pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
         }
         _ => return op.name().to_string(),
     };
-    if attrs.group > 1 {
+    let pointwise = weight.and_then(|w| w.get(2..4)).map(|k| k == [1, 1]);
+    // One input channel per group (the weight's dim 1, the same on every rank whichever
+    // channels a plan splits): depthwise, which the CPU runs tap by tap over each channel's
+    // plane; other grouped convolutions are a small product per group.
+    let depthwise = weight.is_some_and(|w| w.get(1) == Some(&1));
+    if attrs.group > 1 && depthwise {
+        format!("{}/depthwise", op.name())
+    } else if attrs.group > 1 {
         format!("{}/grouped", op.name())
     } else if pointwise == Some(true) && attrs.strides == [1, 1] && attrs.pads == [0; 4] {
         format!("{}/1x1", op.name())
@@ -859,6 +867,13 @@ mod tests {
         assert!((t - (2e-6 + 1e-6 + 1e-5)).abs() < 1e-15, "{t}");
         let dense = p.op_compute_seconds(&conv(1), &[x.clone(), w3.clone()], ir::DType::F32, 1e6, 1e4);
         assert!((dense - (1e-6 + 1e6 / p.f32_flops)).abs() < 1e-15, "{dense}");
+        assert_eq!(cost_family(&conv(4), &[x.clone(), w3.clone()]), "conv/grouped");
+        assert_eq!(cost_family(&conv(8), &[x.clone(), m(&[8, 1, 3, 3])]), "conv/depthwise");
+        let dw_grad = ir::Op::ConvWeightGrad {
+            attrs: ir::ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group: 8 },
+            shape: vec![8, 1, 3, 3],
+        };
+        assert_eq!(cost_family(&dw_grad, &[x.clone(), x.clone()]), "conv_weight_grad/depthwise");
         assert_eq!(cost_family(&conv(1), &[x.clone(), w3]), "conv");
         assert_eq!(cost_family(&conv(1), &[x.clone(), w1.clone()]), "conv/1x1");
         let wgrad = ir::Op::ConvWeightGrad {
