@@ -185,7 +185,8 @@ impl Builder {
 }
 
 /// A small CNN with the blocks of today's vision models: a strided 7x7 stem with batch norm
-/// and max pooling and three stages of bottlenecks (ResNet), inverted residuals with a
+/// and max pooling and three stages of bottlenecks (ResNet; the middle one's 3x3 grouped, as
+/// ResNeXt's), inverted residuals with a
 /// depthwise convolution, hard-swish and squeeze-excitation (MobileNetV3), a ConvNeXt block
 /// (depthwise 7x7, channels-last layer norm, GELU MLP) and a linear classifier.
 fn cnn(batch: usize, size: usize, c: usize) -> Result<Model, RunError> {

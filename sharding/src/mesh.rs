@@ -206,10 +206,11 @@ pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
         _ => return op.name().to_string(),
     };
     let pointwise = weight.and_then(|w| w.get(2..4)).map(|k| k == [1, 1]);
-    // One input channel per group (the weight's dim 1, the same on every rank whichever
-    // channels a plan splits): depthwise, which the CPU runs tap by tap over each channel's
-    // plane; other grouped convolutions are a small product per group.
-    let depthwise = weight.is_some_and(|w| w.get(1) == Some(&1));
+    // One input and one output channel per group (plans split only the batch of a grouped
+    // convolution, so the weight is whole on every rank): depthwise, which the CPU runs tap by
+    // tap over each channel's plane; other grouped convolutions (a channel multiplier
+    // included) are a small product per group.
+    let depthwise = weight.is_some_and(|w| w.len() == 4 && w[1] == 1 && w[0] == attrs.group);
     if attrs.group > 1 && depthwise {
         format!("{}/depthwise", op.name())
     } else if attrs.group > 1 {
@@ -419,9 +420,14 @@ impl DeviceProfile {
             let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
             return (flops / rate).max(bytes / self.memory_bandwidth);
         }
-        if !self.op_costs.is_empty()
-            && let Some(c) = self.op_costs.get(&cost_family(op, ins))
-        {
+        // A profile written before depthwise convolutions had their own families fitted
+        // `*/grouped` on them.
+        let family = cost_family(op, ins);
+        let fitted = self
+            .op_costs
+            .get(&family)
+            .or_else(|| family.strip_suffix("/depthwise").and_then(|f| self.op_costs.get(&format!("{f}/grouped"))));
+        if let Some(c) = fitted {
             // Fitted on f32 steps: a 16-bit op's FLOPs at the profile's 16-bit speed-up (none on a
             // CPU, which computes bf16 in f32), its bytes as they are.
             let flops = if dtype.is_half() { flops * self.f32_flops / self.bf16_flops } else { flops };
@@ -869,6 +875,15 @@ mod tests {
         assert!((dense - (1e-6 + 1e6 / p.f32_flops)).abs() < 1e-15, "{dense}");
         assert_eq!(cost_family(&conv(4), &[x.clone(), w3.clone()]), "conv/grouped");
         assert_eq!(cost_family(&conv(8), &[x.clone(), m(&[8, 1, 3, 3])]), "conv/depthwise");
+        // A channel multiplier is not what the CPU runs tap by tap.
+        assert_eq!(cost_family(&conv(4), &[x.clone(), m(&[8, 1, 3, 3])]), "conv/grouped");
+        // A profile from before `*/depthwise` prices depthwise ones by `*/grouped`.
+        let dw = p.op_compute_seconds(&conv(8), &[x.clone(), m(&[8, 1, 3, 3])], ir::DType::F32, 1e6, 1e4);
+        assert!((dw - t).abs() < 1e-15, "{dw}");
+        let mut q = p.clone();
+        q.op_costs.insert("conv/depthwise".into(), OpCost { fixed: 5e-6, ..fit.clone() });
+        let dw = q.op_compute_seconds(&conv(8), &[x.clone(), m(&[8, 1, 3, 3])], ir::DType::F32, 1e6, 1e4);
+        assert!((dw - (t + 3e-6)).abs() < 1e-15, "{dw}");
         let dw_grad = ir::Op::ConvWeightGrad {
             attrs: ir::ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], group: 8 },
             shape: vec![8, 1, 3, 3],

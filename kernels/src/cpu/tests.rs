@@ -819,8 +819,8 @@ fn reductions() {
     assert!(matches!(bad(r(ReduceOp::Sum, vec![2], false), &[&x]), Error::BadInput { .. }));
 }
 
-/// Reductions over trailing axes, where each output is one contiguous run, for every float
-/// kind against the run folded in f64 here; with runs of -inf and an empty run.
+/// Reductions over trailing axes, where each output is one contiguous run, of every kind (on
+/// f32) against the run folded in f64 here; with runs of -inf and an empty run.
 #[test]
 fn trailing_reductions_match_a_direct_fold() {
     let mut vals: Vec<f32> = (0..90).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
