@@ -36,7 +36,8 @@ pub struct PlanOptions {
     pub compare_baselines: bool,
     /// With `Auto` comparing the baselines: auto's own plan is chosen only when it is estimated
     /// at least this fraction of the step faster than the cheapest baseline's; otherwise that
-    /// baseline is (its status then says `feasible`, with auto's bound). The cost model is good
+    /// baseline is (its status then says `feasible`, with auto's bound; the solve's status on an
+    /// exact tie). The cost model is good
     /// to several percent (BENCHMARKS.md), so a smaller gain is not one to count on, and on a
     /// near tie two different programs measure apart by noise alone; the baseline's layout is
     /// the familiar one. 0: the cheapest, auto's on a tie.

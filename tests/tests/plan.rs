@@ -151,6 +151,12 @@ fn auto_keeps_the_cheapest_baseline_unless_its_own_plan_gains_enough() -> Result
                         p.solver.chosen
                     );
                     ensure!(own > best * (1.0 - min_gain), "{at}: auto {own} s gains enough over {best} s");
+                    // On an exact tie the baseline is as good as the solve found: its status.
+                    ensure!(
+                        own != step || p.solver.status != codegen::plan::SolveStatus::Feasible,
+                        "{at}: a baseline tied with auto's plan says {}",
+                        p.solver.status
+                    );
                     if own < step {
                         kept += 1;
                         let text = codegen::explain::summary(&p);
