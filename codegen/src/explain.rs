@@ -206,6 +206,25 @@ pub fn summary(p: &Plan) -> String {
         ),
         None => skipped,
     };
+    // A stage search that kept the plan without stages although one with them was estimated
+    // (slightly) faster: say why.
+    let unstaged = p.solver.compared.get("pipeline: no stages").copied().flatten();
+    let staged = p
+        .solver
+        .compared
+        .iter()
+        .filter(|(k, _)| k.starts_with("pipeline: ") && k.as_str() != "pipeline: no stages")
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let skipped = match (unstaged, staged) {
+        (Some(u), Some((k, s))) if p.pipeline.is_none() && p.options.min_gain > 0.0 && s < u => format!(
+            "{skipped}; kept no stages: {} is estimated only {:.2}% faster (--min-gain {}%)",
+            k.trim_start_matches("pipeline: "),
+            (1.0 - s / u) * 100.0,
+            (p.options.min_gain * 1e8).round() / 1e6
+        ),
+        _ => skipped,
+    };
     // A search stopped far from its bound: say what more time could buy (beyond the gain of
     // auto's own plan over a baseline kept).
     let gap = p.solver.objective_seconds / p.solver.lower_bound_seconds - 1.0 - kept.unwrap_or(0.0);

@@ -72,8 +72,12 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
 /// each priced by the intra-op ILP on its stage's submesh once, then staged under each
 /// overlapping schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks when the
 /// microbatches are a multiple of `S`); `S = 1` is the plan without stages. The plan with the
-/// shortest estimated step that fits the budget wins; `solver.compared` lists every candidate
-/// (`None`: it does not fit) and `solver.timings` the search.
+/// shortest estimated step that fits the budget wins, but the plan without stages is kept
+/// unless that one is at least [`crate::PlanOptions::min_gain`] of its step faster (as auto's
+/// own plan against the baselines: a smaller gain is under the cost model's error, and stages
+/// bring a schedule, transfers and a bubble the plan without them does not have);
+/// `solver.compared` lists every candidate (`None`: it does not fit), `options.min_gain` the
+/// threshold and `solver.timings` the search.
 pub fn search(
     graph: &ir::Graph,
     mesh: &DeviceMesh,
@@ -83,6 +87,7 @@ pub fn search(
     let t0 = std::time::Instant::now();
     let outer = mesh.shape().first().copied().unwrap_or(1);
     let mut best: Option<Plan> = None;
+    let mut unstaged: Option<Plan> = None;
     let mut compared: Vec<(String, Option<f64>)> = vec![];
     let mut last_err = None;
     let mut consider = |name: String, p: Result<Plan>, best: &mut Option<Plan>| match p {
@@ -100,7 +105,9 @@ pub fn search(
     for s in (1..=outer).filter(|s| outer.is_multiple_of(*s)) {
         if s == 1 {
             let one = crate::PlanOptions { stages: 1, ..opts.clone() };
-            consider("no stages".into(), crate::plan(graph, mesh, profile, &one), &mut best);
+            let mut kept = None;
+            consider("no stages".into(), crate::plan(graph, mesh, profile, &one), &mut kept);
+            unstaged = kept;
             continue;
         }
         // The outermost axis as `s` stages of `outer / s`.
@@ -143,9 +150,14 @@ pub fn search(
             Err(e) => consider(format!("{s} stages"), Err(e), &mut best),
         }
     }
-    let Some(mut best) = best else {
-        return Err(last_err.unwrap_or_else(|| Error::Pipeline("no stage count to search".into())));
+    let margin = opts.min_gain.clamp(0.0, 1.0);
+    let mut best = match (unstaged, best) {
+        (Some(u), Some(b)) if b.estimate.step_seconds > u.estimate.step_seconds * (1.0 - margin) => u,
+        (u, b) => {
+            b.or(u).ok_or_else(|| last_err.unwrap_or_else(|| Error::Pipeline("no stage count to search".into())))?
+        }
     };
+    best.options.min_gain = margin;
     best.solver.compared.extend(compared.into_iter().map(|(k, v)| (format!("pipeline: {k}"), v)));
     best.solver.timings.insert("pipeline search".into(), t0.elapsed().as_secs_f64());
     Ok(best)

@@ -40,7 +40,8 @@ pub struct PlanOptions {
     /// exact tie). The cost model is good
     /// to several percent (BENCHMARKS.md), so a smaller gain is not one to count on, and on a
     /// near tie two different programs measure apart by noise alone; the baseline's layout is
-    /// the familiar one. 0: the cheapest, auto's on a tie.
+    /// the familiar one. 0: the cheapest, auto's on a tie. The stage search
+    /// ([`crate::pipeline::search`]) keeps the plan without stages by the same rule.
     pub min_gain: f64,
     /// Recompute activations during backward when the program's peak exceeds the budget
     /// ([`crate::checkpoint`]).

@@ -330,8 +330,9 @@ pub struct OptionsInfo {
     #[serde(default = "f32_name", skip_serializing_if = "is_f32")]
     pub precision: String,
     /// With `auto`: the fraction of the step by which auto's own plan had to be estimated
-    /// faster than the cheapest baseline compared to be chosen over it (0 in plans made before
-    /// it existed: the cheapest was chosen).
+    /// faster than the cheapest baseline compared to be chosen over it; of a stage search
+    /// (`--pipeline auto`): by which a plan with stages had to be faster than the one without
+    /// (0 in plans made before it existed: the cheapest was chosen).
     #[serde(default, skip_serializing_if = "no_gain")]
     pub min_gain: f64,
 }
