@@ -406,8 +406,10 @@ impl DeviceProfile {
     /// [`DeviceProfile::compute_seconds_in`] for `op`: by its family's fitted cost when the
     /// profile has one ([`DeviceProfile::op_costs`]); else convolutions at
     /// [`DeviceProfile::conv_flops`] when measured (scaled by the 16-bit speed-up).
-    /// Sources (parameters, inputs, constants) are looked up, not run: no fixed cost. `ins` are
-    /// the op's (local) input metas.
+    /// Sources (parameters, optimizer state, inputs, constants) cost nothing: they are looked
+    /// up, not run, and the ops reading them are priced with those bytes among their inputs
+    /// (a source priced at its bytes over the memory bandwidth counted every parameter's bytes
+    /// twice a step, which favoured sharding them). `ins` are the op's (local) input metas.
     pub fn op_compute_seconds(
         &self,
         op: &ir::Op,
@@ -417,8 +419,7 @@ impl DeviceProfile {
         bytes: f64,
     ) -> f64 {
         if op.is_source() {
-            let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
-            return (flops / rate).max(bytes / self.memory_bandwidth);
+            return 0.0;
         }
         // A profile written before depthwise convolutions had their own families fitted
         // `*/grouped` on them.
@@ -898,6 +899,13 @@ mod tests {
         assert_eq!(cost_family(&wgrad, &[x.clone(), x]), "conv_weight_grad/1x1");
         let gemm = ir::Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
         assert_eq!(cost_family(&gemm, &[]), "gemm/tb");
+        // Parameters and inputs are looked up, whatever their bytes and whichever profile: the
+        // ops reading them pay for those bytes.
+        for profile in [&p, &DeviceProfile::builtin("h100-sxm").unwrap()] {
+            for source in [ir::Op::Param { name: "w".into() }, ir::Op::Input { name: "x".into() }] {
+                assert_eq!(profile.op_compute_seconds(&source, &[], ir::DType::F32, 0.0, 4e9), 0.0);
+            }
+        }
         assert_eq!(p.check(), Ok(()));
         let back: DeviceProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);
