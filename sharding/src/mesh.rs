@@ -198,6 +198,7 @@ pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
             let t = match (trans_a, trans_b) {
                 (false, false) => "",
                 (true, false) => "/ta",
+                (false, true) if thin_product(ins) => "/tb/thin",
                 (false, true) => "/tb",
                 (true, true) => "/tab",
             };
@@ -219,6 +220,19 @@ pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
         format!("{}/1x1", op.name())
     } else {
         op.name().to_string()
+    }
+}
+
+/// Whether a `Gemm` of `[m, k]` against a transposed `[n, k]` (`ins`: its local inputs) is one
+/// the CPU kernel runs as dot products: 2 to 32 rows or columns, more than 256 outputs, depth
+/// at least 256 (`kernels::cpu::gemm_kernel`'s `Dots`, which `tests/tests/edges.rs` checks
+/// this against). They run at about half the FLOP rate of the packed products the other
+/// `gemm/tb` instructions are (the mlp's forward layers: 104 against 202 GFLOP/s for the same
+/// shape untransposed, `cargo bench -p kernels --bench train mlp`), so they are priced apart.
+fn thin_product(ins: &[ir::TensorMeta]) -> bool {
+    match (ins.first().map(|a| &a.shape[..]), ins.get(1).map(|b| &b.shape[..])) {
+        (Some(&[m, k]), Some(&[n, _])) => (2..=32).contains(&m.min(n)) && m * n > 256 && k >= 256,
+        _ => false,
     }
 }
 
@@ -422,12 +436,13 @@ impl DeviceProfile {
             return 0.0;
         }
         // A profile written before depthwise convolutions had their own families fitted
-        // `*/grouped` on them.
+        // `*/grouped` on them; one written before thin products had theirs, `gemm/tb`.
         let family = cost_family(op, ins);
         let fitted = self
             .op_costs
             .get(&family)
-            .or_else(|| family.strip_suffix("/depthwise").and_then(|f| self.op_costs.get(&format!("{f}/grouped"))));
+            .or_else(|| family.strip_suffix("/depthwise").and_then(|f| self.op_costs.get(&format!("{f}/grouped"))))
+            .or_else(|| family.strip_suffix("/thin").and_then(|f| self.op_costs.get(f)));
         if let Some(c) = fitted {
             // Fitted on f32 steps: a 16-bit op's FLOPs at the profile's 16-bit speed-up (none on a
             // CPU, which computes bf16 in f32), its bytes as they are.
@@ -899,6 +914,16 @@ mod tests {
         assert_eq!(cost_family(&wgrad, &[x.clone(), x]), "conv_weight_grad/1x1");
         let gemm = ir::Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
         assert_eq!(cost_family(&gemm, &[]), "gemm/tb");
+        let (thin, wide) = ([m(&[16, 1024]), m(&[1024, 1024])], [m(&[128, 1024]), m(&[1024, 1024])]);
+        assert_eq!(cost_family(&gemm, &thin), "gemm/tb/thin");
+        assert_eq!(cost_family(&gemm, &wide), "gemm/tb");
+        // Priced by `gemm/tb` until the profile has the family.
+        p.op_costs.insert("gemm/tb".into(), fit.clone());
+        let price = |p: &DeviceProfile| p.op_compute_seconds(&gemm, &thin, ir::DType::F32, 1e6, 1e4);
+        assert!((price(&p) - (2e-6 + 1e-6 + 1e-5)).abs() < 1e-15);
+        let mut q = p.clone();
+        q.op_costs.insert("gemm/tb/thin".into(), OpCost { fixed: 5e-6, ..fit.clone() });
+        assert!((price(&q) - price(&p) - 3e-6).abs() < 1e-15);
         // Parameters and inputs are looked up, whatever their bytes and whichever profile: the
         // ops reading them pay for those bytes.
         for profile in [&p, &DeviceProfile::builtin("h100-sxm").unwrap()] {

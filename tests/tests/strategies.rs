@@ -530,3 +530,33 @@ fn every_claimed_strategy_is_correct() -> Result<()> {
     }
     Ok(())
 }
+
+/// The cost model prices a `Gemm` the CPU kernel runs as dot products apart
+/// (`sharding::cost_family`'s `gemm/tb/thin`): over every shape of a grid around the kernel's
+/// thresholds, in all four transpositions, the family is `gemm/tb/thin` exactly where
+/// `kernels::cpu::gemm_kernel` picks `Dots` for one thread.
+#[test]
+fn thin_product_family_follows_the_cpu_kernel() {
+    use kernels::cpu::{ProductKernel, gemm_kernel};
+    let sides = [1, 2, 8, 16, 17, 31, 32, 33, 64, 128, 255, 256, 257, 1024];
+    let mut thin = 0;
+    for trans_a in [false, true] {
+        for trans_b in [false, true] {
+            let op = Op::Gemm { alpha: 1.0, beta: 0.0, trans_a, trans_b };
+            for &m in &sides {
+                for &n in &sides {
+                    for &k in &sides {
+                        let a = if trans_a { vec![k, m] } else { vec![m, k] };
+                        let b = if trans_b { vec![n, k] } else { vec![k, n] };
+                        let ins = [TensorMeta::new(DType::F32, a), TensorMeta::new(DType::F32, b)];
+                        let family = sharding::cost_family(&op, &ins);
+                        let dots = gemm_kernel(m, n, k, trans_a, trans_b) == ProductKernel::Dots;
+                        assert_eq!(family == "gemm/tb/thin", dots, "{m}x{k} @ {k}x{n}, ta {trans_a} tb {trans_b}");
+                        thin += usize::from(dots);
+                    }
+                }
+            }
+        }
+    }
+    assert!(thin > 0);
+}

@@ -6,7 +6,7 @@
 //! `benches/gemm.rs` and BENCHMARKS.md); its `Parallelism::Rayon(n)` runs on whichever rayon pool
 //! is current, so calls are made inside the context's pool.
 
-use super::{Accumulation, CpuContext, elementwise::broadcast_f32, floats, tensor};
+use super::{Accumulation, CpuContext, ProductKernel, elementwise::broadcast_f32, floats, tensor};
 use super::{F, Float};
 use crate::Error;
 use ir::Tensor;
@@ -86,10 +86,7 @@ pub(crate) unsafe fn product_f32(
     });
 }
 
-/// One thread's `c = alpha * a @ b + beta * c`: [`product_dots`] for thin products whose operands
-/// are contiguous along the depth, `matrixmultiply` where it measured faster on the target (up
-/// to 64 rows against a transposed right operand of moderate depth; a transposed left operand
-/// against few columns), `gemm` otherwise.
+/// One thread's `c = alpha * a @ b + beta * c` by the implementation [`choose`] picks.
 ///
 /// # Safety
 /// As [`product_f32`].
@@ -98,22 +95,13 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
     if m == 0 || n == 0 {
         return;
     }
-    // Few rows against a transposed right operand (or few columns against a left one), long k:
-    // a convolution's weight gradient with few output channels. Packing the large operand
-    // costs as much as the product there; dot products need no packing.
-    if a.cs == 1 && b.rs == 1 && (2..=DOTS_MAX_SIDE).contains(&m.min(n)) && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K
-    {
+    let kernel = choose(m, n, k, (a.rs, a.cs), (b.rs, b.cs));
+    if kernel == ProductKernel::Dots {
         // SAFETY: forwarded from the caller.
         unsafe { product_dots(m, n, k, a, b, c, ldc, alpha, beta) };
         return;
     }
-    let trans_a = a.cs != 1;
-    let trans_b = b.cs != 1;
-    // Measured on the target: mm wins for [16..64, k] x [k, n]^T with k around 1024 (the mlp's
-    // layers: 64 against 42 GFLOP/s) but not for the long k of convolution weight gradients
-    // (k = output pixels), and for [m, k]^T x [k, < 64] (resnet18's last-stage input gradients).
-    let use_mm = (trans_b && !trans_a && (16..=64).contains(&m) && (512..=2048).contains(&k))
-        || (trans_a && !trans_b && n < 64 && m >= 256);
+    let use_mm = kernel == ProductKernel::MatrixMultiply;
     // SAFETY: forwarded from the caller.
     unsafe {
         if use_mm {
@@ -142,6 +130,42 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
             );
         }
     }
+}
+
+/// The implementation [`product_seq`] runs for an `m x k` view `a` and a `k x n` view `b`, given
+/// as `(row stride, column stride)`:
+/// - [`product_dots`] for thin products whose operands are contiguous along the depth: few rows
+///   against a transposed right operand (or few columns against a left one), long depth (a
+///   convolution's weight gradient with few output channels; a linear layer of a small batch).
+///   Packing the large operand costs as much as the product there; dot products need no packing;
+/// - `matrixmultiply` where it measured faster on the target: [16..64, k] x [k, n]^T with k
+///   around 1024 (the mlp's layers: 64 against 42 GFLOP/s), but not for the long k of
+///   convolution weight gradients (k = output pixels); and [m, k]^T x [k, < 64] (resnet18's
+///   last-stage input gradients);
+/// - `gemm` otherwise.
+fn choose(m: usize, n: usize, k: usize, a: (isize, isize), b: (isize, isize)) -> ProductKernel {
+    if a.1 == 1 && b.0 == 1 && (2..=DOTS_MAX_SIDE).contains(&m.min(n)) && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
+        return ProductKernel::Dots;
+    }
+    let trans_a = a.1 != 1;
+    let trans_b = b.1 != 1;
+    if (trans_b && !trans_a && (16..=64).contains(&m) && (512..=2048).contains(&k))
+        || (trans_a && !trans_b && n < 64 && m >= 256)
+    {
+        ProductKernel::MatrixMultiply
+    } else {
+        ProductKernel::Gemm
+    }
+}
+
+/// The implementation a single-threaded `op(a) @ op(b)` of packed row-major matrices runs (as
+/// the `Gemm` op's kernel calls it with one thread; `op(a)` is `m x k`, `op(b)` is `k x n`):
+/// what the cost model's families follow (`sharding::cost_family`). With more threads each
+/// thread's block of the product chooses by its own shape.
+pub fn gemm_kernel(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> ProductKernel {
+    let a = if trans_a { (1, m as isize) } else { (k as isize, 1) };
+    let b = if trans_b { (1, k as isize) } else { (n as isize, 1) };
+    choose(m, n, k, a, b)
 }
 
 /// [`product_dots`] takes the products with 2 to this many rows or columns (`gemm` multiplies a

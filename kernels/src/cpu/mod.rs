@@ -22,14 +22,29 @@ pub(crate) use float::Float;
 use ir::{DType, Data, Op, Tensor, TensorMeta};
 use rayon::prelude::*;
 
-pub use k32::linalg::gemm_f32;
+pub use k32::linalg::{gemm_f32, gemm_kernel};
+
+/// The implementation a single-threaded matrix product runs ([`gemm_kernel`]): their speeds
+/// differ by up to twice on one shape, so the cost model prices them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductKernel {
+    /// One dot product per element, for few rows against a transposed right operand (or few
+    /// columns against a left one) of long depth: no packing of the large operand.
+    Dots,
+    /// `matrixmultiply`.
+    MatrixMultiply,
+    /// `gemm`.
+    Gemm,
+}
 
 /// The float kernels for f32 tensors (see `float.rs`: the same files as [`k64`]).
 #[path = "."]
 pub(crate) mod k32 {
     /// The element type of this instantiation.
     pub(crate) type F = f32;
-    pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
+    pub(crate) use super::{
+        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, shape, strides, tensor, wrong_float,
+    };
     pub(crate) use std::f32::consts;
     pub(crate) mod activation;
     pub(crate) mod batch_norm;
@@ -55,7 +70,9 @@ pub(crate) mod k32 {
 pub(crate) mod k64 {
     /// The element type of this instantiation.
     pub(crate) type F = f64;
-    pub(crate) use super::{Accumulation, CpuContext, Float, PAR_MIN_ELEMS, shape, strides, tensor, wrong_float};
+    pub(crate) use super::{
+        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, shape, strides, tensor, wrong_float,
+    };
     pub(crate) use std::f64::consts;
     pub(crate) mod activation;
     pub(crate) mod batch_norm;
