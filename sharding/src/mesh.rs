@@ -185,7 +185,8 @@ impl OpCost {
 /// group), `conv/1x1` (a pointwise
 /// one, stride 1 and no padding, is a plain matrix product) and `conv` (the others, which
 /// gather their patches first); `gemm` by which operand is transposed (`gemm/ta`, `gemm/tb`,
-/// `gemm/tab`). `ins` are the op's input metas (the weight's gives the kernel).
+/// `gemm/tab`), with the thin products the CPU runs as dot products apart (`gemm/tb/thin`).
+/// `ins` are the op's (local) input metas (the weight's gives the kernel).
 pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
     // The weight's shape `[out, in / group, kh, kw]`.
     let (attrs, weight) = match op {
@@ -225,7 +226,7 @@ pub fn cost_family(op: &ir::Op, ins: &[ir::TensorMeta]) -> String {
 
 /// Whether a `Gemm` of `[m, k]` against a transposed `[n, k]` (`ins`: its local inputs) is one
 /// the CPU kernel runs as dot products: 2 to 32 rows or columns, more than 256 outputs, depth
-/// at least 256 (`kernels::cpu::gemm_kernel`'s `Dots`, which `tests/tests/edges.rs` checks
+/// at least 256 (`kernels::cpu::gemm_kernel`'s `Dots`, which `tests/tests/strategies.rs` checks
 /// this against). They run at about half the FLOP rate of the packed products the other
 /// `gemm/tb` instructions are (the mlp's forward layers: 104 against 202 GFLOP/s for the same
 /// shape untransposed, `cargo bench -p kernels --bench train mlp`), so they are priced apart.
@@ -417,6 +418,16 @@ impl DeviceProfile {
         self.op_seconds + (flops / rate).max(bytes / self.memory_bandwidth)
     }
 
+    /// The fitted cost a family is priced by: its own, else (a profile written before the
+    /// family existed) the one it was split from: `*/grouped` for depthwise convolutions,
+    /// `gemm/tb` for thin products.
+    pub fn fitted_cost(&self, family: &str) -> Option<&OpCost> {
+        self.op_costs
+            .get(family)
+            .or_else(|| family.strip_suffix("/depthwise").and_then(|f| self.op_costs.get(&format!("{f}/grouped"))))
+            .or_else(|| family.strip_suffix("/thin").and_then(|f| self.op_costs.get(f)))
+    }
+
     /// [`DeviceProfile::compute_seconds_in`] for `op`: by its family's fitted cost when the
     /// profile has one ([`DeviceProfile::op_costs`]); else convolutions at
     /// [`DeviceProfile::conv_flops`] when measured (scaled by the 16-bit speed-up).
@@ -435,15 +446,7 @@ impl DeviceProfile {
         if op.is_source() {
             return 0.0;
         }
-        // A profile written before depthwise convolutions had their own families fitted
-        // `*/grouped` on them; one written before thin products had theirs, `gemm/tb`.
-        let family = cost_family(op, ins);
-        let fitted = self
-            .op_costs
-            .get(&family)
-            .or_else(|| family.strip_suffix("/depthwise").and_then(|f| self.op_costs.get(&format!("{f}/grouped"))))
-            .or_else(|| family.strip_suffix("/thin").and_then(|f| self.op_costs.get(f)));
-        if let Some(c) = fitted {
+        if let Some(c) = self.fitted_cost(&cost_family(op, ins)) {
             // Fitted on f32 steps: a 16-bit op's FLOPs at the profile's 16-bit speed-up (none on a
             // CPU, which computes bf16 in f32), its bytes as they are.
             let flops = if dtype.is_half() { flops * self.f32_flops / self.bf16_flops } else { flops };

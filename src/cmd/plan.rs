@@ -70,9 +70,9 @@ pub struct PlanArgs {
     /// With --strategy auto: keep the cheapest manual baseline (dp, megatron, zero) unless the
     /// solver's own plan is estimated at least this many percent of the step faster. The cost
     /// model is good to several percent (BENCHMARKS.md), so a smaller gain is not one to count
-    /// on, and the baseline's layout is the familiar one. With --pipeline auto, likewise the
-    /// plan without stages is kept unless one with stages is this much faster. 0 keeps the
-    /// cheapest plan.
+    /// on, and the baseline's layout is the familiar one. With --pipeline auto (any strategy),
+    /// likewise the plan without stages is kept unless one with stages is this much faster.
+    /// 0 keeps the cheapest plan.
     #[arg(long, value_name = "PERCENT", default_value = "1", value_parser = parse_percent)]
     pub min_gain: f64,
     /// Solver threads.

@@ -504,7 +504,9 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
                         let new = &op_costs[f];
                         fixed += new.fixed;
                         variable += new.seconds(b, fl) - new.fixed;
-                        let old = profile.op_costs.get(f).map_or(0.0, |c| c.seconds(b, fl));
+                        // Without a fit (nor one it was split from) the op was priced by the
+                        // roofline: none of its seconds are collectives of its own.
+                        let old = profile.fitted_cost(f).map_or(seconds, |c| c.seconds(b, fl));
                         rest += (seconds - old).max(0.0);
                     }
                     (_, plan::Instr::Collective { collective, .. }) if communicates(&r.plan, collective) => {

@@ -161,7 +161,8 @@ fn choose(m: usize, n: usize, k: usize, a: (isize, isize), b: (isize, isize)) ->
 /// The implementation a single-threaded `op(a) @ op(b)` of packed row-major matrices runs (as
 /// the `Gemm` op's kernel calls it with one thread; `op(a)` is `m x k`, `op(b)` is `k x n`):
 /// what the cost model's families follow (`sharding::cost_family`). With more threads each
-/// thread's block of the product chooses by its own shape.
+/// thread's block of the product chooses by its own shape, and with f64 accumulation every
+/// product is `gemm`'s.
 pub fn gemm_kernel(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> ProductKernel {
     let a = if trans_a { (1, m as isize) } else { (k as isize, 1) };
     let b = if trans_b { (1, k as isize) } else { (n as isize, 1) };
