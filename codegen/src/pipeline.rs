@@ -73,7 +73,7 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
 /// overlapping schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks when the
 /// microbatches are a multiple of `S`); `S = 1` is the plan without stages. The plan with the
 /// shortest estimated step that fits the budget wins, but the plan without stages is kept
-/// unless that one is at least [`crate::PlanOptions::min_gain`] of its step faster (as auto's
+/// unless that one is more than [`crate::PlanOptions::min_gain`] of its step faster (as auto's
 /// own plan against the baselines: a smaller gain is under the cost model's error, and stages
 /// bring a schedule, transfers and a bubble the plan without them does not have);
 /// `solver.compared` lists every candidate (`None`: it does not fit), `options.min_gain` the
@@ -152,7 +152,8 @@ pub fn search(
     }
     let margin = opts.min_gain.clamp(0.0, 1.0);
     let mut best = match (unstaged, best) {
-        (Some(u), Some(b)) if b.estimate.step_seconds > u.estimate.step_seconds * (1.0 - margin) => u,
+        // On a tie the plan without stages: it has no schedule, transfers or bubble.
+        (Some(u), Some(b)) if b.estimate.step_seconds >= u.estimate.step_seconds * (1.0 - margin) => u,
         (u, b) => {
             b.or(u).ok_or_else(|| last_err.unwrap_or_else(|| Error::Pipeline("no stage count to search".into())))?
         }
