@@ -63,6 +63,11 @@ enum Command {
         after_help = "Examples:\n  autopar profile --mesh 2x2 -o cpu-2x2.json\n  mpirun -np 8 autopar profile --backend mpi --mesh 2x4 -o cluster.json\n  autopar plan model.onnx --mesh 2x2 --memory 8GiB --device cpu-2x2.json\n  (the fitted alpha/beta per axis are printed with how well they reproduce every measured time)"
     )]
     Profile(cmd::profile::ProfileArgs),
+    /// Measure plans' steps head to head: the plans take turns in one process, so the machine's changes of speed fall on all of them.
+    #[command(
+        after_help = "Example:\n  autopar plan mlp.onnx --mesh 1x2 --memory 1GiB --loss mse:y:t --strategy dp -o dp.json\n  autopar plan mlp.onnx --mesh 1x2 --memory 1GiB --loss mse:y:t --strategy megatron -o megatron.json\n  autopar bench dp.json megatron.json --feed x=x.npy --feed t=t.npy --turns 10\n  (each turn runs about --seconds of steps of every plan; the first step of each is left out)"
+    )]
+    Bench(cmd::bench::BenchArgs),
     /// Summarise a plan; --dot and --html render it.
     #[command(after_help = "Example:\n  autopar explain plan.json --html plan.html --dot plan.dot")]
     Explain(cmd::plan::ExplainArgs),
@@ -159,6 +164,7 @@ fn main() -> ExitCode {
         Command::Explain(a) => cmd::plan::explain(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Profile(a) => cmd::profile::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
         Command::Gen(a) => cmd::generate::run(a),
     };
     match res {

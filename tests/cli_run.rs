@@ -1070,3 +1070,52 @@ fn profiled_runs_set_measurements_beside_estimates() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("measured on another plan"), "{err}");
 }
+
+/// `autopar bench`: plans of one model measured together, taking turns in one process.
+#[test]
+fn bench_measures_plans_taking_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = &MODELS[0];
+    let model = s(&data(&format!("models/{}.onnx", m.name)));
+    let mut plans = vec![];
+    for (strategy, mesh) in [("dp", "1x2"), ("megatron", "1x2"), ("dp", "2x2")] {
+        let out = s(&dir.path().join(format!("{strategy}-{mesh}.json")));
+        ok(&["plan", &model, "--mesh", mesh, "--memory", "4GiB", "--loss", m.loss, "--strategy", strategy, "-o", &out]);
+        plans.push(out);
+    }
+    let feeds = feed_args(m);
+    let mut args: Vec<&str> = vec!["bench", &plans[0], &plans[1], "--turns", "3", "--seconds", "0.001", "--json"];
+    args.extend(feeds.iter().map(|f| f.as_str()));
+    let out = ok(&args);
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for (l, p) in lines.iter().zip(&plans) {
+        assert_eq!(l["plan"], p.as_str(), "{l}");
+        // At least --min-steps (3) steps a turn; a median step per turn, the first step left out.
+        assert_eq!(l["steps_per_turn"], 3, "{l}");
+        let turns = l["turns_ms"].as_array().unwrap();
+        assert_eq!(turns.len(), 3, "{l}");
+        assert!(turns.iter().all(|t| t.as_f64().unwrap() > 0.0), "{l}");
+        assert!(l["estimated_step_ms"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(l["vs_fastest"].as_f64().unwrap() >= 1.0 && l["vs_fastest_paired"].as_f64().unwrap() >= 1.0, "{l}");
+    }
+    assert!(lines.iter().any(|l| l["vs_fastest"] == 1.0), "{out}");
+    // The table, with one row per plan.
+    args.retain(|a| *a != "--json");
+    let table = ok(&args);
+    assert!(table.contains("2 plan(s) on 2 rank(s) as threads, 3 turn(s)"), "{table}");
+    assert_eq!(table.lines().filter(|l| l.contains("-1x2.json")).count(), 2, "{table}");
+    // Plans on different numbers of ranks cannot take turns.
+    let mut args: Vec<&str> = vec!["bench", &plans[0], &plans[2], "--turns", "1"];
+    args.extend(feeds.iter().map(|f| f.as_str()));
+    let out = autopar(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("dp-2x2.json runs on 4 ranks") && err.contains("same ranks"),
+        "{err}"
+    );
+    // A missing feed stops the bench with the run's error, naming the input.
+    let out = autopar(&["bench", &plans[0], "--turns", "1", "--feed", &feeds[1]]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("target"), "{err}");
+}

@@ -1,4 +1,5 @@
 //! Subcommands.
+pub mod bench;
 pub mod common;
 pub mod data;
 pub mod generate;

@@ -285,6 +285,144 @@ pub fn threads(job: &Job, on: &mut OnEvent<'_>) -> Result<Finished, LaunchError>
     Ok(Finished { params, states, profiles })
 }
 
+/// A step of [`threads_in_turns`]: which job ran it, in which turn, and whether it was the
+/// turn's first (run right after another job's turn, with that job's data in the caches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Turn {
+    /// The job (index into the jobs given).
+    pub job: usize,
+    /// The turn (0-based).
+    pub turn: usize,
+    /// The first step of the job's turn.
+    pub first: bool,
+}
+
+/// Runs several jobs with the same number of ranks as threads of this process, taking turns:
+/// in each of `turns` turns, every job `j` runs `steps[j]` steps, one job after another (turn `t`
+/// starts with job `t` modulo their number, so no job always follows the same one), each rank's
+/// blocks of every job held from the start. The jobs' steps then share this machine's
+/// changes of speed, which separate runs one after another do not (a comparison of plans by
+/// their step times: `autopar bench`). Every step's report goes to `on` with its [`Turn`].
+/// Checkpoints, injected faults, streamed data, evaluation and per-instruction profiles are not
+/// part of such a run: jobs that ask for them are refused.
+pub fn threads_in_turns(
+    jobs: &[Job],
+    steps: &[u64],
+    turns: usize,
+    warn: &mut dyn FnMut(String),
+    on: &mut dyn FnMut(Turn, &StepReport),
+) -> Result<(), LaunchError> {
+    let setup = |e: String| LaunchError::Setup(e);
+    let Some(first) = jobs.first() else { return Ok(()) };
+    let n = first.program.ranks();
+    if steps.len() != jobs.len() {
+        return Err(setup(format!("{} step counts for {} jobs", steps.len(), jobs.len())));
+    }
+    for (j, job) in jobs.iter().enumerate() {
+        if job.program.ranks() != n {
+            return Err(setup(format!(
+                "job {j} has {} ranks and job 0 has {n}: jobs that take turns run on the same ranks",
+                job.program.ranks()
+            )));
+        }
+        let o = &job.opts;
+        if o.checkpoint.is_some() || o.fault.is_some() || o.data.is_some() || o.eval.is_some() || o.profile_ops {
+            return Err(setup(format!(
+                "job {j}: jobs that take turns run with their feeds only (no checkpoints, faults, streamed data, \
+                 evaluation or per-op profiles)"
+            )));
+        }
+    }
+    let all: Vec<usize> = (0..n).collect();
+    // Per rank: its state and communicator of every job.
+    let mut per_rank: Vec<Vec<(RankState, crate::comm::ThreadComm)>> = (0..n).map(|_| vec![]).collect();
+    for job in jobs {
+        let (states, _) = init::states(&job.init, &job.program, &job.feeds, None, &all, warn)?;
+        for ((st, comm), mine) in states.into_iter().zip(ThreadWorld::new(n, job.opts.timeout)).zip(&mut per_rank) {
+            mine.push((st, comm));
+        }
+    }
+    let opts = &first.opts;
+    let (tx, rx) = mpsc::channel::<(Turn, StepReport)>();
+    let results: Vec<Result<(), DistError>> = std::thread::scope(|s| {
+        let mut handles = vec![];
+        for (rank, mut mine) in per_rank.into_iter().enumerate() {
+            let tx = tx.clone();
+            let aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
+            let abort_all = move |cause: &str| aborts.iter().for_each(|a| a(cause));
+            let spawn_aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
+            let body = move || -> Result<(), DistError> {
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
+                    let ctx = CpuContext::new(opts.threads_per_rank.max(1))
+                        .map_err(|e| DistError::Data { rank, message: e.to_string() })?
+                        .with_accumulation(opts.accumulation);
+                    let m = mine.len();
+                    for turn in 0..turns {
+                        // Each turn starts with the next job, so no job always follows the same one.
+                        for j in (0..m).map(|k| (k + turn) % m) {
+                            let (st, comm) = &mut mine[j];
+                            let o = RunOptions { until_step: st.steps_done + steps[j], ..jobs[j].opts.clone() };
+                            let start = st.steps_done + 1;
+                            let mut send = |r: StepReport| {
+                                if rank == 0 {
+                                    let _ = tx.send((Turn { job: j, turn, first: r.step == start }, r));
+                                }
+                            };
+                            rank_loop(&jobs[j].program, &mut CpuRank { st, ctx: &ctx, comm }, &o, &mut send)?;
+                        }
+                    }
+                    Ok(())
+                }));
+                let r = run.unwrap_or_else(|p| Err(DistError::Panic { rank, message: panic_message(&*p) }));
+                if let Err(e) = &r
+                    && !e.is_secondary()
+                {
+                    abort_all(&e.to_string());
+                }
+                r
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("autopar-rank-{rank}"))
+                .stack_size(32 << 20)
+                .spawn_scoped(s, body)
+                .map_err(|e| {
+                    let e = DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") };
+                    // The ranks already started would wait for this one until the timeout.
+                    spawn_aborts.iter().for_each(|a| a(&e.to_string()));
+                    e
+                });
+            let failed = h.is_err();
+            handles.push(h);
+            if failed {
+                break;
+            }
+        }
+        drop(tx);
+        for (t, rep) in rx {
+            on(t, &rep);
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.and_then(|h| {
+                    h.join().unwrap_or_else(|p| Err(DistError::Panic { rank: usize::MAX, message: panic_message(&*p) }))
+                })
+            })
+            .collect()
+    });
+    let mut secondary = None;
+    for r in results {
+        match r {
+            Err(e) if e.is_secondary() => {
+                secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(e.into()),
+            Ok(()) => {}
+        }
+    }
+    secondary.map_or(Ok(()), |e| Err(e.into()))
+}
+
 /// What an injected fault does (tests of failure handling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultKind {
