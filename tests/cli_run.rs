@@ -1114,8 +1114,8 @@ fn bench_measures_plans_taking_turns() {
         !out.status.success() && err.contains("dp-2x2.json runs on 4 ranks") && err.contains("same ranks"),
         "{err}"
     );
-    // A missing feed stops the bench with the run's error, naming the input.
-    let out = autopar(&["bench", &plans[0], "--turns", "1", "--feed", &feeds[1]]);
+    // A missing feed stops the bench with the run's error, naming the plan and the input.
+    let out = autopar(&["bench", &plans[1], &plans[0], "--turns", "1", "--feed", &feeds[1]]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("target"), "{err}");
+    assert!(!out.status.success() && err.contains(&format!("{}: ", plans[1])) && err.contains("target"), "{err}");
 }

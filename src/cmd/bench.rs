@@ -116,7 +116,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut measured = vec![];
     for p in &a.plans {
         let (j, estimate) = job(a, p, &feeds)?;
-        let steps = ((a.seconds / estimate.max(1e-9)).round() as u64).clamp(a.min_steps, 10_000);
+        let steps = if estimate > 0.0 {
+            ((a.seconds / estimate).round() as u64).clamp(a.min_steps, 10_000)
+        } else {
+            eprintln!("warning: {} has no estimated step time; it runs --min-steps steps a turn", p.display());
+            a.min_steps
+        };
         measured.push(Measured { estimate, steps_per_turn: steps, turns: vec![] });
         jobs.push(j);
     }
@@ -146,29 +151,40 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let steps: Vec<u64> = measured.iter().map(|m| m.steps_per_turn).collect();
     let total: u64 = steps.iter().sum::<u64>() * a.turns as u64;
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps, turn {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = common::step_bar(total, a.json);
     let mut current: Vec<Vec<f64>> = vec![vec![]; jobs.len()];
-    let mut warnings = vec![];
     let turns = a.turns;
-    runtime::launch::threads_in_turns(&jobs, &steps, turns, &mut |w| warnings.push(w), &mut |t: Turn, r| {
-        bar.inc(1);
-        bar.set_message(format!("{} of {turns}", t.turn + 1));
-        if !t.first {
-            current[t.job].push(r.seconds);
-        }
-        if current[t.job].len() as u64 + 1 == steps[t.job] {
-            measured[t.job].turns.push(median(&current[t.job]));
-            current[t.job].clear();
-        }
-    })
-    .map_err(explain)?;
-    bar.finish_and_clear();
-    for w in warnings {
-        eprintln!("warning: {w}");
+    let done = runtime::launch::threads_in_turns(
+        &jobs,
+        &steps,
+        turns,
+        &mut |w| eprintln!("warning: {w}"),
+        &mut |t: Turn, r| {
+            if let Some(b) = &bar {
+                b.inc(1);
+                b.set_message(format!("turn {} of {turns}", t.turn + 1));
+            }
+            if !t.first {
+                current[t.job].push(r.seconds);
+            }
+            if t.last {
+                if !current[t.job].is_empty() {
+                    measured[t.job].turns.push(median(&current[t.job]));
+                }
+                current[t.job].clear();
+            }
+        },
+    );
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if let Err(e) = done {
+        let plan = e.job.and_then(|j| a.plans.get(j)).map(|p| p.display().to_string());
+        let e = explain(e.error);
+        return Err(match plan {
+            Some(p) => e.context(p),
+            None => e,
+        });
     }
     print(a, &measured)
 }

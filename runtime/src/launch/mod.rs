@@ -285,73 +285,121 @@ pub fn threads(job: &Job, on: &mut OnEvent<'_>) -> Result<Finished, LaunchError>
     Ok(Finished { params, states, profiles })
 }
 
-/// A step of [`threads_in_turns`]: which job ran it, in which turn, and whether it was the
-/// turn's first (run right after another job's turn, with that job's data in the caches).
+/// A step of [`threads_in_turns`]: which job ran it, in which turn, and where in the job's turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Turn {
     /// The job (index into the jobs given).
     pub job: usize,
     /// The turn (0-based).
     pub turn: usize,
-    /// The first step of the job's turn.
+    /// The first step of the job's turn (run right after another job's turn, with that job's
+    /// data in the caches).
     pub first: bool,
+    /// The last step of the job's turn.
+    pub last: bool,
+}
+
+/// Why [`threads_in_turns`] failed, and in which job when it was one job's.
+#[derive(Debug)]
+pub struct TurnsError {
+    /// The job (index into the jobs given) whose setup or step failed; `None`: none in particular.
+    pub job: Option<usize>,
+    /// What failed.
+    pub error: LaunchError,
+}
+
+impl std::fmt::Display for TurnsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.job {
+            Some(j) => write!(f, "job {j}: {}", self.error),
+            None => self.error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for TurnsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }
 
 /// Runs several jobs with the same number of ranks as threads of this process, taking turns:
 /// in each of `turns` turns, every job `j` runs `steps[j]` steps, one job after another (turn `t`
 /// starts with job `t` modulo their number, so no job always follows the same one), each rank's
-/// blocks of every job held from the start. The jobs' steps then share this machine's
-/// changes of speed, which separate runs one after another do not (a comparison of plans by
-/// their step times: `autopar bench`). Every step's report goes to `on` with its [`Turn`].
-/// Checkpoints, injected faults, streamed data, evaluation and per-instruction profiles are not
-/// part of such a run: jobs that ask for them are refused.
+/// blocks of every job held from the start. The jobs' steps then share this machine's changes of
+/// speed, which separate runs one after another do not (a comparison of plans by their step
+/// times: `autopar bench`). Every step's report goes to `on` with its [`Turn`].
+///
+/// The jobs must agree on kernel threads per rank and accumulation (one kernel context per rank
+/// serves them all); their `until_step` and `gather` are not used. Checkpoints, injected faults,
+/// streamed data, evaluation and per-instruction profiles are not part of such a run: jobs that
+/// ask for them are refused.
 pub fn threads_in_turns(
     jobs: &[Job],
     steps: &[u64],
     turns: usize,
     warn: &mut dyn FnMut(String),
     on: &mut dyn FnMut(Turn, &StepReport),
-) -> Result<(), LaunchError> {
-    let setup = |e: String| LaunchError::Setup(e);
+) -> Result<(), TurnsError> {
+    let setup = |job: Option<usize>, e: String| TurnsError { job, error: LaunchError::Setup(e) };
     let Some(first) = jobs.first() else { return Ok(()) };
     let n = first.program.ranks();
     if steps.len() != jobs.len() {
-        return Err(setup(format!("{} step counts for {} jobs", steps.len(), jobs.len())));
+        return Err(setup(None, format!("{} step counts for {} jobs", steps.len(), jobs.len())));
     }
     for (j, job) in jobs.iter().enumerate() {
         if job.program.ranks() != n {
-            return Err(setup(format!(
-                "job {j} has {} ranks and job 0 has {n}: jobs that take turns run on the same ranks",
-                job.program.ranks()
-            )));
+            return Err(setup(
+                Some(j),
+                format!(
+                    "{} ranks where job 0 has {n}: jobs that take turns run on the same ranks",
+                    job.program.ranks()
+                ),
+            ));
+        }
+        if steps[j] == 0 {
+            return Err(setup(Some(j), "no steps in a turn".into()));
         }
         let o = &job.opts;
         if o.checkpoint.is_some() || o.fault.is_some() || o.data.is_some() || o.eval.is_some() || o.profile_ops {
-            return Err(setup(format!(
-                "job {j}: jobs that take turns run with their feeds only (no checkpoints, faults, streamed data, \
-                 evaluation or per-op profiles)"
-            )));
+            return Err(setup(
+                Some(j),
+                "jobs that take turns run with their feeds only (no checkpoints, faults, streamed data, evaluation \
+                 or per-op profiles)"
+                    .into(),
+            ));
+        }
+        if o.threads_per_rank != first.opts.threads_per_rank || o.accumulation != first.opts.accumulation {
+            return Err(setup(
+                Some(j),
+                "its kernel threads per rank or accumulation differ from job 0's: jobs that take turns share \
+                 each rank's kernels"
+                    .into(),
+            ));
         }
     }
     let all: Vec<usize> = (0..n).collect();
     // Per rank: its state and communicator of every job.
     let mut per_rank: Vec<Vec<(RankState, crate::comm::ThreadComm)>> = (0..n).map(|_| vec![]).collect();
-    for job in jobs {
-        let (states, _) = init::states(&job.init, &job.program, &job.feeds, None, &all, warn)?;
+    for (j, job) in jobs.iter().enumerate() {
+        let (states, _) = init::states(&job.init, &job.program, &job.feeds, None, &all, warn)
+            .map_err(|error| TurnsError { job: Some(j), error })?;
         for ((st, comm), mine) in states.into_iter().zip(ThreadWorld::new(n, job.opts.timeout)).zip(&mut per_rank) {
             mine.push((st, comm));
         }
     }
     let opts = &first.opts;
     let (tx, rx) = mpsc::channel::<(Turn, StepReport)>();
-    let results: Vec<Result<(), DistError>> = std::thread::scope(|s| {
+    // Each rank's result, with the job it failed in.
+    let results: Vec<Result<(), (Option<usize>, DistError)>> = std::thread::scope(|s| {
         let mut handles = vec![];
         for (rank, mut mine) in per_rank.into_iter().enumerate() {
             let tx = tx.clone();
             let aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
             let abort_all = move |cause: &str| aborts.iter().for_each(|a| a(cause));
             let spawn_aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
-            let body = move || -> Result<(), DistError> {
+            let body = move || -> Result<(), (Option<usize>, DistError)> {
+                let mut at = None;
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
                     let ctx = CpuContext::new(opts.threads_per_rank.max(1))
                         .map_err(|e| DistError::Data { rank, message: e.to_string() })?
@@ -360,12 +408,14 @@ pub fn threads_in_turns(
                     for turn in 0..turns {
                         // Each turn starts with the next job, so no job always follows the same one.
                         for j in (0..m).map(|k| (k + turn) % m) {
+                            at = Some(j);
                             let (st, comm) = &mut mine[j];
                             let o = RunOptions { until_step: st.steps_done + steps[j], ..jobs[j].opts.clone() };
-                            let start = st.steps_done + 1;
+                            let (start, until) = (st.steps_done + 1, o.until_step);
                             let mut send = |r: StepReport| {
                                 if rank == 0 {
-                                    let _ = tx.send((Turn { job: j, turn, first: r.step == start }, r));
+                                    let t = Turn { job: j, turn, first: r.step == start, last: r.step == until };
+                                    let _ = tx.send((t, r));
                                 }
                             };
                             rank_loop(&jobs[j].program, &mut CpuRank { st, ctx: &ctx, comm }, &o, &mut send)?;
@@ -379,7 +429,7 @@ pub fn threads_in_turns(
                 {
                     abort_all(&e.to_string());
                 }
-                r
+                r.map_err(|e| (at, e))
             };
             let h = std::thread::Builder::new()
                 .name(format!("autopar-rank-{rank}"))
@@ -389,7 +439,7 @@ pub fn threads_in_turns(
                     let e = DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") };
                     // The ranks already started would wait for this one until the timeout.
                     spawn_aborts.iter().for_each(|a| a(&e.to_string()));
-                    e
+                    (None, e)
                 });
             let failed = h.is_err();
             handles.push(h);
@@ -405,7 +455,9 @@ pub fn threads_in_turns(
             .into_iter()
             .map(|h| {
                 h.and_then(|h| {
-                    h.join().unwrap_or_else(|p| Err(DistError::Panic { rank: usize::MAX, message: panic_message(&*p) }))
+                    h.join().unwrap_or_else(|p| {
+                        Err((None, DistError::Panic { rank: usize::MAX, message: panic_message(&*p) }))
+                    })
                 })
             })
             .collect()
@@ -413,14 +465,14 @@ pub fn threads_in_turns(
     let mut secondary = None;
     for r in results {
         match r {
-            Err(e) if e.is_secondary() => {
-                secondary.get_or_insert(e);
+            Err((_, e)) if e.is_secondary() => {
+                secondary.get_or_insert(TurnsError { job: None, error: e.into() });
             }
-            Err(e) => return Err(e.into()),
+            Err((job, e)) => return Err(TurnsError { job, error: e.into() }),
             Ok(()) => {}
         }
     }
-    secondary.map_or(Ok(()), |e| Err(e.into()))
+    secondary.map_or(Ok(()), Err)
 }
 
 /// What an injected fault does (tests of failure handling).
