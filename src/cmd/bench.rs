@@ -78,14 +78,9 @@ struct Measured {
     turns: Vec<f64>,
 }
 
+/// The upper median, as `autopar run` reports its steps' (0 for none).
 fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
+    runtime::calibrate::median(&mut v.to_vec())
 }
 
 /// The job of one plan, and its estimated step (seconds).

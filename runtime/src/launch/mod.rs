@@ -389,56 +389,81 @@ pub fn threads_in_turns(
         }
     }
     let opts = &first.opts;
-    let (tx, rx) = mpsc::channel::<(Turn, StepReport)>();
-    // Each rank's result, with the job it failed in.
-    let results: Vec<Result<(), (Option<usize>, DistError)>> = std::thread::scope(|s| {
-        let mut handles = vec![];
-        for (rank, mut mine) in per_rank.into_iter().enumerate() {
-            let tx = tx.clone();
-            let aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
-            let abort_all = move |cause: &str| aborts.iter().for_each(|a| a(cause));
-            let spawn_aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
-            let body = move || -> Result<(), (Option<usize>, DistError)> {
-                let mut at = None;
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
-                    let ctx = CpuContext::new(opts.threads_per_rank.max(1))
-                        .map_err(|e| DistError::Data { rank, message: e.to_string() })?
-                        .with_accumulation(opts.accumulation);
-                    let m = mine.len();
-                    for turn in 0..turns {
-                        // Each turn starts with the next job, so no job always follows the same one.
-                        for j in (0..m).map(|k| (k + turn) % m) {
-                            at = Some(j);
-                            let (st, comm) = &mut mine[j];
-                            let o = RunOptions { until_step: st.steps_done + steps[j], ..jobs[j].opts.clone() };
-                            let (start, until) = (st.steps_done + 1, o.until_step);
-                            let mut send = |r: StepReport| {
-                                if rank == 0 {
-                                    let t = Turn { job: j, turn, first: r.step == start, last: r.step == until };
-                                    let _ = tx.send((t, r));
-                                }
-                            };
-                            rank_loop(&jobs[j].program, &mut CpuRank { st, ctx: &ctx, comm }, &o, &mut send)?;
-                        }
+    let mut bodies: Vec<RankThread<'_, (), (Turn, StepReport)>> = vec![];
+    for (rank, mut mine) in per_rank.into_iter().enumerate() {
+        let aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
+        let abort_all = move |cause: &str| aborts.iter().for_each(|a| a(cause));
+        let spawn_aborts: Vec<_> = mine.iter().map(|(_, c)| c.abort_handle()).collect();
+        let body = move |tx: mpsc::Sender<(Turn, StepReport)>| -> Result<(), (Option<usize>, DistError)> {
+            let mut at = None;
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
+                let ctx = CpuContext::new(opts.threads_per_rank.max(1))
+                    .map_err(|e| DistError::Data { rank, message: e.to_string() })?
+                    .with_accumulation(opts.accumulation);
+                let m = mine.len();
+                for turn in 0..turns {
+                    // Each turn starts with the next job, so no job always follows the same one.
+                    for j in (0..m).map(|k| (k + turn) % m) {
+                        at = Some(j);
+                        let (st, comm) = &mut mine[j];
+                        let o = RunOptions { until_step: st.steps_done + steps[j], ..jobs[j].opts.clone() };
+                        let (start, until) = (st.steps_done + 1, o.until_step);
+                        let mut send = |r: StepReport| {
+                            if rank == 0 {
+                                let t = Turn { job: j, turn, first: r.step == start, last: r.step == until };
+                                let _ = tx.send((t, r));
+                            }
+                        };
+                        rank_loop(&jobs[j].program, &mut CpuRank { st, ctx: &ctx, comm }, &o, &mut send)?;
                     }
-                    Ok(())
-                }));
-                let r = run.unwrap_or_else(|p| Err(DistError::Panic { rank, message: panic_message(&*p) }));
-                if let Err(e) = &r
-                    && !e.is_secondary()
-                {
-                    abort_all(&e.to_string());
                 }
-                r.map_err(|e| (at, e))
-            };
+                Ok(())
+            }));
+            let r = run.unwrap_or_else(|p| Err(DistError::Panic { rank, message: panic_message(&*p) }));
+            if let Err(e) = &r
+                && !e.is_secondary()
+            {
+                abort_all(&e.to_string());
+            }
+            r.map_err(|e| (at, e))
+        };
+        let abort: Abort = Box::new(move |cause: &str| spawn_aborts.iter().for_each(|a| a(cause)));
+        bodies.push((Box::new(body), abort));
+    }
+    let results = rank_threads(bodies, &mut |(t, rep)| on(t, &rep));
+    first_failure(results).map(|_| ()).map_err(|(job, e)| TurnsError { job, error: e.into() })
+}
+
+/// A rank's thread: runs the rank and sends its reports to the calling thread; an error names
+/// the job it happened in, when there are several ([`threads_in_turns`]).
+type RankBody<'a, T, M> = Box<dyn FnOnce(mpsc::Sender<M>) -> Result<T, (Option<usize>, DistError)> + Send + 'a>;
+
+/// Aborts a rank's communicators (every rank then stops at its next collective).
+type Abort = Box<dyn Fn(&str)>;
+
+/// A rank's thread body, and what aborts its communicators if the thread cannot start.
+type RankThread<'a, T, M> = (RankBody<'a, T, M>, Abort);
+
+/// Runs one body per rank, in rank order, each on a thread of its own, and hands every message
+/// they send to `on` on the calling thread while they run. A thread that cannot start aborts its
+/// rank's communicators (the ranks already started would wait for it until the timeout) and no
+/// more are started. Returns each started rank's result.
+fn rank_threads<T: Send, M: Send>(
+    bodies: Vec<RankThread<'_, T, M>>,
+    on: &mut dyn FnMut(M),
+) -> Vec<Result<T, (Option<usize>, DistError)>> {
+    let (tx, rx) = mpsc::channel::<M>();
+    std::thread::scope(|s| {
+        let mut handles = vec![];
+        for (rank, (body, abort)) in bodies.into_iter().enumerate() {
+            let tx = tx.clone();
             let h = std::thread::Builder::new()
                 .name(format!("autopar-rank-{rank}"))
                 .stack_size(32 << 20)
-                .spawn_scoped(s, body)
+                .spawn_scoped(s, move || body(tx))
                 .map_err(|e| {
                     let e = DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") };
-                    // The ranks already started would wait for this one until the timeout.
-                    spawn_aborts.iter().for_each(|a| a(&e.to_string()));
+                    abort(&e.to_string());
                     (None, e)
                 });
             let failed = h.is_err();
@@ -448,8 +473,8 @@ pub fn threads_in_turns(
             }
         }
         drop(tx);
-        for (t, rep) in rx {
-            on(t, &rep);
+        for m in rx {
+            on(m);
         }
         handles
             .into_iter()
@@ -461,18 +486,24 @@ pub fn threads_in_turns(
                 })
             })
             .collect()
-    });
+    })
+}
+
+/// The ranks' results, or the first failing rank's own error (an error that is only the echo of
+/// another rank's failure, [`DistError::is_secondary`], when there is no other).
+fn first_failure<T>(results: Vec<Result<T, (Option<usize>, DistError)>>) -> Result<Vec<T>, (Option<usize>, DistError)> {
     let mut secondary = None;
+    let mut out = vec![];
     for r in results {
         match r {
+            Ok(t) => out.push(t),
             Err((_, e)) if e.is_secondary() => {
-                secondary.get_or_insert(TurnsError { job: None, error: e.into() });
+                secondary.get_or_insert((None, e));
             }
-            Err((job, e)) => return Err(TurnsError { job, error: e.into() }),
-            Ok(()) => {}
+            Err(e) => return Err(e),
         }
     }
-    secondary.map_or(Ok(()), Err)
+    secondary.map_or(Ok(out), Err)
 }
 
 /// What an injected fault does (tests of failure handling).
@@ -970,90 +1001,40 @@ pub fn run_threads(
     if let Some((i, st)) = states.iter().enumerate().find(|(i, st)| st.rank != *i) {
         return Err(DistError::Plan(format!("the state of rank {} is in place {i}: states go in rank order", st.rank)));
     }
-    let comms = ThreadWorld::new(n, opts.timeout);
-    let (tx, rx) = mpsc::channel::<StepReport>();
-    let results: Vec<Result<RankState, DistError>> = std::thread::scope(|s| {
-        let mut handles = vec![];
-        for (mut st, mut comm) in states.into_iter().zip(comms) {
-            let tx = tx.clone();
-            let rank = st.rank;
-            let abort = comm.abort_handle();
-            let body = move || -> Result<RankState, DistError> {
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
-                    let ctx = CpuContext::new(opts.threads_per_rank.max(1))
-                        .map_err(|e| DistError::Data { rank, message: e.to_string() })?
-                        .with_accumulation(opts.accumulation);
-                    let mut send = |r: StepReport| {
-                        if rank == 0 {
-                            let _ = tx.send(r);
-                        }
-                    };
-                    let prof =
-                        rank_loop(program, &mut CpuRank { st: &mut st, ctx: &ctx, comm: &mut comm }, opts, &mut send)?;
-                    st.profile = prof;
-                    Ok(())
-                }));
-                let r = match run {
-                    Ok(r) => r,
-                    Err(p) => Err(DistError::Panic { rank, message: panic_message(&*p) }),
-                };
-                match r {
-                    Ok(()) => Ok(st),
-                    Err(e) => {
-                        if !e.is_secondary() {
-                            comm.abort(&e.to_string());
-                        }
-                        Err(e)
+    let mut bodies: Vec<RankThread<'_, RankState, StepReport>> = vec![];
+    for (mut st, mut comm) in states.into_iter().zip(ThreadWorld::new(n, opts.timeout)) {
+        let rank = st.rank;
+        let abort = comm.abort_handle();
+        let body = move |tx: mpsc::Sender<StepReport>| -> Result<RankState, (Option<usize>, DistError)> {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
+                let ctx = CpuContext::new(opts.threads_per_rank.max(1))
+                    .map_err(|e| DistError::Data { rank, message: e.to_string() })?
+                    .with_accumulation(opts.accumulation);
+                let mut send = |r: StepReport| {
+                    if rank == 0 {
+                        let _ = tx.send(r);
                     }
+                };
+                let prof =
+                    rank_loop(program, &mut CpuRank { st: &mut st, ctx: &ctx, comm: &mut comm }, opts, &mut send)?;
+                st.profile = prof;
+                Ok(())
+            }));
+            let r = run.unwrap_or_else(|p| Err(DistError::Panic { rank, message: panic_message(&*p) }));
+            match r {
+                Ok(()) => Ok(st),
+                Err(e) => {
+                    if !e.is_secondary() {
+                        comm.abort(&e.to_string());
+                    }
+                    Err((None, e))
                 }
-            };
-            let h = std::thread::Builder::new()
-                .name(format!("autopar-rank-{rank}"))
-                .stack_size(32 << 20)
-                .spawn_scoped(s, body)
-                .map_err(|e| {
-                    let e = DistError::Data { rank, message: format!("cannot start the rank's thread: {e}") };
-                    // The ranks already started would wait for this one until the timeout.
-                    abort(&e.to_string());
-                    e
-                });
-            let failed = h.is_err();
-            handles.push(h);
-            if failed {
-                break;
             }
-        }
-        drop(tx);
-        for rep in rx {
-            on_step(&rep);
-        }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.and_then(|h| {
-                    h.join().unwrap_or_else(|p| Err(DistError::Panic { rank: usize::MAX, message: panic_message(&*p) }))
-                })
-            })
-            .collect()
-    });
-    let mut primary = None;
-    let mut secondary = None;
-    let mut states = vec![];
-    for r in results {
-        match r {
-            Ok(st) => states.push(st),
-            Err(e) if e.is_secondary() => {
-                secondary.get_or_insert(e);
-            }
-            Err(e) => {
-                primary.get_or_insert(e);
-            }
-        }
+        };
+        bodies.push((Box::new(body), Box::new(abort)));
     }
-    match primary.or(secondary) {
-        Some(e) => Err(e),
-        None => Ok(states),
-    }
+    let results = rank_threads(bodies, &mut |r| on_step(&r));
+    first_failure(results).map_err(|(_, e)| e)
 }
 
 /// The global parameters assembled from every rank's blocks through `comm` (every rank calls it;
