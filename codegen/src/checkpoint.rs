@@ -153,10 +153,20 @@ fn id(node: usize, slot: usize) -> ValueRef {
     ValueRef::new(node, slot)
 }
 
-fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
+/// The forward chain over nodes in program order (see the module docs, step 1).
+struct Cut {
+    /// The ancestors of the loss (itself included).
+    forward: HashSet<usize>,
+    /// Chain stages; their `units` index the node list the cut was made over.
+    stages: Vec<Stage>,
+}
+
+/// Cuts the forward part of `nodes` (graph node indices in program order, each once) into
+/// chain stages at its articulation values.
+fn cut(g: &Graph, nodes: &[usize]) -> Result<Cut> {
     let node = |i: usize| g.g.node_weight(NodeIndex::new(i));
     let Some(loss) = g.outputs.iter().find(|(n, _)| n == "loss").or(g.outputs.first()).map(|(_, v)| v.node) else {
-        return Ok(Chain { units: vec![], stages: vec![], drops: vec![], cost: vec![], first_use: vec![] });
+        return Ok(Cut { forward: HashSet::new(), stages: vec![] });
     };
     // Forward = ancestors of the loss (itself included).
     let mut forward: HashSet<usize> = HashSet::new();
@@ -177,6 +187,103 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
             param_dep.insert(n.index());
         }
     }
+    let is_src =
+        |n: usize| node(n).is_some_and(|x| matches!(x.op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)));
+    // Forward readers left of every forward, parameter-dependent value.
+    let mut fwd_reads: HashMap<ValueRef, usize> = HashMap::new();
+    for &n in nodes {
+        if !forward.contains(&n) {
+            continue;
+        }
+        for v in g.node_inputs(NodeIndex::new(n)) {
+            if param_dep.contains(&v.node.index()) && !is_src(v.node.index()) {
+                *fwd_reads.entry(id(v.node.index(), v.slot)).or_default() += 1;
+            }
+        }
+    }
+    // Stages: cut where exactly one such value is open.
+    let mut stages: Vec<Stage> = vec![];
+    let mut open: HashMap<ValueRef, usize> = HashMap::new();
+    let mut cur: Vec<usize> = vec![];
+    for (ui, &n) in nodes.iter().enumerate() {
+        if !forward.contains(&n) || is_src(n) || !param_dep.contains(&n) {
+            continue;
+        }
+        cur.push(ui);
+        for v in g.node_inputs(NodeIndex::new(n)) {
+            let k = id(v.node.index(), v.slot);
+            if let Some(c) = open.get_mut(&k) {
+                *c -= 1;
+                if *c == 0 {
+                    open.remove(&k);
+                }
+            }
+        }
+        let nd = g.node(NodeIndex::new(n));
+        for s in 0..nd.outputs.len() {
+            let k = id(n, s);
+            if let Some(&c) = fwd_reads.get(&k) {
+                open.insert(k, c);
+            }
+        }
+        if open.len() == 1 {
+            let b = open.keys().next().cloned();
+            stages.push(Stage { units: std::mem::take(&mut cur), boundary: b, name: nd.name.clone() });
+        }
+    }
+    if let Some(&last) = cur.last() {
+        let name = g.node(NodeIndex::new(nodes[last])).name.clone();
+        stages.push(Stage { units: cur, boundary: None, name });
+    }
+    Ok(Cut { forward, stages })
+}
+
+/// What recomputing every chain stage changes, by graph node: the values dropped after the
+/// forward (read by the backward, not a stage's boundary) and the nodes run again to remake
+/// them. `nodes` are graph node indices in program order. What [`crate::problem::Built`]'s
+/// full-recomputation model prices before any layout is chosen.
+pub(crate) struct FullRecompute {
+    /// Values held only until their last forward reader.
+    pub dropped: HashSet<ValueRef>,
+    /// Nodes whose op (and input conversions) run twice.
+    pub rerun: HashSet<usize>,
+    /// The forward nodes.
+    pub forward: HashSet<usize>,
+}
+
+/// [`FullRecompute`] of the program order `nodes`.
+pub(crate) fn full_recompute(g: &Graph, nodes: &[usize]) -> Result<FullRecompute> {
+    let cut = cut(g, nodes)?;
+    let mut dropped = HashSet::new();
+    let mut rerun = HashSet::new();
+    for st in &cut.stages {
+        let members: HashSet<usize> = st.units.iter().map(|&u| nodes[u]).collect();
+        let mut stage_dropped = vec![];
+        for &n in &members {
+            for s in 0..g.node(NodeIndex::new(n)).outputs.len() {
+                let v = id(n, s);
+                if Some(&v) == st.boundary.as_ref() {
+                    continue;
+                }
+                let read_later = g.users(ir::Value::new(NodeIndex::new(n), s)).into_iter().any(|(u, _)| !cut.forward.contains(&u.index()));
+                if read_later {
+                    stage_dropped.push(v);
+                }
+            }
+        }
+        let mut stack: Vec<usize> = stage_dropped.iter().map(|v| v.node).collect();
+        while let Some(n) = stack.pop() {
+            if !members.contains(&n) || !rerun.insert(n) {
+                continue;
+            }
+            stack.extend(g.node_inputs(NodeIndex::new(n)).iter().map(|v| v.node.index()));
+        }
+        dropped.extend(stage_dropped);
+    }
+    Ok(FullRecompute { dropped, rerun, forward: cut.forward })
+}
+
+fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
     // Units.
     let mut units = vec![];
     let mut start = 0;
@@ -193,54 +300,8 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
             Instr::Collective { .. } => {}
         }
     }
-    let is_src =
-        |n: usize| node(n).is_some_and(|x| matches!(x.op, Op::Param { .. } | Op::State { .. } | Op::Constant(_)));
-    // Forward readers left of every forward, parameter-dependent value.
-    let mut fwd_reads: HashMap<ValueRef, usize> = HashMap::new();
-    for u in &units {
-        if !forward.contains(&u.node) {
-            continue;
-        }
-        for v in g.node_inputs(NodeIndex::new(u.node)) {
-            if param_dep.contains(&v.node.index()) && !is_src(v.node.index()) {
-                *fwd_reads.entry(id(v.node.index(), v.slot)).or_default() += 1;
-            }
-        }
-    }
-    // Stages: cut where exactly one such value is open.
-    let mut stages: Vec<Stage> = vec![];
-    let mut open: HashMap<ValueRef, usize> = HashMap::new();
-    let mut cur: Vec<usize> = vec![];
-    for (ui, u) in units.iter().enumerate() {
-        if !forward.contains(&u.node) || is_src(u.node) || !param_dep.contains(&u.node) {
-            continue;
-        }
-        cur.push(ui);
-        for v in g.node_inputs(NodeIndex::new(u.node)) {
-            let k = id(v.node.index(), v.slot);
-            if let Some(c) = open.get_mut(&k) {
-                *c -= 1;
-                if *c == 0 {
-                    open.remove(&k);
-                }
-            }
-        }
-        let nd = g.node(NodeIndex::new(u.node));
-        for s in 0..nd.outputs.len() {
-            let k = id(u.node, s);
-            if let Some(&c) = fwd_reads.get(&k) {
-                open.insert(k, c);
-            }
-        }
-        if open.len() == 1 {
-            let b = open.keys().next().cloned();
-            stages.push(Stage { units: std::mem::take(&mut cur), boundary: b, name: nd.name.clone() });
-        }
-    }
-    if !cur.is_empty() {
-        let name = g.node(NodeIndex::new(units[*cur.last().unwrap_or(&0)].node)).name.clone();
-        stages.push(Stage { units: cur, boundary: None, name });
-    }
+    let unit_nodes: Vec<usize> = units.iter().map(|u| u.node).collect();
+    let Cut { forward, stages } = cut(g, &unit_nodes)?;
     // Backward reads: the first instruction outside the forward reading each value.
     let mut first_bwd: HashMap<ValueRef, usize> = HashMap::new();
     for u in &units {
@@ -362,7 +423,7 @@ fn rewrite(program: &[Instr], chain: &Chain, chosen: &[usize]) -> Vec<Instr> {
 /// The cheapest set of stages (by `cost`) whose savings reach `need` bytes: a 0/1 knapsack by
 /// dynamic programming over stages, with memory in `BUCKETS` buckets. `None` when even all of
 /// them save less.
-fn knapsack(save: &[u64], cost: &[f64], need: u64) -> Option<Vec<usize>> {
+pub(crate) fn knapsack(save: &[u64], cost: &[f64], need: u64) -> Option<Vec<usize>> {
     const BUCKETS: usize = 1024;
     let total: u64 = save.iter().sum();
     if total < need {
@@ -395,8 +456,84 @@ fn knapsack(save: &[u64], cost: &[f64], need: u64) -> Option<Vec<usize>> {
     best[target].clone().map(|x| x.1).or_else(|| Some((0..save.len()).filter(|&i| save[i] > 0).collect()))
 }
 
+/// A lowered program ready to recompute any set of its chain stages: the program without frees
+/// or recomputation (as lowered), and its chain.
+pub(crate) struct Recomputable {
+    program: Vec<Instr>,
+    chain: Chain,
+}
+
+impl Recomputable {
+    /// The chain of `program` (lowered, not pipelined); frees and any recomputation already in
+    /// it are dropped first, so a recomputed plan can be recomputed afresh (for pipeline
+    /// stages, once their microbatches in flight are known).
+    pub(crate) fn new(g: &Graph, program: &[Instr]) -> Result<Recomputable> {
+        let program = strip(program);
+        let chain = analyse(g, &program)?;
+        Ok(Recomputable { program, chain })
+    }
+
+    /// Chain stages.
+    pub(crate) fn len(&self) -> usize {
+        self.chain.stages.len()
+    }
+
+    /// Bytes per rank stage `s` frees between its forward and its backward.
+    pub(crate) fn saving(&self, s: usize) -> u64 {
+        self.chain.drops[s].1
+    }
+
+    /// Seconds recomputing stage `s` adds (per microbatch).
+    pub(crate) fn cost(&self, s: usize) -> f64 {
+        self.chain.cost[s]
+    }
+
+    /// A graph node of stage `s` (its last), to find where the stage runs.
+    pub(crate) fn node(&self, s: usize) -> Option<usize> {
+        self.chain.stages[s].units.last().map(|&u| self.chain.units[u].node)
+    }
+
+    /// The program recomputing `chosen` stages, frees placed.
+    pub(crate) fn program(&self, chosen: &[usize], keep: &HashSet<ValueRef>) -> Vec<Instr> {
+        insert_frees(rewrite(&self.program, &self.chain, chosen), keep)
+    }
+
+    /// The report of recomputing `chosen`: their names and seconds, with the peaks given.
+    pub(crate) fn report(&self, chosen: &[usize], before: u64, after: u64) -> CheckpointReport {
+        CheckpointReport {
+            stages: self.len(),
+            recomputed: chosen.iter().map(|&s| self.chain.stages[s].name.clone()).collect(),
+            extra_seconds: chosen.iter().map(|&s| self.chain.cost[s]).sum(),
+            peak_before: before,
+            peak_after: after,
+            seconds: 0.0,
+        }
+    }
+}
+
+/// `program` without frees and without recomputation: a recomputed op's conversions come
+/// right before it ([`rewrite`] copies whole units), so they go with it.
+fn strip(program: &[Instr]) -> Vec<Instr> {
+    let mut out = Vec::with_capacity(program.len());
+    let mut pending: Vec<Instr> = vec![];
+    for ins in program {
+        match ins {
+            Instr::Free { .. } => {}
+            Instr::Collective { .. } => pending.push(ins.clone()),
+            Instr::Op { recompute: true, .. } => pending.clear(),
+            _ => {
+                out.append(&mut pending);
+                out.push(ins.clone());
+            }
+        }
+    }
+    out.append(&mut pending);
+    out
+}
+
 /// Recomputes the cheapest stages that bring `program`'s peak to `budget` bytes per rank (see
-/// the module docs). Returns the program with frees placed, and the report; when no choice of
+/// the module docs); with `all`, every stage whatever the budget (Megatron's full
+/// recomputation). Returns the program with frees placed, and the report; when no choice of
 /// stages fits, the program recomputing every stage (the smallest peak this plan can reach) and
 /// a report whose `peak_after` exceeds the budget.
 pub fn fit(
@@ -405,32 +542,42 @@ pub fn fit(
     program: Vec<Instr>,
     keep: &HashSet<ValueRef>,
     budget: u64,
+    all: bool,
 ) -> Result<(Vec<Instr>, CheckpointReport)> {
     let t0 = std::time::Instant::now();
     let plain = insert_frees(program.clone(), keep);
     let before = simulate(g, mesh, &plain)?.peak;
     let mut report = CheckpointReport { peak_before: before, peak_after: before, ..Default::default() };
-    if before <= budget {
+    if before <= budget && !all {
         report.seconds = t0.elapsed().as_secs_f64();
         return Ok((plain, report));
     }
-    let chain = analyse(g, &program)?;
-    report.stages = chain.stages.len();
-    let save: Vec<u64> = chain.drops.iter().map(|d| d.1).collect();
+    let r = Recomputable::new(g, &program)?;
+    report.stages = r.len();
+    if all {
+        let chosen: Vec<usize> = (0..r.len()).collect();
+        let prog = r.program(&chosen, keep);
+        let peak = simulate(g, mesh, &prog)?.peak;
+        let mut report = r.report(&chosen, before, peak);
+        report.seconds = t0.elapsed().as_secs_f64();
+        return Ok((prog, report));
+    }
+    let save: Vec<u64> = (0..r.len()).map(|s| r.saving(s)).collect();
+    let cost: Vec<f64> = (0..r.len()).map(|s| r.cost(s)).collect();
     let mut need = before - budget;
     let mut best: Option<(Vec<Instr>, Vec<usize>, u64)> = None;
     for _ in 0..8 {
-        let chosen = match knapsack(&save, &chain.cost, need) {
+        let chosen = match knapsack(&save, &cost, need) {
             Some(c) => c,
             None => (0..save.len()).collect(),
         };
-        let prog = insert_frees(rewrite(&program, &chain, &chosen), keep);
+        let prog = r.program(&chosen, keep);
         let peak = simulate(g, mesh, &prog)?.peak;
-        let all = chosen.len() == save.len();
+        let every = chosen.len() == save.len();
         if best.as_ref().is_none_or(|b| peak < b.2 || (peak <= budget && b.2 > budget)) {
             best = Some((prog, chosen.clone(), peak));
         }
-        if peak <= budget || all {
+        if peak <= budget || every {
             break;
         }
         need += peak - budget;
@@ -440,9 +587,7 @@ pub fn fit(
         report.seconds = t0.elapsed().as_secs_f64();
         return Ok((plain, report));
     }
-    report.recomputed = chosen.iter().map(|&s| chain.stages[s].name.clone()).collect();
-    report.extra_seconds = chosen.iter().map(|&s| chain.cost[s]).sum();
-    report.peak_after = peak;
+    let mut report = r.report(&chosen, before, peak);
     report.seconds = t0.elapsed().as_secs_f64();
     Ok((prog, report))
 }

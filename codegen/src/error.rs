@@ -67,6 +67,10 @@ pub enum Error {
     /// over the budget).
     #[error("pipeline: {0}")]
     Pipeline(String),
+    /// The run's deadline passed before this piece of work ended (a candidate of a search is
+    /// given up; the search goes on with what it has).
+    #[error("the time limit ended while {0}; raise --time-limit")]
+    OutOfTime(String),
     /// An internal invariant was broken (a bug in this crate).
     #[error("internal codegen error (a bug): {0}")]
     Internal(String),

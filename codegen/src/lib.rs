@@ -30,5 +30,5 @@ pub use ::plan::memory;
 pub use ::plan::validate;
 
 pub use error::{Error, Result, fmt_bytes, parse_bytes};
-pub use plan::{ModelInfo, Plan, PlanOptions, check_layout, label, plan, precision_of};
+pub use plan::{ModelInfo, Plan, PlanOptions, Recompute, check_layout, label, plan, precision_of};
 pub use problem::Baseline;

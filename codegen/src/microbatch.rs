@@ -150,13 +150,17 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
             .sum()
     };
     let (pass, once) = (seconds(false), seconds(true));
-    let total = pass + once;
-    let step = microbatches as f64 * pass + once;
+    let m = microbatches as f64;
     let e = &mut plan.estimate;
+    // The pass's instructions include its recomputation, which runs once per microbatch.
+    let rec = e.recompute_seconds.min(pass);
+    let total = pass - rec + once;
+    let plain = m * (pass - rec) + once;
     if total > 0.0 {
-        e.compute_seconds *= step / total;
-        e.comm_seconds *= step / total;
+        e.compute_seconds *= plain / total;
+        e.comm_seconds *= plain / total;
     }
-    e.step_seconds = step + e.recompute_seconds;
+    e.recompute_seconds = m * rec;
+    e.step_seconds = m * pass + once;
     Ok(plan)
 }

@@ -45,7 +45,8 @@ use ir::{NodeIndex, Op};
 use sharding::{DeviceMesh, ShardingSpec};
 
 use crate::plan::{
-    Instr, MeshInfo, ParamShard, Phase, Pipeline, Plan, Schedule, ScheduleKind, Segment, StageEstimate, ValueRef,
+    Instr, MeshInfo, ParamShard, Phase, Pipeline, Plan, Recompute, Schedule, ScheduleKind, Segment, StageEstimate,
+    ValueRef,
 };
 use crate::schedule::StepSeconds;
 use crate::{Error, Result, fmt_bytes};
@@ -69,26 +70,32 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
 
 /// `--pipeline auto`: every number of stages `S` dividing the outermost mesh axis (the axis cut
 /// into `S` stages of `axis/S` coordinates each, a new outermost axis `stage` with its link),
-/// each priced by the intra-op ILP on its stage's submesh once, then staged under each
-/// overlapping schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks when the
-/// microbatches are a multiple of `S`); `S = 1` is the plan without stages. The plan with the
-/// shortest estimated step that fits the budget wins, but the plan without stages is kept
-/// unless that one is more than [`crate::PlanOptions::min_gain`] of its step faster (as auto's
-/// own plan against the baselines: a smaller gain is under the cost model's error, and stages
-/// bring a schedule, transfers and a bubble the plan without them does not have);
-/// `solver.compared` lists every candidate (`None`: it does not fit), `options.min_gain` the
-/// threshold and `solver.timings` the search.
+/// each priced by the intra-op ILP on its stage's submesh, then staged under each overlapping
+/// schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks when the microbatches are
+/// a multiple of `S`) with the recomputation each stage's microbatches in flight need
+/// ([`staged`]); `S = 1` is the plan without stages. The plan with the shortest estimated step
+/// that fits the budget wins, but the plan without stages is kept unless that one is more than
+/// [`crate::PlanOptions::min_gain`] of its step faster (as auto's own plan against the
+/// baselines: a smaller gain is under the cost model's error, and stages bring a schedule,
+/// transfers and a bubble the plan without them does not have).
+///
+/// The stage counts share the time limit: each gets an equal share of what is left when it
+/// starts, and one that cannot start (no time left) is skipped and named in
+/// `solver.skipped`. `solver.compared` lists every candidate (`None`: it does not fit),
+/// `options.min_gain` the threshold and `solver.timings` the search.
 pub fn search(
     graph: &ir::Graph,
     mesh: &DeviceMesh,
     profile: &sharding::DeviceProfile,
     opts: &crate::PlanOptions,
 ) -> Result<Plan> {
+    let opts = &opts.started();
     let t0 = std::time::Instant::now();
     let outer = mesh.shape().first().copied().unwrap_or(1);
     let mut best: Option<Plan> = None;
     let mut unstaged: Option<Plan> = None;
     let mut compared: Vec<(String, Option<f64>)> = vec![];
+    let mut skipped: Vec<String> = vec![];
     let mut last_err = None;
     let mut consider = |name: String, p: Result<Plan>, best: &mut Option<Plan>| match p {
         Ok(p) => {
@@ -97,54 +104,39 @@ pub fn search(
                 *best = Some(p);
             }
         }
+        Err(Error::OutOfTime(_)) => skipped.push(name),
         Err(e) => {
             compared.push((name, None));
             last_err = Some(e);
         }
     };
-    for s in (1..=outer).filter(|s| outer.is_multiple_of(*s)) {
+    let counts: Vec<usize> = (1..=outer).filter(|s| outer.is_multiple_of(*s)).collect();
+    for (i, &s) in counts.iter().enumerate() {
+        let left = opts.left();
+        // The first candidate always runs (a plan is owed); later ones only with time left.
+        if i > 0 && left.is_zero() {
+            consider(format!("{s} stages"), Err(Error::OutOfTime(String::new())), &mut best);
+            continue;
+        }
+        // Later candidates are given up when their share runs out (their problem alone may
+        // take longer to build than is left).
+        let share = crate::PlanOptions { abandon_late: i > 0, ..opts.within(left / (counts.len() - i) as u32) };
         if s == 1 {
-            let one = crate::PlanOptions { stages: 1, ..opts.clone() };
+            let one = crate::PlanOptions { stages: 1, ..share };
             let mut kept = None;
             consider("no stages".into(), crate::plan(graph, mesh, profile, &one), &mut kept);
             unstaged = kept;
             continue;
         }
-        // The outermost axis as `s` stages of `outer / s`.
-        let staged = if s == outer {
-            mesh.clone()
-        } else {
-            let mut shape = vec![s, outer / s];
-            shape.extend_from_slice(&mesh.shape()[1..]);
-            let mut names = vec!["stage".to_string()];
-            names.extend(mesh.names().iter().cloned());
-            let mut links = vec![mesh.links()[0].clone()];
-            links.extend(mesh.links().iter().cloned());
-            DeviceMesh::new(shape, names, links)?
-        };
-        let sub = stage_mesh(&staged, s)?;
-        let mut kinds = vec![ScheduleKind::OneFOneB, ScheduleKind::ZbH1];
+        let staged_mesh = split_outer(mesh, s)?;
+        let mut kinds = vec![(ScheduleKind::OneFOneB, 1), (ScheduleKind::ZbH1, 1)];
         if opts.microbatches.is_multiple_of(s) {
-            kinds.push(ScheduleKind::Interleaved);
+            kinds.push((ScheduleKind::Interleaved, 2));
         }
-        // Every schedule of one intra-op solve; another solve with less room when none fits.
-        let start = opts.budget.saturating_mul(s as u64);
-        let staged_plans = crate::plan::within_budget(opts.budget, start, |budget| {
-            let (inner, solved) = solve_stage(graph, &sub, profile, opts, s, budget)?;
-            let plans: Vec<(ScheduleKind, Result<Plan>)> = kinds
-                .iter()
-                .map(|&kind| {
-                    let how = PipelineOptions { stages: s, schedule: kind, chunks: 2, budget: opts.budget };
-                    (kind, place(inner.clone(), &staged, &how))
-                })
-                .collect();
-            let least = plans.iter().filter_map(|(_, p)| p.as_ref().ok()).map(|p| p.estimate.peak_bytes_per_rank).min();
-            Ok((plans, least.unwrap_or(u64::MAX), solved))
-        });
-        match staged_plans {
-            Ok((plans, _)) => {
-                for (kind, p) in plans {
-                    consider(format!("{s} stages, {kind}"), p.and_then(|p| check_budget(p, opts.budget)), &mut best);
+        match stage_candidates(graph, &staged_mesh, profile, &share, s, &kinds) {
+            Ok(plans) => {
+                for (name, p) in plans {
+                    consider(format!("{s} stages, {name}"), p.and_then(|p| check_budget(p, opts.budget)), &mut best);
                 }
             }
             Err(e) => consider(format!("{s} stages"), Err(e), &mut best),
@@ -160,15 +152,91 @@ pub fn search(
     };
     best.options.min_gain = margin;
     best.solver.compared.extend(compared.into_iter().map(|(k, v)| (format!("pipeline: {k}"), v)));
+    best.solver.skipped.extend(skipped.into_iter().map(|k| format!("pipeline: {k} (out of time)")));
     best.solver.timings.insert("pipeline search".into(), t0.elapsed().as_secs_f64());
     Ok(best)
 }
 
-/// The plan `stages` stages are made from: the whole graph solved on one stage's submesh `sub`
-/// against `budget` (per rank of the submesh: about `stages` times a stage's), split into the
-/// microbatches of `opts` (or with one, its update moved to the update phase). Also returns the
-/// solved plan's own peak (what [`crate::plan::within_budget`] lowers). A budget no plan fits
-/// is said per rank of a stage.
+/// `mesh` with its outermost axis as `stages` stages of `axis / stages` coordinates: a new
+/// outermost axis `stage` with that axis's link (the mesh itself when the axis is the stages).
+fn split_outer(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
+    let outer = mesh.shape().first().copied().unwrap_or(1);
+    if stages == outer {
+        return Ok(mesh.clone());
+    }
+    let mut shape = vec![stages, outer / stages];
+    shape.extend_from_slice(&mesh.shape()[1..]);
+    let mut names = vec!["stage".to_string()];
+    names.extend(mesh.names().iter().cloned());
+    let mut links = vec![mesh.links()[0].clone()];
+    links.extend(mesh.links().iter().cloned());
+    Ok(DeviceMesh::new(shape, names, links)?)
+}
+
+/// Plans `stages` pipeline stages over the outermost axis of `mesh` (which must have that
+/// size) under one schedule: the best plan of [`stage_candidates`], or why none fits.
+pub(crate) fn plan_stages(
+    graph: &ir::Graph,
+    mesh: &DeviceMesh,
+    profile: &sharding::DeviceProfile,
+    opts: &crate::PlanOptions,
+    stages: usize,
+    schedule: ScheduleKind,
+    chunks: usize,
+) -> Result<Plan> {
+    let mut best: Option<Plan> = None;
+    let mut err = None;
+    for (_, p) in stage_candidates(graph, mesh, profile, opts, stages, &[(schedule, chunks)])? {
+        match p.and_then(|p| check_budget(p, opts.budget)) {
+            Ok(p) if best.as_ref().is_none_or(|b| p.estimate.step_seconds < b.estimate.step_seconds) => best = Some(p),
+            Ok(_) => {}
+            Err(e) => err = Some(e),
+        }
+    }
+    best.ok_or_else(|| err.unwrap_or_else(|| Error::Pipeline("no pipelined plan".into())))
+}
+
+/// The pipelined plans of `stages` stages on `mesh` under each of `kinds` (schedule, chunks),
+/// named by schedule (and recomputation model): the whole graph solved on one stage's submesh
+/// ([`solve_stage`]: as it is and, with `Recompute::Auto`, also as if every layer were
+/// recomputed), each solution staged under each schedule with the recomputation its stages'
+/// microbatches in flight need ([`staged`]). While none fits, solved again with less room
+/// ([`crate::plan::within_budget`]). A plan may still exceed the budget (its estimate says by
+/// how much).
+fn stage_candidates(
+    graph: &ir::Graph,
+    mesh: &DeviceMesh,
+    profile: &sharding::DeviceProfile,
+    opts: &crate::PlanOptions,
+    stages: usize,
+    kinds: &[(ScheduleKind, usize)],
+) -> Result<Vec<(String, Result<Plan>)>> {
+    let sub = stage_mesh(mesh, stages)?;
+    // The stages hold more than one microbatch's activations, and values they exchange:
+    // solved again with less room while the stages do not fit.
+    let start = opts.budget.saturating_mul(stages as u64);
+    let (plans, _) = crate::plan::within_budget(opts, opts.budget, start, |budget| {
+        let (inners, solved) = solve_stage(graph, &sub, profile, opts, stages, budget)?;
+        let mut plans = vec![];
+        for (assumed, inner) in &inners {
+            for &(kind, chunks) in kinds {
+                let how = PipelineOptions { stages, schedule: kind, chunks, budget: opts.budget };
+                let name = if *assumed { format!("{kind}, layouts for recomputation") } else { kind.to_string() };
+                plans.push((name, staged(inner.clone(), &sub, mesh, &how, opts.recompute, opts.microbatches)));
+            }
+        }
+        let least = plans.iter().filter_map(|(_, p)| p.as_ref().ok()).map(|p| p.estimate.peak_bytes_per_rank).min();
+        Ok((plans, least.unwrap_or(u64::MAX), solved))
+    })?;
+    Ok(plans)
+}
+
+/// The plans `stages` stages are made from: the whole graph solved on one stage's submesh `sub`
+/// against `budget` (per rank of the submesh: about `stages` times a stage's), one per
+/// recomputation model solved ([`crate::plan::plan_modes`]; the one solved as if every layer
+/// were recomputed says `Recompute::Full` in its options). Also returns the least of their own
+/// peaks (what [`crate::plan::within_budget`] lowers). A budget no plan fits is said per rank
+/// of a stage.
 pub(crate) fn solve_stage(
     graph: &ir::Graph,
     sub: &DeviceMesh,
@@ -176,10 +244,10 @@ pub(crate) fn solve_stage(
     opts: &crate::PlanOptions,
     stages: usize,
     budget: u64,
-) -> Result<(Plan, u64)> {
+) -> Result<(Vec<(bool, Plan)>, u64)> {
     let one = crate::PlanOptions { stages: 1, microbatches: 1, accumulated: opts.microbatches, budget, ..opts.clone() };
     let s = stages as u64;
-    let inner = crate::plan(graph, sub, profile, &one).map_err(|e| match e {
+    let plans = crate::plan::plan_modes(graph, sub, profile, &one, true).map_err(|e| match e {
         Error::Infeasible { min_peak_bytes, .. } => Error::Pipeline(format!(
             "no plan fits {} per rank in {stages} stages: the whole model on one stage's devices needs at least {} \
              per rank, about {} per rank once cut into {stages} stages; use --memory {} or more, more stages or a \
@@ -191,8 +259,109 @@ pub(crate) fn solve_stage(
         )),
         e => e,
     })?;
-    let solved = inner.estimate.peak_bytes_per_rank;
-    Ok((crate::plan::microbatched(inner, sub, opts.microbatches)?, solved))
+    let solved = plans.iter().map(|(_, p)| p.estimate.peak_bytes_per_rank).min().unwrap_or(u64::MAX);
+    Ok((plans, solved))
+}
+
+/// Stages `inner` (a plan of one microbatch on the stage submesh `sub`, lowered with whatever
+/// recomputation made it fit there) on `mesh`, recomputing what its stages need under the
+/// schedule: the inner recomputation is dropped, then (with `Fit`/`Auto`) while a stage is
+/// over the budget, the cheapest chain stages on it whose activations, times the microbatches
+/// it holds in flight, cover its excess are recomputed ([`crate::checkpoint::knapsack`]), and
+/// the plan staged again; `Full` recomputes every chain stage, `Off` none. A plan still over
+/// the budget is returned as it is (its estimate says so).
+pub(crate) fn staged(
+    inner: Plan,
+    sub: &DeviceMesh,
+    mesh: &DeviceMesh,
+    how: &PipelineOptions,
+    policy: Recompute,
+    microbatches: usize,
+) -> Result<Plan> {
+    let g = &inner.graph;
+    let keep = crate::checkpoint::kept_to_the_end(g);
+    let r = crate::checkpoint::Recomputable::new(g, &inner.program)?;
+    let every = policy == Recompute::Full;
+    let mut chosen: Vec<usize> = if every { (0..r.len()).collect() } else { vec![] };
+    let before = inner.estimate.checkpoint.peak_before;
+    let mut last = None;
+    for _ in 0..6 {
+        let mut p = inner.clone();
+        p.program = r.program(&chosen, &keep);
+        let after = crate::memory::simulate(g, sub, &p.program)?.peak;
+        p.estimate.checkpoint = r.report(&chosen, before, after);
+        p.estimate.recompute_seconds = p.estimate.checkpoint.extra_seconds;
+        let p = place(crate::plan::microbatched(p, sub, microbatches)?, mesh, how)?;
+        let over: Vec<(usize, u64)> = p
+            .pipeline
+            .as_ref()
+            .map(|pp| {
+                pp.per_stage
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, st)| st.peak_bytes > how.budget)
+                    .map(|(s, st)| (s, st.peak_bytes - how.budget))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if over.is_empty() || policy == Recompute::Off || chosen.len() == r.len() {
+            return Ok(p);
+        }
+        // Where each chain stage runs, and how many microbatches its stage holds in flight.
+        let mut place_of: HashMap<usize, (usize, usize)> = HashMap::new();
+        for ins in &p.program {
+            if let Instr::Op { node, stage, chunk, recompute: false, .. } = ins {
+                place_of.insert(*node, (*stage, *chunk));
+            }
+        }
+        let flight = in_flight(&p);
+        let mut added = false;
+        for (stage, excess) in over {
+            let cands: Vec<usize> = (0..r.len())
+                .filter(|c| !chosen.contains(c))
+                .filter(|&c| r.node(c).and_then(|n| place_of.get(&n)).is_some_and(|&(s, _)| s == stage))
+                .collect();
+            let save: Vec<u64> = cands
+                .iter()
+                .map(|&c| {
+                    let at = r.node(c).and_then(|n| place_of.get(&n)).copied().unwrap_or((stage, 0));
+                    r.saving(c).saturating_mul(flight.get(&at).copied().unwrap_or(1).max(1) as u64)
+                })
+                .collect();
+            let cost: Vec<f64> = cands.iter().map(|&c| r.cost(c)).collect();
+            let pick = crate::checkpoint::knapsack(&save, &cost, excess + excess / 10)
+                .unwrap_or_else(|| (0..cands.len()).collect());
+            added |= !pick.is_empty();
+            chosen.extend(pick.into_iter().map(|i| cands[i]));
+        }
+        chosen.sort_unstable();
+        chosen.dedup();
+        last = Some(p);
+        if !added {
+            break;
+        }
+    }
+    last.ok_or_else(|| Error::Internal("pipelining: no staged plan".into()))
+}
+
+/// Per (stage, chunk): the most microbatches whose activations it holds at once under the
+/// plan's schedule (forwards run and not yet their backward).
+fn in_flight(p: &Plan) -> HashMap<(usize, usize), usize> {
+    let mut most = HashMap::new();
+    for (s, steps) in p.steps().iter().enumerate() {
+        let mut open: HashMap<usize, usize> = HashMap::new();
+        for st in steps {
+            let n = open.entry(st.chunk).or_insert(0);
+            match st.phase {
+                Phase::Forward => *n += 1,
+                Phase::Backward => *n = n.saturating_sub(1),
+                _ => {}
+            }
+            let m = most.entry((s, st.chunk)).or_insert(0);
+            *m = (*m).max(*n);
+        }
+    }
+    most
 }
 
 /// How to pipeline a plan.

@@ -9,12 +9,12 @@ use ir::{Graph, NodeIndex, Op};
 use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
 pub use ::plan::{
-    Baseline, CheckpointReport, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
+    Baseline, CheckpointReport, Recompute, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
     ParamShard, Phase, Pipeline, Plan, Problem, Problems, Schedule, ScheduleKind, Segment, Size, SolveStatus,
     SolverInfo, StageEstimate, Step, VERSION, ValueRef,
 };
 
-use crate::problem::{Built, FORBIDDEN, Grouping, Merge, build};
+use crate::problem::{Built, FORBIDDEN, Grouping, Merge};
 use crate::{Error, Result, fmt_bytes};
 
 /// Options of [`plan()`].
@@ -43,9 +43,16 @@ pub struct PlanOptions {
     /// the familiar one. 0: the cheapest, auto's on a tie. The stage search
     /// ([`crate::pipeline::search`]) keeps the plan without stages by the same rule.
     pub min_gain: f64,
-    /// Recompute activations during backward when the program's peak exceeds the budget
-    /// ([`crate::checkpoint`]).
-    pub checkpoint: bool,
+    /// Activation recomputation ([`Recompute`]; [`crate::checkpoint`] rewrites the program).
+    pub recompute: Recompute,
+    /// When the whole planning run must end: every nested solve, round and candidate shares
+    /// this one deadline. `None`: [`PlanOptions::time_limit`] from the call (the entry points
+    /// set it, so nested calls inherit it).
+    pub deadline: Option<Instant>,
+    /// Give up with [`Error::OutOfTime`] once the deadline passes (a search's candidates after
+    /// its first: the search keeps what it has). Otherwise the deadline only cuts solves short,
+    /// and a plan is always made.
+    pub abandon_late: bool,
     /// Repeated layers (the same ops in every transformer block) share one decision per op in
     /// the solver's problem (see [`crate::problem`]): the solver sees one layer whatever the
     /// depth. On by default (BENCHMARKS.md: same or better plans, much faster).
@@ -87,7 +94,9 @@ impl Default for PlanOptions {
             threads: 1,
             compare_baselines: true,
             min_gain: DEFAULT_MIN_GAIN,
-            checkpoint: true,
+            recompute: Recompute::Auto,
+            deadline: None,
+            abandon_late: false,
             tie_layers: true,
             merge: Merge::Proven,
             stages: 1,
@@ -97,6 +106,37 @@ impl Default for PlanOptions {
             chunks: 1,
         }
     }
+}
+
+impl PlanOptions {
+    /// These options with the deadline set: the one given, else [`PlanOptions::time_limit`]
+    /// from now.
+    pub fn started(&self) -> PlanOptions {
+        PlanOptions { deadline: Some(self.deadline.unwrap_or_else(|| Instant::now() + self.time_limit)), ..self.clone() }
+    }
+
+    /// Time left before the deadline (the whole limit when none is set yet).
+    pub fn left(&self) -> Duration {
+        self.deadline.map_or(self.time_limit, |d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// These options with the deadline `left` from now, at most the current one: a share of
+    /// the run for one candidate.
+    pub fn within(&self, left: Duration) -> PlanOptions {
+        let d = Instant::now() + left;
+        PlanOptions { deadline: Some(self.deadline.map_or(d, |x| x.min(d))), ..self.clone() }
+    }
+}
+
+/// How lowering recomputes activations ([`crate::checkpoint::fit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recomputation {
+    /// Never.
+    Never,
+    /// What makes the program fit the budget.
+    ToFit,
+    /// Every chain stage.
+    Every,
 }
 
 /// The graph with node `i` at index `i` in topological order (the numbering of the plan's
@@ -113,6 +153,12 @@ struct Solved {
     sizes: BTreeMap<String, Size>,
     /// Nodes sharing a repeated layer's decision.
     tied: usize,
+    /// How long folding took.
+    folded_in: Duration,
+    /// The solution's peak in the solver's model (set once priced).
+    peak: u64,
+    /// Whether its lowered program recomputes (set once lowered).
+    recomputed: bool,
 }
 
 /// Solves stop once within this relative gap of their lower bound (0.001%).
@@ -208,7 +254,7 @@ fn solve_one(
         solver::Status::WithinGap => SolveStatus::WithinGap,
         solver::Status::TimeLimit => SolveStatus::Feasible,
     };
-    Ok(Ok(Solved { solution, status, bound: r.lower_bound, sizes, tied: folding.tied }))
+    Ok(Ok(Solved { solution, status, bound: r.lower_bound, sizes, tied: folding.tied, folded_in, peak: 0, recomputed: false }))
 }
 
 /// What reducing and compiling a folded problem takes per edge entry on the development host
@@ -300,17 +346,22 @@ pub(crate) fn microbatched(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -
 /// picks leaner layouts. Returns the last round's result (which may still not fit); a round
 /// after the first that fails (no plan fits so little) ends the search with the previous one.
 pub(crate) fn within_budget<T>(
+    opts: &PlanOptions,
     limit: u64,
     start: u64,
     mut round: impl FnMut(u64) -> Result<(T, u64, u64)>,
 ) -> Result<(T, u64)> {
+    let t = Instant::now();
     let (mut last, mut peak, mut inner) = round(start)?;
+    // A later round is about as long as the first: started only when one fits in the time left.
+    let took = t.elapsed();
     for _ in 1..4 {
-        if peak <= limit {
+        if peak <= limit || opts.left() < took / 2 {
             break;
         }
         let over = peak - limit;
         let Some(budget) = inner.checked_sub(over + over / 10) else { break };
+        tracing::debug!("within budget: peak {} over {}, again with {}", fmt_bytes(peak), fmt_bytes(limit), fmt_bytes(budget));
         match round(budget) {
             Ok(r) => (last, peak, inner) = r,
             Err(_) => break,
@@ -323,15 +374,18 @@ pub(crate) fn within_budget<T>(
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     let mut p = plan_unlabelled(graph, mesh, profile, opts)?;
-    label(&mut p, mesh)?;
+    label(&mut p)?;
     Ok(p)
 }
 
 /// Fills what a finished plan states about itself: its precision (from the graph's types) and
-/// the per-rank memory [`::plan::memory::Breakdown`].
-pub fn label(p: &mut Plan, mesh: &DeviceMesh) -> Result<()> {
+/// the per-rank memory [`::plan::memory::Breakdown`], on the plan's own mesh (a pipeline search
+/// may have cut the outermost axis into stages of sub-axes: the specs index that mesh, not the
+/// one asked for).
+pub fn label(p: &mut Plan) -> Result<()> {
+    let mesh = p.device_mesh()?;
     p.options.precision = precision_of(&p.graph).to_string();
-    p.estimate.memory = ::plan::memory::breakdown(p, mesh)?;
+    p.estimate.memory = ::plan::memory::breakdown(p, &mesh)?;
     p.estimate.memory.activations_at_peak =
         p.estimate.peak_bytes_per_rank.saturating_sub(p.estimate.resident_bytes_per_rank);
     Ok(())
@@ -417,29 +471,15 @@ pub fn check_layout(b: Baseline, mesh: &DeviceMesh, stages: usize) -> Result<()>
 
 fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
     check_layout(opts.baseline, mesh, opts.stages)?;
+    // One deadline for the whole run: every nested solve, round and candidate shares it.
+    let opts = &opts.started();
     if opts.stages > 1 {
-        let sub = crate::pipeline::stage_mesh(mesh, opts.stages)?;
-        let how = crate::pipeline::PipelineOptions {
-            stages: opts.stages,
-            schedule: opts.schedule,
-            chunks: opts.chunks,
-            budget: opts.budget,
-        };
-        // The stages hold more than one microbatch's activations, and values they exchange:
-        // solved again with less room while the stages do not fit.
-        let start = opts.budget.saturating_mul(opts.stages as u64);
-        let (p, _) = within_budget(opts.budget, start, |budget| {
-            let (inner, solved) = crate::pipeline::solve_stage(graph, &sub, profile, opts, opts.stages, budget)?;
-            let p = crate::pipeline::place(inner, mesh, &how)?;
-            let peak = p.estimate.peak_bytes_per_rank;
-            Ok((p, peak, solved))
-        })?;
-        return crate::pipeline::check_budget(p, opts.budget);
+        return crate::pipeline::plan_stages(graph, mesh, profile, opts, opts.stages, opts.schedule, opts.chunks);
     }
     if opts.microbatches > 1 {
         // The gradient sums are held while later microbatches run: solved again with less room
         // while the step does not fit.
-        let (mut p, peak) = within_budget(opts.budget, opts.budget, |budget| {
+        let (mut p, peak) = within_budget(opts, opts.budget, opts.budget, |budget| {
             let one = PlanOptions { microbatches: 1, accumulated: opts.microbatches, budget, ..opts.clone() };
             let inner = plan(graph, mesh, profile, &one)?;
             let solved = inner.estimate.peak_bytes_per_rank;
@@ -460,6 +500,46 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
         p.options.budget_bytes = opts.budget;
         return Ok(p);
     }
+    let plans = plan_modes(graph, mesh, profile, opts, false)?;
+    // The cheapest of the recomputation models; on a tie the one solved as it is.
+    let mut best: Option<Plan> = None;
+    for (_, p) in plans {
+        if best.as_ref().is_none_or(|b| p.estimate.step_seconds < b.estimate.step_seconds) {
+            best = Some(p);
+        }
+    }
+    best.ok_or_else(|| Error::Internal("planning returned no plan".into()))
+}
+
+/// One restriction solved in [`plan_modes`]: a baseline (or the strategy asked for), and
+/// whether its layouts are solved as if every layer were recomputed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Entry {
+    baseline: Baseline,
+    assumed: bool,
+}
+
+impl Entry {
+    fn name(&self) -> String {
+        if self.assumed { format!("{}, recomputed", self.baseline.name()) } else { self.baseline.name() }
+    }
+}
+
+/// Plans `graph` on `mesh` without stages or microbatches: builds the problem, solves it under
+/// each recomputation model `opts.recompute` asks for (with `Auto`, as it is and, when memory
+/// binds or `both`, as if every layer were recomputed: [`Built::assume_recompute`]) and each
+/// restriction compared (`Auto` also solves the baselines), lowers every solution and keeps,
+/// per model, the best that fits. Returns one plan per model that found one, with whether it
+/// was solved as recomputed.
+pub(crate) fn plan_modes(
+    graph: &Graph,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    opts: &PlanOptions,
+    both: bool,
+) -> Result<Vec<(bool, Plan)>> {
+    let opts = &opts.started();
+    let deadline = opts.deadline.unwrap_or_else(|| Instant::now() + opts.time_limit);
     let t0 = Instant::now();
     let mut timings = BTreeMap::new();
     let mut lap = {
@@ -470,22 +550,31 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
         }
     };
     let g = canonical(graph)?;
-    let mut main = build(&g, mesh, profile, opts.baseline, Some(opts.budget))?;
+    let hard = opts.abandon_late.then_some(deadline);
+    let mut main = crate::problem::build_until(&g, mesh, profile, opts.baseline, Some(opts.budget), hard)?;
     if opts.accumulated > 1 {
         weigh_update_part(&mut main, &g, opts.accumulated);
     }
     lap(&mut timings, "build");
     let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
-        vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero]
+        role_baselines(mesh)
     } else {
         vec![]
     };
-    // The baselines first (quick when the problem is small), then auto with what is left. A
-    // baseline's problem is as large as auto's (only parameters and inputs are pinned): one is
-    // solved only when its share of the time left exceeds what its solve is expected to take
-    // beyond its search (folding, reducing, compiling): its folding plus a price per edge entry
-    // of the folded problem (`solve_one`), and no more than the last baseline's overrun.
-    let restrictions: Vec<Baseline> = others.iter().copied().chain(std::iter::once(opts.baseline)).collect();
+    // The baselines first (quick when the problem is small), then the strategy asked for with
+    // what is left. A baseline's problem is as large as auto's (only parameters and inputs are
+    // pinned): one is solved only when its share of the time left exceeds what its solve is
+    // expected to take beyond its search (folding, reducing, compiling): its folding plus a
+    // price per edge entry of the folded problem (`solve_one`), and no more than the last
+    // baseline's overrun. Under `Full`, every restriction is solved as recomputed.
+    let full = opts.recompute == Recompute::Full;
+    // The strategy asked for first (it owns the plan; on large problems the baselines' copies
+    // and folds alone take seconds), then the baselines, then the recomputed model.
+    let mut entries: Vec<Entry> = vec![Entry { baseline: opts.baseline, assumed: full }];
+    entries.extend(others.iter().map(|&b| Entry { baseline: b, assumed: full }));
+    if opts.recompute == Recompute::Auto {
+        entries.push(Entry { baseline: opts.baseline, assumed: true });
+    }
     let budget = opts.budget;
     // The solver's model misses what the program adds (conversion copies) and what
     // recomputation removes, so every solution is lowered and its program's peak checked against
@@ -496,52 +585,81 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
     let mut solver_budget = budget.max(floor);
     let mut smallest: Option<(u64, Plan)> = None;
     let mut rounds = 0;
-    // The time limit bounds the whole run from here (the problem's building included): the
-    // baselines get a tenth, an eighth and a sixth of what is left in turn (a third together
-    // when they use it all), auto the rest (at least a quarter of the limit); a later round
-    // (stage two) starts afresh with the whole limit.
-    let mut deadline = t0 + opts.time_limit;
     let mut skipped: Vec<String> = vec![];
+    // The problem solved as if every layer were recomputed, once needed.
+    let mut main_assumed: Option<Built> = None;
     // Whether the last round's own solve ended at its time limit without a proof.
     let mut cut;
     loop {
         rounds += 1;
         cut = false;
-        if rounds > 1 {
-            deadline = Instant::now() + opts.time_limit;
-        }
-        let mut candidates: Vec<(Baseline, Plan)> = vec![];
+        let mut candidates: Vec<(Entry, Plan)> = vec![];
         let mut compared: BTreeMap<String, Option<f64>> = BTreeMap::new();
-        let mut first: Option<Solved> = None;
+        let mut first: BTreeMap<bool, Solved> = BTreeMap::new();
         // What a baseline's solve is expected to take beyond its search time, once measured.
         let mut overhead: Option<Duration> = None;
+        // What copying and folding a restriction takes, as the own solve measured it.
+        let mut fold_seconds: Option<Duration> = None;
         skipped.clear();
-        for (i, &b) in restrictions.iter().enumerate() {
+        for (i, &entry) in entries.iter().enumerate() {
+            let b = entry.baseline;
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             let own = b == opts.baseline;
-            let limit =
-                if own { left.max(opts.time_limit / 4) } else { left / (2 * (restrictions.len() - i + 1)) as u32 };
+            let owns_left = entries[i..].iter().filter(|e| e.baseline == opts.baseline).count().max(1) as u32;
+            // The model solved as it is comes first; the recomputed one only where the first
+            // found memory binding (its plan recomputes, or its peak is near the budget), unless
+            // both are asked for (pipeline stages hold several microbatches' activations).
+            if own && entry.assumed && !full && !both {
+                let binding = first.get(&false).is_none_or(|f| {
+                    f.peak.saturating_mul(5) >= solver_budget.saturating_mul(4) || f.recomputed
+                });
+                if !binding {
+                    continue;
+                }
+            }
+            // The first own solve half of what is left when more follow (all of it otherwise),
+            // a baseline a small share, the recomputed model the rest.
+            let limit = if own {
+                if i + 1 < entries.len() { left / (owns_left + 1) } else { left }
+            } else {
+                left / (2 * (entries.len() - i + 1)) as u32
+            };
+            tracing::debug!("round {rounds}: {} with {limit:?} of {left:?} left", entry.name());
+            if entry.assumed && main_assumed.is_none() {
+                crate::problem::in_time(hard, "pricing layouts for recomputation")?;
+                main_assumed = Some(main.assume_recompute(&g)?);
+                lap(&mut timings, "build recomputed");
+            }
+            if !own && (overhead.is_some_and(|o| o >= limit) || limit.is_zero()) {
+                skipped.push(entry.name());
+                continue;
+            }
+            // Every restriction copies and folds a problem as large as the one built: once the
+            // own solve measured that, a baseline that cannot fit it in its share is not begun.
+            if !own && fold_seconds.is_some_and(|f| f >= limit) {
+                skipped.push(entry.name());
+                continue;
+            }
+            let base = if entry.assumed { main_assumed.as_mut().unwrap_or(&mut main) } else { &mut main };
             // Auto's problem is the one built (no copy), with the solver's budget.
             let restricted = if b == Baseline::Auto {
-                main.problem.usage_limit = Some(solver_budget);
+                base.problem.usage_limit = Some(solver_budget);
                 None
             } else {
-                let mut r = main.restrict(&g, mesh, b)?;
+                let mut r = base.restrict(&g, mesh, b)?;
                 r.problem.usage_limit = Some(solver_budget);
                 Some(r)
             };
-            if !own && overhead.is_some_and(|o| o >= limit) {
-                skipped.push(b.name().to_string());
-                continue;
-            }
-            let built = restricted.as_ref().unwrap_or(&main);
+            let base: &Built = if entry.assumed { main_assumed.as_ref().unwrap_or(&main) } else { &main };
+            let built = restricted.as_ref().unwrap_or(base);
+            let solve_start = Instant::now();
             let solved = match solve_one(built, &g, opts, limit, own) {
                 Ok(Err(expected)) => {
                     // The next baselines' problems are about as large.
                     overhead = Some(expected);
-                    skipped.push(b.name().to_string());
-                    lap(&mut timings, &format!("solve {}", b.name()));
+                    skipped.push(entry.name());
+                    lap(&mut timings, &format!("solve {}", entry.name()));
                     continue;
                 }
                 Ok(Ok(s)) => Ok(s),
@@ -550,28 +668,43 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
             if !own {
                 let took = now.elapsed();
                 overhead = Some(if took >= limit { took - limit } else { took });
+            } else if fold_seconds.is_none() {
+                fold_seconds = solved.as_ref().ok().map(|s| s.folded_in + (solve_start - now));
             }
-            lap(&mut timings, &format!("solve {}", b.name()));
-            let solved = match solved {
+            lap(&mut timings, &format!("solve {}", entry.name()));
+            let mut solved = match solved {
                 Ok(s) => s,
                 // Under memory pressure the solver may find nothing in its time, or only plans
                 // that break a parameter/update tie (the restriction's smallest peak ignores the
                 // ties): no candidate from this restriction, this round.
                 Err(Error::Solver(solver::Error::Infeasible { .. }) | Error::Internal(_)) => {
-                    compared.insert(b.name().to_string(), None);
+                    compared.insert(entry.name(), None);
                     continue;
                 }
-                // A baseline that cannot be solved is only not compared.
-                Err(_) if !own => {
-                    compared.insert(b.name().to_string(), None);
+                // A baseline (or the recomputed model) that cannot be solved is only not compared.
+                Err(_) if !own || entry.assumed => {
+                    compared.insert(entry.name(), None);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             let Some(sol) = map_solution(built, &main, &solved.solution) else { continue };
+            // Priced by the model it was solved in (the recomputed model's forward counts twice
+            // there; the program's recomputation is priced when it is lowered).
             let ev = main.problem.evaluate(&sol)?;
             if ev.cost >= FORBIDDEN as u128 {
-                compared.insert(b.name().to_string(), None);
+                compared.insert(entry.name(), None);
+                continue;
+            }
+            // A lowered plan costs at least its objective: one no faster than a plan that fits
+            // already is not lowered (on large models lowering takes a second).
+            let objective = ev.cost as f64 * 1e-12;
+            let beaten = candidates.iter().map(|(_, p)| p.estimate.step_seconds).fold(f64::INFINITY, f64::min);
+            if !(own && !entry.assumed) && objective >= beaten {
+                compared.insert(entry.name(), Some(objective));
+                if own {
+                    first.insert(entry.assumed, solved);
+                }
                 continue;
             }
             let info = SolverInfo {
@@ -589,58 +722,105 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
                 rounds: 0,
                 sizes: BTreeMap::new(),
                 timings: BTreeMap::new(),
+                plan_bound_seconds: 0.0,
             };
-            let p = lower(&g, mesh, profile, opts, &main, &sol, ev.peak_usage.min(u64::MAX as u128) as u64, info)?;
+            let how = match (opts.recompute, entry.assumed) {
+                (Recompute::Off, _) => Recomputation::Never,
+                (Recompute::Full, _) => Recomputation::Every,
+                _ => Recomputation::ToFit,
+            };
+            let p = lower(&g, mesh, profile, opts, &main, &sol, ev.peak_usage.min(u64::MAX as u128) as u64, info, how)?;
             lap(&mut timings, "lower");
+            tracing::debug!(
+                "{}: step {:.6} s, peak {} (budget {}), {:?} left",
+                entry.name(),
+                p.estimate.step_seconds,
+                fmt_bytes(p.estimate.peak_bytes_per_rank),
+                fmt_bytes(budget),
+                deadline.saturating_duration_since(Instant::now())
+            );
             let peak = p.estimate.peak_bytes_per_rank;
+            solved.peak = ev.peak_usage.min(u64::MAX as u128) as u64;
+            solved.recomputed = p.estimate.recompute_seconds > 0.0;
             if peak <= budget {
-                compared.insert(b.name().to_string(), Some(p.estimate.step_seconds));
-                candidates.push((b, p));
+                compared.insert(entry.name(), Some(p.estimate.step_seconds));
+                candidates.push((entry, p));
             } else {
-                compared.insert(b.name().to_string(), None);
+                compared.insert(entry.name(), None);
                 if smallest.as_ref().is_none_or(|(s, _)| peak < *s) {
                     smallest = Some((peak, p));
                 }
             }
             if own {
-                cut = solved.status == SolveStatus::Feasible;
-                first = Some(solved);
+                if !entry.assumed {
+                    cut = solved.status == SolveStatus::Feasible;
+                }
+                first.insert(entry.assumed, solved);
             }
         }
-        if let Some((b, mut p)) = choose(candidates, opts) {
-            let first_bound = first.as_ref().map_or(0, |f| f.bound);
+        let mut out = vec![];
+        for assumed in [false, true] {
+            let mine: Vec<(Baseline, Plan)> =
+                candidates.iter().filter(|(e, _)| e.assumed == assumed).map(|(e, p)| (e.baseline, p.clone())).collect();
+            let Some((b, mut p)) = choose(mine, opts) else { continue };
+            let own_name = Entry { baseline: opts.baseline, assumed }.name();
+            let first = first.get(&assumed);
+            let first_bound = first.map_or(0, |f| f.bound);
             let objective = (p.solver.objective_seconds * 1e12).round() as u128;
             // A baseline kept on a tie with the restriction's own plan (`min_gain`) is as good
             // as that plan, and its status is the solve's.
-            let tied = compared.get(opts.baseline.name().as_str()).copied().flatten() == Some(p.estimate.step_seconds);
-            p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 {
+            let tied = compared.get(&own_name).copied().flatten() == Some(p.estimate.step_seconds);
+            p.solver.status = if objective <= first_bound && p.estimate.recompute_seconds == 0.0 && !assumed {
                 SolveStatus::Optimal
             } else if b == opts.baseline || tied {
-                first.as_ref().map_or(p.solver.status, |f| f.status)
+                first.map_or(p.solver.status, |f| f.status)
             } else {
                 SolveStatus::Feasible
             };
             p.solver.lower_bound_seconds = first_bound as f64 * 1e-12;
             p.solver.seconds = t0.elapsed().as_secs_f64();
-            p.solver.compared = compared;
-            p.solver.skipped = std::mem::take(&mut skipped);
+            p.solver.compared = compared.clone();
+            p.solver.skipped = skipped.clone();
             p.solver.rounds = rounds;
             if let Some(f) = first {
-                p.solver.sizes = f.sizes;
+                p.solver.sizes = f.sizes.clone();
             }
-            p.solver.timings = timings;
-            return Ok(p);
+            p.solver.timings = timings.clone();
+            out.push((assumed, p));
         }
-        // Nothing fits: tighten the solver's budget by the smallest excess (stage two).
+        if !out.is_empty() {
+            return Ok(out);
+        }
+        // Nothing fits: tighten the solver's budget by the smallest excess (stage two), while
+        // there is time for another round.
         let excess = smallest.as_ref().map_or(0, |(s, _)| s.saturating_sub(budget)).max(1);
         let next = solver_budget.saturating_sub(excess).max(floor);
-        if next >= solver_budget || rounds >= 4 {
+        if next >= solver_budget || rounds >= 4 || Instant::now() >= deadline {
             break;
         }
         solver_budget = next;
     }
     let min_peak = smallest.map_or(floor, |(s, _)| s);
     Err(infeasible(&main, &g, budget, min_peak as u128, cut.then_some(floor)))
+}
+
+/// The manual layouts `auto` is compared with on `mesh` (each a feasible plan of the same
+/// problem, so auto's is never worse than those solved): data parallel, Megatron (data
+/// parallel outside, tensor parallel on the innermost axis), ZeRO, and on meshes of three or
+/// more axes Megatron's layout with tensor parallelism over more of the inner axes (`dp,tp,tp`),
+/// the layouts experts write by hand for such meshes.
+pub fn role_baselines(mesh: &DeviceMesh) -> Vec<Baseline> {
+    let mut out = vec![Baseline::Dp, Baseline::Megatron, Baseline::Zero];
+    let n = mesh.ndim();
+    if (3..=::plan::MAX_AXES).contains(&n) {
+        for k in 1..n - 1 {
+            let roles: Vec<AxisRole> = (0..n).map(|a| if a < k { AxisRole::Dp } else { AxisRole::Tp }).collect();
+            if let Ok(r) = ::plan::AxisRoles::new(&roles) {
+                out.push(Baseline::Axes(r));
+            }
+        }
+    }
+    out
 }
 
 /// The plan to keep of those that fit: the cheapest, on a tie the restriction asked for (its
@@ -670,6 +850,7 @@ fn lower(
     sol: &[usize],
     peak: u64,
     solver_info: SolverInfo,
+    how: Recomputation,
 ) -> Result<Plan> {
     let pos: HashMap<NodeIndex, usize> = b.nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let picked = b.chosen(sol);
@@ -774,8 +955,8 @@ fn lower(
         });
     }
     // Frees after last reads, and recomputation of activations when the plan exceeds its budget.
-    let (program, checkpoint) = if opts.checkpoint {
-        crate::checkpoint::fit(g, mesh, program, &keep, opts.budget)?
+    let (program, checkpoint) = if how != Recomputation::Never {
+        crate::checkpoint::fit(g, mesh, program, &keep, opts.budget, how == Recomputation::Every)?
     } else {
         let p = crate::checkpoint::insert_frees(program, &keep);
         let peak = ::plan::memory::simulate(g, mesh, &p)?.peak;
@@ -820,6 +1001,7 @@ fn lower(
             time_limit_seconds: opts.time_limit.as_secs_f64(),
             precision: precision_of(g).to_string(),
             min_gain: if opts.baseline == Baseline::Auto && opts.compare_baselines { opts.min_gain } else { 0.0 },
+            recompute: opts.recompute,
         },
         graph: g.clone(),
         microbatches: 1,

@@ -252,11 +252,83 @@ pub fn build(
     baseline: Baseline,
     budget: Option<u64>,
 ) -> Result<Built> {
-    let full = build_all(g, mesh, profile, budget)?;
+    build_until(g, mesh, profile, baseline, budget, None)
+}
+
+/// [`build`], given up with [`Error::OutOfTime`] once `deadline` passes.
+pub fn build_until(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    baseline: Baseline,
+    budget: Option<u64>,
+    deadline: Option<std::time::Instant>,
+) -> Result<Built> {
+    let full = build_all(g, mesh, profile, budget, deadline)?;
     if baseline == Baseline::Auto { Ok(full) } else { full.restrict(g, mesh, baseline) }
 }
 
+/// [`Error::OutOfTime`] when `deadline` has passed.
+pub(crate) fn in_time(deadline: Option<std::time::Instant>, doing: &str) -> Result<()> {
+    match deadline {
+        Some(d) if std::time::Instant::now() > d => Err(Error::OutOfTime(doing.to_string())),
+        _ => Ok(()),
+    }
+}
+
 impl Built {
+    /// The problem as if every layer's activations were recomputed during the backward
+    /// ([`::plan::Recompute::Full`]'s model; what is dropped and run again is
+    /// [`crate::checkpoint::full_recompute`]'s): a value the recomputation drops is live only
+    /// until its last forward reader (its copy remade for the backward, one chain stage at a
+    /// time, is not counted), and every op that runs again costs twice, with the conversions
+    /// of its inputs. The layouts solved on it are those that pay for holding less.
+    pub fn assume_recompute(&self, g: &Graph) -> Result<Built> {
+        let order: Vec<usize> = self.nodes.iter().map(|n| n.index()).collect();
+        let full = crate::checkpoint::full_recompute(g, &order)?;
+        let pos: HashMap<usize, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let mut problem = self.problem.clone();
+        let double = |c: u64| if c >= FORBIDDEN { c } else { c.saturating_mul(2).min(FORBIDDEN - 1) };
+        for (i, &n) in self.nodes.iter().enumerate() {
+            let outs = g.node(n).outputs.len();
+            let dropped = |s: usize| full.dropped.contains(&::plan::ValueRef::new(n.index(), s));
+            if (0..outs).any(dropped) {
+                let mut end = i;
+                for s in 0..outs {
+                    for (u, _) in g.users(Value::new(n, s)) {
+                        if !dropped(s) || full.forward.contains(&u.index()) {
+                            end = end.max(pos.get(&u.index()).copied().unwrap_or(i));
+                        }
+                    }
+                }
+                let node = &mut problem.nodes[i];
+                node.interval.1 = node.interval.1.min(end as u64 + 1).max(node.interval.0);
+            }
+            if full.rerun.contains(&n.index()) {
+                for c in &mut problem.nodes[i].costs {
+                    *c = double(*c);
+                }
+            }
+        }
+        // Conversions into an op run again are made again. Matrices are shared between edges
+        // (repeated layers): doubled once each.
+        let mut done: HashMap<usize, Arc<[u64]>> = HashMap::new();
+        for e in &mut problem.edges {
+            let consumer = self.nodes[e.nodes.0.max(e.nodes.1)];
+            if full.rerun.contains(&consumer.index()) {
+                let key = e.costs.as_ptr() as usize;
+                e.costs = done.entry(key).or_insert_with(|| e.costs.iter().map(|&c| double(c)).collect()).clone();
+            }
+        }
+        Ok(Built {
+            problem,
+            nodes: self.nodes.clone(),
+            strategies: self.strategies.clone(),
+            converter: self.converter.clone(),
+            total_strategies: self.total_strategies,
+        })
+    }
+
     /// The sub-problem with only the strategies `baseline` allows (replication where none is).
     pub fn restrict(&self, g: &Graph, mesh: &DeviceMesh, baseline: Baseline) -> Result<Built> {
         let mut keep: Vec<Vec<usize>> = Vec::with_capacity(self.nodes.len());
@@ -682,7 +754,14 @@ impl Forest {
 type Matrix = Arc<[u64]>;
 
 /// Builds the unrestricted problem.
-fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Option<u64>) -> Result<Built> {
+fn build_all(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    budget: Option<u64>,
+    deadline: Option<std::time::Instant>,
+) -> Result<Built> {
+    let doing = format!("building the sharding problem on mesh {mesh}");
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
     let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let steps = order.len() as u64;
@@ -695,6 +774,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
     // The first node with the same strategy list as each node (itself when new).
     let mut rep: Vec<usize> = Vec::with_capacity(order.len());
     for &n in &order {
+        in_time(deadline, &doing)?;
         let node = g.node(n);
         let key = (!matches!(node.op, Op::Constant(_))).then(|| {
             let ins: Vec<String> = g
@@ -841,6 +921,7 @@ fn build_all(g: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, budget: Opti
     type Signature<'a> = (u32, usize, &'a [u32], &'a [u32]);
     let mut matrices: FxMap<Signature, Arc<[u64]>> = FxMap::default();
     for (iv, &v) in order.iter().enumerate() {
+        in_time(deadline, &doing)?;
         for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
             let iu = pos[&val.node];
             let meta = g.meta(*val);

@@ -60,11 +60,13 @@ pub struct PlanArgs {
     /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
     #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
     pub max_constant_bytes: usize,
-    /// Time limit for planning after import, in seconds: building the problem and every solve
-    /// count against it. The baselines compared with the auto plan get a third of what is left
-    /// and are skipped (the report names them) when their solves could not fit; the auto solve
-    /// gets the rest, at least a quarter of the limit. `plan.json` records where the time went
-    /// (`solver.timings`).
+    /// Time limit for planning after import, in seconds: building the training graph and the
+    /// problem, every solve, every `--pipeline auto` candidate and every round count against
+    /// it. The baselines compared with the auto plan get small shares of what is left and are
+    /// skipped (the report names them) when their solves could not fit; stage counts share what
+    /// is left equally, and one that cannot start is skipped and named. The best plan found is
+    /// returned with its gap to a lower bound for the whole search. `plan.json` records where
+    /// the time went (`solver.timings`).
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = common::parse_seconds)]
     pub time_limit: Duration,
     /// With --strategy auto: keep the cheapest manual baseline (dp, megatron, zero) unless the
@@ -82,8 +84,15 @@ pub struct PlanArgs {
     /// solver (the default).
     #[arg(long, overrides_with = "no_tie_layers")]
     pub tie_layers: bool,
-    /// Never recompute activations: a plan whose program exceeds the budget is not accepted
-    /// (by default, activations are recomputed during backward when that makes the plan fit).
+    /// Activation recomputation during the backward: `auto` (searched with the layouts: each
+    /// plan is also solved as if every layer were recomputed, so that layouts holding more
+    /// activations but moving less data are priced with the recomputation that makes them fit;
+    /// the cheapest wins and recomputes only what it needs), `fit` (only what makes the
+    /// plan fit, after its layouts are chosen), `full` (every layer, as Megatron's
+    /// `--recompute-granularity full`: the forward runs twice), or `off`.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_recompute)]
+    pub recompute: codegen::Recompute,
+    /// Never recompute activations (the same as --recompute off).
     #[arg(long)]
     pub no_checkpoint: bool,
     /// Solve every layer's ops separately (for comparison).
@@ -191,6 +200,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     }
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let forward = common::load_model(&a.model, &opts)?;
+    let started = std::time::Instant::now();
     common::warn_shared_parameters(&forward);
     let loss = match &a.loss {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
@@ -238,7 +248,11 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         threads: a.threads,
         compare_baselines: true,
         min_gain: a.min_gain / 100.0,
-        checkpoint: !a.no_checkpoint,
+        recompute: if a.no_checkpoint { codegen::Recompute::Off } else { a.recompute },
+        // The limit bounds the whole run after import: building the training graph above
+        // counts too.
+        deadline: Some(started + a.time_limit),
+        abandon_late: false,
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
         stages: match a.pipeline {
@@ -257,7 +271,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         }
         Stages::Auto => codegen::pipeline::search(&tg.graph, &mesh, &profile, &popts)?,
     };
-    codegen::label(&mut plan, &mesh)?;
+    codegen::label(&mut plan)?;
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a
     // file that changed since.
     let source = a.model.canonicalize().with_context(|| format!("resolving {}", a.model.display()))?;
@@ -351,6 +365,11 @@ pub enum Stages {
     Auto,
     /// This many stages (1: none).
     Count(u32),
+}
+
+/// `--recompute`.
+fn parse_recompute(s: &str) -> Result<codegen::Recompute, String> {
+    s.parse()
 }
 
 /// A percentage from 0 to 100 (`1`, `0.5`, `2%`).

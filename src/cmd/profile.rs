@@ -374,7 +374,9 @@ fn run_plan(
     let opts = codegen::plan::PlanOptions {
         baseline,
         compare_baselines: false,
-        checkpoint: false,
+        recompute: codegen::Recompute::Off,
+        deadline: None,
+        abandon_late: false,
         stages: 1,
         microbatches: 1,
         accumulated: 1,

@@ -335,6 +335,61 @@ pub struct OptionsInfo {
     /// (0 in plans made before it existed: the cheapest was chosen).
     #[serde(default, skip_serializing_if = "no_gain")]
     pub min_gain: f64,
+    /// Activation recomputation as asked (`--recompute`; `auto` in plans made before it
+    /// existed, which recomputed only what made them fit).
+    #[serde(default)]
+    pub recompute: Recompute,
+}
+
+/// Activation recomputation: which forward activations a plan recomputes during the backward
+/// instead of holding them, and whether the layouts are chosen knowing it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Searched with the layouts: every plan is solved as it is and, where memory can bind,
+    /// also as if every layer were recomputed (so that layouts which hold more activations per
+    /// rank, but need fewer collectives, are priced with the recomputation that makes them
+    /// fit); the cheapest wins, recomputing only what it needs to fit.
+    #[default]
+    Auto,
+    /// Only what makes the plan fit, chosen after its layouts (which do not count on it).
+    Fit,
+    /// Every layer (Megatron's full, uniform recomputation): only each layer's input is held,
+    /// the forward runs again during the backward; the layouts are chosen knowing it.
+    Full,
+    /// Never: a plan whose activations do not fit is not accepted.
+    Off,
+}
+
+impl Recompute {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::Auto => "auto",
+            Recompute::Fit => "fit",
+            Recompute::Full => "full",
+            Recompute::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Recompute {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Recompute, String> {
+        match s {
+            "auto" => Ok(Recompute::Auto),
+            "fit" => Ok(Recompute::Fit),
+            "full" => Ok(Recompute::Full),
+            "off" => Ok(Recompute::Off),
+            _ => Err(format!("unknown recomputation `{s}` (auto, fit, full, off)")),
+        }
+    }
 }
 
 fn no_gain(x: &f64) -> bool {
@@ -904,6 +959,12 @@ pub struct SolverInfo {
     /// Wall seconds of each planning stage (`build`, `solve auto`, `solve dp`, ..., `lower`).
     #[serde(default)]
     pub timings: BTreeMap<String, f64>,
+    /// A lower bound on the step seconds of every plan the whole search considers: each stage
+    /// count, schedule, recomputation and layout it could choose, whether it was solved, cut
+    /// short or skipped for lack of time (see `codegen::bound`). The plan's certified gap is
+    /// `1 - plan_bound_seconds / estimate.step_seconds`. 0 in plans made before it existed.
+    #[serde(default)]
+    pub plan_bound_seconds: f64,
 }
 
 /// A distributed training plan (see the crate docs).
