@@ -13,6 +13,7 @@
 //! the same problem.
 #![warn(missing_docs)]
 
+pub mod bound;
 pub mod checkpoint;
 mod error;
 pub mod explain;

@@ -124,7 +124,7 @@ pub fn search(
         if s == 1 {
             let one = crate::PlanOptions { stages: 1, ..share };
             let mut kept = None;
-            consider("no stages".into(), crate::plan(graph, mesh, profile, &one), &mut kept);
+            consider("no stages".into(), crate::plan::plan_inner(graph, mesh, profile, &one), &mut kept);
             unstaged = kept;
             continue;
         }
@@ -154,6 +154,7 @@ pub fn search(
     best.solver.compared.extend(compared.into_iter().map(|(k, v)| (format!("pipeline: {k}"), v)));
     best.solver.skipped.extend(skipped.into_iter().map(|k| format!("pipeline: {k} (out of time)")));
     best.solver.timings.insert("pipeline search".into(), t0.elapsed().as_secs_f64());
+    crate::bound::certify(&mut best, profile)?;
     Ok(best)
 }
 
@@ -222,7 +223,8 @@ fn stage_candidates(
             for &(kind, chunks) in kinds {
                 let how = PipelineOptions { stages, schedule: kind, chunks, budget: opts.budget };
                 let name = if *assumed { format!("{kind}, layouts for recomputation") } else { kind.to_string() };
-                plans.push((name, staged(inner.clone(), &sub, mesh, &how, opts.recompute, opts.microbatches)));
+                let p = staged(inner.clone(), &sub, mesh, Some(&how), opts.budget, opts.recompute, opts.microbatches);
+                plans.push((name, p));
             }
         }
         let least = plans.iter().filter_map(|(_, p)| p.as_ref().ok()).map(|p| p.estimate.peak_bytes_per_rank).min();
@@ -263,18 +265,20 @@ pub(crate) fn solve_stage(
     Ok((plans, solved))
 }
 
-/// Stages `inner` (a plan of one microbatch on the stage submesh `sub`, lowered with whatever
-/// recomputation made it fit there) on `mesh`, recomputing what its stages need under the
-/// schedule: the inner recomputation is dropped, then (with `Fit`/`Auto`) while a stage is
-/// over the budget, the cheapest chain stages on it whose activations, times the microbatches
-/// it holds in flight, cover its excess are recomputed ([`crate::checkpoint::knapsack`]), and
-/// the plan staged again; `Full` recomputes every chain stage, `Off` none. A plan still over
-/// the budget is returned as it is (its estimate says so).
+/// Shapes `inner` (a plan of one microbatch on `sub`, lowered with whatever recomputation made
+/// it fit there) into its step: split into `microbatches` and, with `pipeline`, staged on
+/// `mesh` (`sub` is then one stage's submesh); then recomputes what the step needs: the inner
+/// recomputation is dropped, then (with `Fit`/`Auto`) while a stage is over `budget`, the
+/// cheapest chain stages on it whose activations, times the microbatches it holds in flight,
+/// cover its excess are recomputed ([`crate::checkpoint::knapsack`]), and the plan shaped
+/// again; `Full` recomputes every chain stage, `Off` none. A plan still over the budget is
+/// returned as it is (its estimate says so).
 pub(crate) fn staged(
     inner: Plan,
     sub: &DeviceMesh,
     mesh: &DeviceMesh,
-    how: &PipelineOptions,
+    pipeline: Option<&PipelineOptions>,
+    budget: u64,
     policy: Recompute,
     microbatches: usize,
 ) -> Result<Plan> {
@@ -291,19 +295,22 @@ pub(crate) fn staged(
         let after = crate::memory::simulate(g, sub, &p.program)?.peak;
         p.estimate.checkpoint = r.report(&chosen, before, after);
         p.estimate.recompute_seconds = p.estimate.checkpoint.extra_seconds;
-        let p = place(crate::plan::microbatched(p, sub, microbatches)?, mesh, how)?;
-        let over: Vec<(usize, u64)> = p
-            .pipeline
-            .as_ref()
-            .map(|pp| {
-                pp.per_stage
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, st)| st.peak_bytes > how.budget)
-                    .map(|(s, st)| (s, st.peak_bytes - how.budget))
-                    .collect()
-            })
-            .unwrap_or_default();
+        p.estimate.peak_bytes_per_rank = after;
+        let p = match pipeline {
+            Some(how) => place(crate::plan::microbatched(p, sub, microbatches)?, mesh, how)?,
+            None => crate::microbatch::split(p, sub, microbatches)?,
+        };
+        let over: Vec<(usize, u64)> = match &p.pipeline {
+            Some(pp) => pp
+                .per_stage
+                .iter()
+                .enumerate()
+                .filter(|(_, st)| st.peak_bytes > budget)
+                .map(|(s, st)| (s, st.peak_bytes - budget))
+                .collect(),
+            None if p.estimate.peak_bytes_per_rank > budget => vec![(0, p.estimate.peak_bytes_per_rank - budget)],
+            None => vec![],
+        };
         if over.is_empty() || policy == Recompute::Off || chosen.len() == r.len() {
             return Ok(p);
         }
@@ -341,7 +348,7 @@ pub(crate) fn staged(
             break;
         }
     }
-    last.ok_or_else(|| Error::Internal("pipelining: no staged plan".into()))
+    last.ok_or_else(|| Error::Internal("shaping the step: no plan".into()))
 }
 
 /// Per (stage, chunk): the most microbatches whose activations it holds at once under the

@@ -917,6 +917,14 @@ pub struct Estimate {
     pub per_op: Vec<OpCost>,
     /// Per collective kind.
     pub collectives: Vec<CollectiveSummary>,
+    /// FLOPs of one step's training graph, without recomputation (the model FLOPs of MFU); 0
+    /// in plans made before it was reported.
+    #[serde(default)]
+    pub model_flops: f64,
+    /// Estimated model FLOPs utilisation: `model_flops` over the step seconds times the
+    /// devices' peak rate at the plan's precision (the device profile's).
+    #[serde(default)]
+    pub mfu: f64,
 }
 
 /// How the solver did.
