@@ -71,7 +71,7 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
 /// `--pipeline auto`: every number of stages `S` dividing the outermost mesh axis (the axis cut
 /// into `S` stages of `axis/S` coordinates each, a new outermost axis `stage` with its link),
 /// each priced by the intra-op ILP on its stage's submesh, then staged under each overlapping
-/// schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks when the microbatches are
+/// schedule that applies (1F1B, ZB-H1, and interleaved over 2 chunks, and over `--chunks` when more, when the microbatches are
 /// a multiple of `S`) with the recomputation each stage's microbatches in flight need
 /// ([`staged`]); `S = 1` is the plan without stages. The plan with the shortest estimated step
 /// that fits the budget wins, but the plan without stages is kept unless that one is more than
@@ -131,7 +131,11 @@ pub fn search(
         let staged_mesh = split_outer(mesh, s)?;
         let mut kinds = vec![(ScheduleKind::OneFOneB, 1), (ScheduleKind::ZbH1, 1)];
         if opts.microbatches.is_multiple_of(s) {
+            // Two chunks per stage, and as many as --chunks asks for.
             kinds.push((ScheduleKind::Interleaved, 2));
+            if opts.chunks > 2 {
+                kinds.push((ScheduleKind::Interleaved, opts.chunks));
+            }
         }
         match stage_candidates(graph, &staged_mesh, profile, &share, s, &kinds) {
             Ok(plans) => {
@@ -216,13 +220,14 @@ fn stage_candidates(
     // The stages hold more than one microbatch's activations, and values they exchange:
     // solved again with less room while the stages do not fit.
     let start = opts.budget.saturating_mul(stages as u64);
-    let (plans, _) = crate::plan::within_budget(opts, opts.budget, start, |budget| {
-        let (inners, solved) = solve_stage(graph, &sub, profile, opts, stages, budget)?;
+    let (plans, _) = crate::plan::within_budget(opts, opts.budget, start, |budget, share| {
+        let (inners, solved) = solve_stage(graph, &sub, profile, share, stages, budget)?;
         let mut plans = vec![];
         for (assumed, inner) in &inners {
             for &(kind, chunks) in kinds {
                 let how = PipelineOptions { stages, schedule: kind, chunks, budget: opts.budget };
-                let name = if *assumed { format!("{kind}, layouts for recomputation") } else { kind.to_string() };
+                let kind_name = if chunks > 1 { format!("{kind} x{chunks}") } else { kind.to_string() };
+                let name = if *assumed { format!("{kind_name}, layouts for recomputation") } else { kind_name };
                 let p = staged(inner.clone(), &sub, mesh, Some(&how), opts.budget, opts.recompute, opts.microbatches);
                 plans.push((name, p));
             }

@@ -349,20 +349,22 @@ pub(crate) fn within_budget<T>(
     opts: &PlanOptions,
     limit: u64,
     start: u64,
-    mut round: impl FnMut(u64) -> Result<(T, u64, u64)>,
+    mut round: impl FnMut(u64, &PlanOptions) -> Result<(T, u64, u64)>,
 ) -> Result<(T, u64)> {
     let t = Instant::now();
-    let (mut last, mut peak, mut inner) = round(start)?;
+    // The first round gets half the time: a second one usually settles what shaping added.
+    let (mut last, mut peak, mut inner) = round(start, &opts.within(opts.left() / 2))?;
     // A later round is about as long as the first: started only when one fits in the time left.
     let took = t.elapsed();
     for _ in 1..4 {
         if peak <= limit || opts.left() < took / 2 {
+            tracing::debug!("within budget: peak {}, {:?} left after a round of {took:?}", fmt_bytes(peak), opts.left());
             break;
         }
         let over = peak - limit;
         let Some(budget) = inner.checked_sub(over + over / 10) else { break };
         tracing::debug!("within budget: peak {} over {}, again with {}", fmt_bytes(peak), fmt_bytes(limit), fmt_bytes(budget));
-        match round(budget) {
+        match round(budget, opts) {
             Ok(r) => (last, peak, inner) = r,
             Err(_) => break,
         }
@@ -486,8 +488,8 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
     if opts.microbatches > 1 {
         // The gradient sums are held while later microbatches run: solved again with less room
         // while the step does not fit, and recomputation covers what it can first (`pipeline::staged`).
-        let (mut p, peak) = within_budget(opts, opts.budget, opts.budget, |budget| {
-            let one = PlanOptions { microbatches: 1, accumulated: opts.microbatches, budget, ..opts.clone() };
+        let (mut p, peak) = within_budget(opts, opts.budget, opts.budget, |budget, share| {
+            let one = PlanOptions { microbatches: 1, accumulated: opts.microbatches, budget, ..share.clone() };
             let inner = plan_inner(graph, mesh, profile, &one)?;
             let solved = inner.estimate.peak_bytes_per_rank;
             let p =
@@ -588,14 +590,21 @@ pub(crate) fn plan_modes(
     // recomputation removes, so every solution is lowered and its program's peak checked against
     // the budget. Stage two: when none fits, the solver goes back with its budget tightened by
     // the smallest excess seen, down to the smallest peak it can reach at all (min-memory
-    // strategies everywhere), below which only recomputation helps.
-    let floor = main.problem.min_peak_usage().0.min(u64::MAX as u128) as u64;
+    // strategies everywhere), below which only recomputation helps. With the recomputed model
+    // in play, its own smallest peak (which counts the recomputation) is the floor.
+    let mut floor = main.problem.min_peak_usage().0.min(u64::MAX as u128) as u64;
+    // The problem solved as if every layer were recomputed, when a model needs it.
+    let mut main_assumed: Option<Built> = None;
+    if full {
+        let a = main.assume_recompute(&g)?;
+        floor = floor.min(a.problem.min_peak_usage().0.min(u64::MAX as u128) as u64);
+        main_assumed = Some(a);
+        lap(&mut timings, "build recomputed");
+    }
     let mut solver_budget = budget.max(floor);
     let mut smallest: Option<(u64, Plan)> = None;
     let mut rounds = 0;
     let mut skipped: Vec<String> = vec![];
-    // The problem solved as if every layer were recomputed, once needed.
-    let mut main_assumed: Option<Built> = None;
     // Whether the last round's own solve ended at its time limit without a proof.
     let mut cut;
     loop {
@@ -636,7 +645,9 @@ pub(crate) fn plan_modes(
             tracing::debug!("round {rounds}: {} with {limit:?} of {left:?} left", entry.name());
             if entry.assumed && main_assumed.is_none() {
                 crate::problem::in_time(hard, "pricing layouts for recomputation")?;
-                main_assumed = Some(main.assume_recompute(&g)?);
+                let a = main.assume_recompute(&g)?;
+                floor = floor.min(a.problem.min_peak_usage().0.min(u64::MAX as u128) as u64);
+                main_assumed = Some(a);
                 lap(&mut timings, "build recomputed");
             }
             // Only the first solve is owed; the others are begun only with time for them: a
@@ -719,7 +730,13 @@ pub(crate) fn plan_modes(
             }
             let info = SolverInfo {
                 status: solved.status,
-                objective_seconds: ev.cost as f64 * 1e-12,
+                // In the model it was solved in (the recomputed model counts the forward twice),
+                // so that it compares with the bound.
+                objective_seconds: if entry.assumed {
+                    built.problem.evaluate(&solved.solution)?.cost as f64 * 1e-12
+                } else {
+                    ev.cost as f64 * 1e-12
+                },
                 lower_bound_seconds: solved.bound as f64 * 1e-12,
                 seconds: 0.0,
                 nodes: main.problem.nodes.len(),
