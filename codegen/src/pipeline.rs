@@ -730,7 +730,7 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
         .params
         .into_iter()
         .map(|p| ParamShard {
-            offsets: (0..mesh.size()).map(|r| p.spec.offsets(&p.shape, mesh, r)).collect(),
+            offsets: ::plan::listed_offsets(&p.spec, &p.shape, mesh),
             stage: dev(place[p.node]).0,
             ..p
         })

@@ -1012,7 +1012,7 @@ fn lower(
             dtype: m.dtype.name().to_string(),
             spec: s.outputs[0].clone(),
             local_shape: s.outputs[0].local_shape(&m.shape, mesh),
-            offsets: (0..mesh.size()).map(|r| s.outputs[0].offsets(&m.shape, mesh, r)).collect(),
+            offsets: ::plan::listed_offsets(&s.outputs[0], &m.shape, mesh),
             stage: 0,
         });
     }
