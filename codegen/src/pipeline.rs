@@ -221,10 +221,21 @@ fn stage_candidates(
     // solved again with less room while the stages do not fit.
     let start = opts.budget.saturating_mul(stages as u64);
     let (plans, _) = crate::plan::within_budget(opts, opts.budget, start, |budget, share| {
-        let (inners, solved) = solve_stage(graph, &sub, profile, share, stages, budget)?;
+        let (mut inners, solved) = solve_stage(graph, &sub, profile, share, stages, budget)?;
+        // A model whose solution is the other's (the same layouts) is staged once.
+        let same =
+            |a: &Plan, b: &Plan| a.estimate.per_op.iter().map(|o| &o.strategy).eq(b.estimate.per_op.iter().map(|o| &o.strategy));
+        if inners.len() == 2 && same(&inners[0].1, &inners[1].1) {
+            inners.truncate(1);
+        }
         let mut plans = vec![];
-        for (assumed, inner) in &inners {
-            for &(kind, chunks) in kinds {
+        for (k, (assumed, inner)) in inners.iter().enumerate() {
+            for (j, &(kind, chunks)) in kinds.iter().enumerate() {
+                // Past the deadline, a later candidate of a search is not begun.
+                if opts.abandon_late && (k, j) != (0, 0) && share.left().is_zero() {
+                    plans.push((format!("{kind}"), Err(Error::OutOfTime("staging".into()))));
+                    continue;
+                }
                 let how = PipelineOptions { stages, schedule: kind, chunks, budget: opts.budget };
                 let kind_name = if chunks > 1 { format!("{kind} x{chunks}") } else { kind.to_string() };
                 let name = if *assumed { format!("{kind_name}, layouts for recomputation") } else { kind_name };

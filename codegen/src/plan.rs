@@ -53,6 +53,8 @@ pub struct PlanOptions {
     /// its first: the search keeps what it has). Otherwise the deadline only cuts solves short,
     /// and a plan is always made.
     pub abandon_late: bool,
+    /// Problems built so far in this run (see [`crate::problem::Cache`]).
+    pub cache: crate::problem::Cache,
     /// Repeated layers (the same ops in every transformer block) share one decision per op in
     /// the solver's problem (see [`crate::problem`]): the solver sees one layer whatever the
     /// depth. On by default (BENCHMARKS.md: same or better plans, much faster).
@@ -97,6 +99,7 @@ impl Default for PlanOptions {
             recompute: Recompute::Auto,
             deadline: None,
             abandon_late: false,
+            cache: Default::default(),
             tie_layers: true,
             merge: Merge::Proven,
             stages: 1,
@@ -112,7 +115,15 @@ impl PlanOptions {
     /// These options with the deadline set: the one given, else [`PlanOptions::time_limit`]
     /// from now.
     pub fn started(&self) -> PlanOptions {
-        PlanOptions { deadline: Some(self.deadline.unwrap_or_else(|| Instant::now() + self.time_limit)), ..self.clone() }
+        match self.deadline {
+            Some(_) => self.clone(),
+            // A run starts: its deadline, and a cache of its own.
+            None => PlanOptions {
+                deadline: Some(Instant::now() + self.time_limit),
+                cache: Default::default(),
+                ..self.clone()
+            },
+        }
     }
 
     /// Time left before the deadline (the whole limit when none is set yet).
@@ -561,7 +572,11 @@ pub(crate) fn plan_modes(
     };
     let g = canonical(graph)?;
     let hard = opts.abandon_late.then_some(deadline);
-    let mut main = crate::problem::build_until(&g, mesh, profile, opts.baseline, Some(opts.budget), hard)?;
+    let built = opts.cache.get_or_build(graph, mesh, opts.baseline, || {
+        crate::problem::build_until(&g, mesh, profile, opts.baseline, Some(opts.budget), hard)
+    })?;
+    let mut main = (*built).clone();
+    main.problem.usage_limit = Some(opts.budget);
     if opts.accumulated > 1 {
         weigh_update_part(&mut main, &g, opts.accumulated);
     }

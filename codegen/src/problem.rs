@@ -60,6 +60,7 @@ pub fn to_cost(seconds: f64) -> u64 {
 pub use ::plan::Baseline;
 
 /// The problem and what each of its nodes and strategies stands for.
+#[derive(Clone)]
 pub struct Built {
     /// The solver's problem.
     pub problem: solver::Problem,
@@ -266,6 +267,51 @@ pub fn build_until(
 ) -> Result<Built> {
     let full = build_all(g, mesh, profile, budget, deadline)?;
     if baseline == Baseline::Auto { Ok(full) } else { full.restrict(g, mesh, baseline) }
+}
+
+/// Problems built during one planning run, by graph, mesh and baseline: a round that solves
+/// again with less room, or a candidate of a search on a mesh already built for, builds once
+/// (on a 70B model building prices millions of layout conversions: seconds). A run's entry
+/// point starts a fresh cache ([`crate::PlanOptions::started`]); the graph is recognised by
+/// its address and sizes, which do not change during a run.
+#[derive(Clone, Default)]
+pub struct Cache(Arc<std::sync::Mutex<Vec<(String, Arc<Built>)>>>);
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |c| c.len());
+        write!(f, "Cache({n} problems)")
+    }
+}
+
+impl Cache {
+    /// The problem of `graph` on `mesh` pinned to `baseline`: built by `make` the first time.
+    pub fn get_or_build(
+        &self,
+        graph: &Graph,
+        mesh: &DeviceMesh,
+        baseline: Baseline,
+        make: impl FnOnce() -> Result<Built>,
+    ) -> Result<Arc<Built>> {
+        let key = format!(
+            "{:p}/{}/{}/{}/{mesh:?}/{}",
+            graph as *const Graph,
+            graph.name,
+            graph.node_count(),
+            graph.g.edge_count(),
+            baseline.name()
+        );
+        if let Ok(c) = self.0.lock()
+            && let Some((_, b)) = c.iter().find(|(k, _)| *k == key)
+        {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(make()?);
+        if let Ok(mut c) = self.0.lock() {
+            c.push((key, b.clone()));
+        }
+        Ok(b)
+    }
 }
 
 /// [`Error::OutOfTime`] when `deadline` has passed.

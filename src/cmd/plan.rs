@@ -253,6 +253,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         // counts too.
         deadline: Some(started + a.time_limit),
         abandon_late: false,
+        cache: Default::default(),
         tie_layers: (PlanOptions::default().tie_layers || a.tie_layers) && !a.no_tie_layers,
         merge: a.merge.parse().map_err(anyhow::Error::msg)?,
         stages: match a.pipeline {

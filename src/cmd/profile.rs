@@ -377,6 +377,7 @@ fn run_plan(
         recompute: codegen::Recompute::Off,
         deadline: None,
         abandon_late: false,
+        cache: Default::default(),
         stages: 1,
         microbatches: 1,
         accumulated: 1,
