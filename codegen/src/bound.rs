@@ -42,10 +42,8 @@ pub fn floor(g: &Graph, devices: usize, profile: &DeviceProfile, microbatches: u
             continue;
         }
         let times = if update.get(n.index()).copied().unwrap_or(false) { 1.0 } else { m };
-        let seconds = sharding::strategies(g, n, &one, profile)?
-            .iter()
-            .map(|s| s.compute_seconds)
-            .fold(f64::INFINITY, f64::min);
+        let seconds =
+            sharding::strategies(g, n, &one, profile)?.iter().map(|s| s.compute_seconds).fold(f64::INFINITY, f64::min);
         if seconds.is_finite() {
             out.seconds += seconds * times;
         }

@@ -265,7 +265,10 @@ pub(crate) fn full_recompute(g: &Graph, nodes: &[usize]) -> Result<FullRecompute
                 if Some(&v) == st.boundary.as_ref() {
                     continue;
                 }
-                let read_later = g.users(ir::Value::new(NodeIndex::new(n), s)).into_iter().any(|(u, _)| !cut.forward.contains(&u.index()));
+                let read_later = g
+                    .users(ir::Value::new(NodeIndex::new(n), s))
+                    .into_iter()
+                    .any(|(u, _)| !cut.forward.contains(&u.index()));
                 if read_later {
                     stage_dropped.push(v);
                 }

@@ -91,6 +91,7 @@ pub fn search(
 ) -> Result<Plan> {
     let opts = &opts.started();
     let t0 = std::time::Instant::now();
+    let mesh = &crate::plan::planning_mesh(mesh, opts.baseline, 1);
     let outer = mesh.shape().first().copied().unwrap_or(1);
     let mut best: Option<Plan> = None;
     let mut unstaged: Option<Plan> = None;
@@ -223,8 +224,9 @@ fn stage_candidates(
     let (plans, _) = crate::plan::within_budget(opts, opts.budget, start, |budget, share| {
         let (mut inners, solved) = solve_stage(graph, &sub, profile, share, stages, budget)?;
         // A model whose solution is the other's (the same layouts) is staged once.
-        let same =
-            |a: &Plan, b: &Plan| a.estimate.per_op.iter().map(|o| &o.strategy).eq(b.estimate.per_op.iter().map(|o| &o.strategy));
+        let same = |a: &Plan, b: &Plan| {
+            a.estimate.per_op.iter().map(|o| &o.strategy).eq(b.estimate.per_op.iter().map(|o| &o.strategy))
+        };
         if inners.len() == 2 && same(&inners[0].1, &inners[1].1) {
             inners.truncate(1);
         }

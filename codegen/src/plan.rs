@@ -9,9 +9,9 @@ use ir::{Graph, NodeIndex, Op};
 use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
 pub use ::plan::{
-    Baseline, CheckpointReport, Recompute, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
-    ParamShard, Phase, Pipeline, Plan, Problem, Problems, Schedule, ScheduleKind, Segment, Size, SolveStatus,
-    SolverInfo, StageEstimate, Step, VERSION, ValueRef,
+    Baseline, CheckpointReport, CollectiveSummary, Estimate, Instr, Location, MeshInfo, ModelInfo, OpCost, OptionsInfo,
+    ParamShard, Phase, Pipeline, Plan, Problem, Problems, Recompute, Schedule, ScheduleKind, Segment, Size,
+    SolveStatus, SolverInfo, StageEstimate, Step, VERSION, ValueRef,
 };
 
 use crate::problem::{Built, FORBIDDEN, Grouping, Merge};
@@ -265,7 +265,16 @@ fn solve_one(
         solver::Status::WithinGap => SolveStatus::WithinGap,
         solver::Status::TimeLimit => SolveStatus::Feasible,
     };
-    Ok(Ok(Solved { solution, status, bound: r.lower_bound, sizes, tied: folding.tied, folded_in, peak: 0, recomputed: false }))
+    Ok(Ok(Solved {
+        solution,
+        status,
+        bound: r.lower_bound,
+        sizes,
+        tied: folding.tied,
+        folded_in,
+        peak: 0,
+        recomputed: false,
+    }))
 }
 
 /// What reducing and compiling a folded problem takes per edge entry on the development host
@@ -369,12 +378,21 @@ pub(crate) fn within_budget<T>(
     let took = t.elapsed();
     for _ in 1..4 {
         if peak <= limit || opts.left() < took / 2 {
-            tracing::debug!("within budget: peak {}, {:?} left after a round of {took:?}", fmt_bytes(peak), opts.left());
+            tracing::debug!(
+                "within budget: peak {}, {:?} left after a round of {took:?}",
+                fmt_bytes(peak),
+                opts.left()
+            );
             break;
         }
         let over = peak - limit;
         let Some(budget) = inner.checked_sub(over + over / 10) else { break };
-        tracing::debug!("within budget: peak {} over {}, again with {}", fmt_bytes(peak), fmt_bytes(limit), fmt_bytes(budget));
+        tracing::debug!(
+            "within budget: peak {} over {}, again with {}",
+            fmt_bytes(peak),
+            fmt_bytes(limit),
+            fmt_bytes(budget)
+        );
         match round(budget, opts) {
             Ok(r) => (last, peak, inner) = r,
             Err(_) => break,
@@ -386,13 +404,36 @@ pub(crate) fn within_budget<T>(
 /// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
+    let mesh = &planning_mesh(mesh, opts.baseline, usize::from(opts.stages > 1));
     let mut p = plan_inner(graph, mesh, profile, opts)?;
     crate::bound::certify(&mut p, profile)?;
     Ok(p)
 }
 
+/// Most mesh axes of more than one device the search works on as they are.
+pub const MAX_SEARCHED_AXES: usize = 3;
+
+/// The mesh a search works on: `mesh`, or, when it has more than [`MAX_SEARCHED_AXES`] axes of
+/// more than one device and no layout is pinned per axis, `mesh` with adjacent axes of the same
+/// link merged from axis `keep` on ([`DeviceMesh::merged_same_links`]; the pipeline's stage
+/// axis is kept apart). Every strategy enumerates splits over each axis and their products:
+/// a 4-D mesh of 16,384 GPUs gives tens of millions of strategies, and two axes over the same
+/// links price alike when split together; the plan then names the merged axis (`pod+data`).
+pub fn planning_mesh(mesh: &DeviceMesh, baseline: Baseline, keep: usize) -> DeviceMesh {
+    let wide = mesh.shape().iter().filter(|&&s| s > 1).count();
+    if wide <= MAX_SEARCHED_AXES || matches!(baseline, Baseline::Axes(_)) {
+        return mesh.clone();
+    }
+    mesh.merged_same_links(keep)
+}
+
 /// [`plan()`] without its bound (a candidate of a larger search, which certifies its result).
-pub(crate) fn plan_inner(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
+pub(crate) fn plan_inner(
+    graph: &Graph,
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    opts: &PlanOptions,
+) -> Result<Plan> {
     let mut p = plan_unlabelled(graph, mesh, profile, opts)?;
     label(&mut p)?;
     Ok(p)
@@ -503,8 +544,7 @@ fn plan_unlabelled(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, op
             let one = PlanOptions { microbatches: 1, accumulated: opts.microbatches, budget, ..share.clone() };
             let inner = plan_inner(graph, mesh, profile, &one)?;
             let solved = inner.estimate.peak_bytes_per_rank;
-            let p =
-                crate::pipeline::staged(inner, mesh, mesh, None, opts.budget, opts.recompute, opts.microbatches)?;
+            let p = crate::pipeline::staged(inner, mesh, mesh, None, opts.budget, opts.recompute, opts.microbatches)?;
             let peak = p.estimate.peak_bytes_per_rank;
             Ok((p, peak, solved))
         })?;
@@ -581,11 +621,8 @@ pub(crate) fn plan_modes(
         weigh_update_part(&mut main, &g, opts.accumulated);
     }
     lap(&mut timings, "build");
-    let others: Vec<Baseline> = if opts.baseline == Baseline::Auto && opts.compare_baselines {
-        role_baselines(mesh)
-    } else {
-        vec![]
-    };
+    let others: Vec<Baseline> =
+        if opts.baseline == Baseline::Auto && opts.compare_baselines { role_baselines(mesh) } else { vec![] };
     // The baselines first (quick when the problem is small), then the strategy asked for with
     // what is left. A baseline's problem is as large as auto's (only parameters and inputs are
     // pinned): one is solved only when its share of the time left exceeds what its solve is
@@ -643,9 +680,9 @@ pub(crate) fn plan_modes(
             // found memory binding (its plan recomputes, or its peak is near the budget), unless
             // both are asked for (pipeline stages hold several microbatches' activations).
             if own && entry.assumed && !full && !both {
-                let binding = first.get(&false).is_none_or(|f| {
-                    f.peak.saturating_mul(5) >= solver_budget.saturating_mul(4) || f.recomputed
-                });
+                let binding = first
+                    .get(&false)
+                    .is_none_or(|f| f.peak.saturating_mul(5) >= solver_budget.saturating_mul(4) || f.recomputed);
                 if !binding {
                     continue;
                 }
@@ -736,7 +773,7 @@ pub(crate) fn plan_modes(
             // already is not lowered (on large models lowering takes a second).
             let objective = ev.cost as f64 * 1e-12;
             let beaten = candidates.iter().map(|(_, p)| p.estimate.step_seconds).fold(f64::INFINITY, f64::min);
-            if !(own && !entry.assumed) && objective >= beaten {
+            if (!own || entry.assumed) && objective >= beaten {
                 compared.insert(entry.name(), Some(objective));
                 if own {
                     first.insert(entry.assumed, solved);

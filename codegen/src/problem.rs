@@ -273,9 +273,29 @@ pub fn build_until(
 /// again with less room, or a candidate of a search on a mesh already built for, builds once
 /// (on a 70B model building prices millions of layout conversions: seconds). A run's entry
 /// point starts a fresh cache ([`crate::PlanOptions::started`]); the graph is recognised by
-/// its address and sizes, which do not change during a run.
+/// a fingerprint of its nodes and edges.
 #[derive(Clone, Default)]
-pub struct Cache(Arc<std::sync::Mutex<Vec<(String, Arc<Built>)>>>);
+pub struct Cache(Arc<std::sync::Mutex<Vec<Cached>>>);
+
+/// A built problem under its key (graph fingerprint, mesh, baseline).
+type Cached = (String, Arc<Built>);
+
+/// What tells two graphs of one run apart: every node's name, op and output metas, and the
+/// edges, hashed (a stage's graph of one cut and of another differ in their nodes).
+fn fingerprint(graph: &Graph) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for n in graph.g.node_indices() {
+        let node = &graph.g[n];
+        (&node.name, node.op.name(), format!("{:?}", node.outputs)).hash(&mut h);
+    }
+    for e in graph.g.edge_indices() {
+        if let Some((a, b)) = graph.g.edge_endpoints(e) {
+            (a.index(), b.index(), format!("{:?}", graph.g[e])).hash(&mut h);
+        }
+    }
+    h.finish()
+}
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -294,8 +314,8 @@ impl Cache {
         make: impl FnOnce() -> Result<Built>,
     ) -> Result<Arc<Built>> {
         let key = format!(
-            "{:p}/{}/{}/{}/{mesh:?}/{}",
-            graph as *const Graph,
+            "{:x}/{}/{}/{}/{mesh:?}/{}",
+            fingerprint(graph),
             graph.name,
             graph.node_count(),
             graph.g.edge_count(),

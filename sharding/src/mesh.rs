@@ -523,6 +523,27 @@ impl DeviceMesh {
         Ok(DeviceMesh { shape, names, links })
     }
 
+    /// This mesh with each run of adjacent axes of the same link merged into one axis (sizes
+    /// multiplied, names joined with `+`), from axis `from` on (axes before it are kept as
+    /// they are). Ranks keep their numbers: the merged axis enumerates its parts' coordinates
+    /// in the same row-major order. A collective over a merged axis costs what it costs over
+    /// its parts together; what is lost is splitting over one part alone.
+    pub fn merged_same_links(&self, from: usize) -> DeviceMesh {
+        let (mut shape, mut names, mut links) = (vec![], vec![], vec![]);
+        for a in 0..self.ndim() {
+            if a > from && links.last() == Some(&self.links[a]) {
+                let k = shape.len() - 1;
+                shape[k] *= self.shape[a];
+                names[k] = format!("{}+{}", names[k], self.names[a]);
+            } else {
+                shape.push(self.shape[a]);
+                names.push(self.names[a].clone());
+                links.push(self.links[a].clone());
+            }
+        }
+        DeviceMesh { shape, names, links }
+    }
+
     /// A mesh whose links come from a device profile: an axis is within one machine when the
     /// product of its size and the sizes of all inner axes fits in `devices_per_node`.
     pub fn with_profile(shape: Vec<usize>, names: Vec<String>, profile: &DeviceProfile) -> Result<DeviceMesh> {
