@@ -10,7 +10,9 @@
 //!    one per stage, or with the interleaved schedule `chunks` per stage (virtual stage `v` is
 //!    chunk `v / S` of stage `v % S`). A forward op weighs its own seconds and those of the
 //!    gradient ops derived from it (named `grad/<op>/…` by the training graph) and of the
-//!    updates of the parameters it is the first to read.
+//!    updates of the parameters it is the first to read. A cut moves by up to a tenth of a
+//!    stage's seconds to where at most half the bytes cross it (a transformer's layer boundary
+//!    rather than inside its attention: every microbatch sends and holds what crosses).
 //! 2. **The rest follows.** A gradient op runs with the forward op it was derived from (its
 //!    activations are there); another backward node with its earliest backward input (a sum of
 //!    gradients, where the gradient goes next), else its earliest computed input. An optimizer
@@ -79,9 +81,9 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
 /// baselines: a smaller gain is under the cost model's error, and stages bring a schedule,
 /// transfers and a bubble the plan without them does not have).
 ///
-/// The stage counts share the time limit: each gets an equal share of what is left when it
-/// starts, and one that cannot start (no time left) is skipped and named in
-/// `solver.skipped`. `solver.compared` lists every candidate (`None`: it does not fit),
+/// The stage counts share the time limit, the most stages first (the smallest problems): each
+/// gets an equal share of what is left when it starts, and one that cannot start (no time
+/// left) is skipped and named in `solver.skipped`. `solver.compared` lists every candidate (`None`: it does not fit),
 /// `options.min_gain` the threshold and `solver.timings` the search.
 pub fn search(
     graph: &ir::Graph,
@@ -111,17 +113,22 @@ pub fn search(
             last_err = Some(e);
         }
     };
-    let counts: Vec<usize> = (1..=outer).filter(|s| outer.is_multiple_of(*s)).collect();
+    // The most stages first: their problems are one stage's submesh, the smallest, so the
+    // quick candidates finish before the time is spent, and the plan without stages (the
+    // largest problem) gets all that is left. A small model solves every candidate anyway.
+    let counts: Vec<usize> = (1..=outer).rev().filter(|s| outer.is_multiple_of(*s)).collect();
     for (i, &s) in counts.iter().enumerate() {
         let left = opts.left();
-        // The first candidate always runs (a plan is owed); later ones only with time left.
-        if i > 0 && left.is_zero() {
+        // The first candidate always runs, and so does the plan without stages while no
+        // candidate has given a plan (a plan is owed); the others only with time left.
+        let owed = i == 0 || (s == 1 && best.is_none());
+        if !owed && left.is_zero() {
             consider(format!("{s} stages"), Err(Error::OutOfTime(String::new())), &mut best);
             continue;
         }
         // Later candidates are given up when their share runs out (their problem alone may
         // take longer to build than is left).
-        let share = crate::PlanOptions { abandon_late: i > 0, ..opts.within(left / (counts.len() - i) as u32) };
+        let share = crate::PlanOptions { abandon_late: !owed, ..opts.within(left / (counts.len() - i) as u32) };
         if s == 1 {
             let one = crate::PlanOptions { stages: 1, ..share };
             let mut kept = None;
@@ -518,19 +525,14 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
         }
     }
     let weight: Vec<f64> = fwd.iter().map(|&i| seconds[i] + extra[i] + 1e-9).collect();
-    let total: f64 = weight.iter().sum();
+    let starts =
+        forward_cut(&fwd, &weight, &consumers, &|i| node(i).outputs.iter().map(|m| m.bytes() as f64).sum(), vstages);
     let mut place: Vec<Option<Place>> = vec![None; n_nodes];
-    let mut acc = 0.0;
-    let mut prev = 0;
+    let mut v = 0;
     for (k, &i) in fwd.iter().enumerate() {
-        let mid = acc + weight[k] / 2.0;
-        acc += weight[k];
-        // Virtual stages in order, none empty: at least one op per later one stays.
-        let by_cost = ((mid / total) * vstages as f64) as usize;
-        let earliest = vstages.saturating_sub(fwd.len() - k);
-        let latest = if k == 0 { 0 } else { prev + 1 };
-        let v = by_cost.min(vstages - 1).max(prev).max(earliest).min(latest);
-        prev = v;
+        while v + 1 < vstages && starts[v + 1] <= k {
+            v += 1;
+        }
         place[i] = Some(Place { vstage: v, phase: Phase::Forward });
     }
     // 2. The rest. The order a microbatch runs (virtual stage, phase) in.
@@ -814,6 +816,75 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
     }
     Ok(out)
 }
+
+/// Where each virtual stage's forward ops begin (`starts[0] == 0`, increasing, none empty),
+/// as positions in `fwd` (the forward ops in topological order, of seconds `weight`).
+///
+/// Each cut is near where the ops before it weigh `b / vstages` of the whole, within
+/// [`CUT_SLACK`] of a stage's weight, at the position where the fewest bytes cross it
+/// (values made before it and read by a forward op after it; nearest the balanced point on a
+/// tie) when that halves the bytes crossing at the balanced point: in a transformer, a layer's boundary (its hidden state) rather than inside attention
+/// (its scores, sequence² per head), which every microbatch would send and hold.
+fn forward_cut(
+    fwd: &[usize],
+    weight: &[f64],
+    consumers: &[Vec<usize>],
+    bytes: &dyn Fn(usize) -> f64,
+    vstages: usize,
+) -> Vec<usize> {
+    let n = fwd.len();
+    let pos: HashMap<usize, usize> = fwd.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    // crossing[k]: bytes live across a cut before position k (a difference array over the
+    // positions between each value's producer and its last forward reader).
+    let mut diff = vec![0.0f64; n + 1];
+    for (k, &i) in fwd.iter().enumerate() {
+        if let Some(last) = consumers[i].iter().filter_map(|c| pos.get(c)).max()
+            && *last > k
+        {
+            let b = bytes(i);
+            diff[k + 1] += b;
+            diff[*last + 1] -= b;
+        }
+    }
+    let mut crossing = vec![0.0f64; n + 1];
+    let mut run = 0.0;
+    for k in 0..=n {
+        run += diff[k];
+        crossing[k] = run;
+    }
+    // cum[k]: the weight of the ops before position k.
+    let mut cum = vec![0.0f64; n + 1];
+    for k in 0..n {
+        cum[k + 1] = cum[k] + weight[k];
+    }
+    let total = cum[n].max(f64::MIN_POSITIVE);
+    let per = total / vstages as f64;
+    let mut starts = vec![0usize];
+    for b in 1..vstages {
+        let target = per * b as f64;
+        // At least one op per stage before and after.
+        let (lo, hi) = (starts[b - 1] + 1, n - (vstages - b));
+        if lo > hi {
+            starts.push(lo.min(n - 1));
+            continue;
+        }
+        // The balanced position: the first op whose middle is past the target starts the stage.
+        let balanced =
+            (lo..=hi).find(|&k| (((cum[k] + weight[k] / 2.0) / total) * vstages as f64) as usize >= b).unwrap_or(hi);
+        let near = |k: usize| (cum[k] - target).abs();
+        let best = (lo..=hi)
+            .filter(|&k| near(k) <= CUT_SLACK * per)
+            .min_by(|&a, &b| crossing[a].total_cmp(&crossing[b]).then(near(a).total_cmp(&near(b))))
+            .unwrap_or(balanced);
+        // Balance goes only for at most half the bytes.
+        starts.push(if crossing[best] * 2.0 <= crossing[balanced] { best } else { balanced });
+    }
+    starts
+}
+
+/// How far from a balanced cut [`forward_cut`] may move to cross fewer bytes, as a fraction
+/// of one virtual stage's seconds.
+const CUT_SLACK: f64 = 0.1;
 
 /// Marks as weight gradients ([`Phase::Weight`]) the backward instructions of each stage that
 /// no transfer out of the stage needs (see [`stage`]); `program` is in program order.

@@ -386,7 +386,7 @@ pub(crate) fn within_budget<T>(
             break;
         }
         let over = peak - limit;
-        let Some(budget) = inner.checked_sub(over + over / 10) else { break };
+        let Some(budget) = inner.checked_sub(over.saturating_add(over / 10)) else { break };
         tracing::debug!(
             "within budget: peak {} over {}, again with {}",
             fmt_bytes(peak),

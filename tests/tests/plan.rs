@@ -778,7 +778,7 @@ fn pipeline_search_keeps_the_fastest_candidate() -> Result<()> {
             "pipeline: no stages",
             "pipeline: 2 stages, 1f1b",
             "pipeline: 4 stages, zb-h1",
-            "pipeline: 4 stages, interleaved",
+            "pipeline: 4 stages, interleaved x2",
         ] {
             ensure!(found.iter().any(|(k, _)| k.as_str() == want), "{want} not searched: {found:?}");
         }
