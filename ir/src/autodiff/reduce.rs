@@ -48,7 +48,11 @@ pub(super) fn vjp(
                     let one = b.scalar("one", 1.0, x);
                     let z = b.bin("x.is0", BinaryOp::Equal, x, zero)?;
                     let nz = b.op("x.nonzero", Op::Where, &[z, one, x])?;
-                    let pnz = b.op("prod.nonzero", Op::Reduce { op: ReduceOp::Prod, axes: axes.clone(), keepdims: true }, &[nz])?;
+                    let pnz = b.op(
+                        "prod.nonzero",
+                        Op::Reduce { op: ReduceOp::Prod, axes: axes.clone(), keepdims: true },
+                        &[nz],
+                    )?;
                     let dt = b.g.meta(x).dtype;
                     let zf = b.op("x.is0.float", Op::Cast { to: dt }, &[z])?;
                     let zeros = b.reduce_sum("zeros", zf, axes.clone(), true)?;
