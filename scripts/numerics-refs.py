@@ -40,6 +40,9 @@ refs.json also records the loss's gradient norm at the initial weights (what `--
 reports), the initializers autopar should hold as statistics or constants, and onnxruntime's
 agreement with PyTorch's forward.
 
+edge-grads.json: PyTorch's gradients of single ops at the points where a backward formula taken
+literally gives 0 x inf or 0 / 0 (see `edge_cases`).
+
 Needs torch 2.5.1, transformers 4.46.3, onnx, onnxscript, onnxsim, onnxruntime (the venv of
 scripts/zoo). Usage, from the repository root:
     python scripts/numerics-refs.py [--out tests/data/numerics]
@@ -354,6 +357,53 @@ def make(out, name, build, kind, output, lrs):
     print(name, {k: v for k, v in ref.items() if k not in ("feeds",)})
 
 
+def edge_cases(out):
+    """PyTorch's gradients where backward formulas meet 0 x inf or ties: edge-grads.json.
+
+    Each case is y = f(inputs) with the loss mean((y - t)^2) (`mse:y:t`); the listed inputs are
+    trained, the others are constants. The values sit exactly on the points where a formula taken
+    literally gives NaN (0^0, products with zeros, a zero norm) or where a whole softmax row is
+    finfo.min, and PyTorch's autograd gives finite gradients."""
+    fmin = torch.finfo(torch.float32).min
+    g = torch.Generator().manual_seed(3)
+    mask = torch.zeros(2, 4)
+    mask[0, 2:] = fmin
+    mask[1, :] = fmin  # a whole row masked
+    keep = mask == 0
+    cases = {
+        "pow": (lambda x, c: x ** c, {"x": torch.tensor([0.0, 0.0, 2.0, 3.0, 0.5, 1.5]),
+                                      "c": torch.tensor([0.0, 2.0, 0.0, 1.5, 3.0, 0.5])}, {}),
+        "prod": (lambda x: torch.prod(x, dim=1), {"x": torch.tensor([[0.0, 2.0, 3.0], [0.0, 0.0, 4.0],
+                                                                    [1.5, 2.0, 0.5]])}, {}),
+        "l2": (lambda x: torch.linalg.vector_norm(x, dim=1), {"x": torch.tensor([[0.0, 0.0, 0.0],
+                                                                                [3.0, 4.0, 0.0]])}, {}),
+        "amax": (lambda x: torch.amax(x, dim=1), {"x": torch.tensor([[1.0, 1.0, 0.0, -2.0], [-3.0] * 4,
+                                                                    [0.5, -1.0, 2.0, 2.0]])}, {}),
+        "masked_softmax": (lambda s, mask: torch.softmax(s + mask, dim=-1),
+                           {"s": torch.randn(2, 4, generator=g)}, {"mask": mask}),
+        "where_softmax": (lambda s, keep, fill: torch.softmax(torch.where(keep, s, fill), dim=-1),
+                          {"s": torch.randn(2, 4, generator=g)}, {"keep": keep, "fill": torch.tensor(fmin)}),
+    }
+    refs = {}
+    for name, (f, trained, consts) in cases.items():
+        xs = {k: v.clone().requires_grad_(True) for k, v in trained.items()}
+        y = f(**xs, **consts)
+        t = torch.randn(y.shape, generator=g)
+        F.mse_loss(y, t).backward()
+        grads = {k: v.grad.tolist() for k, v in xs.items()}
+        assert all(torch.isfinite(v.grad).all() for v in xs.values()), name
+        refs[name] = {
+            "inputs": {k: v.tolist() for k, v in trained.items()},
+            "constants": {k: v.tolist() if v.dtype != torch.bool else v.int().tolist() for k, v in consts.items()},
+            "y": y.tolist(),
+            "t": t.tolist(),
+            "grads": grads,
+        }
+    with open(os.path.join(out, "edge-grads.json"), "w") as f:
+        json.dump({"about": edge_cases.__doc__.strip(), "cases": refs}, f, indent=1)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "numerics"))
@@ -361,6 +411,7 @@ def main():
     make(a.out, "llama-dynamo-sim", llama, "dynamo-sim", "logits", {"sgd": 0.1, "adamw": 0.01})
     make(a.out, "llama-torchscript", llama, "torchscript-train", "logits", {"sgd": 0.1, "adamw": 0.01})
     make(a.out, "levit-bn", levit, "torchscript-eval", "y", {"sgd": 0.01, "adamw": 0.001})
+    edge_cases(a.out)
 
 
 if __name__ == "__main__":
