@@ -19,7 +19,10 @@
 //! Semantics follow ONNX: the parameters are the graph's [`Op::Param`]s, and a parameter read by
 //! several ops gets the sum of the gradients through every use. A trainable parameter with no
 //! path to the loss gets an explicit zero gradient (so AdamW still decays it, as PyTorch does
-//! with a materialised zero gradient).
+//! with a materialised zero gradient). Two kinds of parameter are never trained: those the loss
+//! does not read at all, and running statistics ([`running_statistics`]: the mean and variance
+//! an inference-form `BatchNormalization` reads, which PyTorch holds as buffers). Neither gets a
+//! gradient, an update or optimizer state; [`TrainingGraph::statistics`] lists the second kind.
 //!
 //! Invariant: the result passes [`crate::verify`]; node names say where they come from (`loss/…`,
 //! `grad/<forward node>/…`, `update/<param>`), and [`TrainingGraph::phases`] records it.
@@ -242,6 +245,8 @@ pub struct TrainingGraph {
     pub grads: BTreeMap<String, Value>,
     /// Trainable parameters in the graph's parameter order.
     pub trainable: Vec<String>,
+    /// Parameters held as running statistics ([`running_statistics`]): read, never trained.
+    pub statistics: Vec<String>,
     /// The phase of every node.
     pub phases: HashMap<NodeIndex, Phase>,
     /// The constant the reverse sweep starts from (d loss / d loss, 1).
@@ -381,13 +386,16 @@ pub fn training_graph_with(
     }
     // A parameter the loss does not read is not trained: its gradient would be zero, and weight
     // decay would still move it where PyTorch skips it (no `.grad`). Training-mode BatchNorm's
-    // running statistics are such (state the batch-statistics forward does not read).
+    // running statistics are such (state the batch-statistics forward does not read). The
+    // inference form's statistics are read, but they are buffers, not weights: held.
+    let statistics = running_statistics(forward);
     let trainable: Vec<(String, NodeIndex)> = g
         .params
         .iter()
         .filter_map(|&p| match &g.node(p).op {
             Op::Param { name }
                 if !opts.frozen.contains(name)
+                    && !statistics.contains(name)
                     && g.node(p).outputs[0].dtype.is_float()
                     && !g.users(Value::new(p, 0)).is_empty() =>
             {
@@ -535,9 +543,36 @@ pub fn training_graph_with(
         loss,
         grads,
         trainable: trainable.into_iter().map(|(n, _)| n).collect(),
+        statistics,
         phases,
         seed: one.node,
     })
+}
+
+/// The parameters of `g` that are running statistics, in the graph's parameter order: those an
+/// inference-form [`Op::BatchNorm`] reads as its mean or variance (inputs 3 and 4; ONNX
+/// `BatchNormalization` with `training_mode=0` calls them "running (training) or estimated
+/// (testing)" statistics). PyTorch holds them as buffers, which an optimizer never sees, so a
+/// training step reads them and never changes them. A parameter that also fills another role
+/// elsewhere (an eval-mode export can merge equal initializers: a variance of ones with a
+/// LayerNorm scale of ones) is still held: training a variance can drive it to zero or below.
+/// Training-mode BatchNorm's running statistics are not listed: its forward does not read them,
+/// so they are not trained either (see [`training_graph`]).
+pub fn running_statistics(g: &Graph) -> Vec<String> {
+    let mut held = HashSet::new();
+    for n in g.g.node_indices() {
+        if matches!(g.node(n).op, Op::BatchNorm { .. }) {
+            held.extend(g.node_inputs(n).iter().skip(3).map(|v| v.node));
+        }
+    }
+    g.params
+        .iter()
+        .filter(|p| held.contains(p))
+        .filter_map(|&p| match &g.node(p).op {
+            Op::Param { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn forward_has_param(g: &Graph, name: &str) -> bool {

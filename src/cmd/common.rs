@@ -29,12 +29,50 @@ pub fn import_options(
 
 /// Imports a model, with the file named in any error.
 pub fn load_model(path: &Path, opts: &tracer::ImportOptions) -> Result<ir::Graph> {
+    Ok(load_model_noted(path, opts)?.0)
+}
+
+/// [`load_model`], with the initializers the import held as constants.
+pub fn load_model_noted(path: &Path, opts: &tracer::ImportOptions) -> Result<(ir::Graph, tracer::ImportNotes)> {
     if !path.exists() {
         bail!("model file {} does not exist", path.display());
     }
-    let mut g = tracer::import_file(path, opts).with_context(|| format!("importing {}", path.display()))?;
+    let (mut g, notes) =
+        tracer::import_file_noted(path, opts).with_context(|| format!("importing {}", path.display()))?;
     ir::passes::canonicalize(&mut g)?;
-    Ok(g)
+    Ok((g, notes))
+}
+
+/// The lines saying which initializers are read and never trained (issue 50): the running
+/// statistics of inference-form BatchNormalization (parameters of the graph, held), and the
+/// exporter's numbers the import read as constants. Each line starts with `what`.
+pub fn held_lines(statistics: &[String], constants: &[String]) -> Vec<String> {
+    let list = |v: &[String]| {
+        let shown: Vec<&str> = v.iter().take(6).map(String::as_str).collect();
+        format!(
+            "{}{}",
+            shown.join(", "),
+            if v.len() > 6 { format!(", ... ({} more)", v.len() - 6) } else { String::new() }
+        )
+    };
+    let mut out = vec![];
+    if !statistics.is_empty() {
+        out.push(format!(
+            "{} initializer(s) held as running statistics (BatchNormalization mean and variance: read, never trained, \
+             as PyTorch's buffers): {}",
+            statistics.len(),
+            list(statistics)
+        ));
+    }
+    if !constants.is_empty() {
+        out.push(format!(
+            "{} initializer(s) held as constants (one element and no state-dict name: an exporter's numbers, not \
+             weights): {}",
+            constants.len(),
+            list(constants)
+        ));
+    }
+    out
 }
 
 /// Warns (once, on stderr) about parameters read in the same role by several nodes, which an

@@ -68,7 +68,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let Some(path) = &a.model else { bail!("a model file is required (or --ops)") };
     // Inspection never needs weights: import shapes only.
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
-    let g = common::load_model(path, &opts)?;
+    let (g, notes) = common::load_model_noted(path, &opts)?;
     if a.graph {
         print!("{}", g.to_text());
         return Ok(());
@@ -95,12 +95,14 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         .collect();
     let outputs: Vec<(String, String)> = g.outputs.iter().map(|(n, v)| (n.clone(), g.meta(*v).to_string())).collect();
     let ops_total: usize = per_op.values().sum();
+    let statistics = ir::autodiff::running_statistics(&g);
     if a.json {
         let j = serde_json::json!({
             "model": g.name,
             "inputs": inputs.iter().map(|(n, m)| serde_json::json!({"name": n, "type": m})).collect::<Vec<_>>(),
             "outputs": outputs.iter().map(|(n, m)| serde_json::json!({"name": n, "type": m})).collect::<Vec<_>>(),
             "params": params, "param_bytes": param_bytes, "param_tensors": g.params.len(),
+            "statistics": statistics, "constants": notes.constants,
             "nodes": ops_total, "ops": per_op, "forward_flops": flops,
             "shared_parameters": tracer::shared_parameters(&g).iter().map(|s| serde_json::json!({
                 "name": s.name, "op": s.op, "slot": s.slot, "nodes": s.nodes,
@@ -125,6 +127,9 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         g.params.len(),
         human_bytes(param_bytes)
     );
+    for line in common::held_lines(&statistics, &notes.constants) {
+        println!("held     {line}");
+    }
     println!("forward  {} FLOPs", human_count(flops));
     println!("nodes    {ops_total}");
     let mut by_count: Vec<_> = per_op.into_iter().collect();

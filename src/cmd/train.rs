@@ -93,7 +93,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     for (name, t) in &feeds {
         opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
     }
-    let g = common::load_model(&a.model, &opts)?;
+    let (g, notes) = common::load_model_noted(&a.model, &opts)?;
     common::warn_shared_parameters(&g);
     let tg = ir::autodiff::training_graph_with(&g, &topts, a.precision.mixed(a.grad_reduce))?;
     let tg = match a.precision {
@@ -144,6 +144,9 @@ pub fn run(a: &TrainArgs) -> Result<()> {
                 p => format!(", mixed precision {} (f32 parameters)", p.name()),
             }
         );
+        for line in common::held_lines(&tg.statistics, &notes.constants) {
+            println!("held: {line}");
+        }
         println!(
             "graph: {} nodes; {} activations kept for backward ({:.2} MiB)",
             tg.graph.node_count(),

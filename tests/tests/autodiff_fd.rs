@@ -763,7 +763,10 @@ fn pooling() {
 // ---------------------------------------------------------------------------------------------
 // Normalisation and softmax.
 
-/// `BatchNorm` (inference form), every input a parameter.
+/// `BatchNorm` (inference form), every input differentiated. A parameter the op reads directly
+/// as its mean or variance is a running statistic, never trained
+/// (`ir::autodiff::running_statistics`); read through an `Identity`, they are values like any
+/// other, so the rule's mean and variance gradients are checked too.
 #[test]
 fn batchnorm() {
     let mut s = Suite::new("batchnorm");
@@ -775,6 +778,8 @@ fn batchnorm() {
             let bias = c.param("bias", &[ch], SMOOTH);
             let mean = c.param("mean", &[ch], Init::U(-1.0, 1.0));
             let var = c.param("var", &[ch], POS);
+            let mean = c.op(Op::Identity, &[mean])?;
+            let var = c.op(Op::Identity, &[var])?;
             c.op(Op::BatchNorm { epsilon: 1e-5 }, &[x, scale, bias, mean, var])
         });
     }

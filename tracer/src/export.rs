@@ -78,7 +78,7 @@ pub struct TorchName {
 }
 
 /// Whether an ONNX name reads as a PyTorch state-dict key (`a.b.weight`; not `onnx::MatMul_7`).
-fn torch_like(name: &str) -> bool {
+pub(crate) fn torch_like(name: &str) -> bool {
     !name.is_empty() && !name.contains("::") && !name.starts_with('/') && name.contains('.')
 }
 

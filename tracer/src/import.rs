@@ -83,10 +83,40 @@ pub fn parse_input_binding(s: &str) -> Result<(String, Vec<usize>), String> {
 /// Imports an ONNX model file: a regular file of at most [`crate::MAX_MODEL_BYTES`]. External
 /// data is looked up next to the file (and must stay in its directory).
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
+    import_file_noted(path, opts).map(|(g, _)| g)
+}
+
+/// [`import_file`], with what the import held as constants ([`ImportNotes`]).
+pub fn import_file_noted(path: &Path, opts: &ImportOptions) -> Result<(Graph, ImportNotes), ImportError> {
     let bytes = ir::files::read_regular(path, crate::MAX_MODEL_BYTES)
         .map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-    import_bytes(&bytes, &path.display().to_string(), &name, path.parent(), opts)
+    import_bytes_noted(&bytes, &path.display().to_string(), &name, path.parent(), opts)
+}
+
+/// What an import decided that a user should be able to see.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportNotes {
+    /// Float initializers read as constants rather than parameters, in the order the graph
+    /// reads them: an exporter's numbers ([`is_exporter_constant`]).
+    pub constants: Vec<String>,
+}
+
+/// Whether a float initializer named `name` with `dims` is a number an exporter wrote, not a
+/// weight: it holds one element and its name is not a PyTorch state-dict key (`a.b.weight`).
+///
+/// ONNX does not say which initializers are weights; autopar trains the float ones. But
+/// exporters and simplifiers also store Python numbers as float initializers: onnxsim folds the
+/// dynamo exporter's `Cast(Constant)` into `scalar_tensor_default_1` (the 2 of `x.pow(2)`, the 0
+/// of `mask == 0`), TorchScript's constant folding names its results `onnx::Div_12` or
+/// `/m/attn/Sqrt_output_0`. Trained, such a number is a weight PyTorch never had, and the
+/// exponent of `x.pow(2)` has the gradient `x^2 ln x`, NaN for every negative `x` (issue 50).
+/// Both exporters name a module's parameters by their state-dict keys, so a one-element
+/// parameter of a submodule (`m.logit_scale`, `pool.p`) stays a parameter. Not covered: a
+/// one-element parameter of the exported module itself (`logit_scale` of a CLIPModel exported
+/// without a wrapper) has no dot and is held too.
+pub fn is_exporter_constant(name: &str, dims: &[i64]) -> bool {
+    dims.iter().all(|&d| d == 1) && !crate::export::torch_like(name)
 }
 
 /// Imports a model from its serialized bytes. `source` names it in errors; `base_dir` is where
@@ -98,6 +128,17 @@ pub fn import_bytes(
     base_dir: Option<&Path>,
     opts: &ImportOptions,
 ) -> Result<Graph, ImportError> {
+    import_bytes_noted(bytes, source, name, base_dir, opts).map(|(g, _)| g)
+}
+
+/// [`import_bytes`], with what the import held as constants ([`ImportNotes`]).
+pub fn import_bytes_noted(
+    bytes: &[u8],
+    source: &str,
+    name: &str,
+    base_dir: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<(Graph, ImportNotes), ImportError> {
     let model = pb::ModelProto::decode(bytes)
         .map_err(|e| ImportError::Decode { path: source.to_string(), message: e.to_string() })?;
     let Some(graph) = model.graph.as_ref() else {
@@ -137,6 +178,7 @@ pub fn import_bytes(
         weight_slots: HashSet::new(),
         used: HashSet::new(),
         seqs: HashMap::new(),
+        held_constants: Vec::new(),
     };
     imp.scan(graph, &nodes);
     imp.declare_inputs(graph, opts)?;
@@ -155,7 +197,7 @@ pub fn import_bytes(
     imp.g.remove_dead();
     ir::verify(&imp.g).map_err(|e| ImportError::Internal(e.to_string()))?;
     crate::tied::warn_shared(&imp.g);
-    Ok(imp.g)
+    Ok((imp.g, ImportNotes { constants: imp.held_constants }))
 }
 
 /// A value during import: in the graph, or a constant known now.
@@ -186,6 +228,8 @@ struct Importer<'a> {
     used: HashSet<String>,
     /// Tensor sequences whose structure is known at import, by name (see `sequence.rs`).
     seqs: HashMap<String, Rc<Vec<V>>>,
+    /// Float initializers read as constants ([`is_exporter_constant`]).
+    held_constants: Vec<String>,
 }
 
 fn elem_dtype(code: i32, what: &str) -> Result<DType, ImportError> {
@@ -393,6 +437,17 @@ impl<'a> Importer<'a> {
             }
             return Err(format!("reads {name}, which no node, input or initializer defines"));
         };
+        // An exporter's number is a constant when the file holds its value (a few bytes, read
+        // even when weights are not: inspect and train must agree on what is a parameter).
+        if crate::dtype::is_float(t.data_type)
+            && is_exporter_constant(name, &t.dims)
+            && let Some(c) = tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())?
+        {
+            let v = V::C(Rc::new(c));
+            self.held_constants.push(name.to_string());
+            self.vals.insert(name.to_string(), v.clone());
+            return Ok(v);
+        }
         // Float initializers of every precision are the trainable parameters (held as f32).
         let v = if crate::dtype::is_float(t.data_type) {
             let shape = proto_shape(t).map_err(|e| e.to_string())?;

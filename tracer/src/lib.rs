@@ -49,7 +49,10 @@ pub mod shards;
 mod tied;
 
 pub use dtype::held_dtype;
-pub use import::{DEFAULT_MAX_CONSTANT_BYTES, ImportOptions, import_bytes, import_file, parse_input_binding};
+pub use import::{
+    DEFAULT_MAX_CONSTANT_BYTES, ImportNotes, ImportOptions, import_bytes, import_bytes_noted, import_file,
+    import_file_noted, is_exporter_constant, parse_input_binding,
+};
 pub use proto::{MAX_MODEL_BYTES, dtype_name, read_tensor_file, tensor_from_proto};
 pub use shards::InitializerIndex;
 pub use tied::{SharedParameter, TIED_ADVICE, shared_parameters};

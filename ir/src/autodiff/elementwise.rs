@@ -81,20 +81,37 @@ pub(super) fn vjp(
                         out[1] = Some(b.neg("db", t)?);
                     }
                 }
+                // PyTorch's conventions where the formulas meet 0 x inf (`pow_backward_self`,
+                // `pow_backward_exponent`): the base's gradient is 0 where the exponent is 0 (not
+                // 0 x a^-1, NaN at a = 0), and the exponent's is 0 where a = 0 and c >= 0 (not
+                // 0 x ln 0). For a < 0 the exponent's gradient stays NaN, as in PyTorch: a^c has
+                // no derivative in c there (an exporter's number read as a weight was the cause
+                // in issue 50; the importer holds those as constants).
                 BinaryOp::Pow => {
                     if w(0) {
                         // c * a^(c-1)
                         let one = b.scalar("da.one", 1.0, c);
                         let cm1 = b.bin("da.cm1", BinaryOp::Sub, c, one)?;
                         let p = b.bin("da.pow", BinaryOp::Pow, a, cm1)?;
-                        let p = b.mul("da.c", p, c)?;
+                        let mut p = b.mul("da.c", p, c)?;
+                        if !constant_without(b, c, |x| x == 0.0) {
+                            let zero = b.scalar("da.c0", 0.0, c);
+                            let c0 = b.bin("da.c.is0", BinaryOp::Equal, c, zero)?;
+                            p = b.mask("da.c.where", c0, p, false)?;
+                        }
                         let t = b.mul("da.mul", dy, p)?;
                         out[0] = Some(b.sum_to("da", t, &sa)?);
                     }
                     if w(1) {
-                        // y * ln(a)
+                        // y * ln(a), 0 where a = 0 and c >= 0
                         let l = b.op("db.log", Op::Unary(UnaryOp::Log), &[a])?;
                         let t = b.mul("db.y", y, l)?;
+                        let zero = b.scalar("db.0", 0.0, a);
+                        let a0 = b.bin("db.a.is0", BinaryOp::Equal, a, zero)?;
+                        let zero = b.scalar("db.c0", 0.0, c);
+                        let cpos = b.bin("db.c.ge0", BinaryOp::GreaterOrEqual, c, zero)?;
+                        let both = b.bin("db.a0.c.ge0", BinaryOp::And, a0, cpos)?;
+                        let t = b.mask("db.where", both, t, false)?;
                         let t = b.mul("db.mul", dy, t)?;
                         out[1] = Some(b.sum_to("db", t, &sc)?);
                     }
@@ -132,4 +149,13 @@ pub(super) fn vjp(
         _ => return Err(no_rule(b, n)),
     }
     Ok(())
+}
+
+/// True when `v` is a constant none of whose elements satisfies `bad` (so a mask for them is not
+/// needed).
+fn constant_without(b: &Builder, v: Value, bad: impl Fn(f32) -> bool) -> bool {
+    match &b.g.node(v.node).op {
+        Op::Constant(t) if t.dtype().is_float() => !t.to_f32_vec().iter().any(|&x| bad(x)),
+        _ => false,
+    }
 }
