@@ -91,9 +91,10 @@ pub fn search(
     profile: &sharding::DeviceProfile,
     opts: &crate::PlanOptions,
 ) -> Result<Plan> {
-    let opts = &opts.started();
     let t0 = std::time::Instant::now();
-    let mesh = &crate::plan::planning_mesh(mesh, opts.baseline, 1);
+    let (mesh, baseline) = crate::plan::planning_mesh(mesh, opts.baseline, 1);
+    let opts = &crate::PlanOptions { baseline, ..opts.started() };
+    let mesh = &mesh;
     let outer = mesh.shape().first().copied().unwrap_or(1);
     let mut best: Option<Plan> = None;
     let mut unstaged: Option<Plan> = None;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use ::plan::AxisRole;
+use ::plan::{AxisRole, AxisRoles};
 use ir::{Graph, NodeIndex, Op};
 use sharding::{DeviceMesh, DeviceProfile, ShardingSpec};
 
@@ -404,8 +404,9 @@ pub(crate) fn within_budget<T>(
 /// Plans `graph` (a training graph) on `mesh`: builds the problem, solves it (and, with `Auto`,
 /// the manual baselines), and lowers the best solution.
 pub fn plan(graph: &Graph, mesh: &DeviceMesh, profile: &DeviceProfile, opts: &PlanOptions) -> Result<Plan> {
-    let mesh = &planning_mesh(mesh, opts.baseline, usize::from(opts.stages > 1));
-    let mut p = plan_inner(graph, mesh, profile, opts)?;
+    let (mesh, baseline) = planning_mesh(mesh, opts.baseline, usize::from(opts.stages > 1));
+    let opts = &PlanOptions { baseline, ..opts.clone() };
+    let mut p = plan_inner(graph, &mesh, profile, opts)?;
     crate::bound::certify(&mut p, profile)?;
     Ok(p)
 }
@@ -419,12 +420,32 @@ pub const MAX_SEARCHED_AXES: usize = 3;
 /// axis is kept apart). Every strategy enumerates splits over each axis and their products:
 /// a 4-D mesh of 16,384 GPUs gives tens of millions of strategies, and two axes over the same
 /// links price alike when split together; the plan then names the merged axis (`pod+data`).
-pub fn planning_mesh(mesh: &DeviceMesh, baseline: Baseline, keep: usize) -> DeviceMesh {
+///
+/// A layout pinned per axis merges only adjacent axes of the same link and the same role (two
+/// data-parallel axes over one link are one data-parallel axis); the roles are merged alike.
+pub fn planning_mesh(mesh: &DeviceMesh, baseline: Baseline, keep: usize) -> (DeviceMesh, Baseline) {
     let wide = mesh.shape().iter().filter(|&&s| s > 1).count();
-    if wide <= MAX_SEARCHED_AXES || matches!(baseline, Baseline::Axes(_)) {
-        return mesh.clone();
+    if wide <= MAX_SEARCHED_AXES {
+        return (mesh.clone(), baseline);
     }
-    mesh.merged_same_links(keep)
+    let Baseline::Axes(roles) = baseline else { return (mesh.merged_same_links(keep), baseline) };
+    let r = roles.roles();
+    if r.len() != mesh.ndim() {
+        return (mesh.clone(), baseline);
+    }
+    let joins = |a: usize, b: usize| r[a] == r[b];
+    let merged = mesh.merged_where(keep, joins);
+    // The roles of the merged mesh: one per run of joined axes, as the mesh merged them.
+    let mut kept = vec![r[0]];
+    for a in 1..mesh.ndim() {
+        if !(a > keep && mesh.links()[a] == mesh.links()[a - 1] && joins(a - 1, a)) {
+            kept.push(r[a]);
+        }
+    }
+    match AxisRoles::new(&kept) {
+        Ok(roles) if kept.len() == merged.ndim() => (merged, Baseline::Axes(roles)),
+        _ => (mesh.clone(), baseline),
+    }
 }
 
 /// [`plan()`] without its bound (a candidate of a larger search, which certifies its result).

@@ -529,9 +529,15 @@ impl DeviceMesh {
     /// in the same row-major order. A collective over a merged axis costs what it costs over
     /// its parts together; what is lost is splitting over one part alone.
     pub fn merged_same_links(&self, from: usize) -> DeviceMesh {
+        self.merged_where(from, |_, _| true)
+    }
+
+    /// [`DeviceMesh::merged_same_links`], merging axis `a` into the axis before it (`a - 1`)
+    /// only when also `joins(a - 1, a)`.
+    pub fn merged_where(&self, from: usize, joins: impl Fn(usize, usize) -> bool) -> DeviceMesh {
         let (mut shape, mut names, mut links) = (vec![], vec![], vec![]);
         for a in 0..self.ndim() {
-            if a > from && links.last() == Some(&self.links[a]) {
+            if a > from && links.last() == Some(&self.links[a]) && joins(a - 1, a) {
                 let k = shape.len() - 1;
                 shape[k] *= self.shape[a];
                 names[k] = format!("{}+{}", names[k], self.names[a]);
