@@ -124,7 +124,8 @@ pub fn search(
         // candidate has given a plan (a plan is owed); the others only with time left.
         let owed = i == 0 || (s == 1 && best.is_none());
         if !owed && left.is_zero() {
-            consider(format!("{s} stages"), Err(Error::OutOfTime(String::new())), &mut best);
+            let name = if s == 1 { "no stages".to_string() } else { format!("{s} stages") };
+            consider(name, Err(Error::OutOfTime(String::new())), &mut best);
             continue;
         }
         // Later candidates are given up when their share runs out (their problem alone may
