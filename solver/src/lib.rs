@@ -52,6 +52,8 @@ mod lns;
 mod model;
 mod problem;
 pub mod reduce;
+#[cfg(test)]
+mod reduce_reference;
 mod search;
 mod segtree;
 mod solve;
