@@ -138,10 +138,11 @@ impl Model {
         }
         let limit = p.usage_limit.map_or(i64::MAX / 2, |l| l.min(i64::MAX as u64 / 2) as i64);
 
-        // Merge parallel edges; fold self-loops.
+        // Merge parallel edges (one matrix per pair, in order of first appearance, its entries
+        // summed in edge order); fold self-loops.
         let mut pair_index: HashMap<(usize, usize), usize> = HashMap::new();
-        let mut merged: Vec<(usize, usize, Vec<f64>)> = Vec::new();
-        for e in &p.edges {
+        let mut pairs: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+        for (x, e) in p.edges.iter().enumerate() {
             let (a, b) = e.nodes;
             if a == b {
                 let ka = k[a];
@@ -152,36 +153,37 @@ impl Model {
             }
             let (u, v) = (a.min(b), a.max(b));
             let idx = *pair_index.entry((u, v)).or_insert_with(|| {
-                merged.push((u, v, vec![0.0; k[u] * k[v]]));
-                merged.len() - 1
+                pairs.push((u, v, Vec::new()));
+                pairs.len() - 1
             });
-            let m = &mut merged[idx].2;
-            let kb = k[b];
-            for sa in 0..k[a] {
-                for sb in 0..kb {
-                    let c = e.costs[sa * kb + sb] as f64;
-                    if a == u {
-                        m[sa * k[v] + sb] += c;
-                    } else {
-                        m[sb * k[v] + sa] += c;
+            pairs[idx].2.push(x);
+        }
+        // Each pair's matrix [s_u][s_v], then its transpose [s_v][s_u], written in place.
+        let total: usize = pairs.iter().map(|(u, v, _)| 2 * k[*u] * k[*v]).sum();
+        let mut mats = vec![0.0f64; total];
+        let mut edges = Vec::with_capacity(pairs.len());
+        let mut deg = vec![0usize; n];
+        let mut entries: Vec<(usize, Adj)> = Vec::with_capacity(2 * pairs.len());
+        let mut base = 0;
+        for (u, v, list) in pairs {
+            let (ku, kv) = (k[u], k[v]);
+            let (m, t) = mats[base..base + 2 * ku * kv].split_at_mut(ku * kv);
+            for &x in &list {
+                let e = &p.edges[x];
+                if e.nodes.0 == u {
+                    for (c, &a) in m.iter_mut().zip(e.costs.iter()) {
+                        *c += a as f64;
+                    }
+                } else {
+                    // [s_v][s_u] onto [s_u][s_v].
+                    for sv in 0..kv {
+                        for su in 0..ku {
+                            m[su * kv + sv] += e.costs[sv * ku + su] as f64;
+                        }
                     }
                 }
             }
-        }
-        let mut mats = Vec::new();
-        let mut edges = Vec::with_capacity(merged.len());
-        let mut deg = vec![0usize; n];
-        let mut entries: Vec<(usize, Adj)> = Vec::with_capacity(2 * merged.len());
-        for (u, v, m) in merged {
-            let base = mats.len();
-            let (ku, kv) = (k[u], k[v]);
-            mats.extend_from_slice(&m);
-            // transpose [s_v][s_u]
-            for sv in 0..kv {
-                for su in 0..ku {
-                    mats.push(m[su * kv + sv]);
-                }
-            }
+            transpose(m, ku, kv, t);
             edges.push(MEdge { u, v, mat: base });
             let hard = m.iter().any(|&c| c >= 1e17);
             // For v the neighbour is u: oriented [s_u][s_v] = m.
@@ -190,6 +192,7 @@ impl Model {
             entries.push((u, Adj { other: v, mat: base + ku * kv, hard }));
             deg[u] += 1;
             deg[v] += 1;
+            base += 2 * ku * kv;
         }
         let mut adj_start = vec![0; n + 1];
         for i in 0..n {
@@ -286,6 +289,20 @@ impl Model {
             out.push(cur);
         }
         out
+    }
+}
+
+/// `m` (`rows x cols`, row-major) transposed into `out` (`cols x rows`), by cache-sized blocks.
+fn transpose(m: &[f64], rows: usize, cols: usize, out: &mut [f64]) {
+    const B: usize = 32;
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    out[c * rows + r] = m[r * cols + c];
+                }
+            }
+        }
     }
 }
 
@@ -462,6 +479,34 @@ mod tests {
             for s1 in 0..3 {
                 assert_eq!(e.cost_from(0, s0, s1, &k), (10 * s0 + s1) as u64);
                 assert_eq!(e.cost_from(1, s1, s0, &k), (10 * s0 + s1) as u64);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    fn cpu() -> std::time::Duration {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
+
+    /// Times reduce and compile on the problems named in `REDUCE_BENCH` (comma-separated).
+    #[test]
+    #[ignore]
+    fn bench_reduce_compile() {
+        let Ok(paths) = std::env::var("REDUCE_BENCH") else { return };
+        for path in paths.split(',') {
+            let p = crate::Problem::read(path).unwrap();
+            for _ in 0..3 {
+                let t = cpu();
+                let r = crate::reduce::reduce(&p);
+                let tr = cpu() - t;
+                let t = cpu();
+                let m = super::Model::new(&r.problem);
+                let tm = cpu() - t;
+                eprintln!("{path}: cpu reduce {tr:?} compile {tm:?} ({} steps, {} mats)", m.nsteps(), m.mats.len());
             }
         }
     }
