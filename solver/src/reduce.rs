@@ -317,7 +317,8 @@ impl Work<'_> {
         // Usages per strategy over the node's live intervals (identical lists once), contiguous.
         let mut lives: Vec<&[u64]> = Vec::new();
         if mem {
-            for us in std::iter::once(self.usages[i].as_slice()).chain(self.extra[i].iter().map(|l| l.usages.as_slice()))
+            for us in
+                std::iter::once(self.usages[i].as_slice()).chain(self.extra[i].iter().map(|l| l.usages.as_slice()))
             {
                 if !lives.contains(&us) {
                     lives.push(us);
@@ -726,11 +727,7 @@ mod tests {
         let mut edges = Vec::new();
         let chain = rng.random_bool(0.5);
         for e in 0..rng.random_range(0..3 * n + 1) {
-            let (a, b) = if chain && e + 1 < n {
-                (e, e + 1)
-            } else {
-                (rng.random_range(0..n), rng.random_range(0..n))
-            };
+            let (a, b) = if chain && e + 1 < n { (e, e + 1) } else { (rng.random_range(0..n), rng.random_range(0..n)) };
             let (a, b) = if rng.random_bool(0.3) { (b, a) } else { (a, b) };
             let (ka, kb) = (nodes[a].strategies(), nodes[b].strategies());
             let mut costs: Vec<u64> = (0..ka * kb)

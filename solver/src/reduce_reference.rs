@@ -382,4 +382,3 @@ fn make_ghost(w: &mut Work, i: usize, s: usize) {
         l.usages = vec![l.usages.get(s).copied().unwrap_or(0)];
     }
 }
-
