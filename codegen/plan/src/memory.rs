@@ -20,6 +20,7 @@ use std::collections::HashMap;
 
 use ir::{Graph, NodeIndex, Op};
 use sharding::DeviceMesh;
+use sharding::fx::FxMap;
 
 use crate::{Error, Instr, Location, Phase, Plan, Problem, Problems, Result, Segment, ValueRef};
 
@@ -159,7 +160,24 @@ pub fn simulate_plan(plan: &Plan, mesh: &DeviceMesh) -> Result<MemoryProfile> {
 /// becomes the sum; a later one holds the new sum next to the old and the addend for a moment),
 /// and what else it still holds replaces the previous microbatch's copy, for the update phase
 /// to read. With one microbatch and no stages this is [`simulate_stage`]'s walk.
+///
+/// The result is [`simulate_steps_exact`]'s, in time linear in the steps plus the program
+/// rather than their product: every microbatch runs the same segments in the same order on
+/// its own values, so each segment is walked once, for one microbatch, and summarised (its net
+/// bytes, its highest point above its start and where, its lowest point), and the summaries are
+/// replayed step by step. Where the summary would not be exact (the microbatches' segment
+/// orders differ, a microbatch frees a value it does not hold, a count would go below zero),
+/// this is the exact walk.
 pub fn simulate_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<MemoryProfile> {
+    match simulate_steps_summarised(plan, mesh, stage) {
+        Some(m) => Ok(m),
+        None => simulate_steps_exact(plan, mesh, stage),
+    }
+}
+
+/// [`simulate_steps`] by walking every instruction of every step (time in microbatches times
+/// program): the reference the summarised walk is checked against.
+pub fn simulate_steps_exact(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<MemoryProfile> {
     walk_steps(plan, mesh, stage, &mut |_, _| {})
 }
 
@@ -172,24 +190,61 @@ pub fn trace_steps(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Result<Vec<(
     Ok(trace)
 }
 
-/// [`simulate_steps`]'s walk, calling `after(k, live)` after each instruction it runs.
-fn walk_steps(
-    plan: &Plan,
-    mesh: &DeviceMesh,
-    stage: usize,
-    after: &mut dyn FnMut(usize, u64),
-) -> Result<MemoryProfile> {
+/// A count of bytes held, as the walks keep it.
+trait Count {
+    fn add(&mut self, b: u64);
+    fn sub(&mut self, b: u64);
+}
+
+/// The exact walk's count: subtractions stop at zero.
+impl Count for u64 {
+    fn add(&mut self, b: u64) {
+        *self += b;
+    }
+    fn sub(&mut self, b: u64) {
+        *self = self.saturating_sub(b);
+    }
+}
+
+/// A count relative to a segment's start, with its lowest point.
+#[derive(Default)]
+struct Relative {
+    now: i128,
+    low: i128,
+}
+
+impl Count for Relative {
+    fn add(&mut self, b: u64) {
+        self.now += b as i128;
+    }
+    fn sub(&mut self, b: u64) {
+        self.now -= b as i128;
+        self.low = self.low.min(self.now);
+    }
+}
+
+/// What a stage's walk needs from the plan.
+struct Walk<'a> {
+    /// Each segment's instructions on the stage, with their program indices.
+    segs: FxMap<Segment, Vec<(usize, &'a Instr)>>,
+    /// Parameters and optimizer state (not constants) with their bytes.
+    shared: FxMap<ValueRef, u64>,
+    /// Bytes resident when the step starts.
+    resident: u64,
+    /// The values summed over microbatches, sorted.
+    accumulate: Vec<ValueRef>,
+    /// The stage's steps.
+    steps: Vec<crate::Step>,
+}
+
+fn bad(k: usize, why: String) -> Error {
+    Error::Invalid(Problems(vec![Problem { at: Location::Instr(k), why }]))
+}
+
+fn prepare<'a>(plan: &'a Plan, stage: usize) -> Result<Walk<'a>> {
     let graph = &plan.graph;
-    let bad = |k: usize, why: String| Error::Invalid(Problems(vec![Problem { at: Location::Instr(k), why }]));
-    let meta_of = |k: usize, v: &ValueRef| {
-        graph
-            .g
-            .node_weight(NodeIndex::new(v.node))
-            .and_then(|x| x.outputs.get(v.slot))
-            .ok_or_else(|| bad(k, format!("unknown value {v}")))
-    };
-    let mut segs: HashMap<Segment, Vec<(usize, &Instr)>> = HashMap::new();
-    let mut shared: HashMap<ValueRef, u64> = HashMap::new();
+    let mut segs: FxMap<Segment, Vec<(usize, &Instr)>> = FxMap::default();
+    let mut shared: FxMap<ValueRef, u64> = FxMap::default();
     let mut resident = 0u64;
     for (k, ins) in plan.program.iter().enumerate() {
         let Some(seg) = ins.segment_on(stage) else { continue };
@@ -225,14 +280,104 @@ fn walk_steps(
     }
     accumulate.sort();
     accumulate.dedup();
-    let steps = plan.steps().into_iter().nth(stage).unwrap_or_default();
-    let mut last_step: HashMap<usize, usize> = HashMap::new();
+    let steps = match &plan.pipeline {
+        Some(p) => p.schedule.steps.get(stage).cloned().unwrap_or_default(),
+        None => plan.steps().into_iter().nth(stage).unwrap_or_default(),
+    };
+    Ok(Walk { segs, shared, resident, accumulate, steps })
+}
+
+/// Runs instruction `k` against `table` (the values of the microbatch running it, or the
+/// update's), counting in `live`; a freed value missing from `table` is taken from `shared`
+/// (with `None`, that is an error). Whether the instruction added bytes (the peak is read after
+/// those).
+fn run(
+    graph: &Graph,
+    mesh: &DeviceMesh,
+    stage: usize,
+    k: usize,
+    ins: &Instr,
+    table: &mut FxMap<ValueRef, u64>,
+    shared: Option<&mut FxMap<ValueRef, u64>>,
+    live: &mut impl Count,
+) -> Result<bool> {
+    let meta_of = |v: &ValueRef| {
+        graph
+            .g
+            .node_weight(NodeIndex::new(v.node))
+            .and_then(|x| x.outputs.get(v.slot))
+            .ok_or_else(|| bad(k, format!("unknown value {v}")))
+    };
+    let mut write = |v: ValueRef, b: u64, table: &mut FxMap<ValueRef, u64>| {
+        live.add(b);
+        if let Some(old) = table.insert(v, b) {
+            live.sub(old);
+        }
+    };
+    let size = |shape: &[usize], m: &ir::TensorMeta| (shape.iter().product::<usize>() * m.dtype.size()) as u64;
+    Ok(match ins {
+        Instr::Op { node, outputs, local_shapes, .. } => {
+            let n = graph.g.node_weight(NodeIndex::new(*node)).ok_or_else(|| bad(k, format!("no node %{node}")))?;
+            match n.op {
+                Op::Param { .. } | Op::State { .. } => false,
+                Op::Constant(_) => {
+                    for o in outputs {
+                        table.insert(*o, 0);
+                    }
+                    false
+                }
+                _ => {
+                    for ((o, shape), m) in outputs.iter().zip(local_shapes).zip(&n.outputs) {
+                        write(*o, size(shape, m), table);
+                    }
+                    true
+                }
+            }
+        }
+        Instr::Collective { input, output, to, .. } => {
+            let m = meta_of(input)?;
+            write(*output, size(&to.local_shape(&m.shape, mesh), m), table);
+            true
+        }
+        Instr::Transfer { value, spec, to, .. } if *to == stage => {
+            let m = meta_of(value)?;
+            write(*value, size(&spec.local_shape(&m.shape, mesh), m), table);
+            true
+        }
+        Instr::Transfer { .. } => false,
+        Instr::Free { values, .. } => {
+            let mut shared = shared;
+            for v in values {
+                let b = match table.remove(v) {
+                    Some(b) => b,
+                    None => shared
+                        .as_deref_mut()
+                        .and_then(|s| s.remove(v))
+                        .ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?,
+                };
+                live.sub(b);
+            }
+            false
+        }
+    })
+}
+
+/// [`simulate_steps`]'s walk, calling `after(k, live)` after each instruction it runs.
+fn walk_steps(
+    plan: &Plan,
+    mesh: &DeviceMesh,
+    stage: usize,
+    after: &mut dyn FnMut(usize, u64),
+) -> Result<MemoryProfile> {
+    let graph = &plan.graph;
+    let Walk { segs, mut shared, resident, accumulate, steps } = prepare(plan, stage)?;
+    let mut last_step: FxMap<usize, usize> = FxMap::default();
     for (i, st) in steps.iter().enumerate() {
         last_step.insert(st.microbatch, i);
     }
     let (mut live, mut peak, mut peak_at) = (resident, resident, None);
-    let mut tables: HashMap<usize, HashMap<ValueRef, u64>> = HashMap::new();
-    let mut sums: HashMap<ValueRef, u64> = HashMap::new();
+    let mut tables: FxMap<usize, FxMap<ValueRef, u64>> = FxMap::default();
+    let mut sums: FxMap<ValueRef, u64> = FxMap::default();
     let update = Segment { phase: Phase::Update, chunk: 0 };
     let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
     for (i, (mb, seg)) in runs.enumerate() {
@@ -241,64 +386,20 @@ fn walk_steps(
             shared.extend(sums.drain());
         }
         for &(k, ins) in segs.get(&seg).map(Vec::as_slice).unwrap_or(&[]) {
-            let mut table = match mb {
-                Some(m) => tables.remove(&m).unwrap_or_default(),
-                None => std::mem::take(&mut shared),
-            };
-            let mut write = |v: ValueRef, b: u64, table: &mut HashMap<ValueRef, u64>| {
-                live += b;
-                if let Some(old) = table.insert(v, b) {
-                    live = live.saturating_sub(old);
-                }
-            };
-            let size = |shape: &[usize], m: &ir::TensorMeta| (shape.iter().product::<usize>() * m.dtype.size()) as u64;
-            let added = match ins {
-                Instr::Op { node, outputs, local_shapes, .. } => {
-                    let n = graph.node(NodeIndex::new(*node));
-                    match n.op {
-                        Op::Param { .. } | Op::State { .. } => false,
-                        Op::Constant(_) => {
-                            for o in outputs {
-                                table.insert(*o, 0);
-                            }
-                            false
-                        }
-                        _ => {
-                            for ((o, shape), m) in outputs.iter().zip(local_shapes).zip(&n.outputs) {
-                                write(*o, size(shape, m), &mut table);
-                            }
-                            true
-                        }
-                    }
-                }
-                Instr::Collective { input, output, to, .. } => {
-                    let m = meta_of(k, input)?;
-                    write(*output, size(&to.local_shape(&m.shape, mesh), m), &mut table);
-                    true
-                }
-                Instr::Transfer { value, spec, to, .. } if *to == stage => {
-                    let m = meta_of(k, value)?;
-                    write(*value, size(&spec.local_shape(&m.shape, mesh), m), &mut table);
-                    true
-                }
-                Instr::Transfer { .. } => false,
-                Instr::Free { values, .. } => {
-                    for v in values {
-                        let b = match table.remove(v) {
-                            Some(b) => b,
-                            None => shared.remove(v).ok_or_else(|| bad(k, format!("frees {v}, which is not held")))?,
-                        };
-                        live = live.saturating_sub(b);
-                    }
-                    false
-                }
-            };
-            match mb {
+            let added = match mb {
                 Some(m) => {
+                    let mut table = tables.remove(&m).unwrap_or_default();
+                    let added = run(graph, mesh, stage, k, ins, &mut table, Some(&mut shared), &mut live)?;
                     tables.insert(m, table);
+                    added
                 }
-                None => shared = table,
-            }
+                None => {
+                    let mut table = std::mem::take(&mut shared);
+                    let added = run(graph, mesh, stage, k, ins, &mut table, None, &mut live)?;
+                    shared = table;
+                    added
+                }
+            };
             if added && live > peak {
                 peak = live;
                 peak_at = Some(k);
@@ -331,6 +432,126 @@ fn walk_steps(
         }
     }
     Ok(MemoryProfile { resident, peak, peak_at })
+}
+
+/// A stretch of the walk summarised relative to the count at its start.
+#[derive(Clone, Copy, Debug, Default)]
+struct Summary {
+    /// The count at its end.
+    net: i128,
+    /// Its lowest point (at most 0).
+    low: i128,
+    /// Its highest point where the peak is read, and the instruction reaching it first (`None`
+    /// for the sums' moments, which move the peak but not where it is said to be).
+    high: Option<(i128, Option<usize>)>,
+}
+
+impl Summary {
+    /// Plays the stretch from `live`: `None` where a subtraction would have stopped at zero.
+    fn play(&self, live: &mut u64, peak: &mut u64, peak_at: &mut Option<usize>) -> Option<()> {
+        let at = *live as i128;
+        if at + self.low < 0 {
+            return None;
+        }
+        if let Some((h, k)) = self.high
+            && at + h > *peak as i128
+        {
+            *peak = u64::try_from(at + h).ok()?;
+            if k.is_some() {
+                *peak_at = k;
+            }
+        }
+        *live = u64::try_from(at + self.net).ok()?;
+        Some(())
+    }
+}
+
+/// [`simulate_steps`] by summaries (see there), or `None` where they would not be exact (an
+/// error of the walk included: the exact walk names it).
+pub fn simulate_steps_summarised(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Option<MemoryProfile> {
+    let graph = &plan.graph;
+    let Walk { segs, mut shared, resident, accumulate, steps } = prepare(plan, stage).ok()?;
+    let update = Segment { phase: Phase::Update, chunk: 0 };
+    // The segments of one microbatch in order: the same for every microbatch.
+    let first = steps.first().map(|s| s.microbatch);
+    let template: Vec<Segment> = steps.iter().filter(|s| Some(s.microbatch) == first).map(|s| s.segment()).collect();
+    if template.contains(&update) {
+        return None;
+    }
+    let bound = steps.iter().map(|s| s.microbatch).max().map_or(0, |m| m + 1);
+    if bound > 2 * steps.len() + 16 {
+        return None;
+    }
+    let mut next = vec![0usize; bound];
+    let mut position = Vec::with_capacity(steps.len());
+    for st in &steps {
+        let j = &mut next[st.microbatch];
+        if template.get(*j) != Some(&st.segment()) {
+            return None;
+        }
+        position.push(*j);
+        *j += 1;
+    }
+    if next.iter().any(|&j| j != 0 && j != template.len()) {
+        return None;
+    }
+    // One microbatch's walk, segment by segment, on its own values only.
+    let mut table: FxMap<ValueRef, u64> = FxMap::default();
+    let mut summaries = Vec::with_capacity(template.len());
+    for seg in &template {
+        let mut count = Relative::default();
+        let mut high: Option<(i128, Option<usize>)> = None;
+        for &(k, ins) in segs.get(seg).map(Vec::as_slice).unwrap_or(&[]) {
+            let added = run(graph, mesh, stage, k, ins, &mut table, None, &mut count).ok()?;
+            if added && high.is_none_or(|(h, _)| count.now > h) {
+                high = Some((count.now, Some(k)));
+            }
+        }
+        summaries.push(Summary { net: count.now, low: count.low, high });
+    }
+    // A microbatch's end: the first's accumulated values become the sums and the rest of what
+    // it holds goes to the shared values; each later one adds into the sums and replaces the
+    // previous one's rest.
+    let mut sums: FxMap<ValueRef, u64> = FxMap::default();
+    let mut later = Relative::default();
+    let mut later_high: Option<(i128, Option<usize>)> = None;
+    for v in &accumulate {
+        let Some(x) = table.remove(v) else { continue };
+        sums.insert(*v, x);
+        later.add(x);
+        if later_high.is_none_or(|(h, _)| later.now > h) {
+            later_high = Some((later.now, None));
+        }
+        later.sub(x + x);
+    }
+    let mut first_end = Relative::default();
+    for (v, b) in table {
+        later.sub(b);
+        if let Some(old) = shared.insert(v, b) {
+            first_end.sub(old);
+        }
+    }
+    let first_end = Summary { net: first_end.now, low: first_end.low, high: None };
+    let later = Summary { net: later.now, low: later.low, high: later_high };
+
+    let (mut live, mut peak, mut peak_at) = (resident, resident, None);
+    let mut ended = 0usize;
+    for &j in &position {
+        summaries[j].play(&mut live, &mut peak, &mut peak_at)?;
+        if j + 1 == template.len() {
+            if ended == 0 { &first_end } else { &later }.play(&mut live, &mut peak, &mut peak_at)?;
+            ended += 1;
+        }
+    }
+    // The update, as the exact walk runs it.
+    shared.extend(sums.drain());
+    for &(k, ins) in segs.get(&update).map(Vec::as_slice).unwrap_or(&[]) {
+        if run(graph, mesh, stage, k, ins, &mut shared, None, &mut live).ok()? && live > peak {
+            peak = live;
+            peak_at = Some(k);
+        }
+    }
+    Some(MemoryProfile { resident, peak, peak_at })
 }
 
 /// What one rank holds, by kind (bytes per rank of one stage): the sizes of the categories a

@@ -19,6 +19,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use sharding::fx::FxMap;
+
 use crate::{Instr, Phase, Plan, Segment, Step};
 
 /// Every microbatch's phases in segment order, one microbatch after the other (with `weight`,
@@ -140,7 +142,169 @@ pub fn check_steps(plan: &Plan) -> Vec<String> {
 
 /// Plays the plan's schedule (see the module docs): the timeline, or why the stages cannot
 /// run it (mismatched transfers, a deadlock).
+///
+/// The same play as [`timeline_exact`], to the bit, without its per-instruction lookups: each
+/// step's events are found once, and the transfers in flight are kept per pair of stages.
 pub fn timeline(plan: &Plan) -> Result<Timeline, String> {
+    let stages = plan.stages();
+    // Each stage's segments, by a small index, and their events in program order.
+    let mut ids: Vec<FxMap<Segment, usize>> = vec![FxMap::default(); stages];
+    let mut segs: Vec<Vec<Vec<Event>>> = vec![vec![]; stages];
+    let mut push = |s: usize, seg: Segment, ev: Event| {
+        if s >= stages {
+            return;
+        }
+        let next = segs[s].len();
+        let id = *ids[s].entry(seg).or_insert(next);
+        if id == next {
+            segs[s].push(vec![]);
+        }
+        segs[s][id].push(ev);
+    };
+    for (k, ins) in plan.program.iter().enumerate() {
+        match ins {
+            Instr::Op { stage, seconds, .. } | Instr::Collective { stage, seconds, .. } => {
+                if let Some(seg) = ins.segment_on(*stage) {
+                    push(*stage, seg, Event::Busy(*seconds));
+                }
+            }
+            Instr::Free { .. } => {}
+            Instr::Transfer { from, to, seconds, .. } => {
+                if let (Some(a), Some(b)) = (ins.segment_on(*from), ins.segment_on(*to)) {
+                    push(*from, a, Event::Send(k, *to));
+                    push(*to, b, Event::Recv(k, *from, *seconds));
+                }
+            }
+        }
+    }
+    let update = Segment { phase: Phase::Update, chunk: 0 };
+    let steps = plan.steps();
+    if steps.len() != stages {
+        return Err(format!("the schedule has steps for {} stages, the plan has {stages}", steps.len()));
+    }
+    // Each stage's steps, then its update (`None`), with their events.
+    let lists: Vec<Vec<(Option<Step>, &[Event])>> = steps
+        .into_iter()
+        .enumerate()
+        .map(|(s, l)| {
+            let events = |seg: Segment| ids[s].get(&seg).map_or(&[][..], |&id| segs[s][id].as_slice());
+            l.into_iter()
+                .map(|st| (Some(st), events(st.segment())))
+                .chain(std::iter::once((None, events(update))))
+                .collect()
+        })
+        .collect();
+    // In flight: per (from, to), the transfers sent and not yet received (instruction,
+    // microbatch, when sent).
+    let mut channels: Vec<VecDeque<Sent>> = vec![VecDeque::new(); stages * stages];
+    // Per stage: its step, the event within it, and when the step started.
+    let mut pos = vec![(0usize, 0usize, 0.0f64); stages];
+    let mut clock = vec![0.0f64; stages];
+    let mut spans: Vec<Vec<Span>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
+    // Per stage, the seconds of its microbatch steps' work (waits excluded).
+    let mut busy = vec![0.0; stages];
+    let mut in_order = true;
+    loop {
+        let mut progress = false;
+        for s in 0..stages {
+            let (mut at, mut ev_at, mut started) = pos[s];
+            let (mut now, mut worked) = (clock[s], busy[s]);
+            'steps: while let Some(&(st, evs)) = lists[s].get(at) {
+                let mb = st.map_or(0, |x| x.microbatch);
+                let work = if st.is_some() { 1.0 } else { 0.0 };
+                if ev_at == 0 {
+                    started = now;
+                }
+                while let Some(&ev) = evs.get(ev_at) {
+                    match ev {
+                        Event::Busy(t) => {
+                            now += t;
+                            worked += t * work;
+                        }
+                        // (A transfer naming a stage past the plan's is never received.)
+                        Event::Send(k, to) => {
+                            if to < stages {
+                                channels[s * stages + to].push_back((k, mb, now));
+                            }
+                        }
+                        Event::Recv(k, from, t) => {
+                            let Some(q) = (from < stages).then(|| &mut channels[from * stages + s]) else {
+                                break 'steps;
+                            };
+                            let Some(i) = q.iter().position(|&(got, got_mb, _)| (got, got_mb) == (k, mb)) else {
+                                break 'steps;
+                            };
+                            in_order &= i == 0;
+                            let Some((_, _, sent)) = q.remove(i) else { break 'steps };
+                            now = now.max(sent) + t;
+                            worked += t * work;
+                        }
+                    }
+                    ev_at += 1;
+                    progress = true;
+                }
+                spans[s].push(Span { step: st, start: started, end: now });
+                (at, ev_at, started) = (at + 1, 0, now);
+                progress = true;
+            }
+            pos[s] = (at, ev_at, started);
+            (clock[s], busy[s]) = (now, worked);
+        }
+        if (0..stages).all(|s| pos[s].0 == lists[s].len()) {
+            break;
+        }
+        if !progress {
+            return Err(deadlock(plan, &pos, &lists));
+        }
+    }
+    Ok(finish(spans, busy, in_order))
+}
+
+/// The error of a schedule under which no stage can go on.
+fn deadlock(plan: &Plan, pos: &[(usize, usize, f64)], lists: &[Vec<(Option<Step>, &[Event])>]) -> String {
+    let name = |k: usize| match &plan.program[k] {
+        Instr::Transfer { value, .. } => match plan.graph.g.node_weight(ir::NodeIndex::new(value.node)) {
+            Some(n) => format!("{value} ({})", n.name),
+            None => value.to_string(),
+        },
+        _ => format!("instruction {k}"),
+    };
+    let show = |st: Option<Step>| st.map_or("the update".to_string(), |s| s.to_string());
+    let stuck: Vec<String> = (0..lists.len())
+        .filter(|&s| pos[s].0 < lists[s].len())
+        .map(|s| {
+            let (st, evs) = lists[s][pos[s].0];
+            let waits = match evs.get(pos[s].1) {
+                Some(Event::Recv(k, from, _)) => format!("{} from stage {from}", name(*k)),
+                _ => "nothing".into(),
+            };
+            format!("stage {s} at {} waits for {waits}", show(st))
+        })
+        .collect();
+    format!("the schedule deadlocks: {}", stuck.join("; "))
+}
+
+/// The timeline of the stages' spans.
+fn finish(spans: Vec<Vec<Span>>, busy: Vec<f64>, in_order: bool) -> Timeline {
+    let stages = spans.len();
+    let (mut first, mut last, mut step_seconds) = (f64::INFINITY, 0.0f64, 0.0f64);
+    for list in &spans {
+        for sp in list {
+            step_seconds = step_seconds.max(sp.end);
+            if sp.step.is_some() {
+                first = first.min(sp.start);
+                last = last.max(sp.end);
+            }
+        }
+    }
+    let seconds = if first.is_finite() { last - first } else { 0.0 };
+    let bubble = if seconds > 0.0 { 1.0 - busy.iter().sum::<f64>() / (stages as f64 * seconds) } else { 0.0 };
+    Timeline { spans, seconds, step_seconds, busy, bubble: bubble.max(0.0), in_order }
+}
+
+/// [`timeline`] as first written, looking each instruction's segment up as it plays it: the
+/// reference the faster play is checked against.
+pub fn timeline_exact(plan: &Plan) -> Result<Timeline, String> {
     let stages = plan.stages();
     let mut segs: HashMap<(usize, Segment), Vec<Event>> = HashMap::new();
     for (k, ins) in plan.program.iter().enumerate() {
