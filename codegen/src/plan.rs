@@ -206,6 +206,11 @@ fn solve_one(
         tracing::debug!("not solved: {entries} edge entries would take about {expected:?} of {limit:?}");
         return Ok(Err(expected));
     }
+    // A later candidate of a search is not solved past its share either (a plan is owed only
+    // by the first).
+    if report && opts.abandon_late && expected > limit {
+        return Err(Error::OutOfTime(format!("solving {entries} edge entries would take about {expected:?} of {limit:?}")));
+    }
     let mut sizes = BTreeMap::new();
     if report {
         sizes.insert("built".to_string(), size(b.problem.size()));
