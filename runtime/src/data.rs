@@ -720,7 +720,7 @@ impl Reader<'_> {
             parts.push(t);
         }
         let t = if parts.is_empty() {
-            Tensor::zeros(&TensorMeta::new(elem.dtype(), size.to_vec()))
+            Tensor::zeros(&TensorMeta::new(elem.dtype(), size.to_vec())).map_err(|e| bad(e.to_string()))?
         } else {
             sharding::sim::concat(&parts, 0).map_err(|e| bad(e.to_string()))?
         };

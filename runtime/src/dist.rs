@@ -380,17 +380,19 @@ impl ParamSource for SeededInit {
         offsets: &[usize],
         size: &[usize],
     ) -> Result<Option<Tensor>, String> {
-        let n: usize = size.iter().product();
+        let n = ir::shape::checked_numel(size).ok_or_else(|| format!("parameter {name}: a block of {size:?}"))?;
+        let oom = |e: ir::AllocError| format!("parameter {name} (a block of {size:?}): {e}");
         if meta.shape.len() <= 1 {
             let lower = name.to_ascii_lowercase();
             let one = ["weight", "scale", "gamma"].iter().any(|k| lower.ends_with(k));
-            return Ok(Some(Tensor::f32(size.to_vec(), vec![if one { 1.0 } else { 0.0 }; n])));
+            let v = ir::alloc::try_filled(n, if one { 1.0 } else { 0.0 }).map_err(oom)?;
+            return Ok(Some(Tensor::f32(size.to_vec(), v)));
         }
         let key = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
         let base = splitmix(self.seed ^ key);
         let shape = &meta.shape;
         let amp = 0.02f64 * 3f64.sqrt();
-        let mut v = Vec::with_capacity(n);
+        let mut v = ir::alloc::try_vec(n).map_err(oom)?;
         let mut idx = vec![0usize; size.len()];
         for _ in 0..n {
             let flat = idx.iter().zip(offsets).zip(shape).fold(0usize, |acc, ((&i, &o), &d)| acc * d + i + o);
@@ -474,6 +476,9 @@ impl crate::exec::Backend for CpuBackend<'_> {
     }
     fn reshape(&mut self, x: Tensor, shape: &[usize], _: &DeviceMesh) -> Result<Tensor, KernelFailure> {
         x.reshaped(shape.to_vec()).map_err(|e| KernelFailure::Kernel(e.to_string()))
+    }
+    fn copy(&mut self, x: &Tensor) -> Result<Tensor, String> {
+        x.try_clone().map_err(|e| format!("a copy of {}: {e}", x.meta()))
     }
 }
 
@@ -1035,6 +1040,7 @@ impl Program {
             let size = r.spec.local_shape(&r.meta.shape, &self.mesh);
             let t = if r.is_state {
                 Tensor::zeros(&TensorMeta::new(r.meta.dtype, size))
+                    .map_err(|e| data(format!("optimizer state {}: {e}", r.name)))?
             } else if r.meta.dtype == DType::F64 {
                 // Weights are f32 (ONNX initializers, seeded init): read them so and widen.
                 let meta = TensorMeta::new(DType::F32, r.meta.shape.clone());
@@ -1123,7 +1129,7 @@ impl Program {
         for i in &self.inputs {
             if !feeds.contains_key(&i.name) && self.streamed.contains(&i.name) {
                 // Read before each step (`data_blocks`).
-                let empty = Arc::new(Tensor::zeros(&TensorMeta::new(i.meta.dtype, vec![0])));
+                let empty = Arc::new(Tensor::empty(i.meta.dtype));
                 for b in &mut blocks {
                     b.push(empty.clone());
                 }
@@ -1254,6 +1260,7 @@ impl Program {
             for m in 0..self.microbatches {
                 let block = if zero {
                     Tensor::zeros(&TensorMeta::new(i.meta.dtype, size.clone()))
+                        .map_err(|e| data(format!("input {}: {e}", i.name)))?
                 } else {
                     let mut at = offsets.clone();
                     if let Some(r) = at.first_mut() {

@@ -117,6 +117,19 @@ pub enum RunError {
         /// Kernel message.
         message: String,
     },
+    /// Fed data that cannot be right: a token id or label outside the table or classes it
+    /// indexes, a NaN in a training batch ([`bounds`]). Names the input and the value.
+    #[error("{0}")]
+    BadData(String),
+    /// Memory the graph sizes (a parameter, an optimizer state, a feed's copy) that the system
+    /// refused.
+    #[error("{what}: {error}")]
+    Alloc {
+        /// What was allocated (names the tensor).
+        what: String,
+        /// The bytes refused.
+        error: ir::AllocError,
+    },
     /// The graph has a cycle (it was not verified).
     #[error("graph has a cycle through node {0}")]
     Cycle(String),

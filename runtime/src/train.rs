@@ -92,7 +92,9 @@ impl<'t> Trainer<'t> {
         }
         for &s in &g.states {
             if let Op::State { name } = &g.node(s).op {
-                storage.insert(name.clone(), Tensor::zeros(&g.node(s).outputs[0]));
+                let t = Tensor::zeros(&g.node(s).outputs[0])
+                    .map_err(|e| RunError::Alloc { what: format!("optimizer state {name}"), error: e })?;
+                storage.insert(name.clone(), t);
             }
         }
         Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0 })

@@ -37,6 +37,20 @@ pub fn load_model(path: &Path, opts: &tracer::ImportOptions) -> Result<ir::Graph
     Ok(g)
 }
 
+/// Prints `g` on stdout in the IR text form (or, with `json`, its JSON form) as it is written: a
+/// graph holding gigabytes of constants is never held as text in memory.
+pub fn print_graph(g: &ir::Graph, json: bool) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if json {
+        serde_json::to_writer(&mut out, g).context("writing the graph")?;
+        writeln!(out).context("writing the graph")?;
+    } else {
+        g.write_text_to(&mut out).context("writing the graph")?;
+    }
+    out.flush().context("writing the graph")
+}
+
 /// Warns (once, on stderr) about parameters read in the same role by several nodes, which an
 /// eval-mode export's merging of equal initializers leaves (issue 16 item 6): training such a
 /// file silently differs from training the PyTorch module. `inspect` lists them on stdout.

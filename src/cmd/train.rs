@@ -101,8 +101,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         _ => tg,
     };
     if a.graph {
-        print!("{}", tg.graph.to_text());
-        return Ok(());
+        return common::print_graph(&tg.graph, false);
     }
     let ctx = kernels::cpu::CpuContext::new(a.threads)
         .context("starting the CPU thread pool")?

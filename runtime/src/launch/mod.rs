@@ -1051,7 +1051,7 @@ pub fn gather_params(
         // put an empty one, and every rank's block is its peer's on that stage.
         let mine = match st.storage.get(&r.name) {
             Some(t) => t.clone(),
-            None if program.stage_of(st.rank) != r.stage => Tensor::zeros(&ir::TensorMeta::new(r.meta.dtype, vec![0])),
+            None if program.stage_of(st.rank) != r.stage => Tensor::empty(r.meta.dtype),
             None => return Err(DistError::Data { rank: st.rank, message: format!("no block of {}", r.name) }),
         };
         let all = comm.exchange(&everyone, std::sync::Arc::new(mine))?;
