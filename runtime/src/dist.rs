@@ -248,6 +248,9 @@ pub struct Program {
     streamed: std::collections::BTreeSet<String>,
     /// [`Program::eval_marks`], computed on first use.
     eval_marks: std::sync::OnceLock<Vec<Vec<bool>>>,
+    /// The inputs whose values index a table (token ids, labels), checked in every rank's feeds
+    /// and data blocks ([`crate::bounds`]).
+    pub bounds: Vec<crate::bounds::IndexBound>,
 }
 
 /// The output an evaluation step computes (and the only one).
@@ -617,6 +620,8 @@ impl Program {
             .collect();
         let program = Program {
             plan_hash: String::new(),
+            // The interpreter checks its feeds itself.
+            bounds: vec![],
             streamed: Default::default(),
             origin: vec![],
             eval_marks: Default::default(),
@@ -891,6 +896,7 @@ impl Program {
         accumulate.dedup();
         Ok(Program {
             plan_hash,
+            bounds: crate::bounds::index_bounds(&g),
             streamed: Default::default(),
             eval_marks: Default::default(),
             mesh,
@@ -1153,6 +1159,8 @@ impl Program {
                     self.global_meta(i)
                 )));
             }
+            crate::bounds::check_all(&self.bounds, [(i.name.as_str(), t)]).map_err(data)?;
+            crate::bounds::check_no_nan(&i.name, t).map_err(data)?;
             for (k, piece) in microbatch_pieces(t, m).into_iter().enumerate() {
                 let block = sim::local_block(&piece, &i.spec, &self.mesh, st.rank).map_err(|e| data(e.to_string()))?;
                 blocks[k].push(Arc::new(if widen { block.with_float_type(i.meta.dtype) } else { block }));
@@ -1266,7 +1274,10 @@ impl Program {
                     if let Some(r) = at.first_mut() {
                         *r += m * rows;
                     }
-                    reader.block(&i.name, step, &at, &size).map_err(|e| data(e.to_string()))?
+                    let b = reader.block(&i.name, step, &at, &size).map_err(|e| data(e.to_string()))?;
+                    crate::bounds::check_all(&self.bounds, [(i.name.as_str(), &b)]).map_err(data)?;
+                    crate::bounds::check_no_nan(&i.name, &b).map_err(data)?;
+                    b
                 };
                 out.push((m * self.inputs.len() + k, Arc::new(block)));
             }
@@ -1400,15 +1411,21 @@ fn eval1(ctx: &CpuContext, op: &Op, ins: &[&Tensor]) -> Result<Tensor, KernelFai
     kernels::cpu::eval(ctx, op, ins).map(|mut v| v.swap_remove(0)).map_err(|e| KernelFailure::Kernel(e.to_string()))
 }
 
-/// Indices normalised into `[0, total)` (negative ones count from the end), whether each falls in
-/// this rank's rows `[off, off + rows)`, and the local index (0 outside).
-fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> (Tensor, Vec<bool>) {
+/// Indices normalised into `[0, total)` (negative ones count from the end, as the whole gather's
+/// kernel takes them), whether each falls in this rank's rows `[off, off + rows)`, and the local
+/// index (0 outside). An index outside `[-total, total)` is an error, as on one device: no rank
+/// holds its row, and masking it would make it a row of zeros. (Ids fed from data were checked
+/// against `[0, total)` before the step: [`crate::bounds`].)
+fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> Result<(Tensor, Vec<bool>), String> {
     let (off, rows, total) = (off as i64, rows as i64, total as i64);
-    let v = idx.to_i64_vec();
+    let v = idx.as_i64().ok_or_else(|| format!("indices must be i64, not {}", idx.dtype()))?;
+    if let Some((at, i)) = v.iter().enumerate().find(|(_, i)| **i < -total || **i >= total) {
+        return Err(format!("index {i} (element {at}) is out of range for a table of {total} rows"));
+    }
     let norm: Vec<i64> = v.iter().map(|&i| if i < 0 { i + total } else { i }).collect();
     let inside: Vec<bool> = norm.iter().map(|&i| i >= off && i < off + rows).collect();
     let local: Vec<i64> = norm.iter().zip(&inside).map(|(&i, &ok)| if ok { i - off } else { 0 }).collect();
-    (Tensor::i64(idx.shape().to_vec(), local), inside)
+    Ok((Tensor::i64(idx.shape().to_vec(), local), inside))
 }
 
 /// `t` with every element `e` for which `keep(e)` is false set to zero (float tensors only).
@@ -1444,7 +1461,7 @@ pub(crate) fn run_kernel(
                 return Err(KernelFailure::Kernel(format!("masked gather of {} inputs", ins.len())));
             };
             let off = mesh.index_in_group(rank, axes) * rows;
-            let (li, inside) = local_indices(idx, off, *rows, *total);
+            let (li, inside) = local_indices(idx, off, *rows, *total).map_err(KernelFailure::Kernel)?;
             let out = eval1(ctx, op, &[table, &li])?;
             let inner: usize = table.shape().get(axis + 1..).unwrap_or(&[]).iter().product();
             let n = inside.len().max(1);
@@ -1456,7 +1473,7 @@ pub(crate) fn run_kernel(
                 return Err(KernelFailure::Kernel(format!("masked scatter of {} inputs", ins.len())));
             };
             let off = mesh.index_in_group(rank, axes) * rows;
-            let (li, inside) = local_indices(idx, off, *rows, *total);
+            let (li, inside) = local_indices(idx, off, *rows, *total).map_err(KernelFailure::Kernel)?;
             let n = inside.len().max(1);
             let inner: usize = dy.numel() / (*pre).max(1) / n;
             let dy = zero_outside(dy.clone(), |e| inside[(e / inner.max(1)) % n]).map_err(KernelFailure::Kernel)?;

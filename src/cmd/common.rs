@@ -564,13 +564,17 @@ pub fn mesh(text: &str, profile: &sharding::DeviceProfile, mesh_profile: Option<
     Ok(mesh)
 }
 
-/// Checks before any step that `--export-onnx FILE` can be written where it is asked for (its
-/// directory exists), so that a long run does not end in that error.
-pub fn check_export_path(out: Option<&Path>) -> Result<()> {
-    let Some(out) = out else { return Ok(()) };
-    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        bail!("--export-onnx {}: the directory {} does not exist", out.display(), dir.display());
+/// Refuses parameters holding NaN or infinite values (a diverged run's), naming the first.
+pub fn check_finite_params(params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
+    for (name, t) in params {
+        let bad = t.to_f64_vec().iter().filter(|x| !x.is_finite()).count();
+        if bad > 0 {
+            bail!(
+                "parameter {name} holds {bad} NaN or infinite value(s) of {}: the run diverged, and its parameters are \
+                 not saved (try a smaller --lr, or check the input data)",
+                t.numel()
+            );
+        }
     }
     Ok(())
 }

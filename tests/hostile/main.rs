@@ -12,4 +12,5 @@ mod common;
 mod files;
 mod flags;
 mod plans;
+mod probe2;
 mod shapes;

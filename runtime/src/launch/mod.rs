@@ -963,7 +963,12 @@ pub fn rank_loop(
             let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
             if due {
                 let exit = fault.is_some_and(|f| f.kind == FaultKind::ExitInCheckpoint);
-                let pos = opts.data.as_ref().map(|d| d.position(step));
+                let pos = opts
+                    .data
+                    .as_ref()
+                    .map(|d| d.position(step))
+                    .transpose()
+                    .map_err(|e| DistError::Data { rank: rank.rank(), message: format!("--data: {e}") })?;
                 rep.checkpoint = Some(rank.checkpoint(program, &c.dir, &opts.run_id, pos.as_ref(), exit)?);
             }
         }
