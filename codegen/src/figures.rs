@@ -158,14 +158,24 @@ pub fn memory_chart(p: &Plan, measured: Option<&Measured>) -> LineChart {
             .collect(),
         Err(_) => vec![],
     };
-    // Ranks that measured the same bytes share a line.
+    // Ranks that measured the same bytes share a line (grouped through a hash map: linear in the
+    // ranks, however many).
     let mut groups: Vec<(Vec<usize>, &Vec<u64>)> = vec![];
+    let mut group_of: std::collections::HashMap<&Vec<u64>, usize> = std::collections::HashMap::new();
     for (rank, bytes) in measured.map_or(&[][..], |m| &m.memory[..]) {
-        match groups.iter_mut().find(|g| g.1 == bytes) {
-            Some(g) => g.0.push(*rank),
-            None => groups.push((vec![*rank], bytes)),
+        match group_of.get(bytes) {
+            Some(&g) => groups[g].0.push(*rank),
+            None => {
+                group_of.insert(bytes, groups.len());
+                groups.push((vec![*rank], bytes));
+            }
         }
     }
+    // Past a few lines a chart is unreadable and a page huge: the largest groups are drawn, the
+    // rest summed up in the title.
+    groups.sort_by_key(|g| std::cmp::Reverse(g.0.len()));
+    let hidden: usize = groups.iter().skip(MAX_MEASURED_LINES).map(|g| g.0.len()).sum();
+    groups.truncate(MAX_MEASURED_LINES);
     // Measurements dashed, over the estimates they may coincide with.
     let lines: Vec<(String, &Vec<u64>, bool)> = estimated
         .iter()
@@ -175,7 +185,9 @@ pub fn memory_chart(p: &Plan, measured: Option<&Measured>) -> LineChart {
     let max = lines.iter().flat_map(|l| l.1.iter().copied()).chain([p.estimate.peak_bytes_per_rank]).max();
     let (unit, size) = byte_unit(max.unwrap_or(0));
     LineChart {
-        title: if measured.is_some() {
+        title: if measured.is_some() && hidden > 0 {
+            format!("Memory over the step per rank: estimated and measured ({hidden} more ranks not drawn)")
+        } else if measured.is_some() {
             "Memory over the step per rank: estimated and measured".into()
         } else {
             "Memory over the step per rank (estimated)".into()
@@ -194,6 +206,9 @@ pub fn memory_chart(p: &Plan, measured: Option<&Measured>) -> LineChart {
         references: vec![(p.estimate.peak_bytes_per_rank as f64 / size, "estimated peak".into())],
     }
 }
+
+/// Most measured lines a memory chart draws (groups of ranks that measured the same bytes).
+const MAX_MEASURED_LINES: usize = 16;
 
 /// Most points a memory line keeps: a long program (many stages and microbatches) is drawn by
 /// each bucket's lowest and highest value, in order, so the page stays small and every peak shows.
@@ -620,6 +635,15 @@ mod tests {
         let c = memory_chart(&staged, None);
         let names: Vec<&str> = c.series.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["estimated, stage 0", "estimated, stage 1"]);
+        // 200,000 ranks that each measured other bytes: grouped in linear time (they were compared
+        // pairwise), and a bounded number of lines drawn.
+        let memory: Vec<(usize, Vec<u64>)> = (0..200_000).map(|r| (r, vec![r as u64, 7])).collect();
+        let m = Measured { memory, seconds: vec![None; p.program.len()] };
+        let t0 = std::time::Instant::now();
+        let c = memory_chart(&p, Some(&m));
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "grouping took {:?}", t0.elapsed());
+        assert_eq!(c.series.iter().filter(|s| s.dashed).count(), MAX_MEASURED_LINES);
+        assert!(c.title.contains("199984 more ranks not drawn"), "{}", c.title);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! Invariants: the output is one `<svg>` element with a `viewBox`, every line chart series one
 //! `<polyline>` and every bar one `<rect class="bar">` (each series with its legend entry), text
 //! escaped; non-finite points (and beyond ±1e300, where ranges overflow) are left out, and a
-//! chart with no such point says so instead of drawing axes over nothing.
+//! chart with no such point says so instead of drawing axes over nothing; every coordinate
+//! written is finite (a range too narrow for its magnitude, all x at step 1e17, is widened); a
+//! series of more than [`MAX_SERIES_POINTS`] points is drawn by each bucket's lowest and highest
+//! point ([`downsample`]), so a chart's size is bounded whatever the log's length.
 
 use std::fmt::Write;
 
@@ -95,6 +98,41 @@ fn label(v: f64) -> String {
     if s == "-0" { "0".into() } else { s.into() }
 }
 
+/// Most points a line chart draws of one series.
+pub const MAX_SERIES_POINTS: usize = 2000;
+
+/// `points` (in x order) reduced to at most `max` (>= 2): in consecutive buckets of equal
+/// count, the lowest and the highest point of each, in x order, so every extreme stays.
+pub fn downsample(points: &[(f64, f64)], max: usize) -> Vec<(f64, f64)> {
+    if points.len() <= max {
+        return points.to_vec();
+    }
+    let bucket = points.len().div_ceil((max / 2).max(1));
+    let mut out = Vec::with_capacity(max);
+    for chunk in points.chunks(bucket) {
+        let lo = (0..chunk.len()).min_by(|&a, &b| chunk[a].1.total_cmp(&chunk[b].1)).unwrap_or(0);
+        let hi = (0..chunk.len()).max_by(|&a, &b| chunk[a].1.total_cmp(&chunk[b].1)).unwrap_or(0);
+        out.push(chunk[lo.min(hi)]);
+        if lo != hi {
+            out.push(chunk[lo.max(hi)]);
+        }
+    }
+    out
+}
+
+/// `lo..hi` widened when it is empty or narrower than its values' precision (values near 1e17
+/// are 16 apart in f64: a range of 1 around them would not be a range).
+fn widened(lo: f64, hi: f64, pad: f64) -> (f64, f64) {
+    let min_width = (lo.abs().max(hi.abs()) * 1e-9).max(1e-300);
+    if hi - lo < min_width {
+        let w = min_width.max(lo.abs() * 1e-6).max(1.0);
+        (lo - w, hi + w)
+    } else {
+        let p = (hi - lo) * pad;
+        (lo - p, hi + p)
+    }
+}
+
 impl LineChart {
     /// The chart as an `<svg>` element.
     pub fn svg(&self) -> String {
@@ -119,15 +157,8 @@ impl LineChart {
             y0 = y0.min(*r);
             y1 = y1.max(*r);
         }
-        if x1 <= x0 {
-            (x0, x1) = (x0 - 1.0, x1 + 1.0);
-        }
-        if y1 <= y0 {
-            (y0, y1) = (y0 - 1.0, y1 + 1.0);
-        } else {
-            let pad = (y1 - y0) * 0.05;
-            (y0, y1) = (y0 - pad, y1 + pad);
-        }
+        (x0, x1) = widened(x0, x1, 0.0);
+        (y0, y1) = widened(y0, y1, 0.05);
         let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
         let sx = |x: f64| LEFT + (x - x0) / (x1 - x0) * pw;
         let sy = |y: f64| TOP + (1.0 - (y - y0) / (y1 - y0)) * ph;
@@ -193,8 +224,14 @@ impl LineChart {
         let lx = LEFT + pw - 150.0;
         for (k, s) in self.series.iter().enumerate() {
             let c = COLOURS[k % COLOURS.len()];
-            let line: Vec<String> =
-                s.points.iter().filter(finite).map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+            let shown: Vec<(f64, f64)> = s.points.iter().filter(finite).copied().collect();
+            let shown = downsample(&shown, MAX_SERIES_POINTS);
+            let line: Vec<String> = shown
+                .iter()
+                .map(|&(x, y)| (sx(x), sy(y)))
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .map(|(x, y)| format!("{x:.1},{y:.1}"))
+                .collect();
             let dash = if s.dashed { " stroke-dasharray=\"5 3\"" } else { "" };
             let _ = writeln!(
                 o,
@@ -203,7 +240,7 @@ impl LineChart {
                 line.join(" ")
             );
             if s.dots {
-                for &(x, y) in s.points.iter().filter(finite) {
+                for &(x, y) in shown.iter().filter(|&&(x, y)| sx(x).is_finite() && sy(y).is_finite()) {
                     let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{c}\"/>", sx(x), sy(y));
                 }
             }

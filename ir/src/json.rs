@@ -85,7 +85,7 @@ impl Serialize for TensorForm<'_> {
     }
 }
 
-struct AttrForm<'a>(&'a Attr);
+struct AttrForm<'a>(&'a Attr<'a>);
 
 impl Serialize for AttrForm<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -96,14 +96,14 @@ impl Serialize for AttrForm<'_> {
             Attr::Ints(v) => v.serialize(s),
             Attr::Str(v) => s.serialize_str(v),
             Attr::DType(d) => s.serialize_str(d.name()),
-            Attr::Tensor(t) => TensorForm(t).serialize(s),
+            Attr::Tensor(t) => TensorForm(t.as_ref()).serialize(s),
         }
     }
 }
 
 impl Serialize for Op {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Attrs<'a>(&'a [(&'static str, Attr)]);
+        struct Attrs<'a>(&'a [(&'static str, Attr<'a>)]);
         impl Serialize for Attrs<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let mut m = s.serialize_map(Some(self.0.len()))?;
@@ -198,37 +198,37 @@ fn tensor(dtype: &str, shape: Vec<usize>, data: Vec<Item>) -> Result<Tensor, Str
     Tensor::new(shape, data).map_err(|e| e.to_string())
 }
 
-impl<'de> Deserialize<'de> for Attr {
+impl<'de> Deserialize<'de> for Attr<'static> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Attr;
+            type Value = Attr<'static>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an attribute: a number, flag, string, list of integers or tensor")
             }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Attr, E> {
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Attr<'static>, E> {
                 Ok(Attr::Bool(v))
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Attr, E> {
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Attr<'static>, E> {
                 Ok(Attr::Int(v))
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Attr, E> {
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Attr<'static>, E> {
                 i64::try_from(v).map(Attr::Int).map_err(|_| E::custom(format!("{v} is out of range")))
             }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Attr, E> {
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Attr<'static>, E> {
                 Ok(Attr::Float(v as f32))
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Attr, E> {
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Attr<'static>, E> {
                 Ok(Attr::Str(v.to_string()))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Attr, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Attr<'static>, A::Error> {
                 let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0));
                 while let Some(i) = seq.next_element::<i64>()? {
                     v.push(i);
                 }
                 Ok(Attr::Ints(v))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Attr, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Attr<'static>, A::Error> {
                 let (mut dtype, mut shape, mut data) = (None::<String>, None::<Vec<usize>>, None::<Vec<Item>>);
                 while let Some(k) = map.next_key::<String>()? {
                     match k.as_str() {
@@ -241,7 +241,7 @@ impl<'de> Deserialize<'de> for Attr {
                 let dtype = dtype.ok_or_else(|| de::Error::missing_field("dtype"))?;
                 let shape = shape.ok_or_else(|| de::Error::missing_field("shape"))?;
                 let data = data.ok_or_else(|| de::Error::missing_field("data"))?;
-                tensor(&dtype, shape, data).map(Attr::Tensor).map_err(de::Error::custom)
+                tensor(&dtype, shape, data).map(|t| Attr::Tensor(std::borrow::Cow::Owned(t))).map_err(de::Error::custom)
             }
         }
         d.deserialize_any(V)
@@ -263,7 +263,7 @@ impl<'de> Deserialize<'de> for Op {
                 let Some(name) = map.next_key::<String>()? else {
                     return Err(de::Error::custom("an op object needs one key, the op's name"));
                 };
-                let attrs: HashMap<String, Attr> = map.next_value()?;
+                let attrs: HashMap<String, Attr<'static>> = map.next_value()?;
                 if map.next_key::<String>()?.is_some() {
                     return Err(de::Error::custom(format!("{name}: an op object has one key, the op's name")));
                 }

@@ -51,6 +51,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod alloc;
 pub mod autocast;
 pub mod autodiff;
 pub mod files;
@@ -64,6 +65,7 @@ mod tensor;
 mod text;
 mod verify;
 
+pub use alloc::AllocError;
 pub use graph::{Edge, Graph, GraphError, Node, Value};
 pub use half;
 pub use op::*;

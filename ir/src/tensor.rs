@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::alloc::{self, AllocError};
+
 /// Element type of a tensor. Closed on purpose: kernels implement every variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
@@ -184,6 +186,17 @@ impl Clone for Data {
 }
 
 impl Data {
+    /// A copy, allocated fallibly.
+    pub fn try_clone(&self) -> Result<Data, AllocError> {
+        Ok(match self {
+            Data::F32(v) => Data::F32(alloc::try_copy(v)?),
+            Data::F64(v) => Data::F64(alloc::try_copy(v)?),
+            Data::BF16(v) => Data::BF16(alloc::try_copy(v)?),
+            Data::F16(v) => Data::F16(alloc::try_copy(v)?),
+            Data::I64(v) => Data::I64(alloc::try_copy(v)?),
+            Data::Bool(v) => Data::Bool(alloc::try_copy(v)?),
+        })
+    }
     /// Element type of this storage.
     pub fn dtype(&self) -> DType {
         match self {
@@ -266,18 +279,35 @@ impl Tensor {
     pub fn scalar_f32(x: f32) -> Tensor {
         Tensor::f32(Vec::<usize>::new(), vec![x])
     }
-    /// A tensor of `meta` filled with zeros (false for bool).
-    pub fn zeros(meta: &TensorMeta) -> Tensor {
-        let n = meta.numel();
+    /// A tensor of `meta` filled with zeros (false for bool), allocated fallibly: a meta is a
+    /// model's or a plan's size ([`crate::alloc`]).
+    pub fn zeros(meta: &TensorMeta) -> Result<Tensor, AllocError> {
+        let n = meta.checked_numel().filter(|_| meta.checked_bytes().is_some()).ok_or(AllocError { bytes: None })?;
         let data = match meta.dtype {
-            DType::F32 => Data::F32(vec![0.0; n]),
-            DType::F64 => Data::F64(vec![0.0; n]),
-            DType::BF16 => Data::BF16(vec![half::bf16::ZERO; n]),
-            DType::F16 => Data::F16(vec![half::f16::ZERO; n]),
-            DType::I64 => Data::I64(vec![0; n]),
-            DType::Bool => Data::Bool(vec![false; n]),
+            DType::F32 => Data::F32(alloc::try_filled(n, 0.0)?),
+            DType::F64 => Data::F64(alloc::try_filled(n, 0.0)?),
+            DType::BF16 => Data::BF16(alloc::try_filled(n, half::bf16::ZERO)?),
+            DType::F16 => Data::F16(alloc::try_filled(n, half::f16::ZERO)?),
+            DType::I64 => Data::I64(alloc::try_filled(n, 0)?),
+            DType::Bool => Data::Bool(alloc::try_filled(n, false)?),
         };
-        Tensor { shape: meta.shape.clone(), data }
+        Ok(Tensor { shape: meta.shape.clone(), data })
+    }
+    /// A tensor of shape `[0]` (no elements, nothing allocated).
+    pub fn empty(dtype: DType) -> Tensor {
+        let data = match dtype {
+            DType::F32 => Data::F32(Vec::new()),
+            DType::F64 => Data::F64(Vec::new()),
+            DType::BF16 => Data::BF16(Vec::new()),
+            DType::F16 => Data::F16(Vec::new()),
+            DType::I64 => Data::I64(Vec::new()),
+            DType::Bool => Data::Bool(Vec::new()),
+        };
+        Tensor { shape: vec![0], data }
+    }
+    /// A copy, allocated fallibly (`clone` aborts when the system refuses the memory).
+    pub fn try_clone(&self) -> Result<Tensor, AllocError> {
+        Ok(Tensor { shape: self.shape.clone(), data: self.data.try_clone()? })
     }
     /// Shape.
     pub fn shape(&self) -> &[usize] {

@@ -16,6 +16,7 @@
 //! Parameter data is not part of the text form; constants print their elements in full (bools
 //! as 0/1).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -35,15 +36,17 @@ pub struct ParseError {
     pub message: String,
 }
 
+/// An attribute's value; a tensor is borrowed from the op when printing (a constant can be
+/// gigabytes: never copied to be printed).
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Attr {
+pub(crate) enum Attr<'a> {
     Int(i64),
     Float(f32),
     Bool(bool),
     Ints(Vec<i64>),
     Str(String),
     DType(DType),
-    Tensor(Tensor),
+    Tensor(Cow<'a, Tensor>),
 }
 
 fn fmt_f32(x: f32) -> String {
@@ -73,40 +76,51 @@ fn hash_data(d: &Data) -> u64 {
     }
 }
 
-fn fmt_attr(a: &Attr, out: &mut String, data: TensorData) {
+fn fmt_attr(a: &Attr, out: &mut impl Write, data: TensorData) -> std::fmt::Result {
     match a {
-        Attr::Tensor(t) if data == TensorData::Hash => {
-            write!(out, "{} #{:016x}", t.meta(), hash_data(t.data())).unwrap_or(())
-        }
-        Attr::Int(i) => write!(out, "{i}").unwrap_or(()),
-        Attr::Float(x) => out.push_str(&fmt_f32(*x)),
-        Attr::Bool(b) => write!(out, "{b}").unwrap_or(()),
+        Attr::Tensor(t) if data == TensorData::Hash => write!(out, "{} #{:016x}", t.meta(), hash_data(t.data())),
+        Attr::Int(i) => write!(out, "{i}"),
+        Attr::Float(x) => out.write_str(&fmt_f32(*x)),
+        Attr::Bool(b) => write!(out, "{b}"),
         Attr::Ints(v) => {
-            write!(out, "[{}]", v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")).unwrap_or(())
+            write!(out, "[{}]", v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "))
         }
-        Attr::Str(s) => write!(out, "{s:?}").unwrap_or(()),
-        Attr::DType(d) => out.push_str(d.name()),
+        Attr::Str(s) => write!(out, "{s:?}"),
+        Attr::DType(d) => out.write_str(d.name()),
         Attr::Tensor(t) => {
-            write!(out, "{} [", t.meta()).unwrap_or(());
-            let items: Vec<String> = match t.data() {
-                Data::F32(v) => v.iter().map(|x| fmt_f32(*x)).collect(),
-                Data::F64(v) => v.iter().map(|x| format!("{x:?}")).collect(),
-                Data::BF16(v) => v.iter().map(|x| fmt_f32(x.to_f32())).collect(),
-                Data::F16(v) => v.iter().map(|x| fmt_f32(x.to_f32())).collect(),
-                Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
-                Data::Bool(v) => v.iter().map(|&x| if x { "1" } else { "0" }.to_string()).collect(),
-            };
-            out.push_str(&items.join(", "));
-            out.push(']');
+            // Element by element into the sink: printing a constant allocates nothing per element.
+            write!(out, "{} [", t.meta())?;
+            fn items<T>(
+                out: &mut impl Write,
+                v: &[T],
+                f: impl Fn(&mut dyn Write, &T) -> std::fmt::Result,
+            ) -> std::fmt::Result {
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.write_str(", ")?;
+                    }
+                    f(out, x)?;
+                }
+                Ok(())
+            }
+            match t.data() {
+                Data::F32(v) => items(out, v, |o, x| write!(o, "{x:?}")),
+                Data::F64(v) => items(out, v, |o, x| write!(o, "{x:?}")),
+                Data::BF16(v) => items(out, v, |o, x| write!(o, "{:?}", x.to_f32())),
+                Data::F16(v) => items(out, v, |o, x| write!(o, "{:?}", x.to_f32())),
+                Data::I64(v) => items(out, v, |o, x| write!(o, "{x}")),
+                Data::Bool(v) => items(out, v, |o, &x| o.write_str(if x { "1" } else { "0" })),
+            }?;
+            out.write_char(']')
         }
     }
 }
 
-fn us(v: &[usize]) -> Attr {
+fn us(v: &[usize]) -> Attr<'static> {
     Attr::Ints(v.iter().map(|&x| x as i64).collect())
 }
 
-pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
+pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr<'_>)> {
     use Op::*;
     let pool = |a: &PoolAttrs| {
         vec![
@@ -120,7 +134,7 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
     };
     match op {
         Input { name } | Param { name } => vec![("name", Attr::Str(name.clone()))],
-        Constant(t) => vec![("value", Attr::Tensor(t.clone()))],
+        Constant(t) => vec![("value", Attr::Tensor(Cow::Borrowed(t)))],
         Unary(u) | UnaryGrad(u) => unary_attrs(*u),
         Binary(_) | Where | Identity | MatMul | GlobalAveragePool | GlobalMaxPool => vec![],
         Cast { to } => vec![("to", Attr::DType(*to))],
@@ -205,7 +219,7 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr)> {
     }
 }
 /// Attributes of an indexing-family op (`tril`/`triu` name their side).
-fn index_attrs(op: &IndexOp) -> Vec<(&'static str, Attr)> {
+fn index_attrs(op: &IndexOp) -> Vec<(&'static str, Attr<'_>)> {
     let int = |x: usize| Attr::Int(x as i64);
     let red = |r: &ScatterReduction| Attr::Str(r.name().into());
     match op {
@@ -255,7 +269,7 @@ fn index_from(name: &str, a: &mut Attrs) -> Result<IndexOp, String> {
 }
 
 /// The attributes of a unary op (the activations of [`crate::ops::activation`] carry some).
-fn unary_attrs(u: UnaryOp) -> Vec<(&'static str, Attr)> {
+fn unary_attrs(u: UnaryOp) -> Vec<(&'static str, Attr<'static>)> {
     use crate::ops::activation::{Param, params};
     params(u)
         .into_iter()
@@ -280,11 +294,11 @@ fn unary_from(u: UnaryOp, a: &mut Attrs) -> Result<UnaryOp, String> {
     })
 }
 
-fn resize_attrs(a: &ResizeAttrs) -> Vec<(&'static str, Attr)> {
+fn resize_attrs(a: &ResizeAttrs) -> Vec<(&'static str, Attr<'_>)> {
     use crate::ops::resize::{coord_name, mode_name, nearest_name};
     vec![
         ("axes", Attr::Ints(a.axes.iter().flat_map(|x| [x.axis as i64, x.size as i64]).collect())),
-        ("scales", Attr::Tensor(Tensor::f64([a.axes.len()], a.axes.iter().map(|x| x.scale).collect()))),
+        ("scales", Attr::Tensor(Cow::Owned(Tensor::f64([a.axes.len()], a.axes.iter().map(|x| x.scale).collect())))),
         ("mode", Attr::Str(mode_name(a.mode).into())),
         ("coord", Attr::Str(coord_name(a.coord).into())),
         ("nearest_mode", Attr::Str(nearest_name(a.nearest_mode).into())),
@@ -318,7 +332,7 @@ fn parse_resize(a: &mut Attrs) -> Result<ResizeAttrs, String> {
     })
 }
 
-fn slice_axes(axes: &[SliceAxis]) -> Attr {
+fn slice_axes(axes: &[SliceAxis]) -> Attr<'_> {
     Attr::Ints(axes.iter().flat_map(|a| [a.axis as i64, a.start, a.len as i64, a.step]).collect())
 }
 
@@ -330,12 +344,12 @@ fn parse_slice_axes(v: Vec<i64>) -> Result<Vec<SliceAxis>, String> {
 }
 
 struct Attrs<'a> {
-    map: HashMap<String, Attr>,
+    map: HashMap<String, Attr<'static>>,
     op: &'a str,
 }
 
 impl Attrs<'_> {
-    fn take(&mut self, k: &str) -> Result<Attr, String> {
+    fn take(&mut self, k: &str) -> Result<Attr<'static>, String> {
         self.map.remove(k).ok_or_else(|| format!("{}: missing attribute {k}", self.op))
     }
     fn int(&mut self, k: &str) -> Result<i64, String> {
@@ -393,7 +407,7 @@ impl Attrs<'_> {
     }
 }
 
-pub(crate) fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, String> {
+pub(crate) fn op_from(name: &str, map: HashMap<String, Attr<'static>>) -> Result<Op, String> {
     let mut a = Attrs { map, op: name };
     let pool = |a: &mut Attrs| -> Result<PoolAttrs, String> {
         Ok(PoolAttrs {
@@ -418,7 +432,7 @@ pub(crate) fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, Stri
             "input" => Op::Input { name: a.string("name")? },
             "param" => Op::Param { name: a.string("name")? },
             "const" => match a.take("value")? {
-                Attr::Tensor(t) => Op::Constant(t),
+                Attr::Tensor(t) => Op::Constant(t.into_owned()),
                 v => return Err(format!("const: value must be a tensor, got {v:?}")),
             },
             "where" => Op::Where,
@@ -521,7 +535,32 @@ pub(crate) fn op_from(name: &str, map: HashMap<String, Attr>) -> Result<Op, Stri
 impl Graph {
     /// Prints the graph in the text form described in this module's docs.
     pub fn to_text(&self) -> String {
-        self.write_text(TensorData::Text)
+        let mut out = String::new();
+        let _ = self.write_text(&mut out, TensorData::Text);
+        out
+    }
+
+    /// Writes the text form to `w` as it is printed (a graph holding gigabytes of constants is
+    /// never held as text in memory).
+    pub fn write_text_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        /// `fmt::Write` onto an `io::Write`, keeping the first I/O error.
+        struct Io<'w, W> {
+            w: &'w mut W,
+            err: Option<std::io::Error>,
+        }
+        impl<W: std::io::Write> Write for Io<'_, W> {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.w.write_all(s.as_bytes()).map_err(|e| {
+                    self.err = Some(e);
+                    std::fmt::Error
+                })
+            }
+        }
+        let mut io = Io { w, err: None };
+        match self.write_text(&mut io, TensorData::Text) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(io.err.unwrap_or_else(|| std::io::Error::other("formatting the graph failed"))),
+        }
     }
 
     /// FNV-1a (16 hex digits) of the text form with every tensor attribute's data replaced by a
@@ -529,12 +568,20 @@ impl Graph {
     /// fingerprints; any change of a node, attribute, constant or edge changes it (but for
     /// hash collisions), without printing constants.
     pub fn fingerprint(&self) -> String {
-        let text = self.write_text(TensorData::Hash);
-        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-        format!("{h:016x}")
+        /// FNV-1a over the bytes written.
+        struct Fnv(u64);
+        impl Write for Fnv {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.0 = s.bytes().fold(self.0, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+                Ok(())
+            }
+        }
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        let _ = self.write_text(&mut h, TensorData::Hash);
+        format!("{:016x}", h.0)
     }
 
-    fn write_text(&self, data: TensorData) -> String {
+    fn write_text(&self, out: &mut impl Write, data: TensorData) -> std::fmt::Result {
         let order = match self.topo_order() {
             Ok(o) => o,
             Err(_) => self.g.node_indices().collect(),
@@ -545,38 +592,36 @@ impl Graph {
             Some(i) => format!("%{i}.{}", v.slot),
             None => "%?".to_string(),
         };
-        let mut out = String::new();
-        let _ = writeln!(out, "graph {:?} {{", self.name);
+        writeln!(out, "graph {:?} {{", self.name)?;
         for (i, &n) in order.iter().enumerate() {
             let node = &self.g[n];
-            let _ = write!(out, "  %{i} {:?} = {}", node.name, node.op.name());
+            write!(out, "  %{i} {:?} = {}", node.name, node.op.name())?;
             let attrs = op_attrs(&node.op);
             if !attrs.is_empty() {
-                out.push('{');
+                out.write_char('{')?;
                 for (j, (k, a)) in attrs.iter().enumerate() {
                     if j > 0 {
-                        out.push_str(", ");
+                        out.write_str(", ")?;
                     }
-                    out.push_str(k);
-                    out.push('=');
-                    fmt_attr(a, &mut out, data);
+                    out.write_str(k)?;
+                    out.write_char('=')?;
+                    fmt_attr(a, out, data)?;
                 }
-                out.push('}');
+                out.write_char('}')?;
             }
             let ins = self.node_inputs(n);
             if !node.op.is_source() {
-                let _ = write!(out, "({})", ins.iter().map(|&v| val(v)).collect::<Vec<_>>().join(", "));
+                write!(out, "({})", ins.iter().map(|&v| val(v)).collect::<Vec<_>>().join(", "))?;
             }
-            let _ = writeln!(out, " : {}", node.outputs.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", "));
+            writeln!(out, " : {}", node.outputs.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", "))?;
         }
         for (name, v) in &self.outputs {
-            let _ = writeln!(out, "  output {name:?} = {}", val(*v));
+            writeln!(out, "  output {name:?} = {}", val(*v))?;
         }
         for &(src, v) in &self.updates {
-            let _ = writeln!(out, "  update {} = {}", val(Value::new(src, 0)), val(v));
+            writeln!(out, "  update {} = {}", val(Value::new(src, 0)), val(v))?;
         }
-        out.push_str("}\n");
-        out
+        out.write_str("}\n")
     }
 
     /// Parses the text form. Output metas are taken as written; run [`crate::verify`] to check
@@ -791,7 +836,7 @@ impl Parser {
             self.punct(',')?;
         }
     }
-    fn attr(&mut self) -> Result<Attr, ParseError> {
+    fn attr(&mut self) -> Result<Attr<'static>, ParseError> {
         match self.peek().cloned() {
             Some(Tok::Str(s)) => {
                 self.pos += 1;
@@ -840,7 +885,7 @@ impl Parser {
                         })?),
                     };
                     match Tensor::new(meta.shape, data) {
-                        Ok(t) => Ok(Attr::Tensor(t)),
+                        Ok(t) => Ok(Attr::Tensor(Cow::Owned(t))),
                         Err(e) => self.err(e.to_string()),
                     }
                 } else {

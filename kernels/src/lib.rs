@@ -14,7 +14,8 @@
 //!   a machine without a GPU, it reports [`Error::NoCudaDevice`] instead of failing to build.
 //!
 //! Bad input never panics: wrong arity, dtypes or shapes, out-of-range gather indices and integer
-//! division by zero are all [`Error::BadInput`].
+//! division by zero are all [`Error::BadInput`]; outputs larger than the memory the system gives
+//! are [`Error::OutOfMemory`], never an abort.
 //!
 //! ```
 //! use ir::{BinaryOp, Op, Tensor};
@@ -72,6 +73,16 @@ pub enum Error {
     /// or did not appear in time. The launch setup (paths, ranks that never started).
     #[error("rendezvous failed: {0}")]
     Rendezvous(String),
+    /// The memory of an op's results (and of the working copies it makes) cannot be allocated:
+    /// the model or plan asks for more than the machine gives (or than `ulimit -v` allows).
+    /// Checked before the kernel runs (see [`cpu::eval`]), so it is an error, never an abort.
+    #[error("{op}: {}", ir::AllocError { bytes: *bytes })]
+    OutOfMemory {
+        /// Op name as in the IR text form.
+        op: &'static str,
+        /// Bytes asked for (`None`: more than a usize counts).
+        bytes: Option<usize>,
+    },
     /// The worker thread pool could not be created.
     #[error("cannot start a pool of {threads} threads: {message}")]
     ThreadPool {
@@ -80,4 +91,11 @@ pub enum Error {
         /// The operating system's reason.
         message: String,
     },
+}
+
+impl Error {
+    /// An allocation for `op` that the system refused.
+    pub fn out_of_memory(op: &'static str, e: ir::AllocError) -> Error {
+        Error::OutOfMemory { op, bytes: e.bytes }
+    }
 }

@@ -10,8 +10,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: u64 = args.next().map_or(Ok(3), |s| s.parse())?;
     let plan = plan::Valid::from_json(&std::fs::read_to_string(&path)?)?;
     let program = runtime::dist::Program::from_valid(&plan, ir::DType::F32)?;
-    let feeds: BTreeMap<String, ir::Tensor> =
-        program.inputs.iter().map(|i| (i.name.clone(), ir::Tensor::zeros(&i.meta))).collect();
+    let feeds: BTreeMap<String, ir::Tensor> = program
+        .inputs
+        .iter()
+        .map(|i| Ok((i.name.clone(), ir::Tensor::zeros(&i.meta)?)))
+        .collect::<Result<_, ir::AllocError>>()?;
     let opts = RunOptions { until_step: steps, ..Default::default() };
     let job = Job { program, feeds, init: Init::Seed { seed: 0 }, opts, gather: true };
     let done = runtime::launch::threads(&job, &mut |e| {

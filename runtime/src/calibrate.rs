@@ -101,7 +101,7 @@ fn training(name: &str, mut g: Graph, loss: &str, feeds: BTreeMap<String, Tensor
             let t = if meta.dtype == DType::F32 {
                 Tensor::f32(meta.shape.clone(), values(meta.numel(), k))
             } else {
-                Tensor::zeros(meta)
+                Tensor::zeros(meta).map_err(|e| fail(name, e))?
             };
             params.insert(name.clone(), t);
         }

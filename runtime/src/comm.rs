@@ -100,7 +100,7 @@ pub trait Communicator {
         let _ = tag;
         let rank = self.rank();
         let group = pair(rank, from).map_err(|why| CommError::Bad { rank, why })?;
-        let empty = Tensor::zeros(&TensorMeta::new(meta.dtype, vec![0]));
+        let empty = Tensor::empty(meta.dtype);
         let all = self.exchange(&group, Arc::new(empty))?;
         let i = usize::from(from > rank);
         received(rank, from, meta, all.get(i).map(|t| (**t).clone()))
@@ -134,7 +134,10 @@ pub trait Communicator {
         }
         match c {
             Collective::Slice { dim, .. } => Ok(piece(block, *dim, n, i)),
-            Collective::MakePartial { .. } => Ok(if i == 0 { block.clone() } else { Tensor::zeros(&block.meta()) }),
+            Collective::MakePartial { .. } if i == 0 => Ok(block.clone()),
+            Collective::MakePartial { .. } => {
+                Tensor::zeros(&block.meta()).map_err(|e| bad(format!("zeros of {}: {e}", block.meta())))
+            }
             Collective::AllGather { dim, .. } => self.all_gather(&group, block, *dim),
             Collective::ReduceScatter { dim, .. } => {
                 let mine = self.exchange_pieces(&group, (0..n).map(|j| piece(block, *dim, n, j)).collect())?;

@@ -248,6 +248,9 @@ pub struct Program {
     streamed: std::collections::BTreeSet<String>,
     /// [`Program::eval_marks`], computed on first use.
     eval_marks: std::sync::OnceLock<Vec<Vec<bool>>>,
+    /// The inputs whose values index a table (token ids, labels), checked in every rank's feeds
+    /// and data blocks ([`crate::bounds`]).
+    pub bounds: Vec<crate::bounds::IndexBound>,
 }
 
 /// The output an evaluation step computes (and the only one).
@@ -380,17 +383,19 @@ impl ParamSource for SeededInit {
         offsets: &[usize],
         size: &[usize],
     ) -> Result<Option<Tensor>, String> {
-        let n: usize = size.iter().product();
+        let n = ir::shape::checked_numel(size).ok_or_else(|| format!("parameter {name}: a block of {size:?}"))?;
+        let oom = |e: ir::AllocError| format!("parameter {name} (a block of {size:?}): {e}");
         if meta.shape.len() <= 1 {
             let lower = name.to_ascii_lowercase();
             let one = ["weight", "scale", "gamma"].iter().any(|k| lower.ends_with(k));
-            return Ok(Some(Tensor::f32(size.to_vec(), vec![if one { 1.0 } else { 0.0 }; n])));
+            let v = ir::alloc::try_filled(n, if one { 1.0 } else { 0.0 }).map_err(oom)?;
+            return Ok(Some(Tensor::f32(size.to_vec(), v)));
         }
         let key = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
         let base = splitmix(self.seed ^ key);
         let shape = &meta.shape;
         let amp = 0.02f64 * 3f64.sqrt();
-        let mut v = Vec::with_capacity(n);
+        let mut v = ir::alloc::try_vec(n).map_err(oom)?;
         let mut idx = vec![0usize; size.len()];
         for _ in 0..n {
             let flat = idx.iter().zip(offsets).zip(shape).fold(0usize, |acc, ((&i, &o), &d)| acc * d + i + o);
@@ -474,6 +479,9 @@ impl crate::exec::Backend for CpuBackend<'_> {
     }
     fn reshape(&mut self, x: Tensor, shape: &[usize], _: &DeviceMesh) -> Result<Tensor, KernelFailure> {
         x.reshaped(shape.to_vec()).map_err(|e| KernelFailure::Kernel(e.to_string()))
+    }
+    fn copy(&mut self, x: &Tensor) -> Result<Tensor, String> {
+        x.try_clone().map_err(|e| format!("a copy of {}: {e}", x.meta()))
     }
 }
 
@@ -612,6 +620,8 @@ impl Program {
             .collect();
         let program = Program {
             plan_hash: String::new(),
+            // The interpreter checks its feeds itself.
+            bounds: vec![],
             streamed: Default::default(),
             origin: vec![],
             eval_marks: Default::default(),
@@ -886,6 +896,7 @@ impl Program {
         accumulate.dedup();
         Ok(Program {
             plan_hash,
+            bounds: crate::bounds::index_bounds(&g),
             streamed: Default::default(),
             eval_marks: Default::default(),
             mesh,
@@ -1035,6 +1046,7 @@ impl Program {
             let size = r.spec.local_shape(&r.meta.shape, &self.mesh);
             let t = if r.is_state {
                 Tensor::zeros(&TensorMeta::new(r.meta.dtype, size))
+                    .map_err(|e| data(format!("optimizer state {}: {e}", r.name)))?
             } else if r.meta.dtype == DType::F64 {
                 // Weights are f32 (ONNX initializers, seeded init): read them so and widen.
                 let meta = TensorMeta::new(DType::F32, r.meta.shape.clone());
@@ -1123,7 +1135,7 @@ impl Program {
         for i in &self.inputs {
             if !feeds.contains_key(&i.name) && self.streamed.contains(&i.name) {
                 // Read before each step (`data_blocks`).
-                let empty = Arc::new(Tensor::zeros(&TensorMeta::new(i.meta.dtype, vec![0])));
+                let empty = Arc::new(Tensor::empty(i.meta.dtype));
                 for b in &mut blocks {
                     b.push(empty.clone());
                 }
@@ -1147,6 +1159,8 @@ impl Program {
                     self.global_meta(i)
                 )));
             }
+            crate::bounds::check_all(&self.bounds, [(i.name.as_str(), t)]).map_err(data)?;
+            crate::bounds::check_no_nan(&i.name, t).map_err(data)?;
             for (k, piece) in microbatch_pieces(t, m).into_iter().enumerate() {
                 let block = sim::local_block(&piece, &i.spec, &self.mesh, st.rank).map_err(|e| data(e.to_string()))?;
                 blocks[k].push(Arc::new(if widen { block.with_float_type(i.meta.dtype) } else { block }));
@@ -1254,12 +1268,16 @@ impl Program {
             for m in 0..self.microbatches {
                 let block = if zero {
                     Tensor::zeros(&TensorMeta::new(i.meta.dtype, size.clone()))
+                        .map_err(|e| data(format!("input {}: {e}", i.name)))?
                 } else {
                     let mut at = offsets.clone();
                     if let Some(r) = at.first_mut() {
                         *r += m * rows;
                     }
-                    reader.block(&i.name, step, &at, &size).map_err(|e| data(e.to_string()))?
+                    let b = reader.block(&i.name, step, &at, &size).map_err(|e| data(e.to_string()))?;
+                    crate::bounds::check_all(&self.bounds, [(i.name.as_str(), &b)]).map_err(data)?;
+                    crate::bounds::check_no_nan(&i.name, &b).map_err(data)?;
+                    b
                 };
                 out.push((m * self.inputs.len() + k, Arc::new(block)));
             }
@@ -1393,15 +1411,21 @@ fn eval1(ctx: &CpuContext, op: &Op, ins: &[&Tensor]) -> Result<Tensor, KernelFai
     kernels::cpu::eval(ctx, op, ins).map(|mut v| v.swap_remove(0)).map_err(|e| KernelFailure::Kernel(e.to_string()))
 }
 
-/// Indices normalised into `[0, total)` (negative ones count from the end), whether each falls in
-/// this rank's rows `[off, off + rows)`, and the local index (0 outside).
-fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> (Tensor, Vec<bool>) {
+/// Indices normalised into `[0, total)` (negative ones count from the end, as the whole gather's
+/// kernel takes them), whether each falls in this rank's rows `[off, off + rows)`, and the local
+/// index (0 outside). An index outside `[-total, total)` is an error, as on one device: no rank
+/// holds its row, and masking it would make it a row of zeros. (Ids fed from data were checked
+/// against `[0, total)` before the step: [`crate::bounds`].)
+fn local_indices(idx: &Tensor, off: usize, rows: usize, total: usize) -> Result<(Tensor, Vec<bool>), String> {
     let (off, rows, total) = (off as i64, rows as i64, total as i64);
-    let v = idx.to_i64_vec();
+    let v = idx.as_i64().ok_or_else(|| format!("indices must be i64, not {}", idx.dtype()))?;
+    if let Some((at, i)) = v.iter().enumerate().find(|(_, i)| **i < -total || **i >= total) {
+        return Err(format!("index {i} (element {at}) is out of range for a table of {total} rows"));
+    }
     let norm: Vec<i64> = v.iter().map(|&i| if i < 0 { i + total } else { i }).collect();
     let inside: Vec<bool> = norm.iter().map(|&i| i >= off && i < off + rows).collect();
     let local: Vec<i64> = norm.iter().zip(&inside).map(|(&i, &ok)| if ok { i - off } else { 0 }).collect();
-    (Tensor::i64(idx.shape().to_vec(), local), inside)
+    Ok((Tensor::i64(idx.shape().to_vec(), local), inside))
 }
 
 /// `t` with every element `e` for which `keep(e)` is false set to zero (float tensors only).
@@ -1437,7 +1461,7 @@ pub(crate) fn run_kernel(
                 return Err(KernelFailure::Kernel(format!("masked gather of {} inputs", ins.len())));
             };
             let off = mesh.index_in_group(rank, axes) * rows;
-            let (li, inside) = local_indices(idx, off, *rows, *total);
+            let (li, inside) = local_indices(idx, off, *rows, *total).map_err(KernelFailure::Kernel)?;
             let out = eval1(ctx, op, &[table, &li])?;
             let inner: usize = table.shape().get(axis + 1..).unwrap_or(&[]).iter().product();
             let n = inside.len().max(1);
@@ -1449,7 +1473,7 @@ pub(crate) fn run_kernel(
                 return Err(KernelFailure::Kernel(format!("masked scatter of {} inputs", ins.len())));
             };
             let off = mesh.index_in_group(rank, axes) * rows;
-            let (li, inside) = local_indices(idx, off, *rows, *total);
+            let (li, inside) = local_indices(idx, off, *rows, *total).map_err(KernelFailure::Kernel)?;
             let n = inside.len().max(1);
             let inner: usize = dy.numel() / (*pre).max(1) / n;
             let dy = zero_outside(dy.clone(), |e| inside[(e / inner.max(1)) % n]).map_err(KernelFailure::Kernel)?;

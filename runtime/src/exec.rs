@@ -65,6 +65,11 @@ pub(crate) trait Backend {
         let (mut outs, _) = self.eval(&Kernel::Same(ir::Op::Reshape { shape: shape.to_vec() }), &[&x], mesh)?;
         outs.pop().ok_or_else(|| KernelFailure::Kernel("reshape returned nothing".into()))
     }
+    /// A copy of `x` (a value read again later, or borrowed from the rank's inputs), allocated
+    /// fallibly where the back end can: the message says what was refused.
+    fn copy(&mut self, x: &Self::T) -> Result<Self::T, String> {
+        Ok(x.clone())
+    }
     /// Waits until the work queued so far is done (a GPU's stream), so that a profiled
     /// instruction's time is its own.
     fn sync(&mut self) -> Result<(), DistError> {
@@ -91,10 +96,10 @@ impl<T: Clone> Held<'_, T> {
             Held::Borrowed(t) => t,
         }
     }
-    fn into_owned(self) -> T {
+    fn into_owned<B: Backend<T = T>>(self, b: &mut B) -> Result<T, String> {
         match self {
-            Held::Owned(t) => t,
-            Held::Borrowed(t) => t.clone(),
+            Held::Owned(t) => Ok(t),
+            Held::Borrowed(t) => b.copy(t),
         }
     }
 }
@@ -272,18 +277,18 @@ pub(crate) fn step<'a, B: Backend>(
                 Exec::View { id, node, input, output, shape } => {
                     // The input's last read: its buffer becomes the output's (a shared value is
                     // copied: later microbatches read it).
+                    let copy_err =
+                        |m: String| DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m };
                     let x = match table[*input].take() {
                         Some(x) => x,
                         None => Held::Owned(
-                            vals.get(*input).and_then(Option::as_ref).ok_or_else(|| missing(*input))?.get().clone(),
+                            b.copy(vals.get(*input).and_then(Option::as_ref).ok_or_else(|| missing(*input))?.get())
+                                .map_err(copy_err)?,
                         ),
                     };
                     let t1 = profile.then(Instant::now);
-                    let y = match x {
-                        Held::Owned(t) => b.reshape(t, shape, mesh),
-                        Held::Borrowed(t) => b.reshape(t.clone(), shape, mesh),
-                    }
-                    .map_err(|e| match e {
+                    let x = x.into_owned(b).map_err(copy_err)?;
+                    let y = b.reshape(x, shape, mesh).map_err(|e| match e {
                         KernelFailure::Kernel(m) => {
                             DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m }
                         }
@@ -344,7 +349,12 @@ pub(crate) fn step<'a, B: Backend>(
                 // microbatches end), and what else it holds is left for the update.
                 for (j, &slot) in program.accumulate.iter().enumerate() {
                     let Some(h) = table[slot].take() else { continue };
-                    let x = h.into_owned();
+                    let x = h.into_owned(b).map_err(|m| DistError::Kernel {
+                        rank,
+                        node: program.slot_names[slot].to_string(),
+                        op: "accumulate".into(),
+                        message: m,
+                    })?;
                     acc[j] = Some(match acc[j].take() {
                         None => x,
                         Some(a) => {
@@ -404,7 +414,9 @@ pub(crate) fn step<'a, B: Backend>(
     let mut outputs = BTreeMap::new();
     for (name, slot, spec, shape) in outputs_read {
         let t = if everyone.len() == 1 {
-            let x = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
+            let x = take_read(b, &mut vals, &mut reads, *slot)
+                .map_err(|m| DistError::Data { rank, message: format!("output {name}: {m}") })?
+                .ok_or_else(|| missing(*slot))?;
             b.download(x)?
         } else {
             let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
@@ -421,7 +433,9 @@ pub(crate) fn step<'a, B: Backend>(
         outputs.insert(name.clone(), if summed { mean_of(t, microbatches) } else { t });
     }
     for (name, slot) in updates.iter().chain(frozen) {
-        let t = take_read(&mut vals, &mut reads, *slot).ok_or_else(|| missing(*slot))?;
+        let t = take_read(b, &mut vals, &mut reads, *slot)
+            .map_err(|m| DistError::Data { rank, message: format!("{name}: {m}") })?
+            .ok_or_else(|| missing(*slot))?;
         taken.insert(name.clone(), t);
     }
     drop(vals);
@@ -450,9 +464,18 @@ fn get<'x, T: Clone>(table: &'x [Option<Held<'_, T>>], shared: &'x [Option<Held<
 }
 
 /// A value read at the end of a step: moved out at its last read, copied before.
-fn take_read<T: Clone>(vals: &mut [Option<Held<'_, T>>], reads: &mut [usize], s: usize) -> Option<T> {
+fn take_read<B: Backend>(
+    b: &mut B,
+    vals: &mut [Option<Held<'_, B::T>>],
+    reads: &mut [usize],
+    s: usize,
+) -> Result<Option<B::T>, String> {
     reads[s] = reads[s].saturating_sub(1);
-    if reads[s] == 0 { vals[s].take().map(Held::into_owned) } else { vals[s].as_ref().map(|h| h.get().clone()) }
+    if reads[s] == 0 {
+        vals[s].take().map(|h| h.into_owned(b)).transpose()
+    } else {
+        vals[s].as_ref().map(|h| b.copy(h.get())).transpose()
+    }
 }
 
 /// `t` (a sum over `n` microbatches) divided by `n`; tensors of other element types as they are.

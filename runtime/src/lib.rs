@@ -29,6 +29,7 @@
 //! error (weight-free models can be planned, not run, until they are initialised).
 #![warn(missing_docs)]
 
+pub mod bounds;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
@@ -41,6 +42,7 @@ pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
 pub mod npy;
+pub mod outputs;
 pub mod profile;
 pub mod train;
 pub mod weights;
@@ -117,6 +119,19 @@ pub enum RunError {
         /// Kernel message.
         message: String,
     },
+    /// Fed data that cannot be right: a token id or label outside the table or classes it
+    /// indexes, a NaN in a training batch ([`bounds`]). Names the input and the value.
+    #[error("{0}")]
+    BadData(String),
+    /// Memory the graph sizes (a parameter, an optimizer state, a feed's copy) that the system
+    /// refused.
+    #[error("{what}: {error}")]
+    Alloc {
+        /// What was allocated (names the tensor).
+        what: String,
+        /// The bytes refused.
+        error: ir::AllocError,
+    },
     /// The graph has a cycle (it was not verified).
     #[error("graph has a cycle through node {0}")]
     Cycle(String),
@@ -146,6 +161,8 @@ pub struct Interpreter<'g> {
     program: dist::Program,
     /// The constant nodes, in the order the program reads them.
     constants: Vec<NodeIndex>,
+    /// The inputs whose values index a table, checked on every feed ([`bounds`]).
+    bounds: Vec<bounds::IndexBound>,
     profile: bool,
 }
 
@@ -154,7 +171,8 @@ impl<'g> Interpreter<'g> {
     pub fn new(graph: &'g Graph) -> Result<Self, RunError> {
         let order = graph.topo_order().map_err(|n| RunError::Cycle(graph.node(n).name.clone()))?;
         let (program, constants) = dist::Program::single(graph, &order);
-        Ok(Interpreter { graph, order, program, constants, profile: false })
+        let bounds = bounds::index_bounds(graph);
+        Ok(Interpreter { graph, order, program, constants, bounds, profile: false })
     }
 
     /// Also time every kernel ([`RunReport::node_seconds`]).
@@ -227,6 +245,8 @@ impl<'g> Interpreter<'g> {
         }
         let fed: Vec<&Tensor> =
             p.inputs.iter().zip(&widened).map(|(i, w)| w.as_ref().unwrap_or(&feeds[&i.name])).collect();
+        bounds::check_all(&self.bounds, p.inputs.iter().map(|i| i.name.as_str()).zip(fed.iter().copied()))
+            .map_err(RunError::BadData)?;
         for r in &p.resident {
             if !params.contains_key(&r.name) {
                 return Err(if r.is_state {

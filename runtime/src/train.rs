@@ -31,6 +31,19 @@ pub enum CheckpointError {
         /// Cause.
         cause: std::io::Error,
     },
+    /// A parameter holds NaN or infinite values: the run diverged, and its weights are not saved.
+    #[error(
+        "parameter {name} holds {count} NaN or infinite value(s) of {total}: the run diverged, and its parameters are \
+         not saved (try a smaller --lr, or check the input data)"
+    )]
+    NotFinite {
+        /// The parameter.
+        name: String,
+        /// Its non-finite values.
+        count: usize,
+        /// Its values.
+        total: usize,
+    },
     /// A saved tensor does not fit the model.
     #[error("{path}: {message}")]
     Mismatch {
@@ -92,7 +105,9 @@ impl<'t> Trainer<'t> {
         }
         for &s in &g.states {
             if let Op::State { name } = &g.node(s).op {
-                storage.insert(name.clone(), Tensor::zeros(&g.node(s).outputs[0]));
+                let t = Tensor::zeros(&g.node(s).outputs[0])
+                    .map_err(|e| RunError::Alloc { what: format!("optimizer state {name}"), error: e })?;
+                storage.insert(name.clone(), t);
             }
         }
         Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0 })
@@ -106,6 +121,9 @@ impl<'t> Trainer<'t> {
 
     /// Runs one step on `feeds`: forward, loss, backward, update.
     pub fn step(&mut self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<StepReport, RunError> {
+        for (name, t) in feeds {
+            crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
+        }
         let rep = self.interp.run_with_params(ctx, feeds, &self.storage)?;
         for (name, t) in rep.updates {
             self.storage.insert(name, t);
@@ -125,6 +143,9 @@ impl<'t> Trainer<'t> {
     /// The loss of the current parameters on `feeds`, forward only: no gradients, no update,
     /// the step count unchanged (evaluation on held-out data).
     pub fn eval(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<f32, RunError> {
+        for (name, t) in feeds {
+            crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
+        }
         let rep = self.interp.eval_with_params(ctx, feeds, &self.storage)?;
         Ok(rep.outputs.get(crate::dist::EVAL_OUTPUT).map(crate::scalar_f32).unwrap_or(f32::NAN))
     }
@@ -178,9 +199,33 @@ impl<'t> Trainer<'t> {
 
     /// Writes `DIR/params.npz` (parameters), `DIR/state.npz` (optimizer state),
     /// `DIR/trainer.json` (steps done) and `DIR/model.safetensors` (the parameters again, for
-    /// other tools: [`crate::weights`]), creating `DIR`.
+    /// other tools: [`crate::weights`]) atomically ([`crate::outputs::SaveDir`]): a save killed
+    /// midway leaves the previous one whole.
     pub fn save(&self, dir: &Path) -> Result<(), CheckpointError> {
-        std::fs::create_dir_all(dir).map_err(|cause| CheckpointError::Io { path: dir.to_path_buf(), cause })?;
+        let io = |cause| CheckpointError::Io { path: dir.to_path_buf(), cause };
+        let staged = crate::outputs::SaveDir::new(dir).map_err(io)?;
+        self.save_into(staged.path())?;
+        staged.commit().map_err(io)
+    }
+
+    /// Refuses to save parameters that are not finite: a diverged run's weights would load
+    /// and train as if they were good. Names the first such parameter.
+    pub fn check_finite(&self) -> Result<(), CheckpointError> {
+        for (name, t) in self.params() {
+            let bad = t.to_f64_vec().iter().filter(|x| !x.is_finite()).count();
+            if bad > 0 {
+                return Err(CheckpointError::NotFinite { name, count: bad, total: t.numel() });
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`Trainer::save`] writes, into the existing directory `dir` (a
+    /// [`crate::outputs::SaveDir`]'s staging directory, to which a caller adds its own files
+    /// before the commit). `trainer.json`, written last, records every file's size and CRC-32:
+    /// [`Trainer::load`] refuses files of different saves.
+    pub fn save_into(&self, dir: &Path) -> Result<(), CheckpointError> {
+        self.check_finite()?;
         let g = &self.tg.graph;
         let pick = |nodes: &[ir::NodeIndex]| -> BTreeMap<String, Tensor> {
             nodes
@@ -197,8 +242,13 @@ impl<'t> Trainer<'t> {
         write_npz(&dir.join("params.npz"), &params)?;
         crate::weights::write_safetensors(&dir.join("model.safetensors"), &params, &crate::weights::metadata())?;
         write_npz(&dir.join("state.npz"), &pick(&g.states))?;
+        let mut files = serde_json::Map::new();
+        for f in SAVED_FILES {
+            let (bytes, crc32) = file_crc(&dir.join(f))?;
+            files.insert(f.to_string(), serde_json::json!({ "bytes": bytes, "crc32": crc32 }));
+        }
         let meta = dir.join("trainer.json");
-        let text = serde_json::json!({ "steps_done": self.steps_done }).to_string();
+        let text = serde_json::json!({ "steps_done": self.steps_done, "files": files }).to_string();
         std::fs::write(&meta, text + "\n").map_err(|cause| CheckpointError::Io { path: meta, cause })?;
         Ok(())
     }
@@ -208,6 +258,26 @@ impl<'t> Trainer<'t> {
     /// zero.
     pub fn load(&mut self, dir: &Path) -> Result<(), CheckpointError> {
         let g = &self.tg.graph;
+        let saved = read_trainer_json(dir)?;
+        // Every file the save recorded must be the one it wrote (a save of another step, or a
+        // save killed midway by an autopar without atomic saves, mixes files).
+        if let Some(files) = saved.as_ref().and_then(|v| v.get("files")).and_then(|f| f.as_object()) {
+            let step = saved.as_ref().and_then(|v| v.get("steps_done")).and_then(|x| x.as_u64()).unwrap_or(0);
+            for (name, want) in files {
+                let path = dir.join(name);
+                let got = file_crc(&path)?;
+                let want = (want.get("bytes").and_then(|x| x.as_u64()), want.get("crc32").and_then(|x| x.as_u64()));
+                if want != (Some(got.0), Some(got.1 as u64)) {
+                    return Err(CheckpointError::Mismatch {
+                        path,
+                        message: format!(
+                            "is not the file saved with trainer.json (step {step}): the directory mixes files of \
+                             different saves"
+                        ),
+                    });
+                }
+            }
+        }
         let ppath = dir.join("params.npz");
         let params = read_npz(&ppath)?;
         let spath = dir.join("state.npz");
@@ -237,21 +307,49 @@ impl<'t> Trainer<'t> {
                 }
             }
         }
-        let meta = dir.join("trainer.json");
-        let steps = match ir::files::read_regular_to_string(&meta, 1 << 20) {
-            Ok(s) => serde_json::from_str::<serde_json::Value>(&s)
-                .ok()
-                .and_then(|v| v.get("steps_done").and_then(|x| x.as_u64()))
-                .ok_or_else(|| CheckpointError::Mismatch {
-                    path: meta.clone(),
-                    message: "expected {\"steps_done\": N}".into(),
-                })?,
+        let steps = match saved {
+            Some(v) => v.get("steps_done").and_then(|x| x.as_u64()).ok_or_else(|| CheckpointError::Mismatch {
+                path: dir.join("trainer.json"),
+                message: "expected {\"steps_done\": N}".into(),
+            })?,
             // Saved by an older autopar: no step count.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(cause) => return Err(CheckpointError::Io { path: meta, cause }),
+            None => 0,
         };
         self.storage = next;
         self.steps_done = steps;
         Ok(())
+    }
+}
+
+/// The files [`Trainer::save_into`] records in `trainer.json`.
+const SAVED_FILES: [&str; 3] = ["params.npz", "state.npz", "model.safetensors"];
+
+/// `DIR/trainer.json`, if there is one.
+fn read_trainer_json(dir: &Path) -> Result<Option<serde_json::Value>, CheckpointError> {
+    let meta = dir.join("trainer.json");
+    match ir::files::read_regular_to_string(&meta, 1 << 20) {
+        Ok(s) => serde_json::from_str(&s)
+            .map(Some)
+            .map_err(|e| CheckpointError::Mismatch { path: meta, message: format!("not JSON: {e}") }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(cause) => Err(CheckpointError::Io { path: meta, cause }),
+    }
+}
+
+/// Size and CRC-32 of a file, read as a stream.
+fn file_crc(path: &Path) -> Result<(u64, u32), CheckpointError> {
+    use std::io::Read;
+    let io = |cause| CheckpointError::Io { path: path.to_path_buf(), cause };
+    let mut f = ir::files::open_regular(path).map_err(io)?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf).map_err(io)?;
+        if k == 0 {
+            return Ok((n, h.finalize()));
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
     }
 }

@@ -366,18 +366,28 @@ impl DeviceProfile {
     }
 
     fn check(&self) -> std::result::Result<(), String> {
-        let pos = |v: f64, what: &str| {
-            if v.is_finite() && v > 0.0 { Ok(()) } else { Err(format!("{what} must be positive, got {v}")) }
+        // Ranges far wider than any device's (a kiloFLOP/s to a zettaFLOP/s, a kilobyte per second
+        // to an exabyte per second): a denormal or absurd rate makes every time infinite or zero,
+        // and planning then contradicts itself ("no plan fits" a plan that fits).
+        let within = |v: f64, lo: f64, hi: f64, what: &str| {
+            if v.is_finite() && (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{what} must be from {lo:e} to {hi:e}, got {v:e}"))
+            }
         };
-        pos(self.f32_flops, "f32_flops")?;
-        pos(self.f32_flops_exact, "f32_flops_exact")?;
-        pos(self.bf16_flops, "bf16_flops")?;
-        pos(self.memory_bandwidth, "memory_bandwidth")?;
+        within(self.f32_flops, 1e3, 1e21, "f32_flops (FLOP/s)")?;
+        within(self.f32_flops_exact, 1e3, 1e21, "f32_flops_exact (FLOP/s)")?;
+        within(self.bf16_flops, 1e3, 1e21, "bf16_flops (FLOP/s)")?;
+        within(self.memory_bandwidth, 1e3, 1e18, "memory_bandwidth (bytes/s)")?;
+        if !(1 << 20..=1 << 60).contains(&self.memory_bytes) {
+            return Err(format!("memory_bytes must be from 1 MiB to 1 EiB, got {}", self.memory_bytes));
+        }
         if !(self.op_seconds.is_finite() && (0.0..1.0).contains(&self.op_seconds)) {
             return Err(format!("op_seconds must be from 0 to 1 s, got {}", self.op_seconds));
         }
         if let Some(c) = self.conv_flops {
-            pos(c, "conv_flops")?;
+            within(c, 1e3, 1e21, "conv_flops (FLOP/s)")?;
         }
         for (family, c) in &self.op_costs {
             // Bounds far above any device (a second per instruction, a millisecond per byte or
@@ -391,6 +401,10 @@ impl DeviceProfile {
         }
         for (l, what) in [(&self.intra_node, "intra_node"), (&self.inter_node, "inter_node")] {
             l.validate().map_err(|why| format!("{what}: {why}"))?;
+            // A link of a kilobyte per second to an exabyte per second, with at most an hour of
+            // latency.
+            within(l.beta, 1e-18, 1e-3, &format!("{what}.beta (seconds per byte)"))?;
+            within(l.alpha, 0.0, 3600.0, &format!("{what}.alpha (seconds)"))?;
         }
         if self.devices_per_node == 0 {
             return Err("devices_per_node must be >= 1".into());

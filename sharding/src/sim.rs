@@ -163,8 +163,11 @@ fn put_numbers<T: Copy + std::ops::AddAssign>(
     });
 }
 
-fn zeros_like(shape: &[usize], t: &Tensor) -> Tensor {
+/// Zeros of `t`'s dtype, allocated fallibly (an assembled output or a gathered block is sized by
+/// the plan).
+fn zeros_like(shape: &[usize], t: &Tensor) -> Result<Tensor> {
     Tensor::zeros(&ir::TensorMeta::new(t.dtype(), shape.to_vec()))
+        .map_err(|e| Error::Sim(format!("a block of {shape:?}: {e}")))
 }
 
 /// Concatenation along `dim`.
@@ -182,7 +185,7 @@ pub fn concat(parts: &[Tensor], dim: usize) -> Result<Tensor> {
     if ir::shape::checked_bytes(&shape, first.dtype()).is_none() {
         return Err(Error::Sim(ir::shape::too_large(&shape, first.dtype())));
     }
-    let mut out = zeros_like(&shape, first);
+    let mut out = zeros_like(&shape, first)?;
     let mut off = vec![0; shape.len()];
     for p in parts {
         put_block(&mut out, p, &off, Combine::Assign)?;
@@ -222,7 +225,7 @@ pub fn local_block(global: &Tensor, spec: &ShardingSpec, mesh: &DeviceMesh, rank
     spec.check(global.shape(), mesh)?;
     let local = spec.local_shape(global.shape(), mesh);
     let b = checked_block(global, &spec.offsets(global.shape(), mesh, rank), &local)?;
-    if mesh.index_in_group(rank, spec.partial()) == 0 { Ok(b) } else { Ok(zeros_like(&local, global)) }
+    if mesh.index_in_group(rank, spec.partial()) == 0 { Ok(b) } else { zeros_like(&local, global) }
 }
 
 /// Every rank's block of `global` under `spec` (see [`local_block`]).
@@ -260,7 +263,7 @@ pub fn assemble(
         .collect::<Result<_>>()?;
     let used = spec.used_axes();
     let replica_axes: Vec<usize> = (0..mesh.ndim()).filter(|a| !used.contains(a)).collect();
-    let mut out = zeros_like(global_shape, &locals[0]);
+    let mut out = zeros_like(global_shape, &locals[0])?;
     for r in 0..mesh.size() {
         let rep = mesh.group_of(r, &replica_axes);
         if rep[0] == r {
@@ -326,7 +329,7 @@ pub fn apply(c: &Collective, locals: &[Tensor], mesh: &DeviceMesh) -> Result<Vec
                     if i == 0 {
                         members[0].clone()
                     } else {
-                        zeros_like(members[i].shape(), members[i])
+                        zeros_like(members[i].shape(), members[i])?
                     }
                 }
             };

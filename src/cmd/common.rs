@@ -75,6 +75,20 @@ pub fn held_lines(statistics: &[String], constants: &[String]) -> Vec<String> {
     out
 }
 
+/// Prints `g` on stdout in the IR text form (or, with `json`, its JSON form) as it is written: a
+/// graph holding gigabytes of constants is never held as text in memory.
+pub fn print_graph(g: &ir::Graph, json: bool) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if json {
+        serde_json::to_writer(&mut out, g).context("writing the graph")?;
+        writeln!(out).context("writing the graph")?;
+    } else {
+        g.write_text_to(&mut out).context("writing the graph")?;
+    }
+    out.flush().context("writing the graph")
+}
+
 /// Warns (once, on stderr) about parameters read in the same role by several nodes, which an
 /// eval-mode export's merging of equal initializers leaves (issue 16 item 6): training such a
 /// file silently differs from training the PyTorch module. `inspect` lists them on stdout.
@@ -588,13 +602,17 @@ pub fn mesh(text: &str, profile: &sharding::DeviceProfile, mesh_profile: Option<
     Ok(mesh)
 }
 
-/// Checks before any step that `--export-onnx FILE` can be written where it is asked for (its
-/// directory exists), so that a long run does not end in that error.
-pub fn check_export_path(out: Option<&Path>) -> Result<()> {
-    let Some(out) = out else { return Ok(()) };
-    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        bail!("--export-onnx {}: the directory {} does not exist", out.display(), dir.display());
+/// Refuses parameters holding NaN or infinite values (a diverged run's), naming the first.
+pub fn check_finite_params(params: &BTreeMap<String, ir::Tensor>) -> Result<()> {
+    for (name, t) in params {
+        let bad = t.to_f64_vec().iter().filter(|x| !x.is_finite()).count();
+        if bad > 0 {
+            bail!(
+                "parameter {name} holds {bad} NaN or infinite value(s) of {}: the run diverged, and its parameters are \
+                 not saved (try a smaller --lr, or check the input data)",
+                t.numel()
+            );
+        }
     }
     Ok(())
 }

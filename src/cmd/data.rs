@@ -142,7 +142,7 @@ pub fn save_position(dir: &Path, ds: Option<&Dataset>, steps_done: u64) -> Resul
             _ => Ok(()),
         };
     };
-    let text = serde_json::to_string_pretty(&ds.position(steps_done))?;
+    let text = serde_json::to_string_pretty(&ds.position(steps_done)?)?;
     std::fs::write(&file, text + "\n").with_context(|| format!("--save {}", file.display()))
 }
 

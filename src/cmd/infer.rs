@@ -55,6 +55,7 @@ pub fn run(a: &InferArgs) -> Result<()> {
     let ctx = kernels::cpu::CpuContext::new(a.threads.max(1))
         .context("starting the CPU thread pool")?
         .with_accumulation(a.accumulate.mode());
+    runtime::outputs::check_dir("--out", &a.out, g.outputs.iter().map(|(_, v)| g.meta(*v).bytes() as u64).sum())?;
     let interp = runtime::Interpreter::new(&g)?;
     let t0 = std::time::Instant::now();
     let rep = interp.run(&ctx, &feeds)?;

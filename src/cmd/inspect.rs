@@ -21,7 +21,8 @@ pub struct InspectArgs {
     /// Range), in bytes; parameters and activations are shapes only and not bounded by it.
     #[arg(long, value_name = "BYTES", default_value_t = tracer::DEFAULT_MAX_CONSTANT_BYTES)]
     pub max_constant_bytes: usize,
-    /// Print the imported graph in autopar's IR text form.
+    /// Print the imported graph in autopar's IR text form (with --json: its JSON form, as plans
+    /// hold it).
     #[arg(long)]
     pub graph: bool,
     /// List the ONNX ops autopar supports and exit.
@@ -70,8 +71,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let opts = common::import_options(&a.inputs, false, a.max_constant_bytes)?;
     let (g, notes) = common::load_model_noted(path, &opts)?;
     if a.graph {
-        print!("{}", g.to_text());
-        return Ok(());
+        return common::print_graph(&g, a.json);
     }
     let (params, param_bytes) = g.param_stats();
     let mut per_op: BTreeMap<&str, usize> = BTreeMap::new();

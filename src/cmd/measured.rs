@@ -46,8 +46,21 @@ pub fn read(path: &Path, plan: &Plan) -> Result<Vec<RankProfile>> {
         bail!("{} was measured on another plan (its model or program differs)", path.display());
     }
     let bad = || anyhow::anyhow!("{}: a malformed rank entry", path.display());
+    // Ranks are the plan's: each at most once, each a rank of its mesh.
+    let ranks = plan.device_mesh().map_err(|e| anyhow::anyhow!("{e}"))?.size();
+    let entries = v["ranks"].as_array().ok_or_else(bad)?;
+    if entries.len() > ranks {
+        bail!("{} holds {} rank entries; the plan has {ranks} ranks", path.display(), entries.len());
+    }
+    let mut seen = vec![false; ranks];
     let mut out = vec![];
-    for r in v["ranks"].as_array().ok_or_else(bad)? {
+    for r in entries {
+        let rank = r["rank"].as_u64().ok_or_else(bad)? as usize;
+        match seen.get_mut(rank) {
+            None => bail!("{}: rank {rank} is not a rank of the plan's {ranks}", path.display()),
+            Some(true) => bail!("{}: rank {rank} is measured twice", path.display()),
+            Some(s) => *s = true,
+        }
         let mut seconds = BTreeMap::new();
         for (k, s) in r["seconds"].as_object().ok_or_else(bad)? {
             let k: usize = k.parse().map_err(|_| bad())?;
@@ -63,8 +76,11 @@ pub fn read(path: &Path, plan: &Plan) -> Result<Vec<RankProfile>> {
             .map(|m| Some((m.get(0)?.as_u64()? as usize, m.get(1)?.as_u64()?)))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(bad)?;
+        if memory.iter().any(|m| m.0 >= plan.program.len()) {
+            return Err(bad());
+        }
         out.push(RankProfile {
-            rank: r["rank"].as_u64().ok_or_else(bad)? as usize,
+            rank,
             steps: r["steps"].as_u64().ok_or_else(bad)?,
             seconds,
             memory,
@@ -75,12 +91,6 @@ pub fn read(path: &Path, plan: &Plan) -> Result<Vec<RankProfile>> {
         bail!("{} holds no rank's measurements", path.display());
     }
     Ok(out)
-}
-
-/// The mean over the ranks that ran instruction `k` of their seconds for it.
-fn measured(profiles: &[RankProfile], k: usize) -> Option<f64> {
-    let v: Vec<f64> = profiles.iter().filter_map(|p| p.seconds.get(&k).copied()).collect();
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// The text comparison: step and peak, per family, and the instructions that took longest.
@@ -134,9 +144,19 @@ pub fn summary(plan: &Plan, profiles: &[RankProfile]) -> String {
     o
 }
 
-/// Each instruction's measured seconds per step (the mean over the ranks that ran it).
+/// Each instruction's measured seconds per step (the mean over the ranks that ran it), in one
+/// pass over the measurements (linear in the ranks).
 fn per_instruction(plan: &Plan, profiles: &[RankProfile]) -> Vec<Option<f64>> {
-    (0..plan.program.len()).map(|k| measured(profiles, k)).collect()
+    let mut sums = vec![(0.0f64, 0usize); plan.program.len()];
+    for p in profiles {
+        for (&k, &s) in &p.seconds {
+            if let Some(e) = sums.get_mut(k) {
+                e.0 += s;
+                e.1 += 1;
+            }
+        }
+    }
+    sums.into_iter().map(|(s, n)| (n > 0).then(|| s / n as f64)).collect()
 }
 
 /// The profiles as the plan's page draws them beside its estimates.

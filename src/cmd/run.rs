@@ -164,6 +164,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     };
     // Checked again against the checkpoint's step once it is read (--resume).
     runtime::launch::check_fault(&opts, program.ranks(), 0).map_err(explain)?;
+    check_outputs(a, &program)?;
     if let Some(dir) = &a.checkpoint {
         std::fs::create_dir_all(dir).with_context(|| format!("--checkpoint {}", dir.display()))?;
     }
@@ -195,9 +196,49 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     Ok((Job { program, feeds, init, opts, gather: a.save.is_some() || a.export_onnx.is_some() }, info))
 }
 
+/// Checks every output destination before the first step (a run that cannot write its results
+/// fails now, not after its last step): --save and --checkpoint directories, --export-onnx and
+/// --profile-ops files, each writable and with room for what it will hold.
+fn check_outputs(a: &RunArgs, program: &Program) -> Result<()> {
+    let params: u64 = program.resident.iter().filter(|r| !r.is_state).map(|r| r.meta.bytes() as u64).sum();
+    let all: u64 = program.resident.iter().map(|r| r.meta.bytes() as u64).sum();
+    if let Some(dir) = &a.save {
+        runtime::outputs::check_dir("--save", dir, 2 * params + (1 << 20))?;
+    }
+    if let Some(dir) = &a.checkpoint {
+        // The newest two checkpoints are kept, and a third is written before the oldest goes.
+        runtime::outputs::check_dir("--checkpoint", dir, if a.resume { all } else { 2 * all } + (1 << 20))?;
+    }
+    if let Some(file) = &a.export_onnx {
+        let model = a.model.as_ref().and_then(|m| std::fs::metadata(m).ok()).map_or(0, |m| m.len());
+        runtime::outputs::check_file("--export-onnx", file, model + params)?;
+    }
+    if let Some(file) = &a.profile_ops {
+        runtime::outputs::check_file("--profile-ops", file, 1 << 20)?;
+    }
+    Ok(())
+}
+
+/// This process's rank among the processes of a launch (mpirun's, or `--rank`); 0 alone.
+fn process_rank(a: &RunArgs) -> usize {
+    a.rank.unwrap_or_else(|| {
+        ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().and_then(|s| s.parse().ok()))
+            .unwrap_or(0)
+    })
+}
+
 /// Runs `autopar run`: the job of the flags on the launcher of `--backend`.
 pub fn run(a: &RunArgs) -> Result<()> {
-    common::check_export_path(a.export_onnx.as_deref())?;
+    // One run per checkpoint directory (held by the first process of a launch until it exits):
+    // a second run would remove the first one's files as stale.
+    let _lock = match &a.checkpoint {
+        Some(dir) if process_rank(a) == 0 => {
+            Some(runtime::outputs::DirLock::acquire(dir).map_err(|e| anyhow::anyhow!("--checkpoint {e}"))?)
+        }
+        _ => None,
+    };
     if a.precision == Some(common::Precision::F64) && a.backend == Backend::Nccl {
         bail!("--precision f64 runs on CPU ranks only (--backend threads or mpi); the GPU kernels are f32");
     }
@@ -264,6 +305,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     save_params(a, &params, model.borrow().as_deref())?;
     if let Some(file) = &a.export_onnx {
         let model = model.borrow().clone().context("--export-onnx: the model file is unknown")?;
+        common::check_finite_params(&params).with_context(|| format!("--export-onnx {}", file.display()))?;
         common::export_onnx(&model, file, &params)?;
         if !a.json {
             println!("wrote the trained model to {}", file.display());

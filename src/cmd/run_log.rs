@@ -29,12 +29,19 @@ pub struct Step {
 /// The largest log read.
 const MAX_LOG_BYTES: u64 = 1 << 30;
 
-/// The steps of a `--json` log (other lines, such as the summary, are skipped).
+/// The steps of a `--json` log (other lines, such as the summary, are skipped), read line by
+/// line (a log of millions of steps is never held as text).
 pub fn read(path: &Path) -> Result<Vec<Step>> {
-    let text = ir::files::read_regular_to_string(path, MAX_LOG_BYTES).with_context(|| path.display().to_string())?;
+    use std::io::BufRead;
+    let f = ir::files::open_regular(path).with_context(|| path.display().to_string())?;
+    let len = f.metadata().with_context(|| path.display().to_string())?.len();
+    if len > MAX_LOG_BYTES {
+        bail!("{} is {len} bytes, more than the {MAX_LOG_BYTES} a run log is read up to", path.display());
+    }
     let mut steps = vec![];
-    for (i, line) in text.lines().enumerate() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.with_context(|| format!("{}:{}", path.display(), i + 1))?;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
         let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
         // A diverged step's loss is written as null (JSON has no NaN): kept, as NaN.
         let loss = match v.get("loss") {

@@ -277,16 +277,23 @@ pub fn on_event<'a>(
 /// PyTorch names) when the model file `model` is known.
 pub fn save_params(a: &RunArgs, params: &BTreeMap<String, ir::Tensor>, model: Option<&std::path::Path>) -> Result<()> {
     let Some(dir) = &a.save else { return Ok(()) };
-    std::fs::create_dir_all(dir).with_context(|| format!("--save {}", dir.display()))?;
-    let file = dir.join("params.npz");
-    runtime::npy::write_npz(&file, params).with_context(|| format!("--save {}", file.display()))?;
-    let st = dir.join("model.safetensors");
-    runtime::weights::write_safetensors(&st, params, &runtime::weights::metadata())
-        .with_context(|| format!("--save {}", st.display()))?;
+    common::check_finite_params(params).with_context(|| format!("--save {}", dir.display()))?;
+    // Written into a staging directory that replaces DIR whole.
+    let staged = runtime::outputs::SaveDir::new(dir).with_context(|| format!("--save {}", dir.display()))?;
+    let (file, st) = (dir.join("params.npz"), dir.join("model.safetensors"));
+    runtime::npy::write_npz(&staged.path().join("params.npz"), params)
+        .with_context(|| format!("--save {}", file.display()))?;
+    runtime::weights::write_safetensors(
+        &staged.path().join("model.safetensors"),
+        params,
+        &runtime::weights::metadata(),
+    )
+    .with_context(|| format!("--save {}", st.display()))?;
     let named = match model {
-        Some(m) => Some(common::write_torch_names(m, dir, params)?),
+        Some(m) => Some(common::write_torch_names(m, staged.path(), params)?),
         None => None,
     };
+    staged.commit().with_context(|| format!("--save {}", dir.display()))?;
     if !a.json {
         println!("saved the parameters ({} tensors) to {} and {}", params.len(), file.display(), st.display());
         if let Some(n) = named {

@@ -80,11 +80,14 @@ pub struct TrainArgs {
     /// skipped).
     #[arg(long, value_name = "N", hide = true)]
     pub inject_nonfinite: Option<u64>,
+    /// Exit (code 137) once --save has written its files, before they replace the directory, as
+    /// a kill mid-save would (for testing that saves are atomic).
+    #[arg(long, hide = true)]
+    pub inject_exit_in_save: bool,
 }
 
 /// Runs `autopar train`.
 pub fn run(a: &TrainArgs) -> Result<()> {
-    common::check_export_path(a.export_onnx.as_deref())?;
     let loss: LossSpec = a.loss.parse().map_err(anyhow::Error::msg)?;
     let opt = a.opt.optimizer()?;
     let topts = a.opt.train_options(loss, a.freeze.clone())?;
@@ -101,8 +104,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         _ => tg,
     };
     if a.graph {
-        print!("{}", tg.graph.to_text());
-        return Ok(());
+        return common::print_graph(&tg.graph, false);
     }
     let ctx = kernels::cpu::CpuContext::new(a.threads)
         .context("starting the CPU thread pool")?
@@ -113,6 +115,19 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     if let Some(dir) = &a.load {
         trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;
         super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;
+    }
+    // Every output is checked before step 1: a run that cannot save its weights fails now, not
+    // after its last step.
+    let (_, param_bytes) = g.param_stats();
+    let state_bytes: usize = tg.graph.states.iter().map(|&s| tg.graph.node(s).outputs[0].bytes()).sum();
+    if let Some(dir) = &a.save {
+        // params.npz, model.safetensors, state.npz and small files, next to the previous save.
+        let bytes = (2 * param_bytes + state_bytes) as u64 + (1 << 20);
+        runtime::outputs::check_dir("--save", dir, bytes)?;
+    }
+    if let Some(file) = &a.export_onnx {
+        let model_bytes = std::fs::metadata(&a.model).map_or(0, |m| m.len());
+        runtime::outputs::check_file("--export-onnx", file, model_bytes + param_bytes as u64)?;
     }
     let mut reader = data.as_ref().map(|d| d.reader());
     // The step the run starts after (a loaded state's): --steps more follow.
@@ -241,11 +256,21 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         b.finish_and_clear();
     }
     if let Some(dir) = &a.save {
-        trainer.save(dir).with_context(|| format!("--save {}", dir.display()))?;
-        super::data::save_position(dir, data.as_ref(), trainer.steps_done())?;
-        common::write_torch_names(&a.model, dir, &trainer.params())?;
+        // Written into a staging directory that replaces DIR whole (a kill midway leaves the
+        // previous save).
+        let ctx = || format!("--save {}", dir.display());
+        let staged = runtime::outputs::SaveDir::new(dir).with_context(ctx)?;
+        trainer.save_into(staged.path()).with_context(ctx)?;
+        super::data::save_position(staged.path(), data.as_ref(), trainer.steps_done())?;
+        common::write_torch_names(&a.model, staged.path(), &trainer.params())?;
+        if a.inject_exit_in_save {
+            eprintln!("injected fault: exiting while {} is being saved", dir.display());
+            std::process::exit(137);
+        }
+        staged.commit().with_context(ctx)?;
     }
     if let Some(file) = &a.export_onnx {
+        trainer.check_finite().with_context(|| format!("--export-onnx {}", file.display()))?;
         common::export_onnx(&a.model, file, &trainer.params())?;
         if !a.json {
             writeln!(out, "wrote the trained model to {}", file.display())?;

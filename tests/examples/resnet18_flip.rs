@@ -98,7 +98,7 @@ fn main() -> Result<()> {
             let outs = match &node.op {
                 ir::Op::Input { name } => vec![feeds[name].clone()],
                 ir::Op::Param { name } => vec![params[name].clone()],
-                ir::Op::State { .. } => vec![Tensor::zeros(&node.outputs[0])],
+                ir::Op::State { .. } => vec![Tensor::zeros(&node.outputs[0]).unwrap()],
                 ir::Op::Constant(t) => vec![t.clone()],
                 op => {
                     let ins: Vec<&Tensor> = gr.node_inputs(n).iter().map(|v| &vals[v]).collect();

@@ -7,8 +7,10 @@
 //! through tract-onnx's protobuf types and prost, plan.json edits, .npy bytes, flags), one module
 //! per class of input.
 
+mod alloc;
 mod common;
 mod files;
 mod flags;
 mod plans;
+mod probe2;
 mod shapes;

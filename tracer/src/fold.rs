@@ -190,6 +190,7 @@ fn evaluate_unguarded(
         .and_then(|m| m.into_typed())
         .map_err(tract)?;
     let mut shapes = Vec::with_capacity(outs.len());
+    let mut total = 0usize;
     for (i, &k) in outs.iter().enumerate() {
         let fact = typed.output_fact(i).map_err(tract)?;
         let shape = fact
@@ -217,7 +218,11 @@ fn evaluate_unguarded(
             }
         }
         shapes.push(shape.to_vec());
+        total = total.saturating_add(bytes.unwrap_or(usize::MAX));
     }
+    // tract's results and our copies of them are held at once; tract allocates infallibly, so
+    // the memory is checked first (an error naming the node, not an abort).
+    ir::alloc::reserve(total.saturating_mul(2)).map_err(|e| format!("folding it: {e}"))?;
     let results = typed.into_runnable().and_then(|r| r.run(feeds)).map_err(tract)?;
     let mut out = vec![None; node.output.len()];
     for ((r, &k), shape) in results.iter().zip(&outs).zip(&shapes) {

@@ -495,7 +495,8 @@ impl<'a> Importer<'a> {
     }
 
     /// Checks, before allocating it, that a constant of `meta` stays under the ceiling of
-    /// [`ImportOptions::max_constant_bytes`].
+    /// [`ImportOptions::max_constant_bytes`], and that the system gives its memory
+    /// ([`ir::alloc::reserve`]: an error, not an abort, under a tighter `ulimit -v`).
     fn constant_fits(&self, meta: &TensorMeta) -> Result<(), String> {
         match meta.checked_bytes() {
             None => Err(format!("constant: {}", ir::shape::too_large(&meta.shape, meta.dtype))),
@@ -504,7 +505,7 @@ impl<'a> Importer<'a> {
                  import (--max-constant-bytes)",
                 self.max_constant_bytes
             )),
-            Some(_) => Ok(()),
+            Some(b) => ir::alloc::reserve(b).map_err(|e| format!("the constant {meta}: {e}")),
         }
     }
 

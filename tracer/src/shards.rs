@@ -274,7 +274,8 @@ impl InitializerIndex {
             return Err(bad(format!("block at {offsets:?} of size {size:?} is outside shape {shape:?}")));
         }
         let total: usize = size.iter().product();
-        let mut out = Vec::with_capacity(total);
+        // Sized by the file (an external data file may be sparse): allocated fallibly.
+        let mut out = ir::alloc::try_vec(total).map_err(|e| bad(format!("a block of {size:?}: {e}")))?;
         if total == 0 {
             return Ok(Some(out));
         }
@@ -292,7 +293,7 @@ impl InitializerIndex {
             ir::files::open_regular(&loc.file).map_err(|cause| ImportError::Io { path: loc.file.clone(), cause })?;
         let mut idx = vec![0usize; lead];
         let elem = float_bytes(loc.data_type).unwrap_or(4) as usize;
-        let mut buf = vec![0u8; run * elem];
+        let mut buf = ir::alloc::try_filled(run * elem, 0u8).map_err(|e| bad(format!("a block of {size:?}: {e}")))?;
         loop {
             let mut start: usize = (0..nd).map(|d| offsets[d] * strides[d]).sum();
             start += idx.iter().enumerate().map(|(d, &i)| i * strides[d]).sum::<usize>();

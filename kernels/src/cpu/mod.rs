@@ -253,6 +253,7 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
     }
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
     let outs = op.infer(&metas).map_err(|message| Error::BadInput { op: name, message })?;
+    reserve_outputs(name, &metas, &outs)?;
     // Half-precision storage computes in f32: the inputs widened (exactly), each result rounded
     // to its half type once, as PyTorch's bf16/f16 CPU kernels do.
     if !matches!(op, Op::Cast { .. }) && metas.iter().any(|m| m.dtype.is_half()) {
@@ -331,6 +332,26 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
+}
+
+/// Checks that the memory `op` is about to allocate can be: its outputs, and for half-precision
+/// inputs the f32 copies it computes on ([`ir::alloc::reserve`]). Every kernel runs after this
+/// check, so a model or plan that asks for more memory than the system gives is
+/// [`Error::OutOfMemory`] naming the bytes, whatever kernel a new op adds; the kernels' own large
+/// buffers are allocated fallibly as well where they are made (`shape.rs`).
+fn reserve_outputs(op: &'static str, ins: &[TensorMeta], outs: &[TensorMeta]) -> Result<(), Error> {
+    let oom = |bytes| Error::OutOfMemory { op, bytes };
+    let wide =
+        |m: &TensorMeta| if m.dtype.is_half() { m.checked_numel().and_then(|n| n.checked_mul(4)) } else { Some(0) };
+    let mut total = Some(0usize);
+    for m in outs {
+        total = total.and_then(|t| t.checked_add(m.checked_bytes()?)).and_then(|t| t.checked_add(wide(m)?));
+    }
+    for m in ins {
+        total = total.and_then(|t| t.checked_add(wide(m)?));
+    }
+    let total = total.ok_or(oom(None))?;
+    ir::alloc::reserve(total).map_err(|e| oom(e.bytes))
 }
 
 fn reshape(x: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {

@@ -73,7 +73,7 @@ fn strided<T: Copy + Send + Sync + Default>(
     if lo < 0 || hi >= x.len() as i128 {
         return Err(bad(format!("a walk over {dims:?} reads outside its input of {} elements", x.len())));
     }
-    let mut out = vec![T::default(); n];
+    let mut out = ir::alloc::try_filled(n, T::default()).map_err(|e| Error::out_of_memory(op, e))?;
     let (cd, cs) = collapse(dims, st);
     let len = *cd.last().expect("collapse keeps one dim");
     let s = *cs.last().expect("collapse keeps one dim");
@@ -127,14 +127,15 @@ pub(crate) fn slice(ctx: &CpuContext, x: &Tensor, axes: &[SliceAxis], out_shape:
     tensor("slice", out_shape, data)
 }
 
-fn concat_vec<T: Copy>(parts: &[&[T]], chunks: &[usize], outer: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(chunks.iter().sum::<usize>() * outer);
+fn concat_vec<T: Copy>(parts: &[&[T]], chunks: &[usize], outer: usize) -> Result<Vec<T>, Error> {
+    let n = chunks.iter().sum::<usize>().saturating_mul(outer);
+    let mut out = ir::alloc::try_vec(n).map_err(|e| Error::out_of_memory("concat", e))?;
     for o in 0..outer {
         for (p, &c) in parts.iter().zip(chunks) {
             out.extend_from_slice(&p[o * c..(o + 1) * c]);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Concatenation along `axis`.
@@ -146,7 +147,7 @@ pub(crate) fn concat(inputs: &[&Tensor], axis: usize, out_shape: &[usize]) -> Re
         ($variant:ident, $get:ident) => {{
             let parts: Option<Vec<_>> = inputs.iter().map(|t| t.$get()).collect();
             let parts = parts.ok_or_else(|| Error::BadInput { op: "concat", message: "input dtypes differ".into() })?;
-            Data::$variant(concat_vec(&parts, &chunks, outer))
+            Data::$variant(concat_vec(&parts, &chunks, outer)?)
         }};
     }
     let data = match inputs[0].data() {
@@ -197,17 +198,18 @@ pub(crate) fn gather(x: &Tensor, indices: &Tensor, axis: usize, out_shape: &[usi
         }
         pos.push(j as usize);
     }
-    fn go<T: Copy>(v: &[T], pos: &[usize], outer: usize, d: usize, inner: usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(outer * pos.len() * inner);
+    fn go<T: Copy>(v: &[T], pos: &[usize], outer: usize, d: usize, inner: usize) -> Result<Vec<T>, Error> {
+        let n = outer.checked_mul(pos.len()).and_then(|n| n.checked_mul(inner)).unwrap_or(usize::MAX);
+        let mut out = ir::alloc::try_vec(n).map_err(|e| Error::out_of_memory("gather", e))?;
         for o in 0..outer {
             for &p in pos {
                 let at = (o * d + p) * inner;
                 out.extend_from_slice(&v[at..at + inner]);
             }
         }
-        out
+        Ok(out)
     }
-    let data = each_dtype!(x.data(), v => go(v, &pos, outer, d, inner));
+    let data = each_dtype!(x.data(), v => go(v, &pos, outer, d, inner)?);
     tensor("gather", out_shape, data)
 }
 
@@ -215,12 +217,12 @@ pub(crate) fn gather(x: &Tensor, indices: &Tensor, axis: usize, out_shape: &[usi
 pub(crate) fn pad(x: &Tensor, pads: &[usize], value: f32, out_shape: &[usize]) -> Result<Tensor, Error> {
     let s = x.shape();
     let r = s.len();
-    fn go<T: Copy>(v: &[T], s: &[usize], pads: &[usize], out_shape: &[usize], fill: T) -> Vec<T> {
-        let n: usize = out_shape.iter().product();
-        let mut out = vec![fill; n];
+    fn go<T: Copy>(v: &[T], s: &[usize], pads: &[usize], out_shape: &[usize], fill: T) -> Result<Vec<T>, Error> {
+        let n = ir::shape::checked_numel(out_shape).unwrap_or(usize::MAX);
+        let mut out = ir::alloc::try_filled(n, fill).map_err(|e| Error::out_of_memory("pad", e))?;
         if v.is_empty() || s.is_empty() {
             out.iter_mut().zip(v).for_each(|(o, &x)| *o = x);
-            return out;
+            return Ok(out);
         }
         let r = s.len();
         let ost = strides(out_shape);
@@ -233,16 +235,16 @@ pub(crate) fn pad(x: &Tensor, pads: &[usize], value: f32, out_shape: &[usize]) -
             }
             out[off..off + len].copy_from_slice(src);
         }
-        out
+        Ok(out)
     }
     let _ = r;
     let data = match x.data() {
-        Data::F32(v) => Data::F32(go(v, s, pads, out_shape, value)),
-        Data::F64(v) => Data::F64(go(v, s, pads, out_shape, value as f64)),
-        Data::BF16(v) => Data::BF16(go(v, s, pads, out_shape, ir::half::bf16::from_f32(value))),
-        Data::F16(v) => Data::F16(go(v, s, pads, out_shape, ir::half::f16::from_f32(value))),
-        Data::I64(v) => Data::I64(go(v, s, pads, out_shape, value as i64)),
-        Data::Bool(v) => Data::Bool(go(v, s, pads, out_shape, value != 0.0)),
+        Data::F32(v) => Data::F32(go(v, s, pads, out_shape, value)?),
+        Data::F64(v) => Data::F64(go(v, s, pads, out_shape, value as f64)?),
+        Data::BF16(v) => Data::BF16(go(v, s, pads, out_shape, ir::half::bf16::from_f32(value))?),
+        Data::F16(v) => Data::F16(go(v, s, pads, out_shape, ir::half::f16::from_f32(value))?),
+        Data::I64(v) => Data::I64(go(v, s, pads, out_shape, value as i64)?),
+        Data::Bool(v) => Data::Bool(go(v, s, pads, out_shape, value != 0.0)?),
     };
     tensor("pad", out_shape, data)
 }

@@ -963,7 +963,12 @@ pub fn rank_loop(
             let due = step == opts.until_step || c.every.is_some_and(|k| k > 0 && step.is_multiple_of(k));
             if due {
                 let exit = fault.is_some_and(|f| f.kind == FaultKind::ExitInCheckpoint);
-                let pos = opts.data.as_ref().map(|d| d.position(step));
+                let pos = opts
+                    .data
+                    .as_ref()
+                    .map(|d| d.position(step))
+                    .transpose()
+                    .map_err(|e| DistError::Data { rank: rank.rank(), message: format!("--data: {e}") })?;
                 rep.checkpoint = Some(rank.checkpoint(program, &c.dir, &opts.run_id, pos.as_ref(), exit)?);
             }
         }
@@ -1051,7 +1056,7 @@ pub fn gather_params(
         // put an empty one, and every rank's block is its peer's on that stage.
         let mine = match st.storage.get(&r.name) {
             Some(t) => t.clone(),
-            None if program.stage_of(st.rank) != r.stage => Tensor::zeros(&ir::TensorMeta::new(r.meta.dtype, vec![0])),
+            None if program.stage_of(st.rank) != r.stage => Tensor::empty(r.meta.dtype),
             None => return Err(DistError::Data { rank: st.rank, message: format!("no block of {}", r.name) }),
         };
         let all = comm.exchange(&everyone, std::sync::Arc::new(mine))?;

@@ -55,14 +55,14 @@ impl Importer<'_> {
                 self.constant_fits(&meta)?;
                 let count = meta.numel();
                 let t = match value.data() {
-                    ir::Data::F32(v) => Tensor::f32(shape, vec![*v.first().ok_or("empty value")?; count]),
-                    ir::Data::F64(v) => Tensor::f64(shape, vec![*v.first().ok_or("empty value")?; count]),
+                    ir::Data::F32(v) => Tensor::f32(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
+                    ir::Data::F64(v) => Tensor::f64(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
                     ir::Data::BF16(_) | ir::Data::F16(_) => {
                         let x = *value.to_f32_vec().first().ok_or("empty value")?;
-                        Tensor::f32(shape, vec![x; count]).with_float_type(value.dtype())
+                        Tensor::f32(shape, fill_as(count, &meta, x)?).with_float_type(value.dtype())
                     }
-                    ir::Data::I64(v) => Tensor::i64(shape, vec![*v.first().ok_or("empty value")?; count]),
-                    ir::Data::Bool(v) => Tensor::bool(shape, vec![*v.first().ok_or("empty value")?; count]),
+                    ir::Data::I64(v) => Tensor::i64(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
+                    ir::Data::Bool(v) => Tensor::bool(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
                 };
                 one(V::C(Rc::new(t)))
             }
@@ -362,4 +362,9 @@ impl Importer<'_> {
             other => Err(format!("{other} is not a shape op (importer bug)")),
         }
     }
+}
+
+/// `count` copies of `x`, allocated fallibly (a ConstantOfShape's fill; `meta` names it).
+fn fill_as<T: Clone>(count: usize, meta: &TensorMeta, x: T) -> Result<Vec<T>, String> {
+    ir::alloc::try_filled(count, x).map_err(|e| format!("the constant {meta}: {e}"))
 }
