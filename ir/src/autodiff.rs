@@ -740,6 +740,10 @@ fn vjp(
             return Ok(out);
         }
         Op::Index(x) => return index::vjp(b, n, x, ins, dys, want),
+        Op::Dropout(a) => {
+            out[0] = elementwise::dropout_vjp(b, *a, dy)?;
+            return Ok(out);
+        }
         // Every other op has one output.
         _ if dys.len() > 1 => return Err(no_rule(b, n)),
         _ => {}

@@ -4,7 +4,8 @@
 //! attributes or a fixed input count (`Gemm` and `LayerNorm` take an optional last input).
 //! Attributes are fully static and normalised: axes are non-negative, shapes are concrete, slice
 //! bounds are clamped. ONNX ops that are only views under static shapes (`Flatten`, `Squeeze`,
-//! `Unsqueeze`) become [`Op::Reshape`]; `Dropout` in inference becomes [`Op::Identity`].
+//! `Unsqueeze`) become [`Op::Reshape`]; `Dropout` in inference (or with ratio 0) becomes
+//! [`Op::Identity`], in training [`Op::Dropout`].
 
 use crate::ops::resize::ResizeAttrs;
 use crate::tensor::{DType, Tensor, TensorMeta};
@@ -578,6 +579,12 @@ pub enum Op {
     /// An op of the indexing family (gathers, scatters, triangles, cumulative sums, arg-reductions,
     /// top-k): see [`crate::ops::index`].
     Index(crate::IndexOp),
+    /// Training-mode dropout (ONNX `Dropout` with `training_mode` true): input x (float);
+    /// outputs `x · keep / (1 - ratio)` and, with `mask`, `keep` (bool). The mask is a function of
+    /// the run's seed, the step and each element's global index, the same however the step is
+    /// sharded, split into microbatches or staged; inference does not drop. See
+    /// [`crate::ops::random`]. Its gradient is the same op on the output gradient.
+    Dropout(crate::ops::random::DropoutAttrs),
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -704,6 +711,7 @@ impl Op {
             BatchNormTrainGrad { .. } => "batchnorm_train_grad",
             Hardmax { .. } => "hardmax",
             Index(x) => x.name(),
+            Dropout(_) => "dropout",
         }
     }
 
@@ -720,6 +728,7 @@ impl Op {
             Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } | Op::BatchNormTrainGrad { .. } => 3,
             Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
             Op::Index(x) => x.num_outputs(),
+            Op::Dropout(a) if a.mask => 2,
             _ => 1,
         }
     }
@@ -753,6 +762,7 @@ impl Op {
             ResizeGrad { attrs, shape } => attrs.infer_grad(n, shape, ins),
             BatchNormTrain { .. } => crate::ops::norm::infer_batch_norm_train(n, ins),
             Index(x) => x.infer(ins),
+            Dropout(a) => crate::ops::random::infer(n, a, ins),
             Unary(_) | Binary(_) | Where | Cast { .. } | Identity => crate::ops::elementwise::infer(self, ins),
             MatMul | Gemm { .. } => crate::ops::linalg::infer(self, ins),
             Conv(_) | MaxPool(_) | AveragePool(_) | GlobalAveragePool | GlobalMaxPool => {
@@ -821,6 +831,8 @@ impl Op {
             MaxPool(a) | AveragePool(a) => mul(&[window(a), out_n]),
             GlobalAveragePool | GlobalMaxPool | Reduce { .. } => numel(ins.first()),
             Unary(_) | Binary(_) | Where => out_n,
+            // A multiply per element and a Philox block (10 rounds of two 32-bit products) per four.
+            Dropout(_) => mul(&[6, out_n]),
             Hardmax { .. } => mul(&[2, out_n]),
             Index(crate::IndexOp::CumSum { .. }) => out_n,
             Index(crate::IndexOp::ArgMax { .. } | crate::IndexOp::ArgMin { .. }) => numel(ins.first()),

@@ -216,6 +216,9 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr<'_>)> {
         }
         Hardmax { axis } => vec![("axis", Attr::Int(*axis as i64))],
         Index(x) => index_attrs(x),
+        Dropout(a) => {
+            vec![("ratio", Attr::Float(a.ratio)), ("id", Attr::Int(a.id as i64)), ("mask", Attr::Bool(a.mask))]
+        }
     }
 }
 /// Attributes of an indexing-family op (`tril`/`triu` name their side).
@@ -483,6 +486,11 @@ pub(crate) fn op_from(name: &str, map: HashMap<String, Attr<'static>>) -> Result
             "pad" => Op::Pad { pads: a.usizes("pads")?, value: a.float("value")? },
             "state" => Op::State { name: a.string("name")? },
             "hardmax" => Op::Hardmax { axis: a.usize("axis")? },
+            "dropout" => {
+                let id = a.int("id")?;
+                let id = u32::try_from(id).map_err(|_| format!("dropout: id {id} is not in 0..2^32"))?;
+                Op::Dropout(crate::DropoutAttrs { ratio: a.float("ratio")?, id, mask: a.bool("mask")? })
+            }
             "softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: false },
             "log_softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: true },
             "layernorm_grad" => Op::LayerNormGrad { axis: a.usize("axis")?, epsilon: a.float("epsilon")? },

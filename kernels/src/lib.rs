@@ -32,6 +32,7 @@ pub mod cpu;
 pub mod cuda;
 mod geometry;
 mod optim;
+pub mod random;
 
 /// Why a kernel could not run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -159,3 +159,16 @@ fn constant_without(b: &Builder, v: Value, bad: impl Fn(f32) -> bool) -> bool {
         _ => false,
     }
 }
+
+/// The gradient of a training-mode dropout: with its mask fixed it is linear, `dx = dy · keep /
+/// (1 - ratio)`, which is the same dropout (same `id`, no mask output) on `dy`. Run in the same
+/// step and microbatch over a tensor of the same global shape, it draws the forward's mask again
+/// (`crate::ops::random`) instead of keeping it. The mask output has no gradient.
+pub(super) fn dropout_vjp(
+    b: &mut Builder,
+    a: crate::DropoutAttrs,
+    dy: Option<Value>,
+) -> Result<Option<Value>, AutodiffError> {
+    let Some(dy) = dy else { return Ok(None) };
+    Ok(Some(b.op("dx", Op::Dropout(crate::DropoutAttrs { mask: false, ..a }), &[dy])?))
+}

@@ -9,6 +9,7 @@ pub(crate) mod elementwise;
 pub mod index;
 pub(crate) mod linalg;
 pub(crate) mod norm;
+pub mod random;
 pub(crate) mod reduce;
 pub mod resize;
 pub(crate) mod shape;

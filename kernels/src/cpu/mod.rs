@@ -13,6 +13,7 @@
 
 mod float;
 pub(crate) mod index;
+pub mod random;
 pub(crate) mod shape;
 #[cfg(test)]
 mod tests;
@@ -329,6 +330,9 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::BatchNormTrainGrad { epsilon } => float!(batch_norm::batch_norm_train_grad(ctx, inputs, *epsilon))?,
         Op::Hardmax { axis } => vec![float!(activation::hardmax(ctx, inputs[0], *axis))?],
         Op::Index(x) => index::eval(x, inputs, &outs.iter().map(|m| m.shape.clone()).collect::<Vec<_>>())?,
+        // Without a step to draw for, dropout is inference: nothing dropped (the runtime's
+        // training steps call `random::dropout` with their draw).
+        Op::Dropout(a) => random::dropout(ctx, a, inputs[0], None)?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
