@@ -1107,6 +1107,7 @@ fn lower(
             precision: precision_of(g).to_string(),
             min_gain: if opts.baseline == Baseline::Auto && opts.compare_baselines { opts.min_gain } else { 0.0 },
             recompute: opts.recompute,
+            seed: 0,
         },
         graph: g.clone(),
         microbatches: 1,

@@ -45,6 +45,23 @@ pub fn key(seed: u64, id: u32) -> [u32; 2] {
     [k as u32, (k >> 32) as u32]
 }
 
+/// Which training step of which run: what a step's random ops draw from, before the
+/// microbatch is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StepKey {
+    /// The run's seed (`--seed`).
+    pub seed: u64,
+    /// The training step, 0 at the first step of the run (a resumed run counts on).
+    pub step: u64,
+}
+
+impl StepKey {
+    /// The stream of microbatch `microbatch` of this step.
+    pub fn stream(self, microbatch: u64) -> Stream {
+        Stream { seed: self.seed, step: self.step, microbatch }
+    }
+}
+
 /// What a training step's random ops draw from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Stream {

@@ -87,6 +87,10 @@ pub struct Manifest {
     /// Where the run is in its dataset (runs with `--data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<crate::data::Position>,
+    /// The seed the run drew its dropout masks from (plans with dropout): a resumed run must
+    /// draw from the same to continue the same masks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 fn err(path: &Path, m: impl std::fmt::Display) -> DistError {
@@ -223,6 +227,7 @@ pub fn write(
             mesh: program.mesh().shape().to_vec(),
             files,
             data: data.cloned(),
+            seed: program.draws().then(|| program.seed()),
         };
         let mpath = tmp.join("manifest.json");
         let text = serde_json::to_string_pretty(&m).map_err(|e| err(&mpath, e))?;
@@ -348,6 +353,18 @@ pub fn load(dir: &Path, program: &Program, st: &mut RankState) -> Result<u64, Di
         return Err(err(
             &ck,
             format!("was written on mesh {:?}, the plan's mesh is {:?}", m.mesh, program.mesh().shape()),
+        ));
+    }
+    if program.draws() && m.seed.is_some_and(|s| s != program.seed()) {
+        return Err(err(
+            &ck,
+            format!(
+                "was written by a run drawing its dropout masks from seed {}, this run's seed is {}: pass --seed {} \
+                 to continue them",
+                m.seed.unwrap_or(0),
+                program.seed(),
+                m.seed.unwrap_or(0)
+            ),
         ));
     }
     let entry = m

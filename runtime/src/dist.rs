@@ -29,6 +29,7 @@ use plan::{Instr, Plan, ValueRef};
 use sharding::{Collective, DeviceMesh, Local, ReduceKind, ShardingSpec, sim};
 
 use crate::comm::{CommError, Communicator};
+pub use kernels::random::{StepKey, Stream};
 
 /// Why a distributed run failed. `Plan` and `Data` are the user's input; `Kernel` names the
 /// node; `Comm` carries another rank's failure or a timeout.
@@ -128,6 +129,9 @@ pub(crate) enum Kernel {
     MaskedScatter { op: Op, axes: Vec<usize>, rows: usize, total: usize, pre: usize },
     /// Softmax or log-softmax along `axis` split over `axes`.
     SplitSoftmax { axis: usize, log: bool, axes: Vec<usize> },
+    /// Training-mode dropout of a block of its output's layout `spec` in a tensor of global
+    /// `shape` (one microbatch's): the rank's offsets in it key the mask (`ir::ops::random`).
+    Dropout { attrs: ir::DropoutAttrs, shape: Vec<usize>, spec: ShardingSpec },
 }
 
 /// One compiled instruction.
@@ -251,6 +255,8 @@ pub struct Program {
     /// The inputs whose values index a table (token ids, labels), checked in every rank's feeds
     /// and data blocks ([`crate::bounds`]).
     pub bounds: Vec<crate::bounds::IndexBound>,
+    /// The seed of the run's random ops (dropout): the plan's, or [`Program::set_seed`]'s.
+    seed: u64,
 }
 
 /// The output an evaluation step computes (and the only one).
@@ -456,8 +462,14 @@ impl crate::exec::Backend for CpuBackend<'_> {
     fn check(&mut self) -> Result<(), DistError> {
         Ok(self.comm.check()?)
     }
-    fn eval(&mut self, k: &Kernel, ins: &[&Tensor], mesh: &DeviceMesh) -> Result<(Vec<Tensor>, f64), KernelFailure> {
-        run_kernel(self.ctx, k, ins, mesh, self.comm, self.rank)
+    fn eval(
+        &mut self,
+        k: &Kernel,
+        ins: &[&Tensor],
+        mesh: &DeviceMesh,
+        stream: Option<&Stream>,
+    ) -> Result<(Vec<Tensor>, f64), KernelFailure> {
+        run_kernel(self.ctx, k, ins, mesh, self.comm, self.rank, stream)
     }
     fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &Tensor) -> Result<Tensor, DistError> {
         Ok(self.comm.run(c, mesh, x)?)
@@ -560,11 +572,18 @@ impl Program {
                     code.push(Exec::View { id: id(n), node: node.name.clone(), input, output, shape: shape.clone() });
                 }
                 op => {
+                    let kernel = match op {
+                        Op::Dropout(attrs) => {
+                            let meta = &node.outputs[0];
+                            Kernel::Dropout { attrs: *attrs, shape: meta.shape.clone(), spec: replicated(meta) }
+                        }
+                        op => Kernel::Same(op.clone()),
+                    };
                     code.push(Exec::Op {
                         id: id(n),
                         node: node.name.clone(),
                         op: op.name(),
-                        kernel: Kernel::Same(op.clone()),
+                        kernel,
                         inputs: ins.iter().map(|&v| slot_of(v)).collect(),
                         outputs: (0..node.outputs.len()).map(|k| slot_of(ir::Value::new(n, k))).collect(),
                         shapes: node.outputs.iter().map(|m| m.shape.clone()).collect(),
@@ -619,6 +638,7 @@ impl Program {
             .map(|(name, n)| (name, slot_of(ir::Value::new(n, 0))))
             .collect();
         let program = Program {
+            seed: 0,
             plan_hash: String::new(),
             // The interpreter checks its feeds itself.
             bounds: vec![],
@@ -798,9 +818,16 @@ impl Program {
                             {
                                 mesh.check_axes(axes).map_err(|m| bad(format!("node {name}: {m}")))?;
                             }
-                            let kernel =
-                                compile_kernel(local_op, local, &global_ins, &n.outputs, &local_ins, &local_outs)
-                                    .map_err(|m| bad(format!("node {name}: {m}")))?;
+                            let kernel = compile_kernel(
+                                local_op,
+                                local,
+                                &global_ins,
+                                &n.outputs,
+                                &local_ins,
+                                &local_outs,
+                                spec0,
+                            )
+                            .map_err(|m| bad(format!("node {name}: {m}")))?;
                             code.push(Exec::Op {
                                 id: *id,
                                 node: name.clone(),
@@ -895,6 +922,7 @@ impl Program {
         accumulate.sort_unstable();
         accumulate.dedup();
         Ok(Program {
+            seed: plan.options.seed,
             plan_hash,
             bounds: crate::bounds::index_bounds(&g),
             streamed: Default::default(),
@@ -1304,6 +1332,23 @@ impl Program {
         self.microbatches
     }
 
+    /// The seed the run's dropout masks are drawn from: the plan's (`plan --seed`), unless
+    /// [`Program::set_seed`] replaced it.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Draws the run's dropout masks from `seed` (`run --seed`).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+    }
+
+    /// Whether the program draws random numbers (it has a training-mode dropout): only then
+    /// does the seed change what it computes.
+    pub fn draws(&self) -> bool {
+        self.code.iter().flatten().any(|e| matches!(e, Exec::Op { kernel: Kernel::Dropout { .. }, .. }))
+    }
+
     /// Runs one training step on a rank (the executor every back end shares): kernels on `ctx`, collectives
     /// through `comm`.
     pub fn step(
@@ -1327,6 +1372,7 @@ impl Program {
         let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
         let constants: Vec<&Tensor> = constants.iter().map(|t| &**t).collect();
         let b = &mut CpuBackend { rank: *rank, ctx, comm };
+        let key = StepKey { seed: self.seed, step: *steps_done };
         let r = crate::exec::step(
             self,
             b,
@@ -1334,7 +1380,7 @@ impl Program {
             &feeds,
             &constants,
             profile,
-            crate::exec::Mode::Train,
+            crate::exec::Mode::Train(Some(key)),
         )?;
         *steps_done += 1;
         Ok(r)
@@ -1367,7 +1413,8 @@ pub(crate) enum KernelFailure {
     Comm(CommError),
 }
 
-/// The kernel of an op instruction: `op` is the plan's local op (attributes already local).
+/// The kernel of an op instruction: `op` is the plan's local op (attributes already local),
+/// `out_spec` its first output's layout.
 fn compile_kernel(
     op: Op,
     local: &Local,
@@ -1375,9 +1422,19 @@ fn compile_kernel(
     global_outs: &[TensorMeta],
     local_ins: &[TensorMeta],
     local_outs: &[Vec<usize>],
+    out_spec: &ShardingSpec,
 ) -> Result<Kernel, String> {
     Ok(match local {
-        Local::Same => Kernel::Same(op),
+        Local::Same => match op {
+            Op::Dropout(attrs) => {
+                let shape = global_outs.first().map(|m| m.shape.clone()).ok_or("dropout without an output")?;
+                if out_spec.dims().len() != shape.len() {
+                    return Err(format!("dropout output layout `{out_spec}` for a tensor of {shape:?}"));
+                }
+                Kernel::Dropout { attrs, shape, spec: out_spec.clone() }
+            }
+            op => Kernel::Same(op),
+        },
         Local::MaskedGather { axes } => {
             let Op::Gather { axis } = op else { return Err(format!("masked gather on {}", op.name())) };
             let dim = |m: Option<&TensorMeta>| m.and_then(|m| m.shape.get(axis).copied());
@@ -1443,6 +1500,18 @@ fn zero_outside(t: Tensor, keep: impl Fn(usize) -> bool) -> Result<Tensor, Strin
     Tensor::new(shape, data).map_err(|e| e.to_string())
 }
 
+/// Where rank `rank`'s block of a dropout's output (layout `spec`, global `shape`) lies, drawing
+/// from `stream`: its offsets from the layout and the rank's mesh coordinate.
+pub(crate) fn dropout_draw(
+    stream: &Stream,
+    shape: &[usize],
+    spec: &ShardingSpec,
+    mesh: &DeviceMesh,
+    rank: usize,
+) -> kernels::random::Draw {
+    kernels::random::Draw { stream: *stream, shape: shape.to_vec(), offsets: spec.offsets(shape, mesh, rank) }
+}
+
 /// Runs one compiled kernel on this rank; returns the outputs and the seconds spent in the
 /// kernel's own collectives.
 pub(crate) fn run_kernel(
@@ -1452,10 +1521,18 @@ pub(crate) fn run_kernel(
     mesh: &DeviceMesh,
     comm: &mut dyn Communicator,
     rank: usize,
+    stream: Option<&Stream>,
 ) -> Result<(Vec<Tensor>, f64), KernelFailure> {
     let kfail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
     match k {
         Kernel::Same(op) => Ok((kernels::cpu::eval(ctx, op, ins).map_err(kfail)?, 0.0)),
+        Kernel::Dropout { attrs, shape, spec } => {
+            let Some(&x) = ins.first() else {
+                return Err(KernelFailure::Kernel(format!("dropout of {} inputs", ins.len())));
+            };
+            let draw = stream.map(|s| dropout_draw(s, shape, spec, mesh, rank));
+            Ok((kernels::cpu::random::dropout(ctx, attrs, x, draw.as_ref()).map_err(kfail)?, 0.0))
+        }
         Kernel::MaskedGather { op, axis, axes, rows, total } => {
             let (Some(&table), Some(&idx)) = (ins.first(), ins.get(1)) else {
                 return Err(KernelFailure::Kernel(format!("masked gather of {} inputs", ins.len())));

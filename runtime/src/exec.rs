@@ -25,7 +25,7 @@ use ir::Tensor;
 use plan::{Phase, Segment};
 use sharding::{Collective, DeviceMesh, sim};
 
-use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, StepResult};
+use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, StepKey, StepResult, Stream};
 
 /// What a rank's tensors live on, and how it computes and communicates.
 pub(crate) trait Backend {
@@ -42,8 +42,15 @@ pub(crate) trait Backend {
         Ok(())
     }
     /// Runs one op's local computation; returns its outputs and the seconds it waited in
-    /// collectives of its own (the special kernels).
-    fn eval(&mut self, k: &Kernel, ins: &[&Self::T], mesh: &DeviceMesh) -> Result<(Vec<Self::T>, f64), KernelFailure>;
+    /// collectives of its own (the special kernels). Random ops draw from `stream` (`None`:
+    /// they do not draw; a dropout keeps everything, as in inference).
+    fn eval(
+        &mut self,
+        k: &Kernel,
+        ins: &[&Self::T],
+        mesh: &DeviceMesh,
+        stream: Option<&Stream>,
+    ) -> Result<(Vec<Self::T>, f64), KernelFailure>;
     /// Runs one collective of the plan on this rank's block (complete when it returns).
     fn collective(&mut self, c: &Collective, mesh: &DeviceMesh, x: &Self::T) -> Result<Self::T, DistError>;
     /// Every rank's block of a graph output, in rank order, on the host.
@@ -62,7 +69,7 @@ pub(crate) trait Backend {
     /// `x` with another shape of the same size, reusing its buffer where the back end can
     /// (by default, a copy through the reshape kernel).
     fn reshape(&mut self, x: Self::T, shape: &[usize], mesh: &DeviceMesh) -> Result<Self::T, KernelFailure> {
-        let (mut outs, _) = self.eval(&Kernel::Same(ir::Op::Reshape { shape: shape.to_vec() }), &[&x], mesh)?;
+        let (mut outs, _) = self.eval(&Kernel::Same(ir::Op::Reshape { shape: shape.to_vec() }), &[&x], mesh, None)?;
         outs.pop().ok_or_else(|| KernelFailure::Kernel("reshape returned nothing".into()))
     }
     /// A copy of `x` (a value read again later, or borrowed from the rank's inputs), allocated
@@ -117,10 +124,13 @@ pub(crate) enum Storage<'a, T> {
 /// Whether a step trains or only evaluates the loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// Every instruction: forward, loss, backward, update.
-    Train,
+    /// Every instruction: forward, loss, backward, update. Random ops draw from the key's
+    /// stream, with the microbatch of each instruction (`None`: they do not draw, as in
+    /// inference).
+    Train(Option<StepKey>),
     /// Only the instructions the `loss` output depends on ([`Program::eval_marks`]); nothing is
-    /// updated (storage should be borrowed), and `loss` is the only output.
+    /// updated (storage should be borrowed), and `loss` is the only output. Nothing random is
+    /// drawn: evaluation does not drop.
     Eval,
 }
 
@@ -198,6 +208,10 @@ pub(crate) fn step<'a, B: Backend>(
         };
         let range = segments.get(&seg).cloned().unwrap_or(0..0);
         let m = mb.unwrap_or(0);
+        let stream = match mode {
+            Mode::Train(Some(key)) => Some(key.stream(m as u64)),
+            _ => None,
+        };
         for (k, ins) in code[range.clone()].iter().enumerate() {
             if marks.is_some_and(|mk| !mk[stage][range.start + k]) {
                 continue;
@@ -251,7 +265,7 @@ pub(crate) fn step<'a, B: Backend>(
                     let kerr =
                         |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
                     let t1 = profile.then(Instant::now);
-                    let (outs, waited) = b.eval(kernel, &ins, mesh).map_err(|e| match e {
+                    let (outs, waited) = b.eval(kernel, &ins, mesh, stream.as_ref()).map_err(|e| match e {
                         KernelFailure::Kernel(m) => kerr(m),
                         KernelFailure::Comm(c) => DistError::Comm(c),
                     })?;
@@ -359,7 +373,7 @@ pub(crate) fn step<'a, B: Backend>(
                         None => x,
                         Some(a) => {
                             let add = Kernel::Same(ir::Op::Binary(ir::BinaryOp::Add));
-                            let (mut outs, _) = b.eval(&add, &[&a, &x], mesh).map_err(|e| match e {
+                            let (mut outs, _) = b.eval(&add, &[&a, &x], mesh, None).map_err(|e| match e {
                                 KernelFailure::Kernel(msg) => DistError::Kernel {
                                     rank,
                                     node: program.slot_names[slot].to_string(),
@@ -401,7 +415,7 @@ pub(crate) fn step<'a, B: Backend>(
     let frozen: &[(String, usize)] = if borrowed.is_none() { &program.kept[stage] } else { &[] };
     let updates: &[(String, usize)] = if mode == Mode::Eval { &[] } else { &program.updates[stage] };
     let outputs_read: Vec<&(String, usize, sharding::ShardingSpec, Vec<usize>)> =
-        program.outputs.iter().filter(|o| mode == Mode::Train || o.0 == crate::dist::EVAL_OUTPUT).collect();
+        program.outputs.iter().filter(|o| mode != Mode::Eval || o.0 == crate::dist::EVAL_OUTPUT).collect();
     let mut reads = vec![0usize; vals.len()];
     let end_reads = outputs_read.iter().map(|(_, s, _, _)| s).chain(updates.iter().chain(frozen).map(|(_, s)| s));
     for &s in end_reads {

@@ -281,7 +281,9 @@ impl GpuRank {
         let constants: Vec<&CudaTensor> = constants.iter().collect();
         let mut b = GpuExec { rank: *rank, ctx, groups, host };
         let storage = crate::exec::Storage::Owned(storage);
-        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, profile, crate::exec::Mode::Train)?;
+        let key = crate::dist::StepKey { seed: program.seed(), step: *steps_done };
+        let mode = crate::exec::Mode::Train(Some(key));
+        let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, profile, mode)?;
         *steps_done += 1;
         Ok(r)
     }
@@ -312,10 +314,17 @@ impl crate::exec::Backend for GpuExec<'_> {
         k: &Kernel,
         ins: &[&CudaTensor],
         mesh: &DeviceMesh,
+        stream: Option<&crate::dist::Stream>,
     ) -> Result<(Vec<CudaTensor>, f64), KernelFailure> {
+        let fail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
         match k {
-            Kernel::Same(op) => {
-                Ok((cuda::eval(self.ctx, op, ins).map_err(|e| KernelFailure::Kernel(e.to_string()))?, 0.0))
+            Kernel::Same(op) => Ok((cuda::eval(self.ctx, op, ins).map_err(fail)?, 0.0)),
+            Kernel::Dropout { attrs, shape, spec } => {
+                let Some(&x) = ins.first() else {
+                    return Err(KernelFailure::Kernel(format!("dropout of {} inputs", ins.len())));
+                };
+                let draw = stream.map(|s| crate::dist::dropout_draw(s, shape, spec, mesh, self.rank));
+                Ok((cuda::dropout(self.ctx, attrs, x, draw.as_ref()).map_err(fail)?, 0.0))
             }
             special => {
                 let t1 = Instant::now();
@@ -386,7 +395,7 @@ impl GpuExec<'_> {
         let refs: Vec<&Tensor> = host.iter().collect();
         let rank = self.rank;
         let mut comm = NcclHost::new(self.ctx, &mut *self.groups);
-        let (outs, _) = run_kernel(self.host, k, &refs, mesh, &mut comm, rank)?;
+        let (outs, _) = run_kernel(self.host, k, &refs, mesh, &mut comm, rank, None)?;
         outs.iter().map(|t| CudaTensor::upload(self.ctx, t).map_err(fail)).collect()
     }
 

@@ -191,14 +191,28 @@ impl<'g> Interpreter<'g> {
         self.run_with_params(ctx, feeds, &self.graph.param_data)
     }
 
-    /// Runs the graph with parameters taken from `params` (by parameter name).
+    /// Runs the graph with parameters taken from `params` (by parameter name). Nothing random
+    /// is drawn: dropout keeps everything, as in inference ([`Interpreter::run_step`] trains).
     pub fn run_with_params(
         &self,
         ctx: &CpuContext,
         feeds: &BTreeMap<String, Tensor>,
         params: &BTreeMap<String, Tensor>,
     ) -> Result<RunReport, RunError> {
-        self.run_mode(ctx, feeds, params, exec::Mode::Train)
+        self.run_mode(ctx, feeds, params, exec::Mode::Train(None))
+    }
+
+    /// [`Interpreter::run_with_params`] as training step `key.step` of a run with seed
+    /// `key.seed`: dropout draws its masks from that step's stream (`ir::ops::random`), the
+    /// same masks any plan of the graph draws at that step.
+    pub fn run_step(
+        &self,
+        ctx: &CpuContext,
+        feeds: &BTreeMap<String, Tensor>,
+        params: &BTreeMap<String, Tensor>,
+        key: dist::StepKey,
+    ) -> Result<RunReport, RunError> {
+        self.run_mode(ctx, feeds, params, exec::Mode::Train(Some(key)))
     }
 
     /// Only what the graph's `loss` output depends on, with parameters from `params`: the loss

@@ -86,6 +86,8 @@ pub struct Trainer<'t> {
     interp: Interpreter<'t>,
     storage: BTreeMap<String, Tensor>,
     steps_done: u64,
+    /// The seed of the run's random ops (dropout masks).
+    seed: u64,
 }
 
 impl<'t> Trainer<'t> {
@@ -110,7 +112,25 @@ impl<'t> Trainer<'t> {
                 storage.insert(name.clone(), t);
             }
         }
-        Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0 })
+        Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0, seed: 0 })
+    }
+
+    /// Draws the run's dropout masks from `seed` (0 by default): step `k` (0-based, counting on
+    /// after a load) draws the masks every plan of the graph draws at step `k` with that seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The seed of the run's dropout masks.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Whether the graph draws random numbers (it has a training-mode dropout).
+    fn draws(&self) -> bool {
+        let g = &self.tg.graph;
+        g.g.node_indices().any(|n| matches!(g.node(n).op, Op::Dropout(_)))
     }
 
     /// Times every kernel of each step ([`StepReport::node_seconds`]).
@@ -119,12 +139,14 @@ impl<'t> Trainer<'t> {
         self
     }
 
-    /// Runs one step on `feeds`: forward, loss, backward, update.
+    /// Runs one step on `feeds`: forward, loss, backward, update. Dropout draws the masks of
+    /// step [`Trainer::steps_done`] of the seed's run.
     pub fn step(&mut self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<StepReport, RunError> {
         for (name, t) in feeds {
             crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
         }
-        let rep = self.interp.run_with_params(ctx, feeds, &self.storage)?;
+        let key = crate::dist::StepKey { seed: self.seed, step: self.steps_done };
+        let rep = self.interp.run_step(ctx, feeds, &self.storage, key)?;
         for (name, t) in rep.updates {
             self.storage.insert(name, t);
         }
@@ -141,7 +163,7 @@ impl<'t> Trainer<'t> {
     }
 
     /// The loss of the current parameters on `feeds`, forward only: no gradients, no update,
-    /// the step count unchanged (evaluation on held-out data).
+    /// the step count unchanged, nothing dropped (evaluation on held-out data).
     pub fn eval(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<f32, RunError> {
         for (name, t) in feeds {
             crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
@@ -248,7 +270,12 @@ impl<'t> Trainer<'t> {
             files.insert(f.to_string(), serde_json::json!({ "bytes": bytes, "crc32": crc32 }));
         }
         let meta = dir.join("trainer.json");
-        let text = serde_json::json!({ "steps_done": self.steps_done, "files": files }).to_string();
+        let mut info = serde_json::json!({ "steps_done": self.steps_done, "files": files });
+        if self.draws() {
+            // A continued run must draw from the same seed to continue the same masks.
+            info["seed"] = self.seed.into();
+        }
+        let text = info.to_string();
         std::fs::write(&meta, text + "\n").map_err(|cause| CheckpointError::Io { path: meta, cause })?;
         Ok(())
     }
@@ -307,14 +334,28 @@ impl<'t> Trainer<'t> {
                 }
             }
         }
-        let steps = match saved {
-            Some(v) => v.get("steps_done").and_then(|x| x.as_u64()).ok_or_else(|| CheckpointError::Mismatch {
-                path: dir.join("trainer.json"),
-                message: "expected {\"steps_done\": N}".into(),
-            })?,
+        let meta = dir.join("trainer.json");
+        let (steps, seed) = match saved {
+            Some(v) => (
+                v.get("steps_done").and_then(|x| x.as_u64()).ok_or_else(|| CheckpointError::Mismatch {
+                    path: meta.clone(),
+                    message: "expected {\"steps_done\": N}".into(),
+                })?,
+                v.get("seed").and_then(|x| x.as_u64()),
+            ),
             // Saved by an older autopar: no step count.
-            None => 0,
+            None => (0, None),
         };
+        if let Some(seed) = seed.filter(|&s| self.draws() && s != self.seed) {
+            return Err(CheckpointError::Mismatch {
+                path: meta,
+                message: format!(
+                    "saved by a run drawing its dropout masks from seed {seed}, this run's seed is {}: pass --seed \
+                     {seed} to continue them",
+                    self.seed
+                ),
+            });
+        }
         self.storage = next;
         self.steps_done = steps;
         Ok(())

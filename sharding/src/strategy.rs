@@ -188,7 +188,9 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
     let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
     match op {
         Input { .. } | Param { .. } | State { .. } | Constant(_) => r(elementwise(&[], outs, &[]), vec![]),
-        Unary(_) | Binary(_) | Where | Identity | Cast { .. } | UnaryGrad(_) => elementwise::rule(op, ins, outs),
+        Unary(_) | Binary(_) | Where | Identity | Cast { .. } | UnaryGrad(_) | Dropout(_) => {
+            elementwise::rule(op, ins, outs)
+        }
         SgdUpdate { .. } | AdamWUpdate { .. } => training::rule(op, ins, outs),
         Expand { .. }
         | Reshape { .. }

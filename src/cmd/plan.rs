@@ -141,6 +141,11 @@ pub struct PlanArgs {
     /// (`f32`, or `low` for the 16-bit type).
     #[arg(long, value_enum, default_value = "f32")]
     pub grad_reduce: common::GradReduce,
+    /// Seed of the dropout masks (training-mode Dropout), recorded in the plan: `autopar run`
+    /// draws from it unless given its own --seed. Masks do not depend on the plan's layouts,
+    /// stages or microbatches, so the run equals `autopar train --seed N`.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
@@ -273,6 +278,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         Stages::Auto => codegen::pipeline::search(&tg.graph, &mesh, &profile, &popts)?,
     };
     codegen::label(&mut plan)?;
+    plan.options.seed = a.seed;
     // Absolute, so that `autopar run` finds it from any directory; hashed, so that it refuses a
     // file that changed since.
     let source = a.model.canonicalize().with_context(|| format!("resolving {}", a.model.display()))?;

@@ -51,10 +51,11 @@ pub struct RunArgs {
     /// exist and be the one the plan was made from (the plan records its hash).
     #[arg(long, default_value = "model", value_parser = ["model", "auto", "random", "seed"])]
     pub init: String,
-    /// Seed of the deterministic initialisation of parameters without data (`--init auto`) or of
-    /// every parameter (`--init random`).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of the run: of its dropout masks (default: the plan's, `plan --seed`; a resumed
+    /// run needs its checkpoint's), and of the deterministic initialisation of parameters
+    /// without data (`--init auto`) or of every parameter (`--init random`; default 0).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Write sharded checkpoints into this directory (after the last step, and every
     /// --checkpoint-every steps).
     #[arg(long, value_name = "DIR")]
@@ -139,6 +140,10 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     }
     let float = a.precision.map_or(ir::DType::F32, |p| p.dtype());
     let mut program = Program::from_valid(&plan, float)?;
+    if let Some(seed) = a.seed {
+        program.set_seed(seed);
+    }
+    let init_seed = a.seed.unwrap_or(0);
     let plan = plan.into_plan();
     let feeds = common::read_feeds(&a.feeds)?;
     let data = a.data.open(&program.feed_metas(), &feeds)?;
@@ -171,14 +176,14 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     let init = if a.resume {
         Init::Resume { dir: a.checkpoint.clone().context("--resume needs --checkpoint DIR")? }
     } else if matches!(a.init.as_str(), "random" | "seed") {
-        Init::Seed { seed: a.seed }
+        Init::Seed { seed: init_seed }
     } else {
         let path = match &a.model {
             Some(m) if !m.exists() => bail!("--model {} does not exist", m.display()),
             Some(m) => m.clone(),
             None => runtime::launch::model_file(&plan, a.plan.parent().unwrap_or(Path::new(""))).map_err(explain)?,
         };
-        Init::Model { path, all: a.init == "model", seed: a.seed, hash: plan.model.source_hash.clone() }
+        Init::Model { path, all: a.init == "model", seed: init_seed, hash: plan.model.source_hash.clone() }
     };
     let info = Info {
         ranks: program.ranks(),

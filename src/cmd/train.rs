@@ -51,6 +51,12 @@ pub struct TrainArgs {
     /// Start from parameters and optimizer state saved with --save.
     #[arg(long, value_name = "DIR")]
     pub load: Option<PathBuf>,
+    /// Seed of the dropout masks (training-mode Dropout). A mask is a function of the seed, the
+    /// step and each element's place in the batch only, so `autopar run` of any plan made with
+    /// `plan --seed N` (or run with `--seed N`) draws the same masks as `train --seed N`; a run
+    /// continued with --load counts its steps on and needs the same seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// How matrix products (matmul, gemm, convolutions) accumulate: f32 (fast) or f64 (about 2x
     /// slower products; sums that cancel keep their exact sign).
     #[arg(long, value_enum, default_value = "f32")]
@@ -111,7 +117,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         .with_accumulation(a.accumulate.mode());
     let inputs = super::data::graph_inputs(&tg.graph);
     let data = a.data.open(&inputs, &feeds)?;
-    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile);
+    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile).with_seed(a.seed);
     if let Some(dir) = &a.load {
         trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;
         super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;

@@ -179,6 +179,7 @@ pub fn import_bytes_noted(
         used: HashSet::new(),
         seqs: HashMap::new(),
         held_constants: Vec::new(),
+        dropouts: 0,
     };
     imp.scan(graph, &nodes);
     imp.declare_inputs(graph, opts)?;
@@ -230,6 +231,9 @@ struct Importer<'a> {
     seqs: HashMap<String, Rc<Vec<V>>>,
     /// Float initializers read as constants ([`is_exporter_constant`]).
     held_constants: Vec<String>,
+    /// Training-mode dropouts emitted so far: the next one's `id` (its key in the generator,
+    /// distinct per node in the file's order).
+    dropouts: u32,
 }
 
 fn elem_dtype(code: i32, what: &str) -> Result<DType, ImportError> {

@@ -351,6 +351,16 @@ pub struct OptionsInfo {
     /// existed, which recomputed only what made them fit).
     #[serde(default)]
     pub recompute: Recompute,
+    /// The seed the run's random ops draw from (dropout masks, `plan --seed`): `autopar run`
+    /// uses it unless given `--seed`. Masks depend on it, the step and each element's global
+    /// index only, never on the layouts, so `run` of any plan with this seed equals `train
+    /// --seed` with it. 0 when not written (and in plans made before it existed).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub seed: u64,
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
 }
 
 /// Activation recomputation: which forward activations a plan recomputes during the backward

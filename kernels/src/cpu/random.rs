@@ -61,7 +61,10 @@ fn apply(x: &Tensor, keep: &[bool], scale: f64) -> Result<Tensor, Error> {
             Data::F16(v.iter().zip(keep).map(|(&x, &k)| f(x, k)).collect())
         }
         d => {
-            return Err(Error::BadInput { op: OP, message: format!("input must be a float tensor, got {}", d.dtype()) });
+            return Err(Error::BadInput {
+                op: OP,
+                message: format!("input must be a float tensor, got {}", d.dtype()),
+            });
         }
     };
     tensor(OP, x.shape(), data)

@@ -30,9 +30,11 @@ pub(crate) enum Family {
     /// The indexing family: triangles, gathers and scatters by index, cumulative sums,
     /// arg-reductions, top-k.
     Index,
+    /// Counter-based random numbers: training-mode dropout.
+    Random,
 }
 
-const FAMILIES: usize = 9;
+const FAMILIES: usize = 10;
 
 impl Family {
     fn index(self) -> usize {
@@ -49,6 +51,7 @@ impl Family {
             Family::Resize => super::resize::SRC,
             Family::Activation => super::activation::SRC,
             Family::Index => super::index::SRC,
+            Family::Random => super::random::SRC,
         }
     }
 }
@@ -563,6 +566,7 @@ inline double __longlong_as_double(long long) { return 0.0; }
             Family::Resize,
             Family::Activation,
             Family::Index,
+            Family::Random,
         ] {
             let path = dir.join(format!("{fam:?}.cpp"));
             std::fs::write(&path, format!("{SHIM}\n{PRELUDE}\n{}", fam.source())).unwrap();

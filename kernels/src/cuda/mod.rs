@@ -53,7 +53,7 @@
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaContext, CudaTensor, device_count, eval, is_available};
+pub use stub::{CudaContext, CudaTensor, device_count, dropout, eval, is_available};
 
 /// Launches kernel `$name` of family `$fam` with config `$cfg` and the given arguments, in
 /// order (references to device buffers or to scalars that outlive the launch), mapping a launch
@@ -95,6 +95,8 @@ mod ops;
 #[cfg(feature = "cuda")]
 mod optim;
 #[cfg(feature = "cuda")]
+mod random;
+#[cfg(feature = "cuda")]
 mod reduce;
 #[cfg(feature = "cuda")]
 mod resize;
@@ -107,5 +109,7 @@ mod tensor;
 pub use device::{CudaContext, device_count, is_available};
 #[cfg(feature = "cuda")]
 pub use ops::eval;
+#[cfg(feature = "cuda")]
+pub use random::dropout;
 #[cfg(feature = "cuda")]
 pub use tensor::CudaTensor;

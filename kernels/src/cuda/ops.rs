@@ -111,6 +111,8 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
         Op::BatchNormTrainGrad { epsilon } => norm::batch_norm_train_grad(ctx, inputs, *epsilon)?,
         Op::Hardmax { axis } => vec![activation::hardmax(ctx, inputs[0], *axis)?],
         Op::Index(x) => index::eval(ctx, x, inputs, &outs)?,
+        // Without a step to draw for, dropout is inference: nothing dropped.
+        Op::Dropout(a) => super::random::dropout(ctx, a, inputs[0], None)?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

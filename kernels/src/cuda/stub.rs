@@ -61,6 +61,18 @@ pub fn eval(ctx: &CudaContext, op: &ir::Op, inputs: &[&CudaTensor]) -> Result<Ve
     unavailable()
 }
 
+/// Training-mode dropout of a block of its tensor on the device: always
+/// [`Error::NotCompiledWith`] in this build.
+pub fn dropout(
+    ctx: &CudaContext,
+    a: &ir::DropoutAttrs,
+    x: &CudaTensor,
+    draw: Option<&crate::random::Draw>,
+) -> Result<Vec<CudaTensor>, Error> {
+    let _ = (ctx, a, x, draw);
+    unavailable()
+}
+
 /// Number of CUDA devices: always [`Error::NotCompiledWith`] in this build.
 pub fn device_count() -> Result<usize, Error> {
     unavailable()

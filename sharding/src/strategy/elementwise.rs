@@ -24,6 +24,11 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
         Where => r(elementwise(ins, outs, &[]), vec![vec![1, 2]]),
         Identity | Cast { .. } => r(elementwise(ins, outs, &[]), vec![vec![0]]),
         UnaryGrad(_) => r(elementwise(ins, outs, &[]), vec![vec![1]]),
+        // Any split: each rank draws its block's mask from the global indices of its elements
+        // (`ir::ops::random`), which the runtime derives from the output's spec. Linear in x
+        // (the mask does not depend on it), so a partial input gives a partial output; not
+        // with the bool mask output, which is no sum of anything.
+        Dropout(a) => r(elementwise(ins, outs, &[]), if a.mask { vec![] } else { vec![vec![0]] }),
         _ => None,
     }
 }

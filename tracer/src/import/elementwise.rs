@@ -1,6 +1,6 @@
 //! Import of the elementwise ops: unary math, binary arithmetic and comparisons with numpy
 //! broadcasting, variadic `Sum`/`Max`/`Min`/`Mean`, `Clip`, `Where`, `Cast`/`CastLike`, `Identity`,
-//! `Dropout` (inference form), `Gelu`.
+//! `Dropout` (inference form, and training form onto [`Op::Dropout`]), `Gelu`.
 
 use super::*;
 
@@ -12,30 +12,7 @@ impl Importer<'_> {
         let unary = |u: UnaryOp| Op::Unary(u);
         match op_type {
             "Identity" => one(self.need(n, 0)?),
-            "Dropout" => {
-                if self.opset >= 12 && n.input(2).is_some() {
-                    let tm = self.const_ints(n, 2, "training_mode")?.unwrap_or_default();
-                    let ratio = match self.opt(n, 1)? {
-                        Some(V::C(t)) => t.to_f32_vec().first().copied().unwrap_or(0.5),
-                        Some(V::G(_)) => 0.5,
-                        None => 0.5,
-                    };
-                    // Training-mode dropout is random unless it drops nothing.
-                    if tm.first().copied().unwrap_or(0) != 0 && ratio != 0.0 {
-                        return Err("training-mode Dropout is not supported; export the model in eval mode".into());
-                    }
-                }
-                let x = self.need(n, 0)?;
-                // The all-true mask has the input's size, which may be an activation far larger
-                // than any constant: built only when something reads it.
-                if !n.node.output.get(1).is_some_and(|o| self.used.contains(o)) {
-                    return one(x);
-                }
-                let m = TensorMeta::new(DType::Bool, self.meta(&x).shape);
-                self.constant_fits(&m)?;
-                let mask = V::C(Rc::new(Tensor::bool(m.shape.clone(), vec![true; m.numel()])));
-                Ok(vec![Some(x), Some(mask)])
-            }
+            "Dropout" => self.dropout(n),
             "Relu" | "Tanh" | "Erf" | "Sigmoid" | "Exp" | "Log" | "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Not"
             | "Floor" | "Ceil" | "Sin" | "Cos" | "Sign" => {
                 let u = match op_type {
@@ -172,5 +149,53 @@ impl Importer<'_> {
             }
             other => Err(format!("{other} is not a elementwise op (importer bug)")),
         }
+    }
+}
+
+impl Importer<'_> {
+    /// `Dropout`: identity in inference (opsets before 12 have no training form; from 12,
+    /// `training_mode` absent or false) and at ratio 0, with an all-true mask; otherwise
+    /// [`Op::Dropout`] with the next id (its key in the generator, distinct per node). The
+    /// node's `seed` attribute is not used: masks come from the run's seed (`--seed`), so that a
+    /// run is reproducible on any mesh. Ratio and training mode must be known at import.
+    fn dropout(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let want_mask = n.node.output.get(1).is_some_and(|o| self.used.contains(o));
+        let training = self.opset >= 12
+            && self.const_ints(n, 2, "training_mode")?.is_some_and(|t| t.first().copied().unwrap_or(0) != 0);
+        let ratio = match self.opt(n, 1)? {
+            Some(V::C(t)) => t.to_f32_vec().first().copied().unwrap_or(0.5),
+            Some(V::G(_)) if training => {
+                return Err("ratio (input 1) must be a constant after folding shape computations, but it depends \
+                            on graph inputs"
+                    .into());
+            }
+            _ => 0.5,
+        };
+        let x = self.need(n, 0)?;
+        if training && ratio != 0.0 {
+            let a = ir::DropoutAttrs { ratio, id: self.dropouts, mask: want_mask };
+            a.check("Dropout")?;
+            if !self.meta(&x).dtype.is_float() {
+                return Err(format!(
+                    "training-mode Dropout of a {} tensor: only floats are dropped",
+                    self.meta(&x).dtype
+                ));
+            }
+            self.dropouts = self.dropouts.checked_add(1).ok_or("more than 2^32 training-mode Dropout nodes")?;
+            // Never folded, even of a constant: its value depends on the step.
+            let xv = self.materialize(&format!("{nm}.in0"), &x);
+            let outs = self.g.add_op(&nm, Op::Dropout(a), &[xv]).map_err(|e| e.to_string())?;
+            return Ok(outs.into_iter().map(|v| Some(V::G(v))).collect());
+        }
+        // The all-true mask has the input's size, which may be an activation far larger than
+        // any constant: built only when something reads it.
+        if !want_mask {
+            return Ok(vec![Some(x)]);
+        }
+        let m = TensorMeta::new(DType::Bool, self.meta(&x).shape);
+        self.constant_fits(&m)?;
+        let mask = V::C(Rc::new(Tensor::bool(m.shape.clone(), vec![true; m.numel()])));
+        Ok(vec![Some(x), Some(mask)])
     }
 }

@@ -9,7 +9,8 @@ use crate::ImportError;
 use crate::proto::dtype_name;
 
 /// Ops never folded even with constant inputs: their value is not a function of their inputs
-/// (random ops), or autopar refuses their training-mode form for that reason.
+/// (random ops; training-mode `Dropout` depends on the step, and inference-mode `Dropout` is
+/// an identity the importer resolves itself).
 const NOT_FOLDABLE: &[&str] =
     &["RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"];
 
