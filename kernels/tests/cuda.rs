@@ -809,6 +809,46 @@ fn activation_family() {
 }
 
 /// True in the child process that runs this suite on the emulated device.
+#[test]
+fn dropout_draws_the_cpu_masks() {
+    use ir::DropoutAttrs;
+    use kernels::random::{Draw, Stream};
+    let Some(ctx) = device() else { return };
+    let cpu_ctx = CpuContext::new(1).unwrap();
+    let stream = Stream { seed: 3, step: (1 << 32) + 5, microbatch: 1 };
+    // Blocks of several ranks, offsets in every dim, a scalar; with and without the mask output.
+    let cases: [(&[usize], &[usize], &[usize], f32, bool); 5] = [
+        (&[6, 10], &[6, 10], &[0, 0], 0.3, true),
+        (&[3, 5], &[6, 10], &[3, 5], 0.5, false),
+        (&[2, 3, 4, 7], &[4, 3, 8, 7], &[2, 0, 4, 0], 0.1, true),
+        (&[], &[], &[], 0.9, true),
+        (&[33, 65], &[66, 130], &[33, 65], 0.25, false),
+    ];
+    for (k, (local, shape, offsets, ratio, mask)) in cases.into_iter().enumerate() {
+        let a = DropoutAttrs { ratio, id: k as u32, mask };
+        let draw = Draw { stream, shape: shape.to_vec(), offsets: offsets.to_vec() };
+        for x in [rnd(local, 40 + k as u64), rnd(local, 40 + k as u64).with_float_type(DType::BF16)] {
+            let want = cpu::random::dropout(&cpu_ctx, &a, &x, Some(&draw)).unwrap();
+            let dev = CudaTensor::upload(&ctx, &x).unwrap();
+            let got = cuda::dropout(&ctx, &a, &dev, Some(&draw)).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                // The same bits and the same f32 product: equal exactly.
+                assert_eq!(g.download(&ctx).unwrap(), *w, "case {k} ({})", x.dtype());
+            }
+        }
+    }
+    // Without a draw (inference, `eval`) nothing is dropped; a block outside its tensor is
+    // refused as on the CPU.
+    let x = rnd(&[4, 5], 9);
+    check(&ctx, Op::Dropout(DropoutAttrs { ratio: 0.5, id: 0, mask: true }), &[&x]);
+    let a = DropoutAttrs { ratio: 0.5, id: 0, mask: false };
+    let bad = Draw { stream, shape: vec![4, 5], offsets: vec![1, 0] };
+    let dev = CudaTensor::upload(&ctx, &x).unwrap();
+    assert!(matches!(cuda::dropout(&ctx, &a, &dev, Some(&bad)), Err(Error::BadInput { .. })));
+    assert!(matches!(cpu::random::dropout(&cpu_ctx, &a, &x, Some(&bad)), Err(Error::BadInput { .. })));
+}
+
 fn emulated() -> bool {
     std::env::var_os(EMULATED).is_some()
 }

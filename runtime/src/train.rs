@@ -88,6 +88,8 @@ pub struct Trainer<'t> {
     steps_done: u64,
     /// The seed of the run's random ops (dropout masks).
     seed: u64,
+    /// Whether steps draw their dropout masks (`false`: nothing dropped, as in inference).
+    dropout: bool,
 }
 
 impl<'t> Trainer<'t> {
@@ -112,13 +114,20 @@ impl<'t> Trainer<'t> {
                 storage.insert(name.clone(), t);
             }
         }
-        Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0, seed: 0 })
+        Ok(Trainer { tg, interp: Interpreter::new(g)?, storage, steps_done: 0, seed: 0, dropout: true })
     }
 
     /// Draws the run's dropout masks from `seed` (0 by default): step `k` (0-based, counting on
     /// after a load) draws the masks every plan of the graph draws at step `k` with that seed.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+
+    /// With `false`, steps drop nothing: every training-mode dropout keeps every element, as
+    /// in inference (the deterministic part of a model, to compare with a run without dropout).
+    pub fn with_dropout(mut self, on: bool) -> Self {
+        self.dropout = on;
         self
     }
 
@@ -145,8 +154,12 @@ impl<'t> Trainer<'t> {
         for (name, t) in feeds {
             crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
         }
-        let key = crate::dist::StepKey { seed: self.seed, step: self.steps_done };
-        let rep = self.interp.run_step(ctx, feeds, &self.storage, key)?;
+        let rep = if self.dropout {
+            let key = crate::dist::StepKey { seed: self.seed, step: self.steps_done };
+            self.interp.run_step(ctx, feeds, &self.storage, key)?
+        } else {
+            self.interp.run_with_params(ctx, feeds, &self.storage)?
+        };
         for (name, t) in rep.updates {
             self.storage.insert(name, t);
         }

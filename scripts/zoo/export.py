@@ -5,6 +5,8 @@ Every model is built from a config (no hub access, fixed seed), wrapped so that 
 plain tensors and returns the one or two outputs we train on, exported with torch.onnx.export in
 TRAINING mode (dropout 0, so parameters stay untied), and written to tests/data/zoo/<name>/ with its
 inputs, PyTorch's outputs, a loss target and PyTorch's losses for 3 SGD steps. See README.md here.
+The dropout models (`Spec.dropout`) keep their dropout in the export; their references are the
+deterministic part (dropout off) and the statistics of PyTorch's losses with dropout on.
 
 Usage: python scripts/zoo/export.py [--out tests/data/zoo] [--only NAME,...] [--list]
 """
@@ -67,7 +69,7 @@ class Spec:
     """One zoo entry: the wrapped module, its inputs, outputs, loss and provenance."""
 
     def __init__(self, name, library, cls, model, inputs, outputs, fn, loss, target=None, lr=LR,
-                 exporter="torchscript", config=None, notes=""):
+                 exporter="torchscript", config=None, notes="", dropout=False):
         self.name = name
         self.library = library
         self.cls = cls
@@ -80,6 +82,8 @@ class Spec:
         self.exporter = exporter
         self.config = config or {}
         self.notes = notes
+        # Exported with its dropout (training mode): see `run` for what is compared.
+        self.dropout = dropout
         self.padding_idx_cleared = clear_padding_idx(self.module)
 
 
@@ -112,6 +116,11 @@ def no_dropout(cfg):
         if c is not None and hasattr(c, "to_dict"):
             no_dropout(c)
     return cfg
+
+
+def dropout_modules(m):
+    """(module, p) of every dropout of `m` with a probability above 0."""
+    return [(mod, mod.p) for mod in m.modules() if isinstance(mod, torch.nn.Dropout) and mod.p > 0]
 
 
 def zero_dropout_modules(m):
@@ -342,6 +351,31 @@ def bert(name="bert", exporter="torchscript"):
                 notes="3 labels (odd), token_type_ids with two segments, pooler + classifier head")
 
 
+def bert_dropout():
+    """BERT with its usual dropout (0.1 on hidden states, attention probabilities and the classifier),
+    eager attention so the attention-probability dropout is exported (SDPA's is not)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64, num_labels=3,
+                     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(SEED)
+    cfg = eager(cfg)
+    model = BertForSequenceClassification(cfg)
+    g = gen()
+    inputs = text_inputs(g, type_ids=True)
+    labels = torch.randint(0, 3, (BATCH,), generator=g)
+
+    def fn(m, input_ids, attention_mask, token_type_ids):
+        return m(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+    return Spec("bert-dropout", "transformers", "BertForSequenceClassification", model, inputs, ["logits"], fn,
+                ("ce", "logits", "labels"), target=labels, config=cfg_summary(cfg, DEC_KEYS + [
+                    "hidden_dropout_prob", "attention_probs_dropout_prob"]), dropout=True,
+                notes="bert's config with its usual dropout 0.1 (embeddings, attention probabilities, attention "
+                      "and FFN outputs, classifier: 8 training-mode Dropout nodes), eager attention")
+
+
 def roberta():
     from transformers import RobertaConfig, RobertaForMaskedLM
 
@@ -505,6 +539,23 @@ def mobilenetv3():
                                    "in training mode")
 
 
+def mobilenetv3_dropout():
+    import torchvision
+
+    kw = dict(width_mult=0.25, reduced_tail=True, num_classes=10, dropout=0.2)
+    torch.manual_seed(SEED)
+    m = torchvision.models.mobilenet_v3_small(weights=None, **kw)
+    inputs, labels = image_inputs(64, gen())
+
+    def fn(m, pixel_values):
+        return m(pixel_values)
+
+    return Spec("mobilenetv3-dropout", "torchvision", "torchvision.models.mobilenet_v3_small", m, inputs, ["logits"],
+                fn, ("ce", "logits", "labels"), target=labels, config=kw, dropout=True,
+                notes="mobilenetv3 with its classifier's dropout 0.2 (torchvision's default) and BatchNorm in "
+                      "training mode (batch statistics)")
+
+
 def efficientnet():
     import torchvision
     from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
@@ -614,7 +665,14 @@ MODELS = collections.OrderedDict([
     ("llama-dynamo", lambda: llama("llama-dynamo", "dynamo")),
     ("bert-dynamo", lambda: bert("bert-dynamo", "dynamo")),
     ("vit-dynamo", lambda: vit("vit-dynamo", "dynamo")),
+    # training-mode exports with dropout
+    ("bert-dropout", bert_dropout), ("mobilenetv3-dropout", mobilenetv3_dropout),
 ])
+
+# PyTorch training runs with dropout on, one per seed, whose losses give the band an autopar run
+# with dropout must fall in (see `dropout_band`).
+DROPOUT_SEEDS = 16
+DROPOUT_SIGMAS = 5
 
 # --------------------------------------------------------------------------------------------
 # Loss, training, export, checks
@@ -786,15 +844,56 @@ def rel_err(a, b):
     return float(err / scale) if scale > 0 else float(err)
 
 
+def inference_copy(path):
+    """The model at `path` with every Dropout's training_mode input removed (inference: no drop)."""
+    m = onnx.load(path)
+    for n in m.graph.node:
+        if n.op_type == "Dropout" and len(n.input) > 2:
+            del n.input[2:]
+    return m.SerializeToString()
+
+
 def ort_check(path, spec, outs):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    # onnxruntime drops at random in training mode: dropout models are checked without dropping.
+    model = inference_copy(path) if spec.dropout else path
+    s = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     names = {i.name for i in s.get_inputs()}
     feeds = {k: v.numpy() for k, v in spec.inputs.items() if k in names}
     got = s.run(spec.outputs, feeds)
     return {n: rel_err(g, o.detach().numpy()) for n, g, o in zip(spec.outputs, got, outs)}
+
+
+def dropout_band(spec, module, state, probs):
+    """PyTorch's losses with dropout on: DROPOUT_SEEDS runs (torch.manual_seed(s) before each), the
+    mean and standard deviation of each step's loss over them."""
+    for mod, p in probs:
+        mod.p = p
+    runs = []
+    for s in range(DROPOUT_SEEDS):
+        module.load_state_dict(state)
+        torch.manual_seed(s)
+        runs.append(train(spec, module)[:STEPS])
+    module.load_state_dict(state)
+    zero_dropout_modules(module)
+    a = np.array(runs, np.float64)
+    return {
+        "ratios": sorted({float(p) for _, p in probs}),
+        "modules": len(probs),
+        "seeds": DROPOUT_SEEDS,
+        "losses_mean": a.mean(0).tolist(),
+        "losses_std": a.std(0, ddof=1).tolist(),
+        "losses_min": a.min(0).tolist(),
+        "losses_max": a.max(0).tolist(),
+        "band_sigmas": DROPOUT_SIGMAS,
+        "note": f"PyTorch's SGD losses with dropout on, over {DROPOUT_SEEDS} seeds (torch.manual_seed(s), s < "
+                f"{DROPOUT_SEEDS}): the masks differ from autopar's (another generator), so `autopar train` with "
+                f"dropout is checked to be finite and within losses_mean +- {DROPOUT_SIGMAS} losses_std at every "
+                f"step; `losses` are the deterministic part (every dropout 0), which `autopar train --no-dropout` "
+                f"and `autopar infer` (which never drops) must equal",
+    }
 
 
 def np_dtype(t):
@@ -832,12 +931,19 @@ def run(spec, outdir):
     for f in os.listdir(d):
         os.remove(os.path.join(d, f))
     module = spec.module.train()
-    zero_dropout_modules(module)
+    probs = dropout_modules(module) if spec.dropout else []
+    if spec.dropout and not probs:
+        raise ValueError(f"{spec.name}: a dropout model without dropout")
+    if not spec.dropout:
+        zero_dropout_modules(module)
     state = copy.deepcopy(module.state_dict())
     t0 = time.time()
     path = os.path.join(d, "model.onnx")
     model = export(spec, path)
     dt = time.time() - t0
+    # Dropout models: exported with their dropout; every reference below but the band is the
+    # deterministic part (dropout off).
+    zero_dropout_modules(module)
     # Tracing ran the module in training mode: restore BatchNorm's running statistics etc.
     module.load_state_dict(state)
     with torch.no_grad():
@@ -852,6 +958,7 @@ def run(spec, outdir):
     losses64 = train(spec, module, f64=True)
     module.load_state_dict(state)
     cond = max(abs(a - b) / abs(b) for a, b in zip(losses, losses64))
+    band = dropout_band(spec, module, state, probs) if spec.dropout else None
 
     graph_inputs = [value_info(v) for v in model.graph.input if v.name not in {i.name for i in model.graph.initializer}]
     feeds = {}
@@ -890,6 +997,12 @@ def run(spec, outdir):
         "mode": "module in train() mode with every dropout 0 (BatchNorm uses batch statistics)",
         "command": " ".join(cmd),
     }
+    if band is not None:
+        lj["dropout"] = band
+        lj["mode"] = ("the export keeps its training-mode dropout; losses, outputs and losses_f64 are the module "
+                      "in train() mode with every dropout 0 (`autopar train --no-dropout`), `dropout` the "
+                      "statistics with dropout on")
+        lj["command"] = " ".join(cmd + ["--no-dropout"])
     with open(os.path.join(d, "losses.json"), "w") as f:
         json.dump(lj, f, indent=1)
         f.write("\n")
@@ -920,6 +1033,7 @@ def run(spec, outdir):
         "lr": spec.lr,
         "losses": losses[:STEPS],
         "losses_f32_vs_f64": cond,
+        "dropout": band,
         "params": nparams,
         "param_check": params,
         "nodes": len(model.graph.node),

@@ -57,6 +57,11 @@ pub struct TrainArgs {
     /// continued with --load counts its steps on and needs the same seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Drop nothing: every training-mode Dropout keeps every element, as in inference. Trains
+    /// the deterministic part of a model exported with dropout, to compare with a framework's
+    /// run of it without dropout.
+    #[arg(long)]
+    pub no_dropout: bool,
     /// How matrix products (matmul, gemm, convolutions) accumulate: f32 (fast) or f64 (about 2x
     /// slower products; sums that cancel keep their exact sign).
     #[arg(long, value_enum, default_value = "f32")]
@@ -117,7 +122,10 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         .with_accumulation(a.accumulate.mode());
     let inputs = super::data::graph_inputs(&tg.graph);
     let data = a.data.open(&inputs, &feeds)?;
-    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?.with_profiling(a.profile).with_seed(a.seed);
+    let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?
+        .with_profiling(a.profile)
+        .with_seed(a.seed)
+        .with_dropout(!a.no_dropout);
     if let Some(dir) = &a.load {
         trainer.load(dir).with_context(|| format!("--load {}", dir.display()))?;
         super::data::check_position(dir, data.as_ref(), trainer.steps_done())?;

@@ -17,7 +17,8 @@
 //! `SliceGrad` (non-unit and negative steps; unit-step slices differentiate to a `Pad`), plus the
 //! compositions: un-broadcasting (`ReduceSum` + `Reshape`), `Where` masks for `Max`/`Min`,
 //! `Expand` for reductions, `Concat`/`Split`, `Slice` for `Pad`, fan-out accumulation, and the
-//! mse loss itself.
+//! mse loss itself. Training-mode `Dropout` differentiates to itself: its case runs every loss
+//! and gradient as one training step, so one mask holds throughout.
 //!
 //! Precision and tolerance. The perturbed losses are evaluated in f64 from the f32 model output
 //! `y` (`mean((y - t)^2)`, the same formula as the IR loss, which is checked against the training
@@ -124,6 +125,9 @@ fn init_values(rng: &mut Rng, n: usize, init: Init) -> Vec<f32> {
 struct Case {
     g: Graph,
     rng: Rng,
+    /// The training step every run of the case draws its dropout masks from (`None`: no draw,
+    /// dropout keeps everything): one fixed mask for the gradient and every perturbed loss.
+    key: Option<runtime::dist::StepKey>,
 }
 
 impl Case {
@@ -165,8 +169,17 @@ fn mse(y: &[f32], t: &[f32]) -> f64 {
     y.iter().zip(t).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum::<f64>() / y.len().max(1) as f64
 }
 
-fn run_y(interp: &Interpreter, ctx: &CpuContext, params: &BTreeMap<String, Tensor>) -> Result<Vec<f32>> {
-    let rep = interp.run_with_params(ctx, &BTreeMap::new(), params)?;
+fn run_y(
+    interp: &Interpreter,
+    ctx: &CpuContext,
+    params: &BTreeMap<String, Tensor>,
+    key: Option<runtime::dist::StepKey>,
+) -> Result<Vec<f32>> {
+    let none = BTreeMap::new();
+    let rep = match key {
+        Some(k) => interp.run_step(ctx, &none, params, k)?,
+        None => interp.run_with_params(ctx, &none, params)?,
+    };
     Ok(rep.outputs["y"].as_f32().context("y is f32")?.to_vec())
 }
 
@@ -180,7 +193,7 @@ fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) 
     ensure!(ymeta.dtype == DType::F32, "output is {ymeta}");
 
     let interp = Interpreter::new(&fwd)?;
-    let y0 = run_y(&interp, ctx, &params)?;
+    let y0 = run_y(&interp, ctx, &params, c.key)?;
     let target: Vec<f32> = y0.iter().map(|&v| v + c.rng.uniform(-1.0, 1.0)).collect();
     let opts = TrainOptions {
         loss: LossSpec::Mse { output: "y".into(), target: "t".into() },
@@ -192,7 +205,11 @@ fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) 
     let tg = training_graph(&fwd, &opts).context("training graph")?;
     let tinterp = Interpreter::new(&tg.graph)?;
     let feeds = BTreeMap::from([("t".to_string(), Tensor::f32(ymeta.shape.clone(), target.clone()))]);
-    let rep = tinterp.run_with_params(ctx, &feeds, &params).context("training graph run")?;
+    let rep = match c.key {
+        Some(k) => tinterp.run_step(ctx, &feeds, &params, k),
+        None => tinterp.run_with_params(ctx, &feeds, &params),
+    }
+    .context("training graph run")?;
     let loss = rep.outputs["loss"].as_f32().context("loss is f32")?[0] as f64;
     let l0 = mse(&y0, &target);
     ensure!((loss - l0).abs() <= 1e-5 * l0.max(1e-3), "{label}: training-graph loss {loss} vs f64 mse {l0}");
@@ -233,10 +250,10 @@ fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) 
             let mut v = base.clone();
             v[i] = plus;
             work.insert(name.clone(), Tensor::f32(p.shape(), v.clone()));
-            let lp = mse(&run_y(&interp, ctx, &work)?, &target);
+            let lp = mse(&run_y(&interp, ctx, &work, c.key)?, &target);
             v[i] = minus;
             work.insert(name.clone(), Tensor::f32(p.shape(), v));
-            let lm = mse(&run_y(&interp, ctx, &work)?, &target);
+            let lm = mse(&run_y(&interp, ctx, &work, c.key)?, &target);
             fd.push((lp - lm) / (plus as f64 - minus as f64));
         }
         work.insert(name.clone(), p.clone());
@@ -286,7 +303,7 @@ impl Suite {
     /// Checks one case: `build` adds params, constants and ops, and returns the output `y`.
     fn case(&mut self, name: &str, build: impl FnOnce(&mut Case) -> Result<Value>) {
         let label = format!("{}/{name}", self.family);
-        let mut c = Case { g: Graph::new(&label), rng: Rng::new(fnv(&label)) };
+        let mut c = Case { g: Graph::new(&label), rng: Rng::new(fnv(&label)), key: None };
         self.cases += 1;
         match build(&mut c).and_then(|y| check(&self.ctx, &label, c, y, &[])) {
             Ok(r) => {
@@ -1084,7 +1101,7 @@ fn compositions() {
 fn fan_out_unused_frozen() -> Result<()> {
     let ctx = CpuContext::new(1)?;
     let build = |label: &str| -> Result<(Case, Value)> {
-        let mut c = Case { g: Graph::new(label), rng: Rng::new(fnv(label)) };
+        let mut c = Case { g: Graph::new(label), rng: Rng::new(fnv(label)), key: None };
         let a = c.param("a", &[2, 3], SMOOTH);
         let b = c.param("b", &[3], SMOOTH);
         c.param("unused", &[2, 2], SMOOTH);
@@ -1114,6 +1131,37 @@ fn fan_out_unused_frozen() -> Result<()> {
         bail!("frozen parameter b has a gradient output (outputs: {:?})", r.outputs);
     }
     ensure!(r.outputs.iter().any(|o| o == "grad/a"), "grad/a missing: {:?}", r.outputs);
+    Ok(())
+}
+
+/// Training-mode dropout with a fixed mask (the gradient op is the same dropout on the output
+/// gradient, which must draw the forward's mask again): every run of the case, the training
+/// graph's and each perturbed forward, is step 3 of seed 9, so all draw one mask. Two
+/// dropouts with different ids, one before a nonlinearity, one with its mask output read by
+/// the model (no gradient through it). Dropped elements have a zero gradient, and some are.
+#[test]
+fn dropout_with_a_fixed_mask() -> Result<()> {
+    let ctx = CpuContext::new(1)?;
+    let label = "dropout/fixed_mask";
+    let mut c = Case {
+        g: Graph::new(label),
+        rng: Rng::new(fnv(label)),
+        key: Some(runtime::dist::StepKey { seed: 9, step: 3 }),
+    };
+    let p = c.param("p", &[6, 7], SMOOTH);
+    let q = c.param("q", &[6, 7], SMOOTH);
+    let d = c.ops(Op::Dropout(ir::DropoutAttrs { ratio: 0.4, id: 0, mask: true }), &[p])?;
+    let t = c.op(Op::Unary(UnaryOp::Tanh), &[d[0]])?;
+    let m = c.op(Op::Cast { to: DType::F32 }, &[d[1]])?;
+    let t = c.op(Op::Binary(BinaryOp::Add), &[t, m])?;
+    let t = c.op(Op::Binary(BinaryOp::Mul), &[t, q])?;
+    let y = c.op(Op::Dropout(ir::DropoutAttrs { ratio: 0.25, id: 1, mask: false }), &[t])?;
+    let r = check(&ctx, label, c, y, &[])?;
+    println!("{label}: max rel err {:.2e}", r.worst);
+    ensure!(r.failures.is_empty(), "{}", r.failures.join("\n"));
+    let gp = r.grads["p"].to_f32_vec();
+    let zeros = gp.iter().filter(|&&v| v == 0.0).count();
+    ensure!(zeros > 0 && zeros < gp.len(), "grad/p has {zeros} zeros of {}: no mask applied", gp.len());
     Ok(())
 }
 

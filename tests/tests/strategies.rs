@@ -13,6 +13,10 @@
 //! 3. reassembles each output by its output spec (replicas must agree) and compares it with the
 //!    single-device result of the same op on the global inputs.
 //!
+//! Training-mode dropout runs with a step's draw on both sides: the single device over the
+//! whole tensor, each rank over its block at the offsets its output spec gives it, so a
+//! strategy whose blocks drew other masks than the whole tensor's would differ (O(1)).
+//!
 //! Tolerance: norm-wise relative error `||sharded - single|| / max(||single||, 1e-6) <= 1e-5` for
 //! f32 (a split sum adds the same terms in another order: errors of a few f32 ulps of the sum,
 //! ~1e-7 relative at these sizes), exact for i64 and bool. A false claim (wrong spec, a dim that is
@@ -230,6 +234,36 @@ fn indexing() -> Result<(Graph, LossSpec, Optimizer)> {
     Ok((g, loss, Optimizer::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 }))
 }
 
+/// Dropouts (training mode, with and without the mask output), their mask read by the model,
+/// and their gradients (the same op on the output gradient).
+fn dropout() -> Result<(Graph, LossSpec, Optimizer)> {
+    let mut g = Graph::new("dropout");
+    let x = param(&mut g, "x", &[4, 8, 6]);
+    let d = g.add_op("drop", Op::Dropout(ir::DropoutAttrs { ratio: 0.3, id: 0, mask: true }), &[x])?;
+    let m = op(&mut g, "mask", Op::Cast { to: DType::F32 }, &[d[1]])?;
+    let z = op(&mut g, "plus_mask", Op::Binary(BinaryOp::Add), &[d[0], m])?;
+    let z = op(&mut g, "drop2", Op::Dropout(ir::DropoutAttrs { ratio: 0.5, id: 1, mask: false }), &[z])?;
+    let y = op(&mut g, "mean", Op::Reduce { op: ReduceOp::Mean, axes: vec![0], keepdims: false }, &[z])?;
+    g.set_output("y", y);
+    let loss = LossSpec::Mse { output: "y".into(), target: "t".into() };
+    Ok((g, loss, Optimizer::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 }))
+}
+
+/// The stream every dropout of the test draws from.
+const STREAM: kernels::random::Stream = kernels::random::Stream { seed: 5, step: 3, microbatch: 1 };
+
+/// Dropout `a` of a block `x` at `offsets` of a tensor of `shape`, drawing from [`STREAM`].
+fn dropout_at(
+    ctx: &CpuContext,
+    a: &ir::DropoutAttrs,
+    x: &Tensor,
+    shape: &[usize],
+    offsets: Vec<usize>,
+) -> Result<Vec<Tensor>> {
+    let draw = kernels::random::Draw { stream: STREAM, shape: shape.to_vec(), offsets };
+    Ok(kernels::cpu::random::dropout(ctx, a, x, Some(&draw))?)
+}
+
 /// Random inputs for a node: f32 in [0.2, 1.2) (positive: valid for sqrt/log/var), i64 indices
 /// within the gathered axis, the AdamW step 2, random booleans.
 fn random_inputs(rng: &mut Rng, o: &Op, ins: &[TensorMeta]) -> Vec<Tensor> {
@@ -310,6 +344,12 @@ fn run_local(
     let per_rank = |r: usize| -> Vec<&Tensor> { blocks.iter().map(|b| &b[r]).collect() };
     match &st.local {
         Local::Same => {
+            if let Op::Dropout(a) = o {
+                let shape = &outs[0].shape;
+                return (0..mesh.size())
+                    .map(|r| dropout_at(ctx, a, &blocks[0][r], shape, st.outputs[0].offsets(shape, mesh, r)))
+                    .collect();
+            }
             let lop = local_op(o, &local_ins, &local_outs);
             (0..mesh.size()).map(|r| Ok(eval(ctx, &lop, &per_rank(r))?)).collect()
         }
@@ -427,7 +467,11 @@ fn validate_graph(
         let ins: Vec<TensorMeta> = g.node_inputs(n).iter().map(|v| g.meta(*v).clone()).collect();
         let inputs = random_inputs(&mut rng, &node.op, &ins);
         let refs: Vec<&Tensor> = inputs.iter().collect();
-        let want = eval(ctx, &node.op, &refs).with_context(|| format!("single-device {}", node.name))?;
+        let want = match &node.op {
+            Op::Dropout(a) => dropout_at(ctx, a, refs[0], &node.outputs[0].shape, vec![0; node.outputs[0].rank()]),
+            op => Ok(eval(ctx, op, &refs)?),
+        }
+        .with_context(|| format!("single-device {}", node.name))?;
         let strategies = sharding::strategies(g, n, mesh, &cpu)?;
         for st in &strategies {
             let what =
@@ -466,7 +510,7 @@ fn every_claimed_strategy_is_correct() -> Result<()> {
     for shape in [[1, 2], [2, 2], [2, 4]] {
         let mesh = DeviceMesh::uniform(&shape)?;
         let mut on_mesh = 0;
-        for build in [block, lm, cnn, shapes, indexing] {
+        for build in [block, lm, cnn, shapes, indexing, dropout] {
             let (g, loss, opt) = build()?;
             let tg = training_graph(&g, &TrainOptions::new(loss, Some(opt)))?;
             ir::verify(&tg.graph).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -525,6 +569,7 @@ fn every_claimed_strategy_is_correct() -> Result<()> {
         "scatter_nd",
         "topk",
         "argmax",
+        "dropout",
     ] {
         ensure!(counts.get(k).copied().unwrap_or(0) > 0, "no strategies validated for `{k}`");
     }

@@ -396,3 +396,60 @@ fn declared_inputs_are_checked() {
     fails(&model(relu(), vec![w()], vec![vi("x", 1, &[4])], vec!["y"]), &["input x", "initializer"]);
     fails(&model(relu(), vec![w()], vec![vi("x", 7, &[3])], vec!["y"]), &["input x", "int64"]);
 }
+
+/// A `Constant` node of a tensor.
+fn constant(name: &str, t: pb::TensorProto) -> pb::NodeProto {
+    let value = pb::AttributeProto { name: "value".into(), r#type: 4, t: Some(t), ..Default::default() };
+    node(name, "Constant", &[], &[name], vec![value])
+}
+
+#[test]
+fn training_mode_dropout_imports_with_an_id_per_node() {
+    let bool_t = |name: &str, v: bool| pb::TensorProto {
+        name: name.into(),
+        data_type: 9,
+        int32_data: vec![i32::from(v)],
+        ..Default::default()
+    };
+    let bytes = model(
+        vec![
+            constant("ratio", floats("ratio", &[], &[0.1])),
+            constant("zero", floats("zero", &[], &[0.0])),
+            constant("on", bool_t("on", true)),
+            constant("off", bool_t("off", false)),
+            node("d1", "Dropout", &["x", "ratio", "on"], &["a", "m1"], vec![]),
+            node("d2", "Dropout", &["a", "ratio", "on"], &["b", "m2"], vec![]),
+            node("d3", "Dropout", &["b", "ratio", "off"], &["c"], vec![]),
+            node("d4", "Dropout", &["c", "zero", "on"], &["y"], vec![]),
+        ],
+        vec![],
+        vec![vi("x", 1, &[2, 3])],
+        vec!["y", "m2"],
+    );
+    let g = import(&bytes).unwrap();
+    let drops: Vec<ir::DropoutAttrs> =
+        g.g.node_indices()
+            .filter_map(|n| match g.node(n).op {
+                ir::Op::Dropout(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+    // d1 and d2 in training mode (distinct ids; only d2's mask is read); d3 in inference and d4
+    // at ratio 0 are identities.
+    assert_eq!(
+        drops,
+        vec![ir::DropoutAttrs { ratio: 0.1, id: 0, mask: false }, ir::DropoutAttrs { ratio: 0.1, id: 1, mask: true }],
+        "{}",
+        g.to_text()
+    );
+    let bad = model(
+        vec![
+            constant("ratio", floats("ratio", &[], &[1.0])),
+            node("d", "Dropout", &["x", "ratio", "on"], &["y"], vec![]),
+        ],
+        vec![],
+        vec![vi("x", 1, &[2]), vi("on", 9, &[])],
+        vec!["y"],
+    );
+    fails(&bad, &["d", "training_mode"]);
+}
