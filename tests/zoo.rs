@@ -8,6 +8,15 @@
 //! 4. `plan --mesh 2x2 --memory 1GiB` is made;
 //! 5. `run` of that plan on 4 threads = `train`'s losses (relative 1e-5).
 //!
+//! Models exported with their training-mode dropout (`losses.json` has a `dropout` entry) draw
+//! other masks than PyTorch (another generator), so for them stage 3 is "the deterministic part
+//! and the statistics match": `train --no-dropout` = PyTorch's losses with every dropout 0
+//! (relative 1e-4), and `train --seed 7` with dropout on gives finite losses, other than the
+//! deterministic ones (it did drop), each within `band_sigmas` (5) standard deviations of the
+//! mean of PyTorch's losses over 16 seeds (`dropout.losses_mean`/`losses_std`). Stages 4 and 5
+//! use the same seed (`plan --seed 7`), and `run` must equal that `train` exactly as for the
+//! other models (masks depend on the seed, the step and the global element index only).
+//!
 //! The test prints the table (model, exporter, ops, params, each check) and compares each model's
 //! first failing stage with `tests/data/zoo/expected.txt`, which lists every model that does not
 //! pass all five with the stage it stops at and why. It fails when a model stops earlier than
@@ -30,6 +39,9 @@ use serde_json::Value;
 const TRAIN_RTOL: f64 = 1e-4;
 /// Relative tolerance of `run` against `train`.
 const RUN_RTOL: f64 = 1e-5;
+/// The seed of the dropout models' `train` and `plan` (any would do; not the default 0, so that
+/// the plan's recorded seed is what `run` draws from).
+const DROPOUT_SEED: u64 = 7;
 /// The pipeline's stages, in order.
 const STAGES: [&str; 5] = ["inspect", "infer", "train", "plan", "run"];
 
@@ -159,15 +171,21 @@ fn check(name: &str, model: &Value) -> Outcome {
     args.extend(freeze.clone());
     args.extend(["--steps", "3", "--json"].map(String::from));
     let reference: Vec<f64> = spec["losses"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+    let band = &spec["dropout"];
+    let dropout = band.is_object();
+    if dropout {
+        // The deterministic part: every dropout off, as PyTorch's reference was made.
+        args.push("--no-dropout".into());
+    }
     let trained = match autopar(&work, &args) {
         Ok(s) => {
             let l = losses(&s);
             let err = max_rel(&l, &reference);
             if l.len() != reference.len() || err > TRAIN_RTOL {
-                fail(&mut out, 2, format!("losses {l:?} against PyTorch's {reference:?} (max rel {err:.1e})"));
+                let what = if dropout { "--no-dropout losses" } else { "losses" };
+                fail(&mut out, 2, format!("{what} {l:?} against PyTorch's {reference:?} (max rel {err:.1e})"));
                 return out;
             }
-            out.cells.push(format!("✓ {err:.0e}"));
             l
         }
         Err(e) => {
@@ -175,12 +193,39 @@ fn check(name: &str, model: &Value) -> Outcome {
             return out;
         }
     };
+    let err = max_rel(&trained, &reference);
+    let trained = if dropout {
+        // With dropout on: finite, not the deterministic losses, within PyTorch's band.
+        args.pop();
+        args.extend(["--seed".to_string(), DROPOUT_SEED.to_string()]);
+        let l = match autopar(&work, &args) {
+            Ok(s) => losses(&s),
+            Err(e) => {
+                fail(&mut out, 2, e);
+                return out;
+            }
+        };
+        match in_band(&l, &trained, band) {
+            Ok(sigmas) => out.cells.push(format!("✓ {err:.0e}, {sigmas:.1}σ")),
+            Err(why) => {
+                fail(&mut out, 2, why);
+                return out;
+            }
+        }
+        l
+    } else {
+        out.cells.push(format!("✓ {err:.0e}"));
+        trained
+    };
     // 4. plan 2x2
     let plan = work.join("plan.json").display().to_string();
     let mut args =
         vec!["plan".to_string(), onnx.clone(), "--mesh".into(), "2x2".into(), "--memory".into(), "1GiB".into()];
     args.extend(train_opts);
     args.extend(freeze);
+    if dropout {
+        args.extend(["--seed".to_string(), DROPOUT_SEED.to_string()]);
+    }
     args.extend(["-o".to_string(), plan.clone()]);
     if let Err(e) = autopar(&work, &args) {
         fail(&mut out, 3, e);
@@ -205,6 +250,29 @@ fn check(name: &str, model: &Value) -> Outcome {
     }
     let _ = std::fs::remove_dir_all(&work);
     out
+}
+
+/// Checks the losses of a training run with dropout (`l`) against PyTorch's with dropout on over
+/// several seeds (`band`, losses.json's `dropout`): every loss finite and within `band_sigmas`
+/// standard deviations of PyTorch's mean at its step, and some loss other than the deterministic
+/// run's (`deterministic`, relative 1e-6: the run dropped). `Ok(the largest distance in sigmas)`.
+fn in_band(l: &[f64], deterministic: &[f64], band: &Value) -> Result<f64, String> {
+    let floats = |k: &str| -> Vec<f64> { band[k].as_array().into_iter().flatten().filter_map(Value::as_f64).collect() };
+    let (mean, std) = (floats("losses_mean"), floats("losses_std"));
+    let sigmas = band["band_sigmas"].as_f64().unwrap_or(5.0);
+    if l.len() != mean.len() || std.len() != mean.len() || l.iter().any(|x| !x.is_finite()) {
+        return Err(format!("dropout losses {l:?}: not {} finite values", mean.len()));
+    }
+    if max_rel(l, deterministic) <= 1e-6 {
+        return Err(format!("dropout losses {l:?} equal the --no-dropout ones {deterministic:?}: nothing dropped"));
+    }
+    let worst = l.iter().zip(&mean).zip(&std).map(|((x, m), s)| (x - m).abs() / s.max(1e-12)).fold(0.0, f64::max);
+    if worst > sigmas {
+        return Err(format!(
+            "dropout losses {l:?} outside PyTorch's mean {mean:?} ± {sigmas} std {std:?} ({worst:.1} sigmas)"
+        ));
+    }
+    Ok(worst)
 }
 
 /// `tests/data/zoo/expected.txt`: model -> (stage it stops at, why).
