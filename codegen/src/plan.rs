@@ -209,7 +209,9 @@ fn solve_one(
     // A later candidate of a search is not solved past its share either (a plan is owed only
     // by the first).
     if report && opts.abandon_late && expected > limit {
-        return Err(Error::OutOfTime(format!("solving {entries} edge entries would take about {expected:?} of {limit:?}")));
+        return Err(Error::OutOfTime(format!(
+            "solving {entries} edge entries would take about {expected:?} of {limit:?}"
+        )));
     }
     let mut sizes = BTreeMap::new();
     if report {
@@ -442,9 +444,9 @@ pub fn planning_mesh(mesh: &DeviceMesh, baseline: Baseline, keep: usize) -> (Dev
     let merged = mesh.merged_where(keep, joins);
     // The roles of the merged mesh: one per run of joined axes, as the mesh merged them.
     let mut kept = vec![r[0]];
-    for a in 1..mesh.ndim() {
+    for (a, &role) in r.iter().enumerate().skip(1) {
         if !(a > keep && mesh.links()[a] == mesh.links()[a - 1] && joins(a - 1, a)) {
-            kept.push(r[a]);
+            kept.push(role);
         }
     }
     match AxisRoles::new(&kept) {

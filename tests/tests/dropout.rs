@@ -43,7 +43,7 @@ fn model(b: usize, drop: bool) -> Result<Graph> {
     let f32m = |s: &[usize]| TensorMeta::new(DType::F32, s.to_vec());
     let mut g = Graph::new("dropout-mlp");
     let x = g.input("x", f32m(&[b, 16]));
-    let mut param = |g: &mut Graph, name: &str, shape: &[usize], seed: u64, scale: f32| {
+    let param = |g: &mut Graph, name: &str, shape: &[usize], seed: u64, scale: f32| {
         let t = tests::random_tensor(shape, seed);
         let t = Tensor::f32(shape.to_vec(), t.to_f32_vec().iter().map(|v| v * scale).collect());
         g.param(name, f32m(shape), Some(t))

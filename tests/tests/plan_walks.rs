@@ -68,7 +68,8 @@ fn interleaving(rng: &mut Rng, stages: usize, microbatches: usize, segments: &[(
                     break out;
                 }
                 // Mostly the oldest microbatches, as real schedules run them.
-                let m = open[rng.below(open.len().min(1 + rng.below(3)))];
+                let k = 1 + rng.below(3);
+                let m = open[rng.below(open.len().min(k))];
                 let (phase, chunk) = segments[next[m]];
                 out.push(Step { microbatch: m, chunk, phase });
                 next[m] += 1;
@@ -115,7 +116,8 @@ fn edited(p: &Plan, mesh: &DeviceMesh, rng: &mut Rng, name: &str) -> Result<usiz
                 let s = rng.below(stages);
                 let i = rng.below(steps[s].len());
                 let dup = steps[s][i];
-                steps[s].insert(rng.below(steps[s].len() + 1), dup);
+                let at = rng.below(steps[s].len() + 1);
+                steps[s].insert(at, dup);
                 format!("step {dup} of stage {s} doubled")
             }
         };

@@ -291,6 +291,7 @@ fn prepare<'a>(plan: &'a Plan, stage: usize) -> Result<Walk<'a>> {
 /// update's), counting in `live`; a freed value missing from `table` is taken from `shared`
 /// (with `None`, that is an error). Whether the instruction added bytes (the peak is read after
 /// those).
+#[allow(clippy::too_many_arguments)]
 fn run(
     graph: &Graph,
     mesh: &DeviceMesh,
