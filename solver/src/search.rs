@@ -1173,17 +1173,23 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
             let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
             st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
         }
-        if rounds.is_multiple_of(8) {
+        if rounds.is_multiple_of(8) && Instant::now() < cfg.deadline {
             order_shuffle(&mut order, &mut rng);
             st.sweep(&order, None, true);
         }
-        if rounds.is_multiple_of(4) {
+        if rounds.is_multiple_of(4) && Instant::now() < cfg.deadline {
             for g in &groups {
                 st.group_move(g, None, true);
             }
         }
         if order.len() <= 300 {
+            // A node's pair moves re-price memory for each of its strategies: on a folded
+            // problem with thousands of steps, a sweep of them takes seconds, so the deadline is
+            // checked per node.
             for &i in &order {
+                if Instant::now() > cfg.deadline {
+                    break;
+                }
                 st.pair_move(i);
             }
         }
