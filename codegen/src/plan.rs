@@ -703,7 +703,16 @@ pub(crate) fn plan_modes(
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             let own = b == opts.baseline;
-            let owns_left = entries[i..].iter().filter(|e| e.baseline == opts.baseline).count().max(1) as u32;
+            // The recomputed model holds time back from the first solve only where memory is
+            // expected to bind (even the smallest peak is at least half the budget, or both
+            // models are asked for); otherwise it is usually skipped below, and the time it held
+            // back would go unused.
+            let expect_binding = full || both || floor.saturating_mul(2) >= solver_budget;
+            let owns_left = entries[i..]
+                .iter()
+                .filter(|e| e.baseline == opts.baseline && (expect_binding || !e.assumed))
+                .count()
+                .max(1) as u32;
             // The model solved as it is comes first; the recomputed one only where the first
             // found memory binding (its plan recomputes, or its peak is near the budget), unless
             // both are asked for (pipeline stages hold several microbatches' activations).
