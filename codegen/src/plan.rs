@@ -724,10 +724,17 @@ pub(crate) fn plan_modes(
                     continue;
                 }
             }
-            // The first own solve half of what is left when more follow (all of it otherwise),
-            // a baseline a small share, the recomputed model the rest.
+            // The first own solve a third of what is left when the recomputed model follows,
+            // three quarters when only baselines do (they are quick, or skipped), all of it
+            // otherwise; a baseline a small share, the recomputed model the rest.
             let limit = if own {
-                if i + 1 < entries.len() { left / (owns_left + 1) } else { left }
+                if i + 1 == entries.len() {
+                    left
+                } else if owns_left > 1 {
+                    left / (owns_left + 1)
+                } else {
+                    left / 4 * 3
+                }
             } else {
                 left / (2 * (entries.len() - i + 1)) as u32
             };
