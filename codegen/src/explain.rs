@@ -253,8 +253,8 @@ pub fn summary(p: &Plan) -> String {
     if p.solver.plan_bound_seconds > 0.0 && e.step_seconds > 0.0 {
         let _ = writeln!(
             o,
-            "bound     no plan of this step takes less than {} on {} devices (its FLOPs at the device's peak, perfectly \
-             divided): this one is {:.1}x that; estimated MFU {:.1}% ({:.3e} model FLOPs per step)",
+            "bound     no plan of this step takes less than {} on {} devices (every op priced whole on one device, \
+             perfectly divided, no communication): this one is {:.1}x that; estimated MFU {:.1}% ({:.3e} model FLOPs per step)",
             ms(p.solver.plan_bound_seconds),
             p.mesh.shape.iter().product::<usize>(),
             e.step_seconds / p.solver.plan_bound_seconds,

@@ -817,7 +817,9 @@ fn dropout_draws_the_cpu_masks() {
     let cpu_ctx = CpuContext::new(1).unwrap();
     let stream = Stream { seed: 3, step: (1 << 32) + 5, microbatch: 1 };
     // Blocks of several ranks, offsets in every dim, a scalar; with and without the mask output.
-    let cases: [(&[usize], &[usize], &[usize], f32, bool); 5] = [
+    // (block, global shape, offsets, ratio, mask output)
+    type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], f32, bool);
+    let cases: [Case; 5] = [
         (&[6, 10], &[6, 10], &[0, 0], 0.3, true),
         (&[3, 5], &[6, 10], &[3, 5], 0.5, false),
         (&[2, 3, 4, 7], &[4, 3, 8, 7], &[2, 0, 4, 0], 0.1, true),
