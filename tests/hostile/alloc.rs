@@ -22,11 +22,12 @@ fn expand_model(root: &Path) -> String {
     sum.attribute.push(onnx::attr_int("keepdims", 0));
     let m = onnx::model(
         vec![
-            onnx::node("scale", "Mul", &["x", "w"], &["xw"]),
+            onnx::node("scale", "Mul", &["x", "m.w"], &["xw"]),
             onnx::node("expand_24g", "Expand", &["xw", "shape"], &["big"]),
             sum,
         ],
-        vec![onnx::floats("w", &[1], &[2.0]), onnx::ints("shape", &[2], &[6, 1 << 30])],
+        // A state-dict name: a one-element initializer without one is read as an exporter's constant.
+        vec![onnx::floats("m.w", &[1], &[2.0]), onnx::ints("shape", &[2], &[6, 1 << 30])],
         vec![onnx::value_info("x", DataType::Float, &[1])],
         vec![onnx::value_info("y", DataType::Float, &[])],
     );
