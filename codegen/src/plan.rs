@@ -817,6 +817,16 @@ pub(crate) fn plan_modes(
             // already is not lowered (on large models lowering takes a second).
             let objective = ev.cost as f64 * 1e-12;
             let beaten = candidates.iter().map(|(_, p)| p.estimate.step_seconds).fold(f64::INFINITY, f64::min);
+            // A baseline is kept unless auto's plan is `min_gain` faster ([`choose`]): one is
+            // beaten only when even that margin would not keep it.
+            let margin = if opts.baseline == Baseline::Auto { opts.min_gain.clamp(0.0, 1.0) } else { 0.0 };
+            let beaten = if !own && margin >= 1.0 {
+                f64::INFINITY
+            } else if !own {
+                beaten / (1.0 - margin)
+            } else {
+                beaten
+            };
             if (!own || entry.assumed) && objective >= beaten {
                 compared.insert(entry.name(), Some(objective));
                 if own {
