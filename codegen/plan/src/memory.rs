@@ -496,14 +496,18 @@ pub fn simulate_steps_summarised(plan: &Plan, mesh: &DeviceMesh, stage: usize) -
     if next.iter().any(|&j| j != 0 && j != template.len()) {
         return None;
     }
-    // One microbatch's walk, segment by segment, on its own values only.
+    // One microbatch's walk, segment by segment, on its own values only. A lone microbatch may
+    // also free shared values (nothing after it reads them): its summaries are played once, in
+    // the order they were made, so that is the exact walk.
+    let alone = bound == 1;
     let mut table: FxMap<ValueRef, u64> = FxMap::default();
     let mut summaries = Vec::with_capacity(template.len());
     for seg in &template {
         let mut count = Relative::default();
         let mut high: Option<(i128, Option<usize>)> = None;
         for &(k, ins) in segs.get(seg).map(Vec::as_slice).unwrap_or(&[]) {
-            let added = run(graph, mesh, stage, k, ins, &mut table, None, &mut count).ok()?;
+            let from = if alone { Some(&mut shared) } else { None };
+            let added = run(graph, mesh, stage, k, ins, &mut table, from, &mut count).ok()?;
             if added && high.is_none_or(|(h, _)| count.now > h) {
                 high = Some((count.now, Some(k)));
             }
