@@ -81,7 +81,8 @@ pub fn stage_mesh(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
 /// baselines: a smaller gain is under the cost model's error, and stages bring a schedule,
 /// transfers and a bubble the plan without them does not have).
 ///
-/// The stage counts share the time limit, the most stages first (the smallest problems): each
+/// Stage counts above the microbatch count are searched only when no plan with fewer fits (their
+/// bubble is over half the step). The stage counts share the time limit, the most stages first (the smallest problems): each
 /// gets an equal share of what is left when it starts, and one that cannot start (no time
 /// left) is skipped and named in `solver.skipped`. `solver.compared` lists every candidate (`None`: it does not fit),
 /// `options.min_gain` the threshold and `solver.timings` the search.
@@ -117,12 +118,24 @@ pub fn search(
     // The most stages first: their problems are one stage's submesh, the smallest, so the
     // quick candidates finish before the time is spent, and the plan without stages (the
     // largest problem) gets all that is left. A small model solves every candidate anyway.
-    let counts: Vec<usize> = (1..=outer).rev().filter(|s| outer.is_multiple_of(*s)).collect();
+    // More stages than microbatches leave every stage idle for over half the step (the bubble
+    // of S stages and M microbatches is (S-1)/(M+S-1) of it), so those counts are searched
+    // only when nothing with fewer fits, fewest first, after the plan without stages.
+    let divisors: Vec<usize> = (1..=outer).rev().filter(|s| outer.is_multiple_of(*s)).collect();
+    let many = opts.microbatches.max(1);
+    let mut counts: Vec<usize> = divisors.iter().copied().filter(|&s| s <= many).collect();
+    let beyond: Vec<usize> = divisors.iter().rev().copied().filter(|&s| s > many).collect();
+    let searched = counts.len();
+    counts.extend(&beyond);
     for (i, &s) in counts.iter().enumerate() {
+        if i >= searched && (best.is_some() || unstaged.is_some()) {
+            // A plan with no more stages than microbatches fits: the idle ones are not tried.
+            break;
+        }
         let left = opts.left();
         // The first candidate always runs, and so does the plan without stages while no
         // candidate has given a plan (a plan is owed); the others only with time left.
-        let owed = i == 0 || (s == 1 && best.is_none());
+        let owed = i == 0 || (s == 1 && best.is_none()) || (i == searched && best.is_none() && unstaged.is_none());
         if !owed && left.is_zero() {
             let name = if s == 1 { "no stages".to_string() } else { format!("{s} stages") };
             consider(name, Err(Error::OutOfTime(String::new())), &mut best);
@@ -130,7 +143,10 @@ pub fn search(
         }
         // Later candidates are given up when their share runs out (their problem alone may
         // take longer to build than is left).
-        let share = crate::PlanOptions { abandon_late: !owed, ..opts.within(left / (counts.len() - i) as u32) };
+        let share = crate::PlanOptions {
+            abandon_late: !owed,
+            ..opts.within(left / (if i < searched { searched } else { counts.len() } - i) as u32)
+        };
         if s == 1 {
             let one = crate::PlanOptions { stages: 1, ..share };
             let mut kept = None;

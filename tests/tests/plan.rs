@@ -809,6 +809,23 @@ fn pipeline_search_keeps_the_fastest_candidate() -> Result<()> {
     Ok(())
 }
 
+/// `--pipeline auto` searches no more stages than microbatches while a plan with fewer fits
+/// (more stages idle over half the step): gpt2-tiny on 4x1 with 2 microbatches prices no
+/// stages and 2 stages, not 4.
+#[test]
+fn pipeline_search_skips_more_stages_than_microbatches_while_fewer_fit() -> Result<()> {
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::uniform(&[4, 1])?;
+    let o = PlanOptions { microbatches: 2, compare_baselines: false, ..opts(4 << 30, Baseline::Auto) };
+    let p = codegen::pipeline::search(&g, &mesh, &cpu, &o)?;
+    let names: Vec<&String> = p.solver.compared.keys().chain(p.solver.skipped.iter()).collect();
+    ensure!(names.iter().any(|k| k.starts_with("pipeline: 2 stages")), "2 stages not searched: {names:?}");
+    ensure!(names.iter().any(|k| k.as_str() == "pipeline: no stages"), "no stages not searched: {names:?}");
+    ensure!(!names.iter().any(|k| k.starts_with("pipeline: 4 stages")), "4 stages searched: {names:?}");
+    Ok(())
+}
+
 /// A schedule edited by hand (issue 18, item 3) is refused with what is wrong: a microbatch's
 /// backward before its forward, a step twice, chunks out of range, an instruction out of its
 /// stage's segment order, and stages whose orders wait for each other (a deadlock).
