@@ -257,6 +257,8 @@ pub struct Program {
     pub bounds: Vec<crate::bounds::IndexBound>,
     /// The seed of the run's random ops (dropout): the plan's, or [`Program::set_seed`]'s.
     seed: u64,
+    /// Whether training steps drop ([`Program::set_dropout`]; `true` unless turned off).
+    dropout: bool,
 }
 
 /// The output an evaluation step computes (and the only one).
@@ -639,6 +641,7 @@ impl Program {
             .collect();
         let program = Program {
             seed: 0,
+            dropout: true,
             plan_hash: String::new(),
             // The interpreter checks its feeds itself.
             bounds: vec![],
@@ -923,6 +926,7 @@ impl Program {
         accumulate.dedup();
         Ok(Program {
             seed: plan.options.seed,
+            dropout: true,
             plan_hash,
             bounds: crate::bounds::index_bounds(&g),
             streamed: Default::default(),
@@ -1343,6 +1347,18 @@ impl Program {
         self.seed = seed;
     }
 
+    /// With `false`, training steps drop nothing (`run --no-dropout`): every training-mode
+    /// dropout keeps every element, as `train --no-dropout` does (the deterministic part of a
+    /// model, to compare with a framework's run without dropout).
+    pub fn set_dropout(&mut self, on: bool) {
+        self.dropout = on;
+    }
+
+    /// The key of training step `step`'s random draws: `None` when dropout is off.
+    pub fn step_key(&self, step: u64) -> Option<StepKey> {
+        self.dropout.then_some(StepKey { seed: self.seed, step })
+    }
+
     /// Whether the program draws random numbers (it has a training-mode dropout): only then
     /// does the seed change what it computes.
     pub fn draws(&self) -> bool {
@@ -1372,7 +1388,7 @@ impl Program {
         let feeds: Vec<&Tensor> = feeds.iter().map(|t| &**t).collect();
         let constants: Vec<&Tensor> = constants.iter().map(|t| &**t).collect();
         let b = &mut CpuBackend { rank: *rank, ctx, comm };
-        let key = StepKey { seed: self.seed, step: *steps_done };
+        let key = self.step_key(*steps_done);
         let r = crate::exec::step(
             self,
             b,
@@ -1380,7 +1396,7 @@ impl Program {
             &feeds,
             &constants,
             profile,
-            crate::exec::Mode::Train(Some(key)),
+            crate::exec::Mode::Train(key),
         )?;
         *steps_done += 1;
         Ok(r)

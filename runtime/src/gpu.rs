@@ -281,8 +281,7 @@ impl GpuRank {
         let constants: Vec<&CudaTensor> = constants.iter().collect();
         let mut b = GpuExec { rank: *rank, ctx, groups, host };
         let storage = crate::exec::Storage::Owned(storage);
-        let key = crate::dist::StepKey { seed: program.seed(), step: *steps_done };
-        let mode = crate::exec::Mode::Train(Some(key));
+        let mode = crate::exec::Mode::Train(program.step_key(*steps_done));
         let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, profile, mode)?;
         *steps_done += 1;
         Ok(r)

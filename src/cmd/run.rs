@@ -56,6 +56,11 @@ pub struct RunArgs {
     /// without data (`--init auto`) or of every parameter (`--init random`; default 0).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Drop nothing: every training-mode Dropout keeps every element, as `train --no-dropout`
+    /// (the deterministic part of a model exported with dropout, to compare with a framework's
+    /// run of it without dropout).
+    #[arg(long)]
+    pub no_dropout: bool,
     /// Write sharded checkpoints into this directory (after the last step, and every
     /// --checkpoint-every steps).
     #[arg(long, value_name = "DIR")]
@@ -143,6 +148,7 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     if let Some(seed) = a.seed {
         program.set_seed(seed);
     }
+    program.set_dropout(!a.no_dropout);
     let init_seed = a.seed.unwrap_or(0);
     let plan = plan.into_plan();
     let feeds = common::read_feeds(&a.feeds)?;
