@@ -1241,3 +1241,140 @@ fn indexing_family() {
     });
     s.finish();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Recurrent ops (`RNN`, `GRU`, `LSTM`), through their import: the tracer unrolls them into
+// matrix products, activations and elementwise ops, so these cases check that the unrolled graph
+// is differentiated correctly end to end (weights, recurrence weights, biases, peepholes and
+// initial states, every step's state fed to the next).
+
+/// One recurrent node whose every operand is an initializer (so a parameter of the imported
+/// graph), the graph output being the node output `out` (`Y`, `Y_h` or `Y_c`).
+struct Rec {
+    op: &'static str,
+    direction: &'static str,
+    /// `(name, shape)` of every operand, in ONNX input order; `""` skips an optional slot.
+    operands: Vec<(&'static str, Vec<usize>)>,
+    ints: Vec<(&'static str, i64)>,
+    out: &'static str,
+}
+
+fn rec_model(r: &Rec, rng: &mut Rng) -> Vec<u8> {
+    use prost::Message as _;
+    use tract_onnx::pb;
+    use tract_onnx::pb::attribute_proto::AttributeType;
+    let mut attribute = vec![pb::AttributeProto {
+        name: "direction".into(),
+        r#type: AttributeType::String as i32,
+        s: r.direction.as_bytes().to_vec(),
+        ..Default::default()
+    }];
+    attribute.extend(r.ints.iter().map(|(k, v)| pb::AttributeProto {
+        name: k.to_string(),
+        r#type: AttributeType::Int as i32,
+        i: *v,
+        ..Default::default()
+    }));
+    let node = pb::NodeProto {
+        name: format!("{}_{}", r.op, r.direction),
+        op_type: r.op.into(),
+        input: r.operands.iter().map(|(n, _)| n.to_string()).collect(),
+        output: if r.op == "LSTM" {
+            vec!["Y".into(), "Y_h".into(), "Y_c".into()]
+        } else {
+            vec!["Y".into(), "Y_h".into()]
+        },
+        attribute,
+        ..Default::default()
+    };
+    let initializer = r
+        .operands
+        .iter()
+        .filter(|(n, _)| !n.is_empty())
+        .map(|(n, s)| pb::TensorProto {
+            name: n.to_string(),
+            dims: s.iter().map(|&d| d as i64).collect(),
+            data_type: pb::tensor_proto::DataType::Float as i32,
+            float_data: init_values(rng, s.iter().product(), Init::U(-1.0, 1.0)),
+            ..Default::default()
+        })
+        .collect();
+    pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 14 }],
+        graph: Some(pb::GraphProto {
+            name: "recurrent".into(),
+            node: vec![node],
+            output: vec![pb::ValueInfoProto { name: r.out.into(), ..Default::default() }],
+            initializer,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Finite differences of every operand of `RNN`, `GRU` (both `linear_before_reset` forms) and
+/// `LSTM` (peepholes, `input_forget`), forward, reverse and bidirectional, through each output:
+/// sequence length 3, batch 2, input 3, hidden 2.
+#[test]
+fn recurrent() {
+    let mut s = Suite::new("recurrent");
+    let (t, b, i, h) = (3, 2, 3, 2);
+    let x = ("X", vec![t, b, i]);
+    let cases: Vec<(&str, Rec)> = {
+        let ops = |op: &'static str, g: usize, d: usize, state: bool, peep: bool| {
+            let mut v = vec![x.clone(), ("W", vec![d, g * h, i]), ("R", vec![d, g * h, h]), ("B", vec![d, 2 * g * h])];
+            if state {
+                v.push(("", vec![]));
+                v.push(("initial_h", vec![d, b, h]));
+                if op == "LSTM" {
+                    v.push(("initial_c", vec![d, b, h]));
+                    if peep {
+                        v.push(("P", vec![d, 3 * h]));
+                    }
+                }
+            }
+            v
+        };
+        let rec =
+            |op, direction, operands, ints: Vec<(&'static str, i64)>, out| Rec { op, direction, operands, ints, out };
+        vec![
+            ("rnn_bidirectional_y", rec("RNN", "bidirectional", ops("RNN", 1, 2, true, false), vec![], "Y")),
+            ("rnn_reverse_no_state_y_h", rec("RNN", "reverse", ops("RNN", 1, 1, false, false), vec![], "Y_h")),
+            ("gru_forward_y", rec("GRU", "forward", ops("GRU", 3, 1, true, false), vec![], "Y")),
+            (
+                "gru_bidirectional_linear_before_reset_y",
+                rec("GRU", "bidirectional", ops("GRU", 3, 2, true, false), vec![("linear_before_reset", 1)], "Y"),
+            ),
+            (
+                "gru_reverse_linear_before_reset_no_state_y_h",
+                rec("GRU", "reverse", ops("GRU", 3, 1, false, false), vec![("linear_before_reset", 1)], "Y_h"),
+            ),
+            (
+                "lstm_bidirectional_peepholes_y",
+                rec("LSTM", "bidirectional", ops("LSTM", 4, 2, true, true), vec![], "Y"),
+            ),
+            ("lstm_forward_y_c", rec("LSTM", "forward", ops("LSTM", 4, 1, true, false), vec![], "Y_c")),
+            (
+                "lstm_reverse_input_forget_peepholes_y_h",
+                rec("LSTM", "reverse", ops("LSTM", 4, 1, true, true), vec![("input_forget", 1)], "Y_h"),
+            ),
+        ]
+    };
+    for (name, r) in cases {
+        s.case(name, |c| {
+            let bytes = rec_model(&r, &mut c.rng);
+            let opts = tracer::ImportOptions { load_weights: true, ..Default::default() };
+            let g = tracer::import_bytes(&bytes, name, name, None, &opts).context("import")?;
+            for (p, _) in r.operands.iter().filter(|(p, _)| !p.is_empty()) {
+                ensure!(g.param_data.contains_key(*p), "operand {p} is not a parameter of the imported graph");
+            }
+            let (_, y) = g.outputs.iter().find(|(o, _)| o == r.out).context("no output")?.clone();
+            c.g = g;
+            c.g.outputs.clear();
+            Ok(y)
+        });
+    }
+    s.finish();
+}
