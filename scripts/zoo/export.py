@@ -647,6 +647,68 @@ def unet():
                       "timestep embedding, default attention processor (scaled_dot_product_attention)")
 
 
+class LstmLm(torch.nn.Module):
+    """Embedding -> stacked LSTM -> Linear over the vocabulary (a word-level language model)."""
+
+    def __init__(self, vocab, dim, hidden, layers):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.lstm = torch.nn.LSTM(dim, hidden, num_layers=layers, batch_first=True)
+        self.head = torch.nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids):
+        y, _ = self.lstm(self.embed(input_ids))
+        return self.head(y)
+
+
+class BiGruClassifier(torch.nn.Module):
+    """Embedding -> bidirectional GRU -> Linear on both directions' last states."""
+
+    def __init__(self, vocab, dim, hidden, classes):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.gru = torch.nn.GRU(dim, hidden, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(2 * hidden, classes)
+
+    def forward(self, input_ids):
+        _, h = self.gru(self.embed(input_ids))  # h: [2, batch, hidden], forward then backward
+        return self.head(torch.cat([h[0], h[1]], dim=-1))
+
+
+def lstm_lm():
+    kw = dict(vocab_size=VOCAB, embedding_dim=32, hidden_size=32, num_layers=2)
+    torch.manual_seed(SEED)
+    m = LstmLm(VOCAB, 32, 32, 2)
+    inputs = text_inputs(gen(), mask=False)
+
+    def fn(m, input_ids):
+        return m(input_ids)
+
+    return Spec("lstm-lm", "torch", "torch.nn.LSTM (scripts/zoo/export.py LstmLm)", m, inputs, ["logits"], fn,
+                ("ce-next", "logits", "input_ids"), config=kw,
+                notes="Embedding, 2-layer batch-first nn.LSTM (-> two ONNX LSTM nodes, gates reordered by the "
+                      "exporter with Slice/Concat on the weights), Linear head; no attention mask (padded "
+                      "positions are ordinary tokens)")
+
+
+def gru_classifier():
+    kw = dict(vocab_size=VOCAB, embedding_dim=32, hidden_size=32, bidirectional=True, num_labels=3)
+    torch.manual_seed(SEED)
+    m = BiGruClassifier(VOCAB, 32, 32, 3)
+    g = gen()
+    inputs = text_inputs(g, mask=False)
+    labels = torch.randint(0, 3, (BATCH,), generator=g)
+
+    def fn(m, input_ids):
+        return m(input_ids)
+
+    return Spec("gru-classifier", "torch", "torch.nn.GRU (scripts/zoo/export.py BiGruClassifier)", m, inputs,
+                ["logits"], fn, ("ce", "logits", "labels"), target=labels, config=kw,
+                notes="Embedding, bidirectional batch-first nn.GRU (-> one ONNX GRU node, direction="
+                      "bidirectional, linear_before_reset=1), Linear on the concatenated last states (Y_h), 3 "
+                      "labels")
+
+
 MODELS = collections.OrderedDict([
     # decoders
     ("llama", llama), ("mistral", mistral), ("qwen2", qwen2), ("phi", phi), ("gpt-neox", gpt_neox),
@@ -667,6 +729,8 @@ MODELS = collections.OrderedDict([
     ("vit-dynamo", lambda: vit("vit-dynamo", "dynamo")),
     # training-mode exports with dropout
     ("bert-dropout", bert_dropout), ("mobilenetv3-dropout", mobilenetv3_dropout),
+    # recurrent networks (torch.nn, exported as ONNX LSTM / GRU)
+    ("lstm-lm", lstm_lm), ("gru-classifier", gru_classifier),
 ])
 
 # PyTorch training runs with dropout on, one per seed, whose losses give the band an autopar run

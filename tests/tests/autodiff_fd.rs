@@ -281,6 +281,100 @@ fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) 
     Ok(out)
 }
 
+/// Finite-difference step of [`check_f64`].
+const EPS_F64: f64 = 1e-5;
+/// Norm-wise relative tolerance of [`check_f64`]: truncation (`O(EPS_F64^2)`, about 1e-10
+/// relative) and f64 rounding (about `1e-16 / EPS_F64`) leave the exact gradient's error far
+/// below it, while a gradient off by a part in 10^6 already fails. The worst error seen, 3.0e-8,
+/// is not the recurrent ops': it is the mean's `1/n` in the loss's backward (`n` = 12 or 24,
+/// output elements), made as an f32 constant before the graph is widened (1/12 rounds to f32 with
+/// relative error 2.98e-8); cases with a power-of-two `n` stay below 5e-10.
+const TOL_F64: f64 = 1e-6;
+
+/// [`check`] with the forward and training graphs computing in f64 ([`Graph::with_float_type`]):
+/// the perturbed losses come from f64 kernels, so the step can be small ([`EPS_F64`]) and the
+/// tolerance tight ([`TOL_F64`]), and an error in a gradient that f32 noise would hide shows.
+/// No dropout key and no frozen parameters: the cases that use it have neither.
+fn check_f64(ctx: &CpuContext, label: &str, mut c: Case, y: Value) -> Result<Checked> {
+    c.g.set_output("y", y);
+    let fwd32 = c.g;
+    let ymeta = fwd32.meta(y).clone();
+    ensure!(ymeta.dtype == DType::F32, "output is {ymeta}");
+    let opts = TrainOptions {
+        loss: LossSpec::Mse { output: "y".into(), target: "t".into() },
+        optimizer: None,
+        frozen: Default::default(),
+        schedule: Default::default(),
+        clip_grad_norm: None,
+    };
+    let tg = training_graph(&fwd32, &opts).context("training graph")?;
+    let tg = tg.with_float_type(DType::F64).context("training graph in f64")?;
+    let fwd = fwd32.with_float_type(DType::F64).context("forward graph in f64")?;
+    let params = fwd.param_data.clone();
+    let interp = Interpreter::new(&fwd)?;
+    let none = BTreeMap::new();
+    let run = |params: &BTreeMap<String, Tensor>| -> Result<Vec<f64>> {
+        let rep = interp.run_with_params(ctx, &none, params)?;
+        Ok(rep.outputs["y"].as_f64().context("y is f64")?.to_vec())
+    };
+    let mse64 =
+        |y: &[f64], t: &[f64]| y.iter().zip(t).map(|(a, b)| (a - b).powi(2)).sum::<f64>() / y.len().max(1) as f64;
+
+    let y0 = run(&params)?;
+    let target: Vec<f64> = y0.iter().map(|&v| v + c.rng.uniform(-1.0, 1.0) as f64).collect();
+    let tinterp = Interpreter::new(&tg.graph)?;
+    let feeds = BTreeMap::from([("t".to_string(), Tensor::f64(ymeta.shape.clone(), target.clone()))]);
+    let rep = tinterp.run_with_params(ctx, &feeds, &params).context("training graph run")?;
+    let loss = rep.outputs["loss"].as_f64().context("loss is f64")?[0];
+    let l0 = mse64(&y0, &target);
+    ensure!((loss - l0).abs() <= 1e-12 * l0.max(1e-3), "{label}: training-graph loss {loss} vs mse {l0}");
+
+    let mut out = Checked {
+        failures: Vec::new(),
+        worst: 0.0,
+        grads: BTreeMap::new(),
+        outputs: rep.outputs.keys().cloned().collect(),
+    };
+    let mut work = params.clone();
+    for (name, p) in &params {
+        let ad_t = rep.outputs.get(&format!("grad/{name}")).with_context(|| format!("no grad/{name}"))?;
+        ensure!(ad_t.shape() == p.shape(), "grad/{name} is {:?}, param {:?}", ad_t.shape(), p.shape());
+        let ad = ad_t.as_f64().context("grad is f64")?.to_vec();
+        let base = p.as_f64().context("param is f64")?.to_vec();
+        let mut fd = Vec::with_capacity(base.len());
+        for i in 0..base.len() {
+            let mut v = base.clone();
+            v[i] = base[i] + EPS_F64;
+            work.insert(name.clone(), Tensor::f64(p.shape(), v.clone()));
+            let lp = mse64(&run(&work)?, &target);
+            v[i] = base[i] - EPS_F64;
+            work.insert(name.clone(), Tensor::f64(p.shape(), v));
+            let lm = mse64(&run(&work)?, &target);
+            fd.push((lp - lm) / (2.0 * EPS_F64));
+        }
+        work.insert(name.clone(), p.clone());
+        let diff = ad.iter().zip(&fd).map(|(a, f)| (a - f).powi(2)).sum::<f64>().sqrt();
+        let norm = fd.iter().map(|f| f * f).sum::<f64>().sqrt();
+        let rel = diff / norm.max(NORM_FLOOR);
+        ensure!(rel.is_finite(), "{label}: param {name}: relative error is {rel}");
+        out.worst = out.worst.max(rel);
+        if rel > TOL_F64 {
+            let mut order: Vec<usize> = (0..ad.len()).collect();
+            order.sort_by(|&a, &b| (ad[b] - fd[b]).abs().total_cmp(&(ad[a] - fd[a]).abs()));
+            let worst: Vec<String> =
+                order.iter().take(6).map(|&k| format!("[{k}] ad={:.9e} fd={:.9e}", ad[k], fd[k])).collect();
+            out.failures.push(format!(
+                "{label}: param {name} {:?}: ||ad-fd||/||fd|| = {rel:.3e} > TOL_F64 {TOL_F64:.0e} (||fd|| = {norm:.3e}); \
+                 worst: {}",
+                p.shape(),
+                worst.join(", ")
+            ));
+        }
+        out.grads.insert(name.clone(), ad_t.clone());
+    }
+    Ok(out)
+}
+
 /// The cases of one op family; failures are collected and reported together at the end.
 struct Suite {
     family: &'static str,
@@ -302,10 +396,17 @@ impl Suite {
 
     /// Checks one case: `build` adds params, constants and ops, and returns the output `y`.
     fn case(&mut self, name: &str, build: impl FnOnce(&mut Case) -> Result<Value>) {
-        let label = format!("{}/{name}", self.family);
+        self.case_in(name, false, build)
+    }
+
+    /// [`Suite::case`] with `f64` true: checked in f64 by [`check_f64`] (label `<name>/f64`).
+    fn case_in(&mut self, name: &str, f64: bool, build: impl FnOnce(&mut Case) -> Result<Value>) {
+        let label = if f64 { format!("{}/{name}/f64", self.family) } else { format!("{}/{name}", self.family) };
         let mut c = Case { g: Graph::new(&label), rng: Rng::new(fnv(&label)), key: None };
         self.cases += 1;
-        match build(&mut c).and_then(|y| check(&self.ctx, &label, c, y, &[])) {
+        let checked = build(&mut c)
+            .and_then(|y| if f64 { check_f64(&self.ctx, &label, c, y) } else { check(&self.ctx, &label, c, y, &[]) });
+        match checked {
             Ok(r) => {
                 println!("{label}: max rel err {:.2e}", r.worst);
                 if r.worst > self.worst.0 {
@@ -1239,5 +1340,146 @@ fn indexing_family() {
         let scaled = c.op(Op::Binary(BinaryOp::Mul), &[x, f])?;
         c.op(Op::Binary(BinaryOp::Add), &[scaled, x])
     });
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recurrent ops (`RNN`, `GRU`, `LSTM`), through their import: the tracer unrolls them into
+// matrix products, activations and elementwise ops, so these cases check that the unrolled graph
+// is differentiated correctly end to end (weights, recurrence weights, biases, peepholes and
+// initial states, every step's state fed to the next).
+
+/// One recurrent node whose every operand is an initializer (so a parameter of the imported
+/// graph), the graph output being the node output `out` (`Y`, `Y_h` or `Y_c`).
+struct Rec {
+    op: &'static str,
+    direction: &'static str,
+    /// `(name, shape)` of every operand, in ONNX input order; `""` skips an optional slot.
+    operands: Vec<(&'static str, Vec<usize>)>,
+    ints: Vec<(&'static str, i64)>,
+    out: &'static str,
+}
+
+fn rec_model(r: &Rec, rng: &mut Rng) -> Vec<u8> {
+    use prost::Message as _;
+    use tract_onnx::pb;
+    use tract_onnx::pb::attribute_proto::AttributeType;
+    let mut attribute = vec![pb::AttributeProto {
+        name: "direction".into(),
+        r#type: AttributeType::String as i32,
+        s: r.direction.as_bytes().to_vec(),
+        ..Default::default()
+    }];
+    attribute.extend(r.ints.iter().map(|(k, v)| pb::AttributeProto {
+        name: k.to_string(),
+        r#type: AttributeType::Int as i32,
+        i: *v,
+        ..Default::default()
+    }));
+    let node = pb::NodeProto {
+        name: format!("{}_{}", r.op, r.direction),
+        op_type: r.op.into(),
+        input: r.operands.iter().map(|(n, _)| n.to_string()).collect(),
+        output: if r.op == "LSTM" {
+            vec!["Y".into(), "Y_h".into(), "Y_c".into()]
+        } else {
+            vec!["Y".into(), "Y_h".into()]
+        },
+        attribute,
+        ..Default::default()
+    };
+    let initializer = r
+        .operands
+        .iter()
+        .filter(|(n, _)| !n.is_empty())
+        .map(|(n, s)| pb::TensorProto {
+            name: n.to_string(),
+            dims: s.iter().map(|&d| d as i64).collect(),
+            data_type: pb::tensor_proto::DataType::Float as i32,
+            float_data: init_values(rng, s.iter().product(), Init::U(-1.0, 1.0)),
+            ..Default::default()
+        })
+        .collect();
+    pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 14 }],
+        graph: Some(pb::GraphProto {
+            name: "recurrent".into(),
+            node: vec![node],
+            output: vec![pb::ValueInfoProto { name: r.out.into(), ..Default::default() }],
+            initializer,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Finite differences of every operand of `RNN`, `GRU` (both `linear_before_reset` forms) and
+/// `LSTM` (peepholes, `input_forget`), forward, reverse and bidirectional, through each output:
+/// sequence length 3, batch 2, input 3, hidden 2. Each case is checked twice: with f32 kernels
+/// ([`check`], [`TOL`]) and with the graphs made f64 ([`check_f64`], [`TOL_F64`]).
+#[test]
+fn recurrent() {
+    let mut s = Suite::new("recurrent");
+    let (t, b, i, h) = (3, 2, 3, 2);
+    let x = ("X", vec![t, b, i]);
+    let cases: Vec<(&str, Rec)> = {
+        let ops = |op: &'static str, g: usize, d: usize, state: bool, peep: bool| {
+            let mut v = vec![x.clone(), ("W", vec![d, g * h, i]), ("R", vec![d, g * h, h]), ("B", vec![d, 2 * g * h])];
+            if state {
+                v.push(("", vec![]));
+                v.push(("initial_h", vec![d, b, h]));
+                if op == "LSTM" {
+                    v.push(("initial_c", vec![d, b, h]));
+                    if peep {
+                        v.push(("P", vec![d, 3 * h]));
+                    }
+                }
+            }
+            v
+        };
+        let rec =
+            |op, direction, operands, ints: Vec<(&'static str, i64)>, out| Rec { op, direction, operands, ints, out };
+        vec![
+            ("rnn_bidirectional_y", rec("RNN", "bidirectional", ops("RNN", 1, 2, true, false), vec![], "Y")),
+            ("rnn_reverse_no_state_y_h", rec("RNN", "reverse", ops("RNN", 1, 1, false, false), vec![], "Y_h")),
+            ("gru_forward_y", rec("GRU", "forward", ops("GRU", 3, 1, true, false), vec![], "Y")),
+            (
+                "gru_bidirectional_linear_before_reset_y",
+                rec("GRU", "bidirectional", ops("GRU", 3, 2, true, false), vec![("linear_before_reset", 1)], "Y"),
+            ),
+            (
+                "gru_reverse_linear_before_reset_no_state_y_h",
+                rec("GRU", "reverse", ops("GRU", 3, 1, false, false), vec![("linear_before_reset", 1)], "Y_h"),
+            ),
+            (
+                "lstm_bidirectional_peepholes_y",
+                rec("LSTM", "bidirectional", ops("LSTM", 4, 2, true, true), vec![], "Y"),
+            ),
+            ("lstm_forward_y_c", rec("LSTM", "forward", ops("LSTM", 4, 1, true, false), vec![], "Y_c")),
+            (
+                "lstm_reverse_input_forget_peepholes_y_h",
+                rec("LSTM", "reverse", ops("LSTM", 4, 1, true, true), vec![("input_forget", 1)], "Y_h"),
+            ),
+        ]
+    };
+    for (name, r) in &cases {
+        // f32 kernels with the module's tolerance, then f64 kernels with TOL_F64.
+        for f64 in [false, true] {
+            s.case_in(name, f64, |c| {
+                let bytes = rec_model(r, &mut c.rng);
+                let opts = tracer::ImportOptions { load_weights: true, ..Default::default() };
+                let g = tracer::import_bytes(&bytes, name, name, None, &opts).context("import")?;
+                for (p, _) in r.operands.iter().filter(|(p, _)| !p.is_empty()) {
+                    ensure!(g.param_data.contains_key(*p), "operand {p} is not a parameter of the imported graph");
+                }
+                let (_, y) = g.outputs.iter().find(|(o, _)| o == r.out).context("no output")?.clone();
+                c.g = g;
+                c.g.outputs.clear();
+                Ok(y)
+            });
+        }
+    }
     s.finish();
 }

@@ -220,6 +220,8 @@ fn static_slots(op_type: &str) -> &'static [usize] {
         "Resize" => &[1, 2, 3],
         "Upsample" => &[1],
         "CumSum" | "TopK" | "Tile" | "OneHot" | "Trilu" => &[1],
+        // sequence_lens: the unrolled steps are masked by the lengths known at import.
+        "LSTM" | "GRU" | "RNN" => &[4],
         _ => &[],
     }
 }
@@ -365,6 +367,36 @@ fn onnx_node_suite() -> Result<()> {
 #[test]
 fn onnx_node_suite_in_f64() -> Result<()> {
     suite(DType::F64)
+}
+
+/// The onnxruntime references of `tests/data/recurrent` (made by `scripts/recurrent-refs.py`,
+/// which checks each against its own numpy implementation of the ONNX definitions): LSTM, GRU and
+/// RNN over the attributes the node suite leaves out (reverse and bidirectional runs, layout 1,
+/// clip, custom activations, input_forget, per-batch sequence_lens). Every case must pass, in f32
+/// and in f64, with the suite's tolerances.
+#[test]
+fn recurrent_onnxruntime_references() -> Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/recurrent");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
+    cases.sort();
+    if cases.len() < 10 {
+        bail!("{} recurrent cases in {}, expected at least 10", cases.len(), dir.display());
+    }
+    let ctx = CpuContext::new(1)?;
+    let mut problems = Vec::new();
+    for case in &cases {
+        for float in [DType::F32, DType::F64] {
+            if let Err(e) = run_case(case, &ctx, float) {
+                problems.push(format!("{} ({float:?}): {e:#}", case.display()));
+            }
+        }
+    }
+    report!("recurrent references: {} cases, {} failures (f32 and f64)", cases.len(), problems.len());
+    if problems.is_empty() { Ok(()) } else { Err(anyhow!(problems.join("\n"))) }
 }
 
 /// The suite with float graphs computing in `float` (see the module docs).

@@ -22,6 +22,7 @@ mod linalg;
 mod loss;
 mod norm;
 mod pad;
+mod recurrent;
 mod reduce;
 mod resize;
 mod sequence;
@@ -669,6 +670,7 @@ impl<'a> Importer<'a> {
             | "ScatterElements" | "TopK" | "OneHot" | "EyeLike" | "Einsum" => self.translate_index(n),
             "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.translate_loss(n, op_type),
             "Swish" => self.swish(n),
+            "LSTM" | "GRU" | "RNN" => self.translate_recurrent(n, op_type),
             other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
         }
     }

@@ -25,6 +25,9 @@
 //!   only; a `ConstantOfShape` that feeds a weight operand (the topology-only model convention)
 //!   becomes a weight-free parameter rather than a materialised fill.
 //!
+//! - `LSTM`, `GRU` and `RNN` are unrolled over time into matrix products, activations and
+//!   elementwise ops (`import/recurrent.rs`: every direction, layout, activation and clip, initial
+//!   states, peepholes, constant `sequence_lens`);
 //! - convolution and pooling are 2-D in the IR: 1-D `Conv`/`ConvTranspose`/pooling get a unit
 //!   height, 3-D pooling is two separable 2-D pools, `ConvTranspose` is the IR's convolution
 //!   input gradient, `DepthToSpace`/`SpaceToDepth` are reshape-transpose-reshape, `Upsample` is a
@@ -203,6 +206,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "NegativeLogLikelihoodLoss",
     "SoftmaxCrossEntropyLoss",
     "Swish",
+    "LSTM",
+    "GRU",
+    "RNN",
 ];
 
 /// Why a model could not be imported. Every variant is a problem with the user's model or

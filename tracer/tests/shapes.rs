@@ -453,3 +453,58 @@ fn training_mode_dropout_imports_with_an_id_per_node() {
     );
     fails(&bad, &["d", "training_mode"]);
 }
+
+/// What the unrolling of `LSTM`, `GRU` and `RNN` cannot take is refused at import with the node's
+/// name and the reason: per-batch lengths fed at run time (the masks are built at import), lengths
+/// outside the sequence, an activation the spec does not define, more steps than are unrolled.
+#[test]
+fn recurrent_ops_the_unrolling_cannot_take_are_errors_naming_the_node() {
+    let (t, b, i, h) = (2i64, 1i64, 3i64, 2i64);
+    let rec = |op: &str, steps: i64, extra_inputs: Vec<pb::ValueInfoProto>, inits: Vec<pb::TensorProto>| {
+        let g = match op {
+            "LSTM" => 4,
+            "GRU" => 3,
+            _ => 1,
+        };
+        let n = |k: i64| (0..k).map(|v| v as f32 * 0.01).collect::<Vec<_>>();
+        let mut all = vec![floats("W", &[1, g * h, i], &n(g * h * i)), floats("R", &[1, g * h, h], &n(g * h * h))];
+        all.extend(inits);
+        let mut inputs = vec![vi("x", 1, &[steps, b, i])];
+        inputs.extend(extra_inputs);
+        (all, inputs)
+    };
+    let node_with =
+        |name: &str, op: &str, ins: &[&str], attrs: Vec<pb::AttributeProto>| node(name, op, ins, &["y"], attrs);
+
+    // A valid LSTM imports: Y is [steps, dirs, batch, hidden].
+    let (inits, inputs) = rec("LSTM", t, vec![], vec![]);
+    let ok = model(vec![node_with("lstm", "LSTM", &["x", "W", "R"], vec![])], inits, inputs, vec!["y"]);
+    let g = import(&ok).unwrap();
+    assert_eq!(g.meta(g.outputs[0].1).shape, vec![t as usize, 1, b as usize, h as usize]);
+
+    // sequence_lens fed at run time.
+    let (inits, inputs) = rec("LSTM", t, vec![vi("lens", 6, &[b])], vec![]);
+    let fed = model(vec![node_with("lstm", "LSTM", &["x", "W", "R", "", "lens"], vec![])], inits, inputs, vec!["y"]);
+    fails(&fed, &["lstm", "LSTM", "sequence_lens", "constant"]);
+
+    // A length longer than the sequence.
+    let (inits, inputs) = rec("GRU", t, vec![], vec![ints("lens", &[b], &[t + 1])]);
+    let long = model(vec![node_with("gru", "GRU", &["x", "W", "R", "", "lens"], vec![])], inits, inputs, vec!["y"]);
+    fails(&long, &["gru", "GRU", "sequence_lens[0] = 3", "outside 0..=2"]);
+
+    // An activation the ONNX spec does not list.
+    let gelu = pb::AttributeProto {
+        name: "activations".into(),
+        r#type: 8,
+        strings: vec![b"Gelu".to_vec()],
+        ..Default::default()
+    };
+    let (inits, inputs) = rec("RNN", t, vec![], vec![]);
+    let act = model(vec![node_with("rnn", "RNN", &["x", "W", "R"], vec![gelu])], inits, inputs, vec!["y"]);
+    fails(&act, &["rnn", "RNN", "activation Gelu"]);
+
+    // More steps than autopar unrolls.
+    let (inits, inputs) = rec("RNN", 1 << 15, vec![], vec![]);
+    let steps = model(vec![node_with("rnn", "RNN", &["x", "W", "R"], vec![])], inits, inputs, vec!["y"]);
+    fails(&steps, &["rnn", "sequence length 32768", "16384 steps"]);
+}
