@@ -284,6 +284,9 @@ fn solve_one(
     }))
 }
 
+/// The most solver rounds [`plan_modes`] runs, tightening the solver's budget while no plan fits.
+const MAX_ROUNDS: usize = 4;
+
 /// What reducing and compiling a folded problem takes per edge entry on the development host
 /// (unet on 2x2x2: 14 M entries in 0.75-0.9 s; LLaMA-3 70B on 8x8x8: 8.3 M in 0.6 s).
 const REDUCE_NANOS_PER_ENTRY: u64 = 70;
@@ -682,13 +685,15 @@ pub(crate) fn plan_modes(
         lap(&mut timings, "build recomputed");
     }
     let mut solver_budget = budget.max(floor);
-    let mut smallest: Option<(u64, Plan)> = None;
+    let mut smallest: Option<(u64, u64, Plan)> = None;
     let mut rounds = 0;
     let mut skipped: Vec<String> = vec![];
-    // Whether the last round's own solve ended at its time limit without a proof.
+    // Whether the search ended without a proof: the last round's own solve at its time limit, or
+    // the rounds (their number or time) before the budget reached the floor.
     let mut cut;
     loop {
         rounds += 1;
+        let round_start = Instant::now();
         cut = false;
         let mut candidates: Vec<(Entry, Plan)> = vec![];
         let mut compared: BTreeMap<String, Option<f64>> = BTreeMap::new();
@@ -724,12 +729,22 @@ pub(crate) fn plan_modes(
                     continue;
                 }
             }
+            if entry.assumed && main_assumed.is_none() {
+                crate::problem::in_time(hard, "pricing layouts for recomputation")?;
+                let a = main.assume_recompute(&g)?;
+                floor = floor.min(a.problem.min_peak_usage().0.min(u64::MAX as u128) as u64);
+                main_assumed = Some(a);
+                lap(&mut timings, "build recomputed");
+            }
             // The first own solve a third of what is left when the recomputed model follows,
             // three quarters when only baselines do (they are quick, or skipped), all of it
             // otherwise; a baseline a small share, the recomputed model the rest.
+            // A round that has found nothing that fits keeps half its time for a tighter one
+            // (stage two, below) while the budget can still be tightened.
+            let again = candidates.is_empty() && rounds < MAX_ROUNDS && solver_budget > floor;
             let limit = if own {
                 if i + 1 == entries.len() {
-                    left
+                    if again { left / 2 } else { left }
                 } else if owns_left > 1 {
                     left / (owns_left + 1)
                 } else {
@@ -738,14 +753,12 @@ pub(crate) fn plan_modes(
             } else {
                 left / (2 * (entries.len() - i + 1)) as u32
             };
-            tracing::debug!("round {rounds}: {} with {limit:?} of {left:?} left", entry.name());
-            if entry.assumed && main_assumed.is_none() {
-                crate::problem::in_time(hard, "pricing layouts for recomputation")?;
-                let a = main.assume_recompute(&g)?;
-                floor = floor.min(a.problem.min_peak_usage().0.min(u64::MAX as u128) as u64);
-                main_assumed = Some(a);
-                lap(&mut timings, "build recomputed");
-            }
+            tracing::debug!(
+                "round {rounds}: {} with {limit:?} of {left:?} left (solver budget {}, floor {})",
+                entry.name(),
+                fmt_bytes(solver_budget),
+                fmt_bytes(floor)
+            );
             // Only the first solve is owed; the others are begun only with time for them: a
             // baseline's copy and fold take about what the first solve's fold took (a problem
             // as large), and the recomputed model's fold as much again.
@@ -880,8 +893,14 @@ pub(crate) fn plan_modes(
                 candidates.push((entry, p));
             } else {
                 compared.insert(entry.name(), None);
-                if smallest.as_ref().is_none_or(|(s, _)| peak < *s) {
-                    smallest = Some((peak, p));
+                if smallest.as_ref().is_none_or(|(s, _, _)| peak < *s) {
+                    // Its peak in the model it was solved in, which the solver's budget bounds.
+                    let model = if entry.assumed {
+                        built.problem.evaluate(&solved.solution)?.peak_usage
+                    } else {
+                        ev.peak_usage
+                    };
+                    smallest = Some((peak, model.min(u64::MAX as u128) as u64, p));
                 }
             }
             if own {
@@ -924,16 +943,27 @@ pub(crate) fn plan_modes(
         if !out.is_empty() {
             return Ok(out);
         }
-        // Nothing fits: tighten the solver's budget by the smallest excess (stage two), while
-        // there is time for another round.
-        let excess = smallest.as_ref().map_or(0, |(s, _)| s.saturating_sub(budget)).max(1);
-        let next = solver_budget.saturating_sub(excess).max(floor);
-        if next >= solver_budget || rounds >= 4 || Instant::now() >= deadline {
+        // Nothing fits: tighten the solver's budget (stage two), while there is time for
+        // another round: to the smallest plan's own peak in the solver's model lowered by its
+        // excess and a tenth more (what the program adds on top of the model does not shrink
+        // with the budget), and in the last round there is time for, to the floor (the leanest
+        // plans the solver can reach: the most likely to fit).
+        let (excess, model) = smallest.as_ref().map_or((0, solver_budget), |(s, m, _)| (s.saturating_sub(budget), *m));
+        let excess = excess.saturating_add(excess / 10).max(1);
+        let took = round_start.elapsed();
+        let last = rounds + 1 >= MAX_ROUNDS || deadline.saturating_duration_since(Instant::now()) < took;
+        let next = if last { floor } else { solver_budget.min(model).saturating_sub(excess).max(floor) };
+        if next >= solver_budget {
+            break;
+        }
+        if rounds >= MAX_ROUNDS || Instant::now() >= deadline {
+            // The search ended before the floor: the smallest peak found is not the least.
+            cut = true;
             break;
         }
         solver_budget = next;
     }
-    let min_peak = smallest.map_or(floor, |(s, _)| s);
+    let min_peak = smallest.map_or(floor, |(s, _, _)| s);
     Err(infeasible(&main, &g, budget, min_peak as u128, cut.then_some(floor)))
 }
 
