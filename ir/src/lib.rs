@@ -59,6 +59,7 @@ mod graph;
 mod json;
 mod op;
 pub mod ops;
+pub mod params;
 pub mod passes;
 pub mod shape;
 mod tensor;

@@ -309,6 +309,53 @@ impl Tensor {
     pub fn try_clone(&self) -> Result<Tensor, AllocError> {
         Ok(Tensor { shape: self.shape.clone(), data: self.data.try_clone()? })
     }
+    /// The block at `offsets` with shape `size` (a copy), or `None` when it does not lie inside
+    /// this tensor.
+    pub fn block(&self, offsets: &[usize], size: &[usize]) -> Option<Tensor> {
+        let shape = &self.shape;
+        let inside = shape.len() == offsets.len()
+            && shape.len() == size.len()
+            && (0..shape.len()).all(|d| offsets[d].checked_add(size[d]).is_some_and(|e| e <= shape[d]));
+        if !inside {
+            return None;
+        }
+        // Copies runs along the last dim, one per index of the others (a scalar: one run of 1).
+        let (run, outer) = match size.split_last() {
+            Some((&last, outer)) => (last, outer),
+            None => (1, &[][..]),
+        };
+        let mut strides = vec![1usize; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
+        let base: usize = offsets.iter().zip(&strides).map(|(o, s)| o * s).sum();
+        let runs: usize = outer.iter().product();
+        fn take<T: Copy>(v: &[T], base: usize, run: usize, runs: usize, outer: &[usize], strides: &[usize]) -> Vec<T> {
+            let mut out = Vec::with_capacity(run * runs);
+            let mut idx = vec![0usize; outer.len()];
+            for _ in 0..if run == 0 { 0 } else { runs } {
+                let at = base + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
+                out.extend_from_slice(&v[at..at + run]);
+                for d in (0..outer.len()).rev() {
+                    idx[d] += 1;
+                    if idx[d] < outer[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+            out
+        }
+        let data = match &self.data {
+            Data::F32(v) => Data::F32(take(v, base, run, runs, outer, &strides)),
+            Data::F64(v) => Data::F64(take(v, base, run, runs, outer, &strides)),
+            Data::BF16(v) => Data::BF16(take(v, base, run, runs, outer, &strides)),
+            Data::F16(v) => Data::F16(take(v, base, run, runs, outer, &strides)),
+            Data::I64(v) => Data::I64(take(v, base, run, runs, outer, &strides)),
+            Data::Bool(v) => Data::Bool(take(v, base, run, runs, outer, &strides)),
+        };
+        Some(Tensor { shape: size.to_vec(), data })
+    }
     /// Shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
@@ -437,5 +484,39 @@ impl Tensor {
     /// A bf16 tensor. Panics if the sizes disagree: for literals in code and tests.
     pub fn bf16(shape: impl Into<Vec<usize>>, v: &[f32]) -> Tensor {
         Tensor::f32(shape, v.to_vec()).with_float_type(DType::BF16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every block of a 3-D tensor (and of a scalar and empty blocks) is the elements an
+    /// index-by-index walk picks.
+    #[test]
+    fn blocks_are_what_an_index_walk_picks() {
+        let shape = [3usize, 4, 5];
+        let t = Tensor::i64(shape.to_vec(), (0..60).collect());
+        let at = |i: usize, j: usize, k: usize| (i * 20 + j * 5 + k) as i64;
+        for (off, size) in
+            [([0, 0, 0], [3, 4, 5]), ([1, 2, 3], [2, 2, 2]), ([2, 0, 4], [1, 4, 1]), ([0, 1, 0], [3, 0, 5])]
+        {
+            let b = t.block(&off, &size).expect("inside");
+            let mut want = vec![];
+            for i in 0..size[0] {
+                for j in 0..size[1] {
+                    for k in 0..size[2] {
+                        want.push(at(off[0] + i, off[1] + j, off[2] + k));
+                    }
+                }
+            }
+            assert_eq!(b.shape(), &size);
+            assert_eq!(b.as_i64().expect("i64"), &want[..], "{off:?} {size:?}");
+        }
+        assert!(t.block(&[2, 0, 0], &[2, 1, 1]).is_none());
+        assert!(t.block(&[0, 0], &[1, 1]).is_none());
+        assert!(t.block(&[usize::MAX, 0, 0], &[2, 1, 1]).is_none());
+        let s = Tensor::scalar_f32(2.5);
+        assert_eq!(s.block(&[], &[]).expect("scalar").as_f32(), Some(&[2.5f32][..]));
     }
 }

@@ -30,7 +30,6 @@
 #![warn(missing_docs)]
 
 pub mod bounds;
-pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
 pub mod data;
@@ -43,7 +42,7 @@ pub mod launch;
 pub mod mpi_comm;
 pub mod npy;
 pub mod outputs;
-pub mod profile;
+pub mod params;
 pub mod train;
 pub mod weights;
 

@@ -76,25 +76,7 @@ pub fn block(t: &Tensor, offsets: &[usize], size: &[usize]) -> Tensor {
 /// The block of `t` at `offsets` with shape `size`, or an error when it does not lie inside `t`.
 pub fn checked_block(t: &Tensor, offsets: &[usize], size: &[usize]) -> Result<Tensor> {
     check_block(t.shape(), offsets, size)?;
-    let zero = vec![0; size.len()];
-    // Inside a tensor's (representable) shape, so the count fits.
-    let n: usize = size.iter().product();
-    macro_rules! take {
-        ($v:expr, $ctor:ident) => {{
-            let mut out = Vec::with_capacity(n);
-            for_block(size, t.shape(), offsets, size, &zero, |ia, _| out.push($v[ia]));
-            Data::$ctor(out)
-        }};
-    }
-    let data = match t.data() {
-        Data::F32(v) => take!(v, F32),
-        Data::F64(v) => take!(v, F64),
-        Data::BF16(v) => take!(v, BF16),
-        Data::F16(v) => take!(v, F16),
-        Data::I64(v) => take!(v, I64),
-        Data::Bool(v) => take!(v, Bool),
-    };
-    Tensor::new(size.to_vec(), data).map_err(|e| Error::Internal(e.to_string()))
+    t.block(offsets, size).ok_or_else(|| Error::Internal(format!("a block of {size:?} at {offsets:?}")))
 }
 
 /// How [`put_block`] combines a block with what is there.

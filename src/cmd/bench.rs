@@ -80,7 +80,7 @@ struct Measured {
 
 /// The upper median, as `autopar run` reports its steps' (0 for none).
 fn median(v: &[f64]) -> f64 {
-    runtime::calibrate::median(&mut v.to_vec())
+    profiler::calibrate::median(&mut v.to_vec())
 }
 
 /// The job of one plan, and its estimated step (seconds).
@@ -97,7 +97,13 @@ fn job(
     } else {
         let model = runtime::launch::model_file(&plan, path.parent().unwrap_or(std::path::Path::new("")))
             .map_err(|e| explain(e).context(path.display().to_string()))?;
-        Init::Model { path: model, all: a.init == "model", seed: a.seed, hash: plan.model.source_hash.clone() }
+        Init::Model {
+            path: model,
+            open: common::open_onnx_params,
+            all: a.init == "model",
+            seed: a.seed,
+            hash: plan.model.source_hash.clone(),
+        }
     };
     let opts = RunOptions { threads_per_rank: a.threads_per_rank, ..RunOptions::default() };
     let estimate = plan.estimate.step_seconds;

@@ -126,6 +126,11 @@ pub fn model_hash(model: &Path, index: &tracer::InitializerIndex) -> Result<Stri
     codegen::ModelInfo::file_hash(files).with_context(|| format!("hashing {}", model.display()))
 }
 
+/// Opens an ONNX file's initializers as the runtime's model parameters (`run --init model`).
+pub fn open_onnx_params(path: &Path) -> std::result::Result<Box<dyn ir::params::ModelParams>, String> {
+    Ok(Box::new(tracer::InitializerIndex::open(path).map_err(|e| e.to_string())?))
+}
+
 /// Parses `NAME=FILE.npy` feeds and reads them.
 pub fn read_feeds(feeds: &[String]) -> Result<BTreeMap<String, ir::Tensor>> {
     let mut out = BTreeMap::new();

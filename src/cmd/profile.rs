@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use profiler::profile::{Sample, fit, sweep};
 use runtime::comm::{Communicator, ThreadWorld};
-use runtime::profile::{Sample, fit, sweep};
 use sharding::{DeviceMesh, DeviceProfile, Link, MeshAxes};
 
 use super::run::Backend;
@@ -60,7 +60,7 @@ fn one_line_error(samples: &[Sample]) -> f64 {
     (0..axes)
         .map(|axis| {
             let mine: Vec<Sample> = samples.iter().filter(|s| s.axis == axis).cloned().collect();
-            runtime::profile::worst_error(&mine, &runtime::profile::fit_with(&mine, 1))
+            profiler::profile::worst_error(&mine, &profiler::profile::fit_with(&mine, 1))
         })
         .fold(0.0, f64::max)
 }
@@ -130,7 +130,7 @@ fn memory_bytes() -> u64 {
 /// Builds the profile and prints the sweep (rank 0 only under MPI).
 fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Option<Link>], backend: &str) -> Result<()> {
     let ctx = kernels::cpu::CpuContext::new(1)?;
-    let rates = runtime::profile::device(&ctx)?;
+    let rates = profiler::profile::device(&ctx)?;
     let (flops, bandwidth) = (rates.f32_flops, rates.memory_bandwidth);
     let measured: Vec<Link> = links.iter().flatten().cloned().collect();
     let Some(inner) = measured.last().cloned() else {
@@ -142,7 +142,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         eprintln!("timing training steps of generated models to fit each op family's cost ...");
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cal = runtime::calibrate::calibrate(mesh.size().min(cores))?;
+    let cal = profiler::calibrate::calibrate(mesh.size().min(cores))?;
     let outer = measured[0].clone();
     let per_axis: Vec<Link> = links.iter().map(|l| l.clone().unwrap_or_else(|| inner.clone())).collect();
     let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
@@ -189,7 +189,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
             m.links = m.links.iter().map(|l| l.with_latency(f.latency)).collect();
         }
         let mut fixed: Vec<f64> = profile.op_costs.values().map(|c| c.fixed).collect();
-        profile.op_seconds = runtime::calibrate::median(&mut fixed);
+        profile.op_seconds = profiler::calibrate::median(&mut fixed);
     }
     std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")
         .with_context(|| format!("writing {}", a.out.display()))?;
@@ -364,7 +364,7 @@ fn communicates(p: &plan::Valid, c: &sharding::Collective) -> bool {
 /// thread per rank) as `autopar run` would: about a twentieth of a second of steps by the
 /// estimate profiled per instruction (after one warm-up step), then as many timed whole.
 fn run_plan(
-    m: &runtime::calibrate::Model,
+    m: &profiler::calibrate::Model,
     baseline: plan::Baseline,
     profile: &DeviceProfile,
     mesh: &DeviceMesh,
@@ -446,7 +446,7 @@ fn collective_latency(samples: impl Iterator<Item = (f64, f64, f64)>) -> f64 {
         }
     }
     let excess = if small.is_empty() { &mut all } else { &mut small };
-    runtime::calibrate::median(excess).max(0.0)
+    profiler::calibrate::median(excess).max(0.0)
 }
 
 /// Runs the data-parallel and Megatron plans of every calibration model on `mesh`
@@ -458,13 +458,13 @@ fn collective_latency(samples: impl Iterator<Item = (f64, f64, f64)>) -> f64 {
 /// - the families the plans ran, on their instructions' times, scaled to the plans' measured
 ///   steps: each plan is priced as made (its collectives with the latency above, and any other
 ///   family by the plan's own figures) with the new fit's fixed and per-byte/FLOP parts apart,
-///   and [`runtime::calibrate::step_scales`] gives the two factors.
+///   and [`profiler::calibrate::step_scales`] gives the two factors.
 fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, String> {
     // The plans price their collectives by the swept links (`mesh` came with the built-in CPU
     // profile's), so the excess measured is over the lines the profile is written with.
     let mesh =
         &DeviceMesh::with_profile(mesh.shape().to_vec(), mesh.names().to_vec(), profile).map_err(|e| e.to_string())?;
-    let models = runtime::calibrate::models().map_err(|e| e.to_string())?;
+    let models = profiler::calibrate::models().map_err(|e| e.to_string())?;
     let mut runs = vec![];
     for m in &models {
         for baseline in [plan::Baseline::Dp, plan::Baseline::Megatron] {
@@ -485,7 +485,7 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
         }
     }
     let mut op_costs: BTreeMap<String, sharding::OpCost> =
-        by_family.iter().map(|(f, s)| (f.clone(), runtime::calibrate::fit_family(s))).collect();
+        by_family.iter().map(|(f, s)| (f.clone(), profiler::calibrate::fit_family(s))).collect();
     // Each plan's estimate split: the new fit's fixed and variable parts of every op it timed,
     // and the rest as the plan priced it (collectives; an op's own collectives: its seconds
     // beyond the old fit's price of it).
@@ -521,8 +521,8 @@ fn plan_fit(profile: &DeviceProfile, mesh: &DeviceMesh) -> Result<PlanFit, Strin
             (fixed, variable, rest, r.step)
         })
         .collect();
-    let (a, b) = runtime::calibrate::step_scales(&parts);
-    runtime::calibrate::scale(&mut op_costs, (a, b));
+    let (a, b) = profiler::calibrate::step_scales(&parts);
+    profiler::calibrate::scale(&mut op_costs, (a, b));
     let errors = runs
         .iter()
         .zip(&parts)

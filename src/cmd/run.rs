@@ -189,7 +189,13 @@ fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
             Some(m) => m.clone(),
             None => runtime::launch::model_file(&plan, a.plan.parent().unwrap_or(Path::new(""))).map_err(explain)?,
         };
-        Init::Model { path, all: a.init == "model", seed: init_seed, hash: plan.model.source_hash.clone() }
+        Init::Model {
+            path,
+            open: common::open_onnx_params,
+            all: a.init == "model",
+            seed: init_seed,
+            hash: plan.model.source_hash.clone(),
+        }
     };
     let info = Info {
         ranks: program.ranks(),

@@ -305,11 +305,11 @@ fn exported_weights_run_on_tract() -> Result<()> {
 /// tract on the same weights written into the file).
 #[test]
 fn generated_gpts_attend_causally() -> Result<()> {
-    use runtime::dist::ParamSource;
+    use runtime::params::ParamSource;
     let c = tracer::generate::GptConfig { layers: 2, hidden: 32, heads: 4, seq: 8, vocab: 16, batch: 1 };
     let bytes = tracer::generate::gpt(&c).map_err(anyhow::Error::msg)?;
     let g = tracer::import_bytes(&bytes, "gpt.onnx", "gpt", None, &ImportOptions::default())?;
-    let seeded = runtime::dist::SeededInit { seed: 3 };
+    let seeded = runtime::params::SeededInit { seed: 3 };
     let mut params = BTreeMap::new();
     for &p in &g.params {
         if let Op::Param { name } = &g.node(p).op {

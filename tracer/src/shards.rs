@@ -381,3 +381,36 @@ fn read_tensor<R: Read + Seek>(w: &mut Wire<R>, end: u64) -> Result<TensorHeader
     }
     Ok(h)
 }
+
+/// Blocks read straight from the file (`autopar run --init model`).
+impl ir::params::ParamSource for InitializerIndex {
+    fn block(
+        &self,
+        name: &str,
+        meta: &ir::TensorMeta,
+        offsets: &[usize],
+        size: &[usize],
+    ) -> Result<Option<ir::Tensor>, String> {
+        match self.get(name) {
+            Some(loc) if loc.shape != meta.shape => {
+                Err(format!("initializer {name} has shape {:?} but the plan needs {meta}", loc.shape))
+            }
+            _ => Ok(self
+                .read_block(name, offsets, size)
+                .map_err(|e| e.to_string())?
+                .map(|v| ir::Tensor::f32(size.to_vec(), v))),
+        }
+    }
+}
+
+impl ir::params::ModelParams for InitializerIndex {
+    fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+    fn absent_file(&self, name: &str) -> Option<&Path> {
+        InitializerIndex::absent_file(self, name)
+    }
+    fn external_files(&self) -> Vec<PathBuf> {
+        InitializerIndex::external_files(self).map(Path::to_path_buf).collect()
+    }
+}

@@ -7,21 +7,24 @@ use std::path::PathBuf;
 use ir::Tensor;
 
 use super::LaunchError;
-use crate::dist::{FirstOf, ParamSource, Program, RankState, SeededInit};
+use crate::dist::{Program, RankState};
+use crate::params::{FirstOf, OpenModel, ParamSource, SeededInit};
 
 /// How the ranks' blocks are initialised.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Init {
     /// From the newest checkpoint in `dir` (parameters, optimizer state and the step count).
     Resume {
         /// The checkpoint directory.
         dir: PathBuf,
     },
-    /// Parameters from an ONNX file, each rank reading only its blocks; optimizer state from
+    /// Parameters from a model file, each rank reading only its blocks; optimizer state from
     /// zero.
     Model {
-        /// The ONNX file.
+        /// The model file.
         path: PathBuf,
+        /// Its reader (the runtime reads no model format: the CLI passes its ONNX reader).
+        open: OpenModel,
         /// Every parameter must have data in the file; otherwise those without data come from
         /// `seed` (weight-free models).
         all: bool,
@@ -98,12 +101,12 @@ pub(crate) fn states(
             }
             Ok((states, format!("parameters from seed {seed} ({params} tensors)")))
         }
-        Init::Model { path, all, seed, hash } => {
-            let ix = tracer::InitializerIndex::open(path)
+        Init::Model { path, open, all, seed, hash } => {
+            let ix = open(path)
                 .map_err(|e| LaunchError::Setup(format!("reading parameters from {}: {e}", path.display())))?;
             let params: Vec<&str> = program.resident.iter().filter(|r| !r.is_state).map(|r| r.name.as_str()).collect();
-            let from_file = params.iter().filter(|p| ix.get(p).is_some()).count();
-            if *all && let Some(missing) = params.iter().find(|p| ix.get(p).is_none()) {
+            let from_file = params.iter().filter(|p| ix.has(p)).count();
+            if *all && let Some(missing) = params.iter().find(|p| !ix.has(p)) {
                 return Err(match ix.absent_file(missing) {
                     Some(f) => LaunchError::MissingExternal {
                         model: path.clone(),
@@ -120,7 +123,8 @@ pub(crate) fn states(
             }
             match hash {
                 Some(want) => {
-                    let files = std::iter::once(path.as_path()).chain(ix.external_files());
+                    let external = ix.external_files();
+                    let files = std::iter::once(path.as_path()).chain(external.iter().map(PathBuf::as_path));
                     let got = plan::ModelInfo::file_hash(files)
                         .map_err(|e| LaunchError::Setup(format!("hashing {}: {e}", path.display())))?;
                     if &got != want {
@@ -134,7 +138,7 @@ pub(crate) fn states(
                 None => {}
             }
             let seeded = SeededInit { seed: *seed };
-            let sources: Vec<&dyn ParamSource> = vec![&ix, &seeded];
+            let sources: Vec<&dyn ParamSource> = vec![ix.as_ref(), &seeded];
             let source = FirstOf(sources);
             for &r in ranks {
                 states.push(program.init_rank(r, &source, feeds).map_err(setup)?);

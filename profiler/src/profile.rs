@@ -25,7 +25,7 @@ use std::time::Instant;
 use ir::Tensor;
 use sharding::{Collective, DeviceMesh, Link, ReduceKind, Segment};
 
-use crate::comm::{CommError, Communicator};
+use runtime::comm::{CommError, Communicator};
 
 /// One measured point.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -254,12 +254,12 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
 /// 512^3 products), copy bandwidth (bytes/s, best of a few 64 MiB copies), a convolution's
 /// throughput ([`conv_flops`]). The cost per instruction of each op family is fitted apart
 /// ([`crate::calibrate`]).
-pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, crate::RunError> {
+pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, runtime::RunError> {
     let n = 512;
     let a = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect());
     let b = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect());
     let kernel = |op: &'static str| {
-        move |e: kernels::Error| crate::RunError::Kernel { node: "profile".into(), op, message: e.to_string() }
+        move |e: kernels::Error| runtime::RunError::Kernel { node: "profile".into(), op, message: e.to_string() }
     };
     let gemm = |a: &Tensor, b: &Tensor| -> Result<f64, kernels::Error> {
         let mut best = f64::MAX;

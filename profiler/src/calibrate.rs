@@ -38,7 +38,7 @@ use ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorMeta};
 use kernels::cpu::CpuContext;
 use sharding::OpCost;
 
-use crate::RunError;
+use runtime::RunError;
 
 /// What [`calibrate`] fitted.
 #[derive(Clone, Debug)]
@@ -470,8 +470,8 @@ fn measure(models: &[Model], sync: &Lockstep, leader: bool) -> Result<Measured, 
     let mut steps = vec![];
     for (k, m) in models.iter().enumerate() {
         let g = &m.tg.graph;
-        let mut timed = crate::train::Trainer::new(&m.tg, &m.params)?.with_profiling(true);
-        let mut plain = crate::train::Trainer::new(&m.tg, &m.params)?;
+        let mut timed = runtime::train::Trainer::new(&m.tg, &m.params)?.with_profiling(true);
+        let mut plain = runtime::train::Trainer::new(&m.tg, &m.params)?;
         let mut per_node: BTreeMap<ir::NodeIndex, Vec<f64>> = BTreeMap::new();
         let mut walls = vec![];
         let start = Instant::now();
