@@ -826,6 +826,30 @@ fn pipeline_search_skips_more_stages_than_microbatches_while_fewer_fit() -> Resu
     Ok(())
 }
 
+/// When no plan with at most as many stages as microbatches fits, `--pipeline auto` goes on to
+/// more stages, fewest first: gpt2-tiny on a 1-D mesh of 6 with 2 microbatches and 6 MiB per
+/// device fits neither without stages nor in 2 stages (the time limit's plans, verified below),
+/// and plans in 3.
+#[test]
+fn pipeline_search_takes_more_stages_than_microbatches_when_fewer_do_not_fit() -> Result<()> {
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::uniform(&[6])?;
+    let o = PlanOptions { microbatches: 2, compare_baselines: false, ..opts(6 << 20, Baseline::Auto) };
+    for stages in [1, 2] {
+        let fixed = PlanOptions { stages, ..o.clone() };
+        ensure!(
+            codegen::plan(&g, &mesh, &cpu, &fixed).is_err(),
+            "{stages} stage(s) fit 6 MiB: the case no longer tests the fallback"
+        );
+    }
+    let p = codegen::pipeline::search(&g, &mesh, &cpu, &o)?;
+    let stages = p.pipeline.as_ref().map_or(1, |pp| pp.stages);
+    ensure!(stages == 3, "{stages} stages chosen, want 3 (compared: {:?})", p.solver.compared.keys());
+    ensure!(p.estimate.peak_bytes_per_rank <= 6 << 20, "peak {} over 6 MiB", p.estimate.peak_bytes_per_rank);
+    Ok(())
+}
+
 /// A schedule edited by hand (issue 18, item 3) is refused with what is wrong: a microbatch's
 /// backward before its forward, a step twice, chunks out of range, an instruction out of its
 /// stage's segment order, and stages whose orders wait for each other (a deadlock).
