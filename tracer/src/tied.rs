@@ -47,7 +47,7 @@ impl fmt::Display for SharedParameter {
 /// The advice that goes with a non-empty [`shared_parameters`] list.
 pub const TIED_ADVICE: &str = "if these are separate layers in the source model, the exporter merged initializers \
      with equal values (torch.onnx.export does in eval mode) and training this file trains them as one: export with \
-     training=torch.onnx.TrainingMode.TRAINING (see the README's export advice)";
+     training=torch.onnx.TrainingMode.TRAINING (see docs/export.md)";
 
 /// Parameters of `g` read in the same weight role (see the module docs) by two or more nodes of
 /// one op.
