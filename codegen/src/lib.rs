@@ -11,6 +11,22 @@
 //! solver returns with `auto` is never costlier (by the same model) than the manual baselines
 //! (`dp`, `megatron`, `zero`) that fit, because those are solved too and are feasible plans of
 //! the same problem.
+//!
+//! # Adding a pipeline schedule
+//!
+//! A schedule is a `ScheduleKind` (the `plan` crate's) and the order of each stage's steps
+//! (`Step`: a microbatch, a model chunk, a phase) that [`schedule::steps`] gives for it. The
+//! plan stores the steps themselves (`Schedule::steps`), so the validator and the runtime play
+//! any order; what matches on the kind is listed here:
+//!
+//! | step | file | what to do | what checks it |
+//! |---|---|---|---|
+//! | kind | `codegen/plan/src/lib.rs`, `codegen/plan/plan.schema.json` | a `ScheduleKind` variant with its serde name, in `ScheduleKind::ALL` and `ScheduleKind::name` (the `--schedule` spelling its `FromStr` parses); rewrite the schema with `BLESS=1 cargo test -p plan --test schema` | `the_committed_schema_is_the_generated_one` (`codegen/plan/tests/schema.rs`) |
+//! | steps | `codegen/src/schedule.rs` | its arm of `steps` (from `StepSeconds` if it plays a policy, as `zb_h1`), its refusals (chunks, microbatch counts), the module docs | `schedules_bubbles_match_their_formulas` (`tests/tests/plan.rs`) |
+//! | program | `codegen/src/pipeline.rs` | in `place`: the model chunks it takes (`Interleaved` only) and the phases it cuts the program into (`ZbH1`'s `split_weight_gradients`); in `search`: whether `--pipeline auto` tries it | `pipeline_search_keeps_the_fastest_candidate`, `pipelined_plans_are_validated_stage_by_stage` (`tests/tests/plan.rs`) |
+//! | validation | `codegen/plan/src/schedule.rs` | nothing for a new order: `Plan::validate` runs `check_steps` (each stage's steps a permutation in segment order) and `timeline` (transfers matched, deadlocks named, the bubble) on any kind | `edited_schedules_are_refused` (`tests/tests/plan.rs`); `summarised_walks_equal_the_exact_walks` (`tests/tests/plan_walks.rs`, against `timeline_exact`; add a config) |
+//! | runtime | `runtime/src/dist.rs` | nothing to run it: `Program::compile` takes `Plan::steps`. But `compile` and `Program::needs_buffered_sends` match the kind's variants: only `Sequential` and `Gpipe` may run on a back end whose sends wait for their receives (the `nccl` launcher, `runtime/src/launch/nccl.rs`); any other kind is refused there (a `matches!` and a `_` arm: the compiler points at neither) | `scheduled_pipelines_equal_single_device` (`tests/tests/dist.rs`, over `ScheduleKind::ALL`); `mpi_runs_equal_single_device` (`tests/cli_mpi.rs`: add it to its configs) |
+//! | CLI | `src/cmd/plan.rs` | the `--schedule` help of `PlanArgs` | `microbatched_plans_run_from_the_command_line` (`tests/cli_run.rs`) |
 #![warn(missing_docs)]
 
 pub mod bound;

@@ -27,6 +27,22 @@
 //!
 //! Invariants: feeds must match the graph inputs' metas exactly; a parameter without data is an
 //! error (weight-free models can be planned, not run, until they are initialised).
+//!
+//! # Adding a back end
+//!
+//! A back end is a transport for host tensors (a [`comm::Communicator`], as `mpi`), or a
+//! device with its own tensors (an `exec` `Backend` and a [`launch::Rank`], as `nccl`'s GPU
+//! ranks). Either way the ranks run the one walk, `exec::step`, and the one loop,
+//! [`launch::rank_loop`]; never fork them:
+//!
+//! | step | file | what to do | what checks it |
+//! |---|---|---|---|
+//! | transport | `runtime/src/comm.rs` | implement `Communicator`: `rank`, `size`, `exchange`, `exchange_pieces`, `abort`; override `all_reduce`, `all_gather`, tagged `send` / `recv`, `prepare`, `check` where the library does better (as `MpiComm`, `runtime/src/mpi_comm.rs`); `CpuBackend` and `CpuRank` then run it unchanged | `comm::tests::threads_match_the_simulation`, `comm::tests::abort_reaches_every_rank` (their pattern) |
+//! | device | `runtime/src/exec.rs` | implement the crate-private `Backend` trait: `T`, `eval`, `collective`, `gather_output`, `send` / `recv`, `download`, and `reshape`, `copy`, `sync`, `peak_bytes` where the device differs; models: `CpuBackend` (`runtime/src/dist.rs`), `GpuExec` (`runtime/src/gpu.rs`) | `one_rank_on_a_device_matches_threads` (`tests/cli_gpu.rs`) |
+//! | rank | `runtime/src/launch/mod.rs` | implement `Rank` (`step`, `report`, `checkpoint`, `eval`, `set_feed_blocks`, `poison`) as `CpuRank` and `gpu::GpuRank` do | `a_resumed_run_continues_bit_exactly` (`runtime/tests/launch.rs`) |
+//! | launcher | `runtime/src/launch/<name>.rs`, `runtime/src/launch/mod.rs` | a function beside `threads`, `mpi` (`runtime/src/launch/mpi.rs`), `nccl` (`runtime/src/launch/nccl.rs`) that starts the ranks and returns `Finished` or a `LaunchError`, with a stub under `#[cfg(not(feature = ...))]` saying how to rebuild; refuse what it cannot run before any rank starts (`Program::needs_buffered_sends`, as `nccl` does) | `a_failing_rank_stops_the_run_with_its_own_error`, `invalid_plans_are_refused_before_any_rank_starts` (`runtime/tests/launch.rs`) |
+//! | feature | `runtime/Cargo.toml`, `Cargo.toml`, `runtime/src/lib.rs`, `scripts/test` | a feature in both manifests (as `mpi`, `cuda`), the module behind `#[cfg(feature = ...)]`, its clippy and test lines in `scripts/test`; no model reader among the dependencies | the `cargo tree -p runtime` check in `scripts/test` |
+//! | CLI | `src/cmd/run.rs`, `src/cmd/profile.rs` | a variant of the `Backend` enum (`--backend`, a clap `ValueEnum`), its arm in `run`'s `match a.backend` in both files (`profile` may refuse, as it does `nccl`) | `mpi_runs_equal_single_device` (`tests/cli_mpi.rs`), `two_ranks_on_two_gpus_match_threads` (`tests/cli_gpu.rs`): a `[[test]]` of its own with `required-features` in `Cargo.toml` |
 #![warn(missing_docs)]
 
 pub mod bounds;
