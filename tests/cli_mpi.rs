@@ -22,7 +22,7 @@ use codegen::plan::ScheduleKind;
 use codegen::{Baseline, PlanOptions};
 use ir::Tensor;
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
-use kernels::cpu::CpuContext;
+use runtime::Cpu;
 use runtime::train::Trainer;
 use sharding::{DeviceMesh, DeviceProfile};
 
@@ -102,7 +102,7 @@ fn mpi_runs_equal_single_device() {
         let loss: LossSpec = c.loss.parse().unwrap();
         let optimizer = Optimizer::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 0.0 };
         let tg = training_graph(&g, &TrainOptions::new(loss, Some(optimizer))).unwrap();
-        let ctx = CpuContext::new(1).unwrap();
+        let ctx = Cpu::new(1).unwrap();
         let mut trainer = Trainer::new(&tg, &g.param_data).unwrap();
         let want: Vec<f32> = (0..STEPS).map(|_| trainer.step(&ctx, &feeds).unwrap().loss).collect();
         let want_params = trainer.params();

@@ -74,6 +74,6 @@ pub use ops::index::{IndexOp, ScatterReduction};
 pub use ops::random::DropoutAttrs;
 pub use ops::resize::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};
 pub use petgraph::stable_graph::NodeIndex;
-pub use tensor::{DType, Data, ShapeDataMismatch, Tensor, TensorMeta, extend_fast, to_vec_fast};
+pub use tensor::{Accumulation, DType, Data, ShapeDataMismatch, Tensor, TensorMeta, extend_fast, to_vec_fast};
 pub use text::ParseError;
 pub use verify::{VerifierError, VerifyErrors, verify};

@@ -487,6 +487,20 @@ impl Tensor {
     }
 }
 
+/// How matrix products (MatMul, Gemm, convolutions and their gradients) accumulate their sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Accumulation {
+    /// In f32 (fused multiply-adds in the GEMM libraries, separate ones in the thin products'
+    /// dot products), as BLAS libraries do: fast; a sum of `k` products carries a rounding error
+    /// of a few `sqrt(k)` f32 ulps of its terms.
+    #[default]
+    F32,
+    /// Products and sums in f64, rounded to f32 once at the end: about twice the time of a
+    /// product, for results that do not depend on summation order at the f32 level (a sum that
+    /// cancels to a few ulps of its terms keeps its sign).
+    F64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ use std::time::Instant;
 
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions};
 use ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorMeta};
-use kernels::cpu::CpuContext;
+use runtime::Cpu;
 use sharding::OpCost;
 
 use runtime::RunError;
@@ -465,7 +465,7 @@ impl Drop for AbortOnDrop<'_> {
 }
 
 fn measure(models: &[Model], sync: &Lockstep, leader: bool) -> Result<Measured, RunError> {
-    let ctx = CpuContext::new(1).map_err(|e| fail("context", e))?;
+    let ctx = Cpu::new(1).map_err(|e| fail("context", e))?;
     let mut samples = vec![];
     let mut steps = vec![];
     for (k, m) in models.iter().enumerate() {

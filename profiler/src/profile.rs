@@ -254,7 +254,8 @@ fn fit_line(samples: &[Sample], any_alpha: bool) -> Link {
 /// 512^3 products), copy bandwidth (bytes/s, best of a few 64 MiB copies), a convolution's
 /// throughput ([`conv_flops`]). The cost per instruction of each op family is fitted apart
 /// ([`crate::calibrate`]).
-pub fn device(ctx: &kernels::cpu::CpuContext) -> Result<DeviceRates, runtime::RunError> {
+pub fn device(cpu: &runtime::Cpu) -> Result<DeviceRates, runtime::RunError> {
+    let ctx = cpu.context();
     let n = 512;
     let a = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect());
     let b = Tensor::f32(vec![n, n], (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect());

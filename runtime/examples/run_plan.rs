@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = args.next().ok_or("usage: run_plan PLAN.json [STEPS]")?;
     let steps: u64 = args.next().map_or(Ok(3), |s| s.parse())?;
     let plan = plan::Valid::from_json(&std::fs::read_to_string(&path)?)?;
-    let program = runtime::dist::Program::from_valid(&plan, ir::DType::F32)?;
+    let program = runtime::Program::from_valid(&plan, ir::DType::F32)?;
     let feeds: BTreeMap<String, ir::Tensor> = program
         .inputs
         .iter()

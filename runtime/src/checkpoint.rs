@@ -40,8 +40,9 @@ use ir::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::comm::Communicator;
-use crate::dist::{DistError, Program, RankState};
+use crate::error::DistError;
 use crate::npy::{read_npz, write_npz};
+use crate::program::{Program, RankState};
 
 /// The manifest's format name.
 pub const FORMAT: &str = "autopar-checkpoint";

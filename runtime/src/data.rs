@@ -385,98 +385,12 @@ impl Dataset {
                 }
                 ds.batch = rows;
             }
-            if is_token_file(&b.path) {
-                let file = ds.files.len();
-                let f = ir::files::open_regular(&b.path).map_err(|e| file_err(&b.path, e))?;
-                let len = f.metadata().map_err(|e| file_err(&b.path, e))?.len();
-                let width = opts.tokens.unwrap_or(if b.path.extension().is_some_and(|e| e == "txt") {
-                    TokenType::U8
-                } else {
-                    TokenType::U16
-                });
-                let elem = match width {
-                    TokenType::U8 => Elem::U8,
-                    TokenType::U16 => Elem::U16,
-                    TokenType::U32 => Elem::U32,
-                };
-                let tokens = len / width.bytes() as u64;
-                let shift = b.names.len() as u64 - 1;
-                for (k, (n, m)) in b.names.iter().zip(&metas).enumerate() {
-                    if m.shape.len() != 2 || m.dtype != DType::I64 {
-                        return Err(bad(format!(
-                            "input {n} is {m}; a token file feeds integer inputs of shape [batch, sequence]"
-                        )));
-                    }
-                    let seq = m.shape[1];
-                    if seq == 0 {
-                        return Err(bad(format!("input {n} has sequences of length 0")));
-                    }
-                    if k == 1 && seq != metas[0].shape[1] {
-                        return Err(bad(format!("inputs {} and {n} differ in sequence length", b.names[0])));
-                    }
-                    let samples = tokens.saturating_sub(shift) / seq as u64;
-                    ds.columns.insert(n.clone(), Column::Tokens { file, elem, seq, shift: k as u64 });
-                    ds.dtypes.insert(n.clone(), DType::I64);
-                    counts.push((n.clone(), samples));
-                }
-                let name = b.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-                let width = match width {
-                    TokenType::U8 => "byte",
-                    TokenType::U16 => "uint16",
-                    TokenType::U32 => "uint32",
-                };
-                parts.push(format!("{}: {name} ({tokens} {width} tokens)", b.names.join(","),));
-                ds.files.push(b.path.clone());
-                continue;
-            }
-            if b.names.len() != 1 {
-                return Err(bad("only a token file feeds two inputs (the second the next tokens)".into()));
-            }
-            let (n, m) = (&b.names[0], metas[0]);
-            let want_row: Vec<u64> = m.shape[1..].iter().map(|&d| d as u64).collect();
-            if want_row.contains(&0) {
-                return Err(bad(format!("input {n} is {m}: samples of no elements cannot be read")));
-            }
-            let mut shards = vec![];
-            let mut first = 0u64;
-            let mut elem = None;
-            let mut names = vec![];
-            for path in shard_files(&b.path)? {
-                let (e, shape, offset) = array_in(&path, n)?;
-                if shape.is_empty() || shape[1..] != want_row[..] {
-                    return Err(bad(format!(
-                        "{} holds an array of shape {shape:?}; input {n} takes samples of shape {want_row:?} (the \
-                         first dim counts samples)",
-                        path.display()
-                    )));
-                }
-                if elem.is_some_and(|x| x != e) {
-                    return Err(bad(format!(
-                        "{} holds another element type than the shards before it",
-                        path.display()
-                    )));
-                }
-                elem = Some(e);
-                let (dt, want) = (e.dtype(), m.dtype);
-                if dt != want && !crate::widens(dt, want) {
-                    return Err(bad(format!("{} holds {dt} values; input {n} is {want}", path.display())));
-                }
-                shards.push(Shard { file: ds.files.len(), offset, rows: shape[0], first });
-                // Rows are bounded by the file's bytes (the header check) and have bytes: no
-                // overflow short of 2^64 bytes of files.
-                first = first.checked_add(shape[0]).ok_or_else(|| bad("more than 2^64 samples".into()))?;
-                names.push(format!(
-                    "{} ({} rows)",
-                    path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-                    shape[0]
-                ));
-                ds.files.push(path);
-            }
-            let Some(elem) = elem else { return Err(bad("no shards".into())) };
-            parts.push(format!("{n}: {}", names.join(", ")));
-            counts.push((n.clone(), first));
-            ds.dtypes.insert(n.clone(), m.dtype);
-            ds.columns.insert(n.clone(), Column::Arrays { shards, elem, row: m.shape[1..].to_vec() });
+            let part = if is_token_file(&b.path) {
+                ds.bind_tokens(b, &metas, &mut counts)?
+            } else {
+                ds.bind_arrays(b, &metas, &mut counts)?
+            };
+            parts.push(part);
         }
         let Some((first_name, samples)) = counts.first().cloned() else {
             return Err(DataError::Binding { binding: String::new(), message: "no inputs are bound".into() });
@@ -496,6 +410,114 @@ impl Dataset {
         ds.samples = samples;
         ds.description = parts.join("; ");
         Ok(ds)
+    }
+
+    /// A token file bound to the inputs of `metas` (a second input reads the next tokens): its
+    /// columns and sample counts; returns its description.
+    fn bind_tokens(
+        &mut self,
+        b: &Binding,
+        metas: &[&TensorMeta],
+        counts: &mut Vec<(String, u64)>,
+    ) -> Result<String, DataError> {
+        let bad = |message: String| DataError::Binding { binding: b.to_string(), message };
+        let file = self.files.len();
+        let f = ir::files::open_regular(&b.path).map_err(|e| file_err(&b.path, e))?;
+        let len = f.metadata().map_err(|e| file_err(&b.path, e))?.len();
+        let width = self.opts.tokens.unwrap_or(if b.path.extension().is_some_and(|e| e == "txt") {
+            TokenType::U8
+        } else {
+            TokenType::U16
+        });
+        let elem = match width {
+            TokenType::U8 => Elem::U8,
+            TokenType::U16 => Elem::U16,
+            TokenType::U32 => Elem::U32,
+        };
+        let tokens = len / width.bytes() as u64;
+        let shift = b.names.len() as u64 - 1;
+        for (k, (n, m)) in b.names.iter().zip(metas).enumerate() {
+            if m.shape.len() != 2 || m.dtype != DType::I64 {
+                return Err(bad(format!(
+                    "input {n} is {m}; a token file feeds integer inputs of shape [batch, sequence]"
+                )));
+            }
+            let seq = m.shape[1];
+            if seq == 0 {
+                return Err(bad(format!("input {n} has sequences of length 0")));
+            }
+            if k == 1 && seq != metas[0].shape[1] {
+                return Err(bad(format!("inputs {} and {n} differ in sequence length", b.names[0])));
+            }
+            let samples = tokens.saturating_sub(shift) / seq as u64;
+            self.columns.insert(n.clone(), Column::Tokens { file, elem, seq, shift: k as u64 });
+            self.dtypes.insert(n.clone(), DType::I64);
+            counts.push((n.clone(), samples));
+        }
+        let name = b.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let width = match width {
+            TokenType::U8 => "byte",
+            TokenType::U16 => "uint16",
+            TokenType::U32 => "uint32",
+        };
+        self.files.push(b.path.clone());
+        Ok(format!("{}: {name} ({tokens} {width} tokens)", b.names.join(",")))
+    }
+
+    /// The `.npy`/`.npz` shards bound to one input: its column and sample count; returns its
+    /// description.
+    fn bind_arrays(
+        &mut self,
+        b: &Binding,
+        metas: &[&TensorMeta],
+        counts: &mut Vec<(String, u64)>,
+    ) -> Result<String, DataError> {
+        let bad = |message: String| DataError::Binding { binding: b.to_string(), message };
+        if b.names.len() != 1 {
+            return Err(bad("only a token file feeds two inputs (the second the next tokens)".into()));
+        }
+        let (n, m) = (&b.names[0], metas[0]);
+        let want_row: Vec<u64> = m.shape[1..].iter().map(|&d| d as u64).collect();
+        if want_row.contains(&0) {
+            return Err(bad(format!("input {n} is {m}: samples of no elements cannot be read")));
+        }
+        let mut shards = vec![];
+        let mut first = 0u64;
+        let mut elem = None;
+        let mut names = vec![];
+        for path in shard_files(&b.path)? {
+            let (e, shape, offset) = array_in(&path, n)?;
+            if shape.is_empty() || shape[1..] != want_row[..] {
+                return Err(bad(format!(
+                    "{} holds an array of shape {shape:?}; input {n} takes samples of shape {want_row:?} (the \
+                     first dim counts samples)",
+                    path.display()
+                )));
+            }
+            if elem.is_some_and(|x| x != e) {
+                return Err(bad(format!("{} holds another element type than the shards before it", path.display())));
+            }
+            elem = Some(e);
+            let (dt, want) = (e.dtype(), m.dtype);
+            if dt != want && !crate::values::widens(dt, want) {
+                return Err(bad(format!("{} holds {dt} values; input {n} is {want}", path.display())));
+            }
+            shards.push(Shard { file: self.files.len(), offset, rows: shape[0], first });
+            // Rows are bounded by the file's bytes (the header check) and have bytes: no
+            // overflow short of 2^64 bytes of files.
+            first = first.checked_add(shape[0]).ok_or_else(|| bad("more than 2^64 samples".into()))?;
+            names.push(format!(
+                "{} ({} rows)",
+                path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                shape[0]
+            ));
+            self.files.push(path);
+        }
+        let Some(elem) = elem else { return Err(bad("no shards".into())) };
+        counts.push((n.clone(), first));
+        self.dtypes.insert(n.clone(), m.dtype);
+        self.columns.insert(n.clone(), Column::Arrays { shards, elem, row: m.shape[1..].to_vec() });
+        Ok(format!("{n}: {}", names.join(", ")))
     }
 
     /// The inputs it feeds.

@@ -25,10 +25,11 @@ use ir::Tensor;
 use plan::{Phase, Segment};
 use sharding::{Collective, DeviceMesh, sim};
 
-use crate::dist::{DistError, Exec, Kernel, KernelFailure, Program, StepKey, StepResult, Stream};
+use crate::error::DistError;
+use crate::program::{Exec, Kernel, KernelFailure, Program, StepKey, StepResult, Stream};
 
 /// What a rank's tensors live on, and how it computes and communicates.
-pub(crate) trait Backend {
+pub trait Backend {
     /// A tensor block of this back end.
     type T: Clone;
     /// The rank.
@@ -146,330 +147,515 @@ pub(crate) fn step<'a, B: Backend>(
     profile: bool,
     mode: Mode,
 ) -> Result<StepResult, DistError> {
-    let marks = (mode == Mode::Eval).then(|| program.eval_marks());
-    let rank = b.rank();
     let t0 = Instant::now();
-    let mut comm_seconds = 0.0;
-    let mut op_seconds = vec![];
-    // With `profile`: each instruction run, by its place in the stage's code, with its seconds
-    // and the bytes held after it.
-    let mut instr_profile: Vec<(usize, f64, u64)> = vec![];
-    let mut last_instr: Option<(usize, Instant)> = None;
-    let mut vals: Vec<Option<Held<'a, B::T>>> = (0..program.slot_names.len()).map(|_| None).collect();
     // Parameters move out of owned storage into the step; that storage is rebuilt at the end.
-    let (mut taken, borrowed, mut updates_out) = match storage {
-        Storage::Owned(s) => (std::mem::take(s), None, Some(s)),
-        Storage::Borrowed { params, updates } => (BTreeMap::new(), Some((params, updates)), None),
+    let (taken, borrowed, dest) = match storage {
+        Storage::Owned(s) => (std::mem::take(s), None, Dest::Storage(s)),
+        Storage::Borrowed { params, updates } => (BTreeMap::new(), Some(params), Dest::Updates(updates)),
     };
-    let stored: u64 = match &borrowed {
-        None => taken.values().map(B::bytes).sum(),
-        Some((params, _)) => program.resident.iter().filter_map(|r| params.get(&r.name)).map(B::bytes).sum(),
-    };
-    let resident = stored + constants.iter().map(|t| B::bytes(t)).sum::<u64>();
-    let (mut live, mut peak) = (resident, resident);
-    let missing =
-        |slot: usize| DistError::Plan(format!("rank {rank}: reads {} before it is written", program.slot_names[slot]));
-    let mesh = program.mesh();
-    let stage = program.stage_of(rank);
-    let code = program.code.get(stage).ok_or_else(|| DistError::Plan(format!("rank {rank}: no code for its stage")))?;
+    let mut w = Walk::new(program, b, taken, borrowed, feeds, constants, profile, mode);
+    let rank = w.rank;
+    let code =
+        program.code.get(w.stage).ok_or_else(|| DistError::Plan(format!("rank {rank}: no code for its stage")))?;
     if program.ranks() > 1 {
-        b.prepare(&program.groups_of(rank))?;
+        w.b.prepare(&program.groups_of(rank))?;
     }
-    // The steps of the stage's schedule, each a segment of its code for one microbatch, then
-    // the update segment once. Every microbatch in flight has its own values; parameters and
-    // optimizer state (and, once a microbatch ends, what it leaves for the update) are shared.
-    let microbatches = program.microbatches.max(1);
-    let steps = program.steps.get(stage).map(Vec::as_slice).unwrap_or(&[]);
-    let segments = &program.segments[stage];
-    let mut last_step: HashMap<usize, usize> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        last_step.insert(st.microbatch, i);
+    w.run_schedule(code)?;
+    w.finish(dest, t0)
+}
+
+/// Where the values a step leaves for storage go.
+enum Dest<'a, T> {
+    /// Back into the rank's owned storage.
+    Storage(&'a mut BTreeMap<String, T>),
+    /// Into the caller's map of updates (the parameters were borrowed).
+    Updates(&'a mut BTreeMap<String, T>),
+}
+
+/// The microbatch (and its random stream) a segment of code runs for.
+struct At {
+    /// `None`: the update segment, run once per step.
+    mb: Option<usize>,
+    /// The microbatch (0 for the update).
+    m: usize,
+    stream: Option<Stream>,
+}
+
+/// A slot table: one value (or none) per slot of the program.
+type Table<'a, T> = Vec<Option<Held<'a, T>>>;
+
+/// One step's walk of a rank's code: the interpreter, one method per instruction kind.
+struct Walk<'p, 'a, B: Backend> {
+    program: &'p Program,
+    b: &'p mut B,
+    rank: usize,
+    stage: usize,
+    mode: Mode,
+    /// In an evaluation, the instructions the loss depends on ([`Program::eval_marks`]).
+    marks: Option<&'p [Vec<bool>]>,
+    profile: bool,
+    feeds: &'p [&'a B::T],
+    constants: &'p [&'a B::T],
+    /// Owned parameters and state not yet read (then, the values left for storage).
+    taken: BTreeMap<String, B::T>,
+    /// Borrowed parameters and state, read in place.
+    borrowed: Option<&'a BTreeMap<String, B::T>>,
+    /// Shared values: parameters and optimizer state, and what finished microbatches leave
+    /// for the update.
+    vals: Table<'a, B::T>,
+    /// Bytes of the storage and constants (resident throughout).
+    resident: u64,
+    live: u64,
+    peak: u64,
+    comm_seconds: f64,
+    op_seconds: Vec<(usize, f64)>,
+    /// With `profile`: each instruction run, by its place in the stage's code, with its seconds
+    /// and the bytes held after it.
+    instr_profile: Vec<(usize, f64, u64)>,
+    last_instr: Option<(usize, Instant)>,
+}
+
+impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        program: &'p Program,
+        b: &'p mut B,
+        taken: BTreeMap<String, B::T>,
+        borrowed: Option<&'a BTreeMap<String, B::T>>,
+        feeds: &'p [&'a B::T],
+        constants: &'p [&'a B::T],
+        profile: bool,
+        mode: Mode,
+    ) -> Self {
+        let rank = b.rank();
+        let stored: u64 = match borrowed {
+            None => taken.values().map(B::bytes).sum(),
+            Some(params) => program.resident.iter().filter_map(|r| params.get(&r.name)).map(B::bytes).sum(),
+        };
+        let resident = stored + constants.iter().map(|t| B::bytes(t)).sum::<u64>();
+        Walk {
+            program,
+            b,
+            rank,
+            stage: program.stage_of(rank),
+            mode,
+            marks: (mode == Mode::Eval).then(|| program.eval_marks()),
+            profile,
+            feeds,
+            constants,
+            taken,
+            borrowed,
+            vals: Self::fresh(program),
+            resident,
+            live: resident,
+            peak: resident,
+            comm_seconds: 0.0,
+            op_seconds: vec![],
+            instr_profile: vec![],
+            last_instr: None,
+        }
     }
-    // Bytes a held value counts for (a constant's block stays with the rank's constants).
-    let cost = |slot: usize, t: &B::T| if program.constant_slot[slot] { 0 } else { B::bytes(t) };
-    let update = Segment { phase: Phase::Update, chunk: 0 };
-    let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
-    let n_inputs = program.inputs.len();
-    let mut tables: HashMap<usize, Vec<Option<Held<'a, B::T>>>> = HashMap::new();
-    let mut acc: Vec<Option<B::T>> = vec![None; program.accumulate.len()];
-    let fresh = || -> Vec<Option<Held<'a, B::T>>> { (0..program.slot_names.len()).map(|_| None).collect() };
-    for (run, (mb, seg)) in runs.enumerate() {
-        if mb.is_none() {
-            // The sums are what the update reads.
-            for (j, &slot) in program.accumulate.iter().enumerate() {
-                if let Some(a) = acc[j].take() {
-                    vals[slot] = Some(Held::Owned(a));
-                }
-            }
+
+    fn fresh(program: &Program) -> Table<'a, B::T> {
+        (0..program.slot_names.len()).map(|_| None).collect()
+    }
+
+    fn missing(&self, slot: usize) -> DistError {
+        DistError::Plan(format!("rank {}: reads {} before it is written", self.rank, self.program.slot_names[slot]))
+    }
+
+    /// Bytes a held value counts for (a constant's block stays with the rank's constants).
+    fn cost(&self, slot: usize, t: &B::T) -> u64 {
+        if self.program.constant_slot[slot] { 0 } else { B::bytes(t) }
+    }
+
+    /// `y` written to `slot` of `table`: counted, and the value it replaces released.
+    fn write(&mut self, table: &mut Table<'a, B::T>, slot: usize, y: B::T) {
+        self.live += B::bytes(&y);
+        if let Some(old) = table[slot].replace(Held::Owned(y)) {
+            self.live = self.live.saturating_sub(self.cost(slot, old.get()));
         }
-        let mut table = match mb {
-            Some(m) => tables.remove(&m).unwrap_or_else(fresh),
-            None => std::mem::take(&mut vals),
-        };
-        let range = segments.get(&seg).cloned().unwrap_or(0..0);
-        let m = mb.unwrap_or(0);
-        let stream = match mode {
-            Mode::Train(Some(key)) => Some(key.stream(m as u64)),
-            _ => None,
-        };
-        for (k, ins) in code[range.clone()].iter().enumerate() {
-            if marks.is_some_and(|mk| !mk[stage][range.start + k]) {
-                continue;
-            }
-            // The previous instruction's time and the bytes held after it.
-            if profile {
-                b.sync()?;
-                let now = Instant::now();
-                if let Some((at, t)) = last_instr.replace((range.start + k, now)) {
-                    instr_profile.push((at, (now - t).as_secs_f64(), live));
-                }
-            }
-            b.check()?;
-            match ins {
-                Exec::Storage { slot, name } => {
-                    // Read once per step (a later microbatch finds it in place).
-                    let home = if mb.is_some() { &mut vals } else { &mut table };
-                    if home[*slot].is_some() {
-                        continue;
-                    }
-                    let none = || DistError::Data { rank, message: format!("no storage for {name}") };
-                    home[*slot] = Some(match &borrowed {
-                        None => Held::Owned(taken.remove(name).ok_or_else(none)?),
-                        Some((params, _)) => Held::Borrowed(params.get(name).ok_or_else(none)?),
-                    });
-                }
-                Exec::Input { slot, index } => {
-                    // A state made by another program may lack the block.
-                    let t = feeds.get(m * n_inputs + *index).ok_or_else(|| DistError::Data {
-                        rank,
-                        message: format!("no block of input {}", program.slot_names[*slot]),
-                    })?;
-                    live += B::bytes(t);
-                    if let Some(old) = table[*slot].replace(Held::Borrowed(t)) {
-                        live = live.saturating_sub(cost(*slot, old.get()));
-                    }
-                    peak = peak.max(live);
-                }
-                Exec::Constant { slot, index } => {
-                    let t = constants.get(*index).ok_or_else(|| DistError::Data {
-                        rank,
-                        message: format!("no block of constant {}", program.slot_names[*slot]),
-                    })?;
-                    table[*slot] = Some(Held::Borrowed(t));
-                }
-                Exec::Op { id, node, op, kernel, inputs, outputs, shapes } => {
-                    let ins: Vec<&B::T> = inputs
-                        .iter()
-                        .map(|&s| get(&table, &vals, s).ok_or_else(|| missing(s)))
-                        .collect::<Result<_, _>>()?;
-                    let kerr =
-                        |m: String| DistError::Kernel { rank, node: node.clone(), op: op.to_string(), message: m };
-                    let t1 = profile.then(Instant::now);
-                    let (outs, waited) = b.eval(kernel, &ins, mesh, stream.as_ref()).map_err(|e| match e {
-                        KernelFailure::Kernel(m) => kerr(m),
-                        KernelFailure::Comm(c) => DistError::Comm(c),
-                    })?;
-                    if let Some(t1) = t1 {
-                        op_seconds.push((*id, t1.elapsed().as_secs_f64()));
-                    }
-                    comm_seconds += waited;
-                    if outs.len() != outputs.len() {
-                        return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), outputs.len())));
-                    }
-                    // Blocks of any other shape would only fail later, at a reader, or not at all.
-                    if let Some((t, want)) = outs.iter().zip(shapes).find(|(t, want)| B::shape(t) != want.as_slice()) {
-                        return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", B::shape(t))));
-                    }
-                    for (t, &s) in outs.into_iter().zip(outputs) {
-                        live += B::bytes(&t);
-                        if let Some(old) = table[s].replace(Held::Owned(t)) {
-                            live = live.saturating_sub(cost(s, old.get()));
-                        }
-                    }
-                    peak = peak.max(live);
-                }
-                Exec::View { id, node, input, output, shape } => {
-                    // The input's last read: its buffer becomes the output's (a shared value is
-                    // copied: later microbatches read it).
-                    let copy_err =
-                        |m: String| DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m };
-                    let x = match table[*input].take() {
-                        Some(x) => x,
-                        None => Held::Owned(
-                            b.copy(vals.get(*input).and_then(Option::as_ref).ok_or_else(|| missing(*input))?.get())
-                                .map_err(copy_err)?,
-                        ),
-                    };
-                    let t1 = profile.then(Instant::now);
-                    let x = x.into_owned(b).map_err(copy_err)?;
-                    let y = b.reshape(x, shape, mesh).map_err(|e| match e {
-                        KernelFailure::Kernel(m) => {
-                            DistError::Kernel { rank, node: node.clone(), op: "reshape".into(), message: m }
-                        }
-                        KernelFailure::Comm(c) => DistError::Comm(c),
-                    })?;
-                    if let Some(t1) = t1 {
-                        op_seconds.push((*id, t1.elapsed().as_secs_f64()));
-                    }
-                    table[*output] = Some(Held::Owned(y));
-                }
-                Exec::Collective { input, output, c } => {
-                    let t1 = Instant::now();
-                    let x = get(&table, &vals, *input).ok_or_else(|| missing(*input))?;
-                    let y = b.collective(c, mesh, x)?;
-                    comm_seconds += t1.elapsed().as_secs_f64();
-                    live += B::bytes(&y);
-                    peak = peak.max(live);
-                    if let Some(old) = table[*output].replace(Held::Owned(y)) {
-                        live = live.saturating_sub(cost(*output, old.get()));
-                    }
-                }
-                Exec::Send { slot, to, id } => {
-                    let t1 = Instant::now();
-                    let x = get(&table, &vals, *slot).ok_or_else(|| missing(*slot))?;
-                    b.send(program.peer(rank, *to), id * microbatches as u64 + m as u64, x)?;
-                    comm_seconds += t1.elapsed().as_secs_f64();
-                }
-                Exec::Recv { slot, from, meta, id } => {
-                    let t1 = Instant::now();
-                    let y = b.recv(program.peer(rank, *from), id * microbatches as u64 + m as u64, meta)?;
-                    comm_seconds += t1.elapsed().as_secs_f64();
-                    live += B::bytes(&y);
-                    peak = peak.max(live);
-                    if let Some(old) = table[*slot].replace(Held::Owned(y)) {
-                        live = live.saturating_sub(cost(*slot, old.get()));
-                    }
-                }
-                Exec::Free { slots } => {
-                    for &s in slots {
-                        let h = match table[s].take() {
-                            Some(h) => h,
-                            None => match vals.get_mut(s).and_then(Option::take) {
-                                Some(h) => h,
-                                // An evaluation skips what the loss does not need.
-                                None if marks.is_some() => continue,
-                                None => return Err(missing(s)),
-                            },
-                        };
-                        live = live.saturating_sub(cost(s, h.get()));
-                    }
-                }
-            }
+    }
+
+    /// The steps of the stage's schedule, each a segment of its code for one microbatch, then
+    /// the update segment once. Every microbatch in flight has its own values; parameters and
+    /// optimizer state (and, once a microbatch ends, what it leaves for the update) are shared.
+    fn run_schedule(&mut self, code: &[Exec]) -> Result<(), DistError> {
+        let program = self.program;
+        let steps = program.steps.get(self.stage).map(Vec::as_slice).unwrap_or(&[]);
+        let segments = &program.segments[self.stage];
+        let mut last_step: HashMap<usize, usize> = HashMap::new();
+        for (i, st) in steps.iter().enumerate() {
+            last_step.insert(st.microbatch, i);
         }
-        match mb {
-            None => vals = table,
-            Some(m) if last_step.get(&m) == Some(&run) => {
-                // The microbatch's last step here: its values join the sums (in the order the
-                // microbatches end), and what else it holds is left for the update.
+        let update = Segment { phase: Phase::Update, chunk: 0 };
+        let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
+        let mut tables: HashMap<usize, Table<'a, B::T>> = HashMap::new();
+        let mut acc: Vec<Option<B::T>> = vec![None; program.accumulate.len()];
+        for (run, (mb, seg)) in runs.enumerate() {
+            if mb.is_none() {
+                // The sums are what the update reads.
                 for (j, &slot) in program.accumulate.iter().enumerate() {
-                    let Some(h) = table[slot].take() else { continue };
-                    let x = h.into_owned(b).map_err(|m| DistError::Kernel {
-                        rank,
-                        node: program.slot_names[slot].to_string(),
-                        op: "accumulate".into(),
-                        message: m,
-                    })?;
-                    acc[j] = Some(match acc[j].take() {
-                        None => x,
-                        Some(a) => {
-                            let add = Kernel::Same(ir::Op::Binary(ir::BinaryOp::Add));
-                            let (mut outs, _) = b.eval(&add, &[&a, &x], mesh, None).map_err(|e| match e {
-                                KernelFailure::Kernel(msg) => DistError::Kernel {
-                                    rank,
-                                    node: program.slot_names[slot].to_string(),
-                                    op: "accumulate".into(),
-                                    message: msg,
-                                },
-                                KernelFailure::Comm(c) => DistError::Comm(c),
-                            })?;
-                            let y = outs.pop().ok_or_else(|| DistError::Plan("accumulating: no sum".into()))?;
-                            live += B::bytes(&y);
-                            peak = peak.max(live);
-                            live = live.saturating_sub(B::bytes(&a) + B::bytes(&x));
-                            y
-                        }
-                    });
-                }
-                for (s, h) in table.into_iter().enumerate() {
-                    if let Some(h) = h
-                        && let Some(old) = vals[s].replace(h)
-                    {
-                        live = live.saturating_sub(cost(s, old.get()));
+                    if let Some(a) = acc[j].take() {
+                        self.vals[slot] = Some(Held::Owned(a));
                     }
                 }
             }
-            Some(m) => {
-                tables.insert(m, table);
+            let mut table = match mb {
+                Some(m) => tables.remove(&m).unwrap_or_else(|| Self::fresh(program)),
+                None => std::mem::take(&mut self.vals),
+            };
+            let range = segments.get(&seg).cloned().unwrap_or(0..0);
+            let m = mb.unwrap_or(0);
+            let stream = match self.mode {
+                Mode::Train(Some(key)) => Some(key.stream(m as u64)),
+                _ => None,
+            };
+            let at = At { mb, m, stream };
+            for (k, ins) in code[range.clone()].iter().enumerate() {
+                if self.marks.is_some_and(|mk| !mk[self.stage][range.start + k]) {
+                    continue;
+                }
+                self.before(range.start + k)?;
+                self.exec(ins, &mut table, &at)?;
+            }
+            match mb {
+                None => self.vals = table,
+                Some(m) if last_step.get(&m) == Some(&run) => self.end_microbatch(table, &mut acc)?,
+                Some(m) => {
+                    tables.insert(m, table);
+                }
             }
         }
+        if let Some((at, t)) = self.last_instr.take() {
+            self.b.sync()?;
+            self.instr_profile.push((at, t.elapsed().as_secs_f64(), self.live));
+        }
+        if !tables.is_empty() {
+            return Err(DistError::Plan(format!("rank {}: the schedule leaves microbatches unfinished", self.rank)));
+        }
+        Ok(())
     }
-    if let Some((at, t)) = last_instr.take() {
-        b.sync()?;
-        instr_profile.push((at, t.elapsed().as_secs_f64(), live));
+
+    /// Before instruction `at` of the stage's code: the previous instruction's time and the
+    /// bytes held after it (profiling), and whether another rank has aborted.
+    fn before(&mut self, at: usize) -> Result<(), DistError> {
+        if self.profile {
+            self.b.sync()?;
+            let now = Instant::now();
+            if let Some((prev, t)) = self.last_instr.replace((at, now)) {
+                self.instr_profile.push((prev, (now - t).as_secs_f64(), self.live));
+            }
+        }
+        self.b.check()
     }
-    if !tables.is_empty() {
-        return Err(DistError::Plan(format!("rank {rank}: the schedule leaves microbatches unfinished")));
+
+    fn exec(&mut self, ins: &Exec, table: &mut Table<'a, B::T>, at: &At) -> Result<(), DistError> {
+        match ins {
+            Exec::Storage { slot, name } => self.storage(table, *slot, name, at),
+            Exec::Input { slot, index } => self.input(table, *slot, *index, at),
+            Exec::Constant { slot, index } => self.constant(table, *slot, *index),
+            Exec::Op { id, node, op, kernel, inputs, outputs, shapes } => {
+                self.op(table, at, OpInstr { id: *id, node, op, kernel, inputs, outputs, shapes })
+            }
+            Exec::View { id, node, input, output, shape } => self.view(table, *id, node, *input, *output, shape),
+            Exec::Collective { input, output, c } => self.collective(table, *input, *output, c),
+            Exec::Send { slot, to, id } => self.send(table, *slot, *to, *id, at),
+            Exec::Recv { slot, from, meta, id } => self.recv(table, *slot, *from, meta, *id, at),
+            Exec::Free { slots } => self.free(table, slots),
+        }
     }
-    // Values read at the end: outputs, updates and (into owned storage) frozen parameters. The
-    // last read of each moves it; earlier ones copy.
-    let frozen: &[(String, usize)] = if borrowed.is_none() { &program.kept[stage] } else { &[] };
-    let updates: &[(String, usize)] = if mode == Mode::Eval { &[] } else { &program.updates[stage] };
-    let outputs_read: Vec<&(String, usize, sharding::ShardingSpec, Vec<usize>)> =
-        program.outputs.iter().filter(|o| mode != Mode::Eval || o.0 == crate::dist::EVAL_OUTPUT).collect();
-    let mut reads = vec![0usize; vals.len()];
-    let end_reads = outputs_read.iter().map(|(_, s, _, _)| s).chain(updates.iter().chain(frozen).map(|(_, s)| s));
-    for &s in end_reads {
-        reads[s] += 1;
+
+    /// A parameter or state, read once per step (a later microbatch finds it in place).
+    fn storage(&mut self, table: &mut Table<'a, B::T>, slot: usize, name: &str, at: &At) -> Result<(), DistError> {
+        let home = if at.mb.is_some() { &mut self.vals } else { table };
+        if home[slot].is_some() {
+            return Ok(());
+        }
+        let rank = self.rank;
+        let none = || DistError::Data { rank, message: format!("no storage for {name}") };
+        home[slot] = Some(match self.borrowed {
+            None => Held::Owned(self.taken.remove(name).ok_or_else(none)?),
+            Some(params) => Held::Borrowed(params.get(name).ok_or_else(none)?),
+        });
+        Ok(())
     }
-    // Outputs: every rank gets the global value, assembled from its stage's blocks (every
-    // stage holds the outputs).
-    let everyone = program.stage_ranks(rank);
-    let stage_mesh = program.stage_mesh();
-    let mut outputs = BTreeMap::new();
-    for (name, slot, spec, shape) in outputs_read {
-        let t = if everyone.len() == 1 {
-            let x = take_read(b, &mut vals, &mut reads, *slot)
-                .map_err(|m| DistError::Data { rank, message: format!("output {name}: {m}") })?
-                .ok_or_else(|| missing(*slot))?;
-            b.download(x)?
-        } else {
-            let x = vals[*slot].as_ref().map(Held::get).ok_or_else(|| missing(*slot))?;
-            let t1 = Instant::now();
-            let blocks = b.gather_output(&everyone, x)?;
-            comm_seconds += t1.elapsed().as_secs_f64();
-            reads[*slot] -= 1;
-            sim::assemble(&blocks, spec, shape, &stage_mesh, f32::INFINITY)
-                .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?
+
+    /// This rank's block of a fed input (a state made by another program may lack it).
+    fn input(&mut self, table: &mut Table<'a, B::T>, slot: usize, index: usize, at: &At) -> Result<(), DistError> {
+        let n_inputs = self.program.inputs.len();
+        let t: &'a B::T = self.feeds.get(at.m * n_inputs + index).copied().ok_or_else(|| DistError::Data {
+            rank: self.rank,
+            message: format!("no block of input {}", self.program.slot_names[slot]),
+        })?;
+        self.live += B::bytes(t);
+        if let Some(old) = table[slot].replace(Held::Borrowed(t)) {
+            self.live = self.live.saturating_sub(self.cost(slot, old.get()));
+        }
+        self.peak = self.peak.max(self.live);
+        Ok(())
+    }
+
+    fn constant(&mut self, table: &mut Table<'a, B::T>, slot: usize, index: usize) -> Result<(), DistError> {
+        let t: &'a B::T = self.constants.get(index).copied().ok_or_else(|| DistError::Data {
+            rank: self.rank,
+            message: format!("no block of constant {}", self.program.slot_names[slot]),
+        })?;
+        table[slot] = Some(Held::Borrowed(t));
+        Ok(())
+    }
+
+    /// A kernel: its outputs must have the blocks' shapes the plan's layouts give.
+    fn op(&mut self, table: &mut Table<'a, B::T>, at: &At, i: OpInstr<'_>) -> Result<(), DistError> {
+        let rank = self.rank;
+        let kerr = |m: String| DistError::Kernel { rank, node: i.node.to_string(), op: i.op.to_string(), message: m };
+        let vals = &self.vals;
+        let ins: Vec<&B::T> = i
+            .inputs
+            .iter()
+            .map(|&s| get(table, vals, s).ok_or(s))
+            .collect::<Result<_, _>>()
+            .map_err(|s| self.missing(s))?;
+        let t1 = self.profile.then(Instant::now);
+        let (outs, waited) =
+            self.b.eval(i.kernel, &ins, self.program.mesh(), at.stream.as_ref()).map_err(|e| match e {
+                KernelFailure::Kernel(m) => kerr(m),
+                KernelFailure::Comm(c) => DistError::Comm(c),
+            })?;
+        if let Some(t1) = t1 {
+            self.op_seconds.push((i.id, t1.elapsed().as_secs_f64()));
+        }
+        self.comm_seconds += waited;
+        if outs.len() != i.outputs.len() {
+            return Err(kerr(format!("{} outputs, the plan has {}", outs.len(), i.outputs.len())));
+        }
+        // Blocks of any other shape would only fail later, at a reader, or not at all.
+        if let Some((t, want)) = outs.iter().zip(i.shapes).find(|(t, want)| B::shape(t) != want.as_slice()) {
+            return Err(kerr(format!("a block of {:?}, the plan's layout needs {want:?}", B::shape(t))));
+        }
+        for (t, &s) in outs.into_iter().zip(i.outputs) {
+            self.write(table, s, t);
+        }
+        self.peak = self.peak.max(self.live);
+        Ok(())
+    }
+
+    /// A reshape at its input's last read: the input's buffer becomes the output's (a shared
+    /// value is copied: later microbatches read it).
+    fn view(
+        &mut self,
+        table: &mut Table<'a, B::T>,
+        id: usize,
+        node: &str,
+        input: usize,
+        output: usize,
+        shape: &[usize],
+    ) -> Result<(), DistError> {
+        let rank = self.rank;
+        let kerr = |m: String| DistError::Kernel { rank, node: node.to_string(), op: "reshape".into(), message: m };
+        let x = match table[input].take() {
+            Some(x) => x,
+            None => {
+                let shared = self.vals.get(input).and_then(Option::as_ref).ok_or_else(|| self.missing(input))?;
+                Held::Owned(self.b.copy(shared.get()).map_err(kerr)?)
+            }
         };
-        // The mean over microbatches of what each computed (an output of the update phase is
-        // computed once, and not summed).
-        let summed = microbatches > 1 && program.accumulate.binary_search(slot).is_ok();
-        outputs.insert(name.clone(), if summed { mean_of(t, microbatches) } else { t });
+        let t1 = self.profile.then(Instant::now);
+        let x = x.into_owned(self.b).map_err(kerr)?;
+        let y = self.b.reshape(x, shape, self.program.mesh()).map_err(|e| match e {
+            KernelFailure::Kernel(m) => kerr(m),
+            KernelFailure::Comm(c) => DistError::Comm(c),
+        })?;
+        if let Some(t1) = t1 {
+            self.op_seconds.push((id, t1.elapsed().as_secs_f64()));
+        }
+        table[output] = Some(Held::Owned(y));
+        Ok(())
     }
-    for (name, slot) in updates.iter().chain(frozen) {
-        let t = take_read(b, &mut vals, &mut reads, *slot)
-            .map_err(|m| DistError::Data { rank, message: format!("{name}: {m}") })?
-            .ok_or_else(|| missing(*slot))?;
-        taken.insert(name.clone(), t);
+
+    fn collective(
+        &mut self,
+        table: &mut Table<'a, B::T>,
+        input: usize,
+        output: usize,
+        c: &Collective,
+    ) -> Result<(), DistError> {
+        let t1 = Instant::now();
+        let x = get(table, &self.vals, input).ok_or_else(|| self.missing(input))?;
+        let y = self.b.collective(c, self.program.mesh(), x)?;
+        self.comm_seconds += t1.elapsed().as_secs_f64();
+        self.live += B::bytes(&y);
+        self.peak = self.peak.max(self.live);
+        if let Some(old) = table[output].replace(Held::Owned(y)) {
+            self.live = self.live.saturating_sub(self.cost(output, old.get()));
+        }
+        Ok(())
     }
-    drop(vals);
-    match (&mut updates_out, borrowed) {
-        (Some(storage), _) => **storage = taken,
-        (None, Some((_, updates))) => *updates = taken,
-        (None, None) => unreachable!("storage is owned or borrowed"),
+
+    /// The tag of transfer `id` for the microbatch: unique within a step.
+    fn tag(&self, id: u64, at: &At) -> u64 {
+        id * self.program.microbatches.max(1) as u64 + at.m as u64
     }
-    Ok(StepResult {
-        outputs,
-        peak_bytes: b.peak_bytes(peak),
-        resident_bytes: resident,
-        seconds: t0.elapsed().as_secs_f64(),
-        comm_seconds,
-        op_seconds,
-        instr_profile,
-        data_bytes: 0,
-        data_seconds: 0.0,
-        data_hash: 0,
-    })
+
+    fn send(&mut self, table: &Table<'a, B::T>, slot: usize, to: usize, id: u64, at: &At) -> Result<(), DistError> {
+        let t1 = Instant::now();
+        let (peer, tag) = (self.program.peer(self.rank, to), self.tag(id, at));
+        let x = get(table, &self.vals, slot).ok_or_else(|| self.missing(slot))?;
+        self.b.send(peer, tag, x)?;
+        self.comm_seconds += t1.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn recv(
+        &mut self,
+        table: &mut Table<'a, B::T>,
+        slot: usize,
+        from: usize,
+        meta: &ir::TensorMeta,
+        id: u64,
+        at: &At,
+    ) -> Result<(), DistError> {
+        let t1 = Instant::now();
+        let y = self.b.recv(self.program.peer(self.rank, from), self.tag(id, at), meta)?;
+        self.comm_seconds += t1.elapsed().as_secs_f64();
+        self.live += B::bytes(&y);
+        self.peak = self.peak.max(self.live);
+        if let Some(old) = table[slot].replace(Held::Owned(y)) {
+            self.live = self.live.saturating_sub(self.cost(slot, old.get()));
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, table: &mut Table<'a, B::T>, slots: &[usize]) -> Result<(), DistError> {
+        for &s in slots {
+            let h = match table[s].take() {
+                Some(h) => h,
+                None => match self.vals.get_mut(s).and_then(Option::take) {
+                    Some(h) => h,
+                    // An evaluation skips what the loss does not need.
+                    None if self.marks.is_some() => continue,
+                    None => return Err(self.missing(s)),
+                },
+            };
+            self.live = self.live.saturating_sub(self.cost(s, h.get()));
+        }
+        Ok(())
+    }
+
+    /// A microbatch's last step on this stage: its values join the sums (in the order the
+    /// microbatches end), and what else it holds is left for the update.
+    fn end_microbatch(&mut self, mut table: Table<'a, B::T>, acc: &mut [Option<B::T>]) -> Result<(), DistError> {
+        let program = self.program;
+        for (j, &slot) in program.accumulate.iter().enumerate() {
+            let Some(h) = table[slot].take() else { continue };
+            let rank = self.rank;
+            let fail = |message: String| DistError::Kernel {
+                rank,
+                node: program.slot_names[slot].to_string(),
+                op: "accumulate".into(),
+                message,
+            };
+            let x = h.into_owned(self.b).map_err(fail)?;
+            acc[j] = Some(match acc[j].take() {
+                None => x,
+                Some(a) => {
+                    let add = Kernel::Same(ir::Op::Binary(ir::BinaryOp::Add));
+                    let (mut outs, _) = self.b.eval(&add, &[&a, &x], program.mesh(), None).map_err(|e| match e {
+                        KernelFailure::Kernel(msg) => fail(msg),
+                        KernelFailure::Comm(c) => DistError::Comm(c),
+                    })?;
+                    let y = outs.pop().ok_or_else(|| DistError::Plan("accumulating: no sum".into()))?;
+                    self.live += B::bytes(&y);
+                    self.peak = self.peak.max(self.live);
+                    self.live = self.live.saturating_sub(B::bytes(&a) + B::bytes(&x));
+                    y
+                }
+            });
+        }
+        for (s, h) in table.into_iter().enumerate() {
+            if let Some(h) = h
+                && let Some(old) = self.vals[s].replace(h)
+            {
+                self.live = self.live.saturating_sub(self.cost(s, old.get()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Values read at the end: outputs, updates and (into owned storage) frozen parameters. The
+    /// last read of each moves it; earlier ones copy.
+    fn finish(mut self, dest: Dest<'a, B::T>, t0: Instant) -> Result<StepResult, DistError> {
+        let (program, rank, stage, mode) = (self.program, self.rank, self.stage, self.mode);
+        let frozen: &[(String, usize)] = if self.borrowed.is_none() { &program.kept[stage] } else { &[] };
+        let updates: &[(String, usize)] = if mode == Mode::Eval { &[] } else { &program.updates[stage] };
+        let outputs_read: Vec<&(String, usize, sharding::ShardingSpec, Vec<usize>)> =
+            program.outputs.iter().filter(|o| mode != Mode::Eval || o.0 == crate::program::EVAL_OUTPUT).collect();
+        let mut reads = vec![0usize; self.vals.len()];
+        let end_reads = outputs_read.iter().map(|(_, s, _, _)| s).chain(updates.iter().chain(frozen).map(|(_, s)| s));
+        for &s in end_reads {
+            reads[s] += 1;
+        }
+        // Outputs: every rank gets the global value, assembled from its stage's blocks (every
+        // stage holds the outputs).
+        let everyone = program.stage_ranks(rank);
+        let stage_mesh = program.stage_mesh();
+        let microbatches = program.microbatches.max(1);
+        let mut outputs = BTreeMap::new();
+        for (name, slot, spec, shape) in outputs_read {
+            let t = if everyone.len() == 1 {
+                let x = take_read(self.b, &mut self.vals, &mut reads, *slot)
+                    .map_err(|m| DistError::Data { rank, message: format!("output {name}: {m}") })?
+                    .ok_or_else(|| self.missing(*slot))?;
+                self.b.download(x)?
+            } else {
+                let x = self.vals[*slot].as_ref().map(Held::get).ok_or_else(|| self.missing(*slot))?;
+                let t1 = Instant::now();
+                let blocks = self.b.gather_output(&everyone, x)?;
+                self.comm_seconds += t1.elapsed().as_secs_f64();
+                reads[*slot] -= 1;
+                sim::assemble(&blocks, spec, shape, &stage_mesh, f32::INFINITY)
+                    .map_err(|e| DistError::Plan(format!("output {name}: {e}")))?
+            };
+            // The mean over microbatches of what each computed (an output of the update phase is
+            // computed once, and not summed).
+            let summed = microbatches > 1 && program.accumulate.binary_search(slot).is_ok();
+            outputs.insert(name.clone(), if summed { mean_of(t, microbatches) } else { t });
+        }
+        let mut taken = std::mem::take(&mut self.taken);
+        for (name, slot) in updates.iter().chain(frozen) {
+            let t = take_read(self.b, &mut self.vals, &mut reads, *slot)
+                .map_err(|m| DistError::Data { rank, message: format!("{name}: {m}") })?
+                .ok_or_else(|| self.missing(*slot))?;
+            taken.insert(name.clone(), t);
+        }
+        self.vals = vec![];
+        match dest {
+            Dest::Storage(s) | Dest::Updates(s) => *s = taken,
+        }
+        Ok(StepResult {
+            outputs,
+            peak_bytes: self.b.peak_bytes(self.peak),
+            resident_bytes: self.resident,
+            seconds: t0.elapsed().as_secs_f64(),
+            comm_seconds: self.comm_seconds,
+            op_seconds: self.op_seconds,
+            instr_profile: self.instr_profile,
+            data_bytes: 0,
+            data_seconds: 0.0,
+            data_hash: 0,
+        })
+    }
+}
+
+/// The fields of an [`Exec::Op`].
+struct OpInstr<'x> {
+    id: usize,
+    node: &'x str,
+    op: &'x str,
+    kernel: &'x Kernel,
+    inputs: &'x [usize],
+    outputs: &'x [usize],
+    shapes: &'x [Vec<usize>],
 }
 
 /// A value of a microbatch's `table`, or else a shared one.

@@ -44,16 +44,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::cpu::Cpu;
 use ir::{Op, SliceAxis, Tensor, TensorMeta};
-use kernels::cpu::CpuContext;
 use kernels::cuda::nccl::{NcclComm, Reduction, group_id_path};
 use kernels::cuda::{self, CudaContext, CudaTensor};
 use sharding::{Collective, DeviceMesh, ReduceKind, sim};
 
 use crate::checkpoint;
 use crate::comm::{CommError, Communicator};
-use crate::dist::{DistError, Kernel, KernelFailure, Program, RankState, StepResult, run_kernel};
-use crate::launch::StepReport;
+use crate::cpu::run_kernel;
+use crate::error::DistError;
+use crate::program::{Kernel, KernelFailure, Program, RankState, StepResult};
+use crate::rank::StepReport;
 
 /// The NCCL communicators of one rank, one per group of global ranks, made on first use.
 pub struct NcclGroups {
@@ -197,7 +199,7 @@ pub struct GpuRank {
     ctx: CudaContext,
     groups: NcclGroups,
     /// Host context for the special kernels that run on the host.
-    host: CpuContext,
+    host: Cpu,
     storage: BTreeMap<String, CudaTensor>,
     constants: Vec<CudaTensor>,
     feeds: Vec<CudaTensor>,
@@ -206,7 +208,7 @@ pub struct GpuRank {
 impl GpuRank {
     /// Uploads a rank's host state (from [`Program::init_rank`] or a checkpoint) to `ctx`'s
     /// device; collectives go through `groups`. `host` runs the host-side special kernels.
-    pub fn new(ctx: CudaContext, groups: NcclGroups, host: CpuContext, st: RankState) -> Result<GpuRank, DistError> {
+    pub fn new(ctx: CudaContext, groups: NcclGroups, host: Cpu, st: RankState) -> Result<GpuRank, DistError> {
         let rank = st.rank;
         let up = |t: &Tensor| CudaTensor::upload(&ctx, t).map_err(|e| DistError::Data { rank, message: e.to_string() });
         let storage = st.storage.iter().map(|(k, t)| Ok((k.clone(), up(t)?))).collect::<Result<_, DistError>>()?;
@@ -267,7 +269,7 @@ impl GpuRank {
         let GpuRank { ctx, groups, host, storage, constants, feeds, .. } = self;
         let feeds: Vec<&CudaTensor> = feeds.iter().enumerate().map(|(k, t)| up.get(&k).unwrap_or(t)).collect();
         let constants: Vec<&CudaTensor> = constants.iter().collect();
-        let mut b = GpuExec { rank, ctx, groups, host };
+        let mut b = GpuExec { rank, ctx, groups, host: host.context() };
         let mut scratch = BTreeMap::new();
         let storage = crate::exec::Storage::Borrowed { params: storage, updates: &mut scratch };
         crate::exec::step(program, &mut b, storage, &feeds, &constants, false, crate::exec::Mode::Eval)
@@ -279,7 +281,7 @@ impl GpuRank {
         let GpuRank { rank, steps_done, ctx, groups, host, storage, constants, feeds } = self;
         let feeds: Vec<&CudaTensor> = feeds.iter().collect();
         let constants: Vec<&CudaTensor> = constants.iter().collect();
-        let mut b = GpuExec { rank: *rank, ctx, groups, host };
+        let mut b = GpuExec { rank: *rank, ctx, groups, host: host.context() };
         let storage = crate::exec::Storage::Owned(storage);
         let mode = crate::exec::Mode::Train(program.step_key(*steps_done));
         let r = crate::exec::step(program, &mut b, storage, &feeds, &constants, profile, mode)?;
@@ -294,7 +296,7 @@ struct GpuExec<'a> {
     rank: usize,
     ctx: &'a CudaContext,
     groups: &'a mut NcclGroups,
-    host: &'a CpuContext,
+    host: &'a kernels::cpu::CpuContext,
 }
 
 impl crate::exec::Backend for GpuExec<'_> {
@@ -313,7 +315,7 @@ impl crate::exec::Backend for GpuExec<'_> {
         k: &Kernel,
         ins: &[&CudaTensor],
         mesh: &DeviceMesh,
-        stream: Option<&crate::dist::Stream>,
+        stream: Option<&crate::program::Stream>,
     ) -> Result<(Vec<CudaTensor>, f64), KernelFailure> {
         let fail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
         match k {
@@ -322,7 +324,7 @@ impl crate::exec::Backend for GpuExec<'_> {
                 let Some(&x) = ins.first() else {
                     return Err(KernelFailure::Kernel(format!("dropout of {} inputs", ins.len())));
                 };
-                let draw = stream.map(|s| crate::dist::dropout_draw(s, shape, spec, mesh, self.rank));
+                let draw = stream.map(|s| crate::cpu::dropout_draw(s, shape, spec, mesh, self.rank));
                 Ok((cuda::dropout(self.ctx, attrs, x, draw.as_ref()).map_err(fail)?, 0.0))
             }
             special => {
@@ -492,7 +494,7 @@ impl GpuExec<'_> {
     }
 }
 
-impl crate::launch::Rank for GpuRank {
+impl crate::rank::Rank for GpuRank {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -507,7 +509,7 @@ impl crate::launch::Rank for GpuRank {
         GpuRank::step(self, program, profile)
     }
     fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
-        crate::launch::step_report(&mut self.host_comm(), everyone, step, r)
+        crate::rank::step_report(&mut self.host_comm(), everyone, step, r)
     }
     // Written from downloaded blocks.
     fn checkpoint(
@@ -538,7 +540,7 @@ impl crate::launch::Rank for GpuRank {
                 Ok((k, d))
             })
             .collect::<Result<Vec<_>, DistError>>()?;
-        crate::launch::set_blocks(&mut self.feeds, up, rank)
+        crate::program::set_blocks(&mut self.feeds, up, rank)
     }
     fn poison(&mut self) -> Result<(), DistError> {
         let name = ir::autodiff::LOSS_SCALE_POISON;

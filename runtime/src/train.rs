@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 
 use ir::autodiff::TrainingGraph;
 use ir::{Op, Tensor, TensorMeta};
-use kernels::cpu::CpuContext;
 
 use crate::npy::{NpyError, read_npz, write_npz};
 use crate::{Interpreter, RunError};
@@ -103,7 +102,8 @@ impl<'t> Trainer<'t> {
             if let Op::Param { name } = &g.node(p).op {
                 let t = params.get(name).ok_or_else(|| RunError::MissingParam { name: name.clone() })?;
                 let want = g.node(p).outputs[0].dtype;
-                let t = if crate::widens(t.dtype(), want) { t.clone().with_float_type(want) } else { t.clone() };
+                let t =
+                    if crate::values::widens(t.dtype(), want) { t.clone().with_float_type(want) } else { t.clone() };
                 storage.insert(name.clone(), t);
             }
         }
@@ -150,21 +150,21 @@ impl<'t> Trainer<'t> {
 
     /// Runs one step on `feeds`: forward, loss, backward, update. Dropout draws the masks of
     /// step [`Trainer::steps_done`] of the seed's run.
-    pub fn step(&mut self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<StepReport, RunError> {
+    pub fn step(&mut self, cpu: &crate::cpu::Cpu, feeds: &BTreeMap<String, Tensor>) -> Result<StepReport, RunError> {
         for (name, t) in feeds {
             crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
         }
         let rep = if self.dropout {
-            let key = crate::dist::StepKey { seed: self.seed, step: self.steps_done };
-            self.interp.run_step(ctx, feeds, &self.storage, key)?
+            let key = crate::program::StepKey { seed: self.seed, step: self.steps_done };
+            self.interp.run_step(cpu, feeds, &self.storage, key)?
         } else {
-            self.interp.run_with_params(ctx, feeds, &self.storage)?
+            self.interp.run_with_params(cpu, feeds, &self.storage)?
         };
         for (name, t) in rep.updates {
             self.storage.insert(name, t);
         }
         self.steps_done += 1;
-        let loss = rep.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
+        let loss = rep.outputs.get("loss").map(crate::values::scalar_f32).unwrap_or(f32::NAN);
         Ok(StepReport {
             step: self.steps_done,
             loss,
@@ -177,12 +177,12 @@ impl<'t> Trainer<'t> {
 
     /// The loss of the current parameters on `feeds`, forward only: no gradients, no update,
     /// the step count unchanged, nothing dropped (evaluation on held-out data).
-    pub fn eval(&self, ctx: &CpuContext, feeds: &BTreeMap<String, Tensor>) -> Result<f32, RunError> {
+    pub fn eval(&self, cpu: &crate::cpu::Cpu, feeds: &BTreeMap<String, Tensor>) -> Result<f32, RunError> {
         for (name, t) in feeds {
             crate::bounds::check_no_nan(name, t).map_err(RunError::BadData)?;
         }
-        let rep = self.interp.eval_with_params(ctx, feeds, &self.storage)?;
-        Ok(rep.outputs.get(crate::dist::EVAL_OUTPUT).map(crate::scalar_f32).unwrap_or(f32::NAN))
+        let rep = self.interp.eval_with_params(cpu, feeds, &self.storage)?;
+        Ok(rep.outputs.get(crate::program::EVAL_OUTPUT).map(crate::values::scalar_f32).unwrap_or(f32::NAN))
     }
 
     /// Steps run so far (including those of a loaded checkpoint).

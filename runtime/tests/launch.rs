@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ir::{DType, Tensor};
-use runtime::dist::{DistError, Program};
 use runtime::launch::{CheckpointOptions, Event, Fault, Init, Job, LaunchError, RunOptions, StepReport};
+use runtime::{DistError, Program};
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)

@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use runtime::dist::Program;
 use runtime::launch::{Init, Job, RunOptions, Turn};
+use runtime::program::Program;
 
 use super::common;
 use super::run_report::explain;

@@ -374,10 +374,10 @@ pub enum AccumulateKind {
 
 impl AccumulateKind {
     /// The kernels' accumulation mode.
-    pub fn mode(self) -> kernels::cpu::Accumulation {
+    pub fn mode(self) -> runtime::Accumulation {
         match self {
-            AccumulateKind::F32 => kernels::cpu::Accumulation::F32,
-            AccumulateKind::F64 => kernels::cpu::Accumulation::F64,
+            AccumulateKind::F32 => runtime::Accumulation::F32,
+            AccumulateKind::F64 => runtime::Accumulation::F64,
         }
     }
 }

@@ -52,7 +52,7 @@ pub fn run(a: &InferArgs) -> Result<()> {
         opts.feed_shapes.insert(name.clone(), t.shape().to_vec());
     }
     let g = common::load_model(&a.model, &opts)?;
-    let ctx = kernels::cpu::CpuContext::new(a.threads.max(1))
+    let ctx = runtime::Cpu::new(a.threads.max(1))
         .context("starting the CPU thread pool")?
         .with_accumulation(a.accumulate.mode());
     runtime::outputs::check_dir("--out", &a.out, g.outputs.iter().map(|(_, v)| g.meta(*v).bytes() as u64).sum())?;

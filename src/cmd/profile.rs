@@ -129,8 +129,8 @@ fn memory_bytes() -> u64 {
 
 /// Builds the profile and prints the sweep (rank 0 only under MPI).
 fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Option<Link>], backend: &str) -> Result<()> {
-    let ctx = kernels::cpu::CpuContext::new(1)?;
-    let rates = profiler::profile::device(&ctx)?;
+    let cpu = runtime::Cpu::new(1)?;
+    let rates = profiler::profile::device(&cpu)?;
     let (flops, bandwidth) = (rates.f32_flops, rates.memory_bandwidth);
     let measured: Vec<Link> = links.iter().flatten().cloned().collect();
     let Some(inner) = measured.last().cloned() else {
@@ -386,7 +386,7 @@ fn run_plan(
     let plan = codegen::plan::plan(&m.tg.graph, mesh, profile, &opts)?;
     let est = plan.estimate.step_seconds;
     let plan = plan.into_valid()?;
-    let program = runtime::dist::Program::from_valid(&plan, ir::DType::F32)?;
+    let program = runtime::program::Program::from_valid(&plan, ir::DType::F32)?;
     let steps = (0.05 / est.max(1e-6)).clamp(3.0, 100.0) as u64;
     let states =
         (0..program.ranks()).map(|r| program.init_rank(r, &m.params, &m.feeds)).collect::<Result<Vec<_>, _>>()?;

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use runtime::dist::Program;
 use runtime::launch::{CheckpointOptions, Event, Fault, Init, Job, NcclOptions, RunOptions};
+use runtime::program::Program;
 
 use super::common;
 use super::run_report::{Info, Reporter, explain, on_event, save_params};

@@ -117,9 +117,8 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     if a.graph {
         return common::print_graph(&tg.graph, false);
     }
-    let ctx = kernels::cpu::CpuContext::new(a.threads)
-        .context("starting the CPU thread pool")?
-        .with_accumulation(a.accumulate.mode());
+    let ctx =
+        runtime::Cpu::new(a.threads).context("starting the CPU thread pool")?.with_accumulation(a.accumulate.mode());
     let inputs = super::data::graph_inputs(&tg.graph);
     let data = a.data.open(&inputs, &feeds)?;
     let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?

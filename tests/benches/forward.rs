@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
         }
         let plan = tm.into_optimized()?.into_runnable()?;
         for threads in [1usize, 2] {
-            let ctx = kernels::cpu::CpuContext::new(threads)?;
+            let ctx = runtime::Cpu::new(threads)?;
             let interp = runtime::Interpreter::new(&g)?;
             interp.run(&ctx, &f)?;
             let ours = median(

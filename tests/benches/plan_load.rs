@@ -50,7 +50,7 @@ fn main() {
         let plan = codegen::Plan::from_json(&text).unwrap();
         load.push(t.elapsed());
         let t = Instant::now();
-        let prog = runtime::dist::Program::new(&plan).unwrap();
+        let prog = runtime::program::Program::new(&plan).unwrap();
         compile.push(t.elapsed());
         instrs = plan.program.len();
         std::hint::black_box(prog);
@@ -59,7 +59,7 @@ fn main() {
         let v = plan::Valid::from_json(&text).unwrap();
         valid.push(t.elapsed());
         let t = Instant::now();
-        let prog = runtime::dist::Program::from_valid(&v, ir::DType::F32).unwrap();
+        let prog = runtime::program::Program::from_valid(&v, ir::DType::F32).unwrap();
         from_valid.push(t.elapsed());
         std::hint::black_box(prog);
     }

@@ -23,10 +23,10 @@ use anyhow::{Context, Result};
 use codegen::{Baseline, PlanOptions};
 use ir::Tensor;
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
-use kernels::cpu::{Accumulation, CpuContext};
-use runtime::dist::Program;
 use runtime::launch::RunOptions;
+use runtime::program::Program;
 use runtime::train::Trainer;
+use runtime::{Accumulation, Cpu};
 use sharding::{DeviceMesh, DeviceProfile};
 
 fn data() -> PathBuf {
@@ -45,7 +45,7 @@ fn main() -> Result<()> {
     let optimizer = Optimizer::Sgd { lr: 1e-4, momentum: 0.9, weight_decay: 0.0 };
     let tg = training_graph(&g, &TrainOptions::new(loss, Some(optimizer)))?;
     let acc = Accumulation::F64;
-    let ctx = CpuContext::new(1)?.with_accumulation(acc);
+    let ctx = Cpu::new(1)?.with_accumulation(acc);
     let mut trainer = Trainer::new(&tg, &g.param_data)?;
     let mut p_ref = vec![];
     for _ in 0..2 {
@@ -102,7 +102,7 @@ fn main() -> Result<()> {
                 ir::Op::Constant(t) => vec![t.clone()],
                 op => {
                     let ins: Vec<&Tensor> = gr.node_inputs(n).iter().map(|v| &vals[v]).collect();
-                    kernels::cpu::eval(&ctx, op, &ins).unwrap()
+                    kernels::cpu::eval(ctx.context(), op, &ins).unwrap()
                 }
             };
             for (s, t) in outs.into_iter().enumerate() {

@@ -41,7 +41,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, bail, ensure};
 use ir::autodiff::{LossSpec, TrainOptions, training_graph};
 use ir::{BinaryOp, ConvAttrs, DType, Graph, Op, PoolAttrs, ReduceOp, SliceAxis, Tensor, TensorMeta, UnaryOp, Value};
-use kernels::cpu::CpuContext;
+use runtime::Cpu;
 use runtime::Interpreter;
 
 /// Finite-difference step (absolute, in parameter units).
@@ -127,7 +127,7 @@ struct Case {
     rng: Rng,
     /// The training step every run of the case draws its dropout masks from (`None`: no draw,
     /// dropout keeps everything): one fixed mask for the gradient and every perturbed loss.
-    key: Option<runtime::dist::StepKey>,
+    key: Option<runtime::program::StepKey>,
 }
 
 impl Case {
@@ -171,9 +171,9 @@ fn mse(y: &[f32], t: &[f32]) -> f64 {
 
 fn run_y(
     interp: &Interpreter,
-    ctx: &CpuContext,
+    ctx: &Cpu,
     params: &BTreeMap<String, Tensor>,
-    key: Option<runtime::dist::StepKey>,
+    key: Option<runtime::program::StepKey>,
 ) -> Result<Vec<f32>> {
     let none = BTreeMap::new();
     let rep = match key {
@@ -185,7 +185,7 @@ fn run_y(
 
 /// Builds the training graph of `c` with output `y`, and compares the autodiff gradient of every
 /// trainable parameter with central differences.
-fn check(ctx: &CpuContext, label: &str, mut c: Case, y: Value, frozen: &[&str]) -> Result<Checked> {
+fn check(ctx: &Cpu, label: &str, mut c: Case, y: Value, frozen: &[&str]) -> Result<Checked> {
     c.g.set_output("y", y);
     let fwd = c.g;
     let params = fwd.param_data.clone();
@@ -295,7 +295,7 @@ const TOL_F64: f64 = 1e-6;
 /// the perturbed losses come from f64 kernels, so the step can be small ([`EPS_F64`]) and the
 /// tolerance tight ([`TOL_F64`]), and an error in a gradient that f32 noise would hide shows.
 /// No dropout key and no frozen parameters: the cases that use it have neither.
-fn check_f64(ctx: &CpuContext, label: &str, mut c: Case, y: Value) -> Result<Checked> {
+fn check_f64(ctx: &Cpu, label: &str, mut c: Case, y: Value) -> Result<Checked> {
     c.g.set_output("y", y);
     let fwd32 = c.g;
     let ymeta = fwd32.meta(y).clone();
@@ -378,7 +378,7 @@ fn check_f64(ctx: &CpuContext, label: &str, mut c: Case, y: Value) -> Result<Che
 /// The cases of one op family; failures are collected and reported together at the end.
 struct Suite {
     family: &'static str,
-    ctx: CpuContext,
+    ctx: Cpu,
     failures: Vec<String>,
     cases: usize,
     worst: (f64, String),
@@ -390,7 +390,7 @@ impl Suite {
     }
 
     fn with_threads(family: &'static str, threads: usize) -> Suite {
-        let ctx = CpuContext::new(threads).expect("a CPU context");
+        let ctx = Cpu::new(threads).expect("a CPU context");
         Suite { family, ctx, failures: Vec::new(), cases: 0, worst: (0.0, String::new()) }
     }
 
@@ -525,7 +525,7 @@ fn unary() {
 /// differences of its forward kernel: `dx = dy * (f(x + h) - f(x - h)) / 2h`, h = 1e-3.
 #[test]
 fn unary_grad_kernels() -> Result<()> {
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut rng = Rng::new(fnv("unary_grad_kernels"));
     for u in UNARY {
         let n = 32;
@@ -534,13 +534,13 @@ fn unary_grad_kernels() -> Result<()> {
         let (xt, dyt) = (Tensor::f32([n], x.clone()), Tensor::f32([n], dy.clone()));
         // Some gradients read the forward output instead of the input.
         let from = if ir::unary_grad_from_output(u) {
-            kernels::cpu::eval(&ctx, &Op::Unary(u), &[&xt])?.remove(0)
+            kernels::cpu::eval(ctx.context(), &Op::Unary(u), &[&xt])?.remove(0)
         } else {
             xt.clone()
         };
-        let got = kernels::cpu::eval(&ctx, &Op::UnaryGrad(u), &[&from, &dyt])?.remove(0).to_f32_vec();
+        let got = kernels::cpu::eval(ctx.context(), &Op::UnaryGrad(u), &[&from, &dyt])?.remove(0).to_f32_vec();
         let f = |v: Vec<f32>| -> Result<Vec<f32>> {
-            Ok(kernels::cpu::eval(&ctx, &Op::Unary(u), &[&Tensor::f32([n], v)])?.remove(0).to_f32_vec())
+            Ok(kernels::cpu::eval(ctx.context(), &Op::Unary(u), &[&Tensor::f32([n], v)])?.remove(0).to_f32_vec())
         };
         let plus: Vec<f32> = x.iter().map(|&v| (v as f64 + EPS) as f32).collect();
         let minus: Vec<f32> = x.iter().map(|&v| (v as f64 - EPS) as f32).collect();
@@ -1200,7 +1200,7 @@ fn compositions() {
 /// (not trained: no gradient output) and a frozen parameter (no gradient output).
 #[test]
 fn fan_out_unused_frozen() -> Result<()> {
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let build = |label: &str| -> Result<(Case, Value)> {
         let mut c = Case { g: Graph::new(label), rng: Rng::new(fnv(label)), key: None };
         let a = c.param("a", &[2, 3], SMOOTH);
@@ -1242,12 +1242,12 @@ fn fan_out_unused_frozen() -> Result<()> {
 /// the model (no gradient through it). Dropped elements have a zero gradient, and some are.
 #[test]
 fn dropout_with_a_fixed_mask() -> Result<()> {
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let label = "dropout/fixed_mask";
     let mut c = Case {
         g: Graph::new(label),
         rng: Rng::new(fnv(label)),
-        key: Some(runtime::dist::StepKey { seed: 9, step: 3 }),
+        key: Some(runtime::program::StepKey { seed: 9, step: 3 }),
     };
     let p = c.param("p", &[6, 7], SMOOTH);
     let q = c.param("q", &[6, 7], SMOOTH);

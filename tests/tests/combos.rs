@@ -1191,7 +1191,7 @@ fn reference(m: &'static ModelDef) -> Result<Reference> {
     ir::passes::canonicalize(&mut g)?;
     let loss: LossSpec = loss.parse().map_err(anyhow::Error::msg)?;
     let tg = ir::autodiff::training_graph(&g, &TrainOptions::new(loss, Some(RUN_SGD)))?;
-    let ctx = kernels::cpu::CpuContext::new(1)?;
+    let ctx = runtime::Cpu::new(1)?;
     let mut trainer = runtime::train::Trainer::new(&tg, &g.param_data)?;
     let losses = (0..STEPS).map(|_| Ok(trainer.step(&ctx, &feeds)?.loss)).collect::<Result<Vec<_>>>()?;
     let params = trainer.params();
@@ -1261,7 +1261,7 @@ fn rel_err(got: &Tensor, want: &Tensor) -> Result<f64> {
 fn run_against(plan: &Plan, r: &Reference, microbatches: usize) -> Result<(f64, f64, f64)> {
     use runtime::launch::RunOptions;
     let plan = Plan::from_json(&plan.to_json()?)?;
-    let program = runtime::dist::Program::new(&plan)?;
+    let program = runtime::program::Program::new(&plan)?;
     let feeds: BTreeMap<String, Tensor> =
         r.feeds.iter().map(|(k, t)| (k.clone(), tests::repeat_rows(t, microbatches))).collect();
     let states = (0..program.ranks()).map(|k| program.init_rank(k, &r.index, &feeds)).collect::<Result<Vec<_>, _>>()?;

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
-use kernels::cpu::CpuContext;
 use prost::Message;
+use runtime::Cpu;
 use tests::f32_value_info;
 use tracer::ImportOptions;
 use tract_onnx::pb;
@@ -120,7 +120,7 @@ fn run(c: &Case) -> Result<()> {
         c.inputs.iter().enumerate().map(|(i, (n, s))| (n.to_string(), tests::random_tensor(s, 7 + i as u64))).collect();
 
     let g = tracer::import_bytes(&bytes, c.name, c.name, None, &ImportOptions::default())?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let ours = runtime::Interpreter::new(&g)?.run(&ctx, &feeds)?.outputs.remove("y").context("no output y")?;
 
     let onnx = tract_onnx::onnx();

@@ -43,10 +43,10 @@ use anyhow::{Context, Result, ensure};
 use codegen::{Baseline, PlanOptions};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
 use ir::{DType, Tensor};
-use kernels::cpu::{Accumulation, CpuContext};
-use runtime::dist::Program;
 use runtime::launch::RunOptions;
+use runtime::program::Program;
 use runtime::train::Trainer;
+use runtime::{Accumulation, Cpu};
 use sharding::{DeviceMesh, DeviceProfile};
 
 const TOL: f64 = 1e-5;
@@ -158,7 +158,7 @@ fn reference_at(c: &'static Case, path: &Path, feeds: BTreeMap<String, Tensor>, 
     let index = tracer::InitializerIndex::open(path)?;
     // Single-device training: the per-step losses and the final parameters.
     let train = |tg: &ir::autodiff::TrainingGraph, acc: Accumulation| -> Result<(Vec<f32>, BTreeMap<String, Tensor>)> {
-        let ctx = CpuContext::new(1)?.with_accumulation(acc);
+        let ctx = Cpu::new(1)?.with_accumulation(acc);
         let mut trainer = Trainer::new(tg, &g.param_data)?;
         let losses = (0..STEPS).map(|_| Ok(trainer.step(&ctx, &feeds)?.loss)).collect::<Result<_>>()?;
         Ok((losses, trainer.params()))
@@ -723,7 +723,7 @@ fn microbatched_plans_equal_full_batch_training() -> Result<()> {
     };
     let g64 = import(64)?;
     let tg64 = training_graph(&g64, &TrainOptions::new(loss.clone(), optimizer))?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut trainer = Trainer::new(&tg64, &g64.param_data)?;
     let want: Vec<f32> = (0..STEPS).map(|_| Ok(trainer.step(&ctx, &feeds)?.loss)).collect::<Result<_>>()?;
     let want_params = trainer.params();

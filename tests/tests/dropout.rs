@@ -27,10 +27,10 @@ use anyhow::{Context, Result, ensure};
 use codegen::{Baseline, PlanOptions};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, TrainingGraph, training_graph};
 use ir::{BinaryOp, DType, DropoutAttrs, Graph, Op, Tensor, TensorMeta, UnaryOp};
-use kernels::cpu::CpuContext;
 use kernels::random::{Draw, Stream};
-use runtime::dist::Program;
+use runtime::Cpu;
 use runtime::launch::{CheckpointOptions, RunOptions};
+use runtime::program::Program;
 use runtime::train::Trainer;
 use sharding::{DeviceMesh, DeviceProfile};
 
@@ -99,7 +99,7 @@ fn single(
     b: usize,
     steps: u64,
 ) -> Result<(Vec<f32>, BTreeMap<String, Tensor>)> {
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut t = Trainer::new(tg, &g.param_data)?.with_seed(seed);
     let f = feeds(b);
     let losses = (0..steps).map(|_| Ok(t.step(&ctx, &f)?.loss)).collect::<Result<_>>()?;
@@ -142,13 +142,13 @@ fn opts(baseline: Baseline) -> PlanOptions {
 
 #[test]
 fn keep_rate_is_binomial_and_kept_elements_are_scaled() -> Result<()> {
-    let ctx = CpuContext::new(2)?;
+    let ctx = Cpu::new(2)?;
     let n = 1usize << 20;
     let x = Tensor::f32(vec![1024, 1024], vec![1.0; n]);
     let draw = |seed, step, id: u32, ratio| -> Result<Vec<bool>> {
         let a = DropoutAttrs { ratio, id, mask: true };
         let d = Draw { stream: Stream { seed, step, microbatch: 0 }, shape: vec![1024, 1024], offsets: vec![0, 0] };
-        let out = kernels::cpu::random::dropout(&ctx, &a, &x, Some(&d))?;
+        let out = kernels::cpu::random::dropout(ctx.context(), &a, &x, Some(&d))?;
         let (y, mask) = (out[0].to_f32_vec(), out[1].as_bool().context("bool mask")?.to_vec());
         let s = (1.0 / (1.0 - ratio as f64)) as f32;
         for (v, &k) in y.iter().zip(&mask) {
@@ -181,7 +181,7 @@ fn keep_rate_is_binomial_and_kept_elements_are_scaled() -> Result<()> {
     let a = DropoutAttrs { ratio: 0.5, id: 0, mask: false };
     let stream = Stream { seed: SEED, step: 0, microbatch: 0 };
     let block = kernels::cpu::random::keep_bits(
-        &ctx,
+        ctx.context(),
         &a,
         &Draw { stream, shape: vec![1024, 1024], offsets: vec![512, 256] },
         &[3, 5],
@@ -191,14 +191,14 @@ fn keep_rate_is_binomial_and_kept_elements_are_scaled() -> Result<()> {
     }
     // Microbatch 1 of a [512, 1024] tensor is rows 512.. of the whole batch's.
     let mb = Draw { stream: Stream { microbatch: 1, ..stream }, shape: vec![512, 1024], offsets: vec![0, 0] };
-    let bits = kernels::cpu::random::keep_bits(&ctx, &a, &mb, &[512, 1024])?;
+    let bits = kernels::cpu::random::keep_bits(ctx.context(), &a, &mb, &[512, 1024])?;
     ensure!(bits == base[n / 2..], "microbatch 1 draws the second half of the batch's mask");
     Ok(())
 }
 
 #[test]
 fn inference_and_evaluation_do_not_drop() -> Result<()> {
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let (with, without) = (model(8, true)?, model(8, false)?);
     let f = feeds(8);
     let fx = BTreeMap::from([("x".to_string(), f["x"].clone())]);
@@ -224,7 +224,7 @@ fn inference_and_evaluation_do_not_drop() -> Result<()> {
             .map(|(st, mut c)| {
                 let p = &program;
                 s.spawn(move || -> Result<f32> {
-                    let ctx = CpuContext::new(1)?;
+                    let ctx = Cpu::new(1)?;
                     let r = p.eval(st, &ctx, &mut c, vec![])?;
                     Ok(runtime::scalar_f32(&r.outputs["loss"]))
                 })
@@ -304,7 +304,7 @@ fn resumed_runs_continue_the_masks() -> Result<()> {
     let mut first = vec![];
     let o = RunOptions { checkpoint: Some(CheckpointOptions { dir: dir.clone(), every: None }), ..ropts(2) };
     runtime::launch::run_threads(&program, states, &o, &mut |x| first.push(x.loss))?;
-    let load = |program: &Program| -> Result<Vec<runtime::dist::RankState>> {
+    let load = |program: &Program| -> Result<Vec<runtime::program::RankState>> {
         (0..4)
             .map(|k| {
                 let mut st = program.empty_rank(k, &f)?;
@@ -328,7 +328,7 @@ fn resumed_runs_continue_the_masks() -> Result<()> {
     ensure!(e.to_string().contains(&format!("--seed {SEED}")), "{e}");
 
     // The single-device trainer: saved after 2 steps and loaded, as 4 in one go.
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let (whole, _) = single(&tg, &g, SEED, 8, 4)?;
     let mut t = Trainer::new(&tg, &g.param_data)?.with_seed(SEED);
     let mut losses: Vec<f32> = (0..2).map(|_| Ok(t.step(&ctx, &f)?.loss)).collect::<Result<_>>()?;

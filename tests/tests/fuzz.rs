@@ -1183,7 +1183,7 @@ fn exec_plan(bytes: &[u8]) -> Result<(), String> {
     let plan = codegen::Plan::from_json(text).map_err(|e| e.to_string())?;
     // What `autopar explain` and `autopar run` do with a plan that passed validation.
     let _ = codegen::explain::summary(&plan);
-    runtime::dist::Program::new(&plan).map_err(|e| e.to_string())?;
+    runtime::program::Program::new(&plan).map_err(|e| e.to_string())?;
     Ok(())
 }
 

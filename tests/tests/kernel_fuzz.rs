@@ -28,8 +28,8 @@ use std::collections::BTreeMap;
 use std::panic::{self, AssertUnwindSafe};
 
 use anyhow::{Context, Result, anyhow, bail};
-use kernels::cpu::CpuContext;
 use prost::Message;
+use runtime::Cpu;
 use tests::f32_value_info;
 use tracer::ImportOptions;
 use tract_onnx::pb;
@@ -290,7 +290,7 @@ fn ours(c: &Case, bytes: &[u8], feeds: &BTreeMap<String, ir::Tensor>) -> Result<
         }
     }
     let g = tracer::import_bytes(bytes, "kfuzz.onnx", "kfuzz", None, &opts).context("autopar import")?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut report = runtime::Interpreter::new(&g)?.run(&ctx, feeds).context("autopar run")?;
     (0..c.outs).map(|k| report.outputs.remove(&format!("y{k}")).with_context(|| format!("no output y{k}"))).collect()
 }

@@ -28,9 +28,9 @@ use anyhow::{Context, Result, ensure};
 use codegen::{Baseline, PlanOptions};
 use ir::autodiff::{LossSpec, LrDecay, LrSchedule, Optimizer, TrainOptions, training_graph};
 use ir::{BinaryOp, DType, Graph, Op, Tensor, TensorMeta};
-use kernels::cpu::CpuContext;
-use runtime::dist::Program;
+use runtime::Cpu;
 use runtime::launch::RunOptions;
+use runtime::program::Program;
 use runtime::train::Trainer;
 use serde_json::Value as Json;
 use sharding::{DeviceMesh, DeviceProfile};
@@ -117,7 +117,7 @@ fn scalar(outputs: &BTreeMap<String, Tensor>, name: &str) -> Result<f64> {
 fn schedules_equal_pytorch() -> Result<()> {
     let refs = refs()?;
     let (g, feeds) = tiny();
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut worst: f64 = 0.0;
     for s in refs["schedules"].as_array().context("schedules")? {
         let name = s["name"].as_str().unwrap_or("?");
@@ -161,7 +161,7 @@ fn clipped_training_equals_pytorch() -> Result<()> {
     let mut feeds = BTreeMap::new();
     feeds.insert("x".to_string(), runtime::npy::read_npy(&data().join("models/mlp.x.npy"))?);
     feeds.insert("target".to_string(), runtime::npy::read_npy(&data().join("refgrad/mlp/mlp.target.npy"))?);
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     for case in refs["training"].as_array().context("training")? {
         let name = case["name"].as_str().unwrap_or("?");
         let o = &case["optimizer"];
@@ -215,7 +215,7 @@ fn clipped_training_equals_pytorch() -> Result<()> {
 fn resumed_training_continues_the_schedule() -> Result<()> {
     let (g, feeds) = tiny();
     let sched = LrSchedule { warmup_steps: 2, decay: LrDecay::Cosine { steps: 5, min_lr: 0.01 } };
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let dir = std::env::temp_dir().join(format!("autopar-lr-clip-{}", std::process::id()));
     for opt in [Optimizer::Sgd { lr: 0.1, momentum: 0.9, weight_decay: 0.0 }, Optimizer::adamw(0.1)] {
         let tg = training_graph(&g, &options("mse:y:t", opt, sched, Some(0.5))?)?;
@@ -257,7 +257,7 @@ fn mixed_precision_clips_unscaled_gradients() -> Result<()> {
     feeds.insert("target".to_string(), runtime::npy::read_npy(&data().join("refgrad/mlp/mlp.target.npy"))?);
     let sched = LrSchedule { warmup_steps: 2, decay: LrDecay::Constant };
     let opts = options("mse:y:target", adamw(1e-3, 0.01), sched, Some(0.5))?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let first_norm = |mixed: Option<MixedPrecision>| -> Result<(f64, f64)> {
         let tg = training_graph_with(&g, &opts, mixed)?;
         let r = Trainer::new(&tg, &g.param_data)?.step(&ctx, &feeds)?;
@@ -317,7 +317,7 @@ fn reference(model: &str, loss: &str, feeds: &[(&str, &str)], opt: Optimizer, cl
     }
     let sched = LrSchedule { warmup_steps: 2, decay: LrDecay::Cosine { steps: 3, min_lr: opt.lr() / 10.0 } };
     let tg = training_graph(&g, &options(loss, opt, sched, Some(clip))?)?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut tr = Trainer::new(&tg, &g.param_data)?;
     let mut steps = vec![];
     for _ in 0..STEPS {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
 use ir::{Data, Op};
-use kernels::cpu::CpuContext;
+use runtime::Cpu;
 use tracer::{ImportError, ImportOptions};
 use tract_onnx::prelude::{DatumExt, Framework, InferenceModelExt, IntoRunnable, TValue, TVec, tvec};
 
@@ -68,7 +68,7 @@ fn f32_output(t: &ir::Tensor, what: &str) -> Result<Output> {
 fn run_autopar(model: &Path, feeds: &BTreeMap<String, ir::Tensor>) -> Result<BTreeMap<String, Output>> {
     let g = tracer::import_file(model, &ImportOptions::default())
         .with_context(|| format!("importing {}", model.display()))?;
-    let ctx = CpuContext::new(2)?;
+    let ctx = Cpu::new(2)?;
     let report = runtime::Interpreter::new(&g)?.run(&ctx, feeds).context("running on autopar's interpreter")?;
     report.outputs.iter().map(|(name, t)| Ok((name.clone(), f32_output(t, name)?))).collect()
 }
@@ -321,7 +321,7 @@ fn generated_gpts_attend_causally() -> Result<()> {
     }
     let file = std::env::temp_dir().join(format!("autopar-causal-gpt-{}.onnx", std::process::id()));
     std::fs::write(&file, tracer::export::with_initializers(&bytes, "gpt.onnx", &params)?)?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let interp = runtime::Interpreter::new(&g)?;
     let logits = |ids: Vec<i64>| -> Result<(Vec<f32>, Vec<f32>)> {
         let feeds = BTreeMap::from([("input_ids".to_string(), ir::Tensor::i64(vec![1, 8], ids))]);

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, running_statistics, training_graph};
 use ir::{BinaryOp, DType, Graph, Op, ReduceOp, Tensor, TensorMeta};
-use kernels::cpu::CpuContext;
+use runtime::Cpu;
 use runtime::train::Trainer;
 use serde_json::Value;
 
@@ -86,7 +86,7 @@ fn check(m: &Model) -> Result<BTreeMap<String, Vec<f64>>> {
     stats.sort();
     ensure!(stats == strings(&m.refs["statistics"]), "{}: held as statistics {stats:?}", m.name);
 
-    let ctx = CpuContext::new(2)?;
+    let ctx = Cpu::new(2)?;
     // The gradient: finite in every element, and PyTorch's norm.
     let opts = TrainOptions { frozen: m.frozen.clone(), ..TrainOptions::new(m.loss.clone(), None) };
     let tg = training_graph(&m.graph, &opts)?;
@@ -208,7 +208,7 @@ fn tensor(v: &Value) -> Result<Tensor> {
 #[test]
 fn edge_gradients_match_pytorch() -> Result<()> {
     let refs = json(&data().join("edge-grads.json"))?;
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let cases = refs["cases"].as_object().context("cases")?;
     ensure!(cases.len() == 6, "six cases, found {}", cases.len());
     for (name, c) in cases {

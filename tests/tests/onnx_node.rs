@@ -28,8 +28,8 @@ use std::sync::Mutex;
 
 use anyhow::{Context, Result, anyhow, bail};
 use ir::{DType, Data, Tensor};
-use kernels::cpu::CpuContext;
 use prost::Message;
+use runtime::Cpu;
 use tract_onnx::pb;
 
 /// Prints a report line to the real stdout, past libtest's capture, so the summary shows in a
@@ -256,7 +256,7 @@ fn static_operand_inputs(g: &pb::GraphProto) -> BTreeSet<&str> {
 
 /// Runs one case; `Err` carries the reason it failed. `Ok(true)`: it passed with some inputs
 /// bound as constants.
-fn run_case(dir: &Path, ctx: &CpuContext, float: DType) -> Result<bool> {
+fn run_case(dir: &Path, ctx: &Cpu, float: DType) -> Result<bool> {
     let model_path = dir.join("model.onnx");
     let bytes = std::fs::read(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
     let model = pb::ModelProto::decode(&*bytes).context("decoding model.onnx")?;
@@ -386,7 +386,7 @@ fn recurrent_onnxruntime_references() -> Result<()> {
     if cases.len() < 10 {
         bail!("{} recurrent cases in {}, expected at least 10", cases.len(), dir.display());
     }
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let mut problems = Vec::new();
     for case in &cases {
         for float in [DType::F32, DType::F64] {
@@ -414,7 +414,7 @@ fn suite(float: DType) -> Result<()> {
     cases.sort();
     let present: BTreeSet<&str> = cases.iter().map(|s| s.as_str()).collect();
 
-    let ctx = CpuContext::new(1)?;
+    let ctx = Cpu::new(1)?;
     let prev_hook = panic::take_hook();
     panic::set_hook(Box::new(|info| {
         let mut loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();

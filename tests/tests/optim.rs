@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
 use ir::{BinaryOp, DType, Graph, Op, Tensor, TensorMeta};
-use kernels::cpu::CpuContext;
+use runtime::Cpu;
 use runtime::train::Trainer;
 
 const N: usize = 6;
@@ -30,7 +30,7 @@ fn run(opt: Optimizer, steps: usize) -> Vec<Vec<f32>> {
     g.set_output("y", y);
     let loss = LossSpec::Mse { output: "y".into(), target: "t".into() };
     let tg = training_graph(&g, &TrainOptions::new(loss, Some(opt))).unwrap();
-    let ctx = CpuContext::new(1).unwrap();
+    let ctx = Cpu::new(1).unwrap();
     let mut tr = Trainer::new(&tg, &g.param_data).unwrap();
     let feeds: BTreeMap<String, Tensor> =
         [("x".to_string(), Tensor::f32([N], X.to_vec())), ("t".to_string(), Tensor::f32([N], T.to_vec()))].into();

@@ -22,7 +22,7 @@ fn check(model: &str, feeds: &[(&str, &str)]) {
     for (name, file) in feeds {
         f.insert(name.to_string(), runtime::npy::read_npy(&data(file)).expect("npy"));
     }
-    let ctx = kernels::cpu::CpuContext::new(1).expect("cpu");
+    let ctx = runtime::Cpu::new(1).expect("cpu");
     let a = runtime::Interpreter::new(&g0).unwrap().run(&ctx, &f).expect("run original");
     let b = runtime::Interpreter::new(&g1).unwrap().run(&ctx, &f).expect("run canonical");
     println!("{model}: {} -> {} nodes ({stats:?})", g0.node_count(), g1.node_count());

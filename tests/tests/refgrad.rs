@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use ir::autodiff::{LossSpec, Optimizer, TrainOptions, TrainingGraph, training_graph};
 use ir::{Graph, Tensor};
-use kernels::cpu::{Accumulation, CpuContext};
 use runtime::train::Trainer;
+use runtime::{Accumulation, Cpu};
 
 const TOL: f64 = 1e-4;
 
@@ -170,7 +170,7 @@ fn close_to(what: &str, got: f64, want: f64, tol: f64) -> Result<()> {
 fn check_grads(c: &Case) -> Result<()> {
     let l = load(c)?;
     let tg = build(&l, c, None)?;
-    let ctx = CpuContext::new(2)?.with_accumulation(c.accumulation);
+    let ctx = Cpu::new(2)?.with_accumulation(c.accumulation);
     let rep = runtime::Interpreter::new(&tg.graph)?.run(&ctx, &l.feeds)?;
     let loss = rep.outputs["loss"].to_f32_vec()[0] as f64;
     let want = json(&l.refs.join("loss.json"))?["loss"].as_f64().context("loss.json: no loss")?;
@@ -215,7 +215,7 @@ fn check_grads(c: &Case) -> Result<()> {
 /// One SGD step (lr 0.1) and one AdamW step against the stored parameters; the SGD loss curve.
 fn check_steps(c: &Case) -> Result<()> {
     let l = load(c)?;
-    let ctx = CpuContext::new(2)?.with_accumulation(c.accumulation);
+    let ctx = Cpu::new(2)?.with_accumulation(c.accumulation);
     let init = l.graph.param_data.clone();
 
     // SGD, lr 0.1: parameters after one step, and the first losses of the curve.

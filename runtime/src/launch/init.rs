@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use ir::Tensor;
 
 use super::LaunchError;
-use crate::dist::{Program, RankState};
 use crate::params::{FirstOf, OpenModel, ParamSource, SeededInit};
+use crate::program::{Program, RankState};
 
 /// How the ranks' blocks are initialised.
 #[derive(Clone, Debug)]
@@ -65,7 +65,7 @@ pub(crate) fn states(
     warn: &mut dyn FnMut(String),
 ) -> Result<(Vec<RankState>, String), LaunchError> {
     let mut states: Vec<RankState> = Vec::with_capacity(ranks.len());
-    let setup = |e: crate::dist::DistError| LaunchError::Setup(e.to_string());
+    let setup = |e: crate::error::DistError| LaunchError::Setup(e.to_string());
     match init {
         Init::Resume { dir } => {
             let resume = |e: String| LaunchError::Setup(format!("--resume from {}: {e}", dir.display()));

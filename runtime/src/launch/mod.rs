@@ -13,17 +13,18 @@
 //! communicator, so every other rank stops at its next instruction with an error naming the
 //! failing rank; [`run_threads`] returns the failing rank's own error.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::cpu::{Accumulation, Cpu};
 use ir::Tensor;
-use kernels::cpu::{Accumulation, CpuContext};
 
-use crate::checkpoint;
 use crate::comm::{Communicator, ThreadWorld};
-use crate::dist::{DistError, Program, RankState, StepResult};
+use crate::error::DistError;
+pub use crate::program::RankProfile;
+use crate::program::{Program, RankState};
+pub use crate::rank::{CpuRank, Rank, StepReport};
 
 mod init;
 #[cfg(feature = "mpi")]
@@ -397,7 +398,7 @@ pub fn threads_in_turns(
         let body = move |tx: mpsc::Sender<(Turn, StepReport)>| -> Result<(), (Option<usize>, DistError)> {
             let mut at = None;
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
-                let ctx = CpuContext::new(opts.threads_per_rank.max(1))
+                let cpu = Cpu::new(opts.threads_per_rank.max(1))
                     .map_err(|e| DistError::Data { rank, message: e.to_string() })?
                     .with_accumulation(opts.accumulation);
                 let m = mine.len();
@@ -414,7 +415,7 @@ pub fn threads_in_turns(
                                 let _ = tx.send((t, r));
                             }
                         };
-                        rank_loop(&jobs[j].program, &mut CpuRank { st, ctx: &ctx, comm }, &o, &mut send)?;
+                        rank_loop(&jobs[j].program, &mut CpuRank { st, cpu: &cpu, comm }, &o, &mut send)?;
                     }
                 }
                 Ok(())
@@ -605,56 +606,6 @@ pub struct RunOptions {
     pub profile_ops: bool,
 }
 
-/// One rank's measured profile of a run's steps (`--profile-ops`): the first step is left out
-/// as a warm-up when there are more.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RankProfile {
-    /// The rank.
-    pub rank: usize,
-    /// Steps measured.
-    pub steps: u64,
-    /// Mean seconds per step of each plan instruction the rank runs (index in the plan's
-    /// program; summed over microbatches; waiting in collectives included).
-    pub seconds: BTreeMap<usize, f64>,
-    /// The bytes held after each instruction of the last measured step, in the order run (plan
-    /// instruction index, bytes).
-    pub memory: Vec<(usize, u64)>,
-    /// The median step's seconds.
-    pub step_seconds: f64,
-}
-
-impl RankProfile {
-    /// As i64 words, for gathering through a communicator.
-    pub fn to_words(&self) -> Vec<i64> {
-        let mut w = vec![self.rank as i64, self.steps as i64, (self.step_seconds * 1e9) as i64];
-        w.push(self.seconds.len() as i64);
-        for (&k, &v) in &self.seconds {
-            w.extend([k as i64, (v * 1e9) as i64]);
-        }
-        w.push(self.memory.len() as i64);
-        for &(k, b) in &self.memory {
-            w.extend([k as i64, b as i64]);
-        }
-        w
-    }
-
-    /// From [`RankProfile::to_words`] (`None`: not such words).
-    pub fn from_words(w: &[i64]) -> Option<RankProfile> {
-        let mut it = w.iter().map(|&x| x.max(0) as u64);
-        let mut next = || it.next();
-        let (rank, steps, step_ns) = (next()? as usize, next()?, next()?);
-        let mut seconds = BTreeMap::new();
-        for _ in 0..next()? {
-            seconds.insert(next()? as usize, next()? as f64 * 1e-9);
-        }
-        let mut memory = vec![];
-        for _ in 0..next()? {
-            memory.push((next()? as usize, next()?));
-        }
-        Some(RankProfile { rank, steps, seconds, memory, step_seconds: step_ns as f64 * 1e-9 })
-    }
-}
-
 /// Evaluation of the loss on held-out data: forward only, with the same plan.
 #[derive(Clone, Debug)]
 pub struct EvalOptions {
@@ -691,34 +642,6 @@ impl Default for RunOptions {
     }
 }
 
-/// One step of the whole mesh.
-#[derive(Clone, Debug)]
-pub struct StepReport {
-    /// Step number (1-based, continuing after a resumed checkpoint).
-    pub step: u64,
-    /// The loss.
-    pub loss: f32,
-    /// The step's learning rate, when the plan's graph has a schedule (output `lr`).
-    pub lr: Option<f32>,
-    /// The gradients' global norm before clipping, when the plan's graph clips them (output
-    /// `grad_norm`).
-    pub grad_norm: Option<f32>,
-    /// Wall seconds of the step (the slowest rank).
-    pub seconds: f64,
-    /// Seconds in collectives, per rank.
-    pub comm_seconds: Vec<f64>,
-    /// Peak bytes held, per rank.
-    pub peak_bytes: Vec<u64>,
-    /// A checkpoint written after this step.
-    pub checkpoint: Option<PathBuf>,
-    /// Bytes each rank has read from the dataset so far (zeros without one).
-    pub data_bytes: Vec<u64>,
-    /// Seconds the slowest rank spent reading this step's data before it (not in `seconds`).
-    pub data_seconds: f64,
-    /// The mean loss over the held-out batches, when this step was followed by an evaluation.
-    pub eval_loss: Option<f64>,
-}
-
 /// Acts out an injected fault due before `step` (every kind but `ExitInCheckpoint`, which the
 /// checkpoint writer acts out). A hang sleeps, calling `check` so an abort elsewhere ends it.
 pub(crate) fn inject(
@@ -740,163 +663,6 @@ pub(crate) fn inject(
         },
         _ => Ok(()),
     }
-}
-
-/// The report of `step`: every rank's peak and times, exchanged so every rank has them.
-pub(crate) fn step_report(
-    comm: &mut dyn Communicator,
-    everyone: &[usize],
-    step: u64,
-    r: &StepResult,
-) -> Result<StepReport, DistError> {
-    let loss = r.outputs.get("loss").map(crate::scalar_f32).unwrap_or(f32::NAN);
-    let ns = |s: f64| (s * 1e9) as i64;
-    let mine = Tensor::i64(
-        vec![6],
-        vec![
-            r.peak_bytes as i64,
-            ns(r.seconds),
-            ns(r.comm_seconds),
-            r.data_bytes as i64,
-            ns(r.data_seconds),
-            r.data_hash,
-        ],
-    );
-    let all: Vec<Vec<i64>> =
-        comm.exchange(everyone, std::sync::Arc::new(mine))?.iter().map(|t| t.to_i64_vec()).collect();
-    // Processes on other machines open their own copies of the data: the same files, or the
-    // replicas of a block would silently differ.
-    if let Some(k) = all.iter().position(|v| v[5] != r.data_hash) {
-        let me = comm.rank();
-        return Err(DistError::Data {
-            rank: me,
-            message: format!(
-                "rank {k} reads other data than rank {me} (its files, sizes, seed or order differ): every process \
-                 needs the same --data and --eval-data"
-            ),
-        });
-    }
-    Ok(StepReport {
-        step,
-        loss,
-        lr: r.outputs.get("lr").map(crate::scalar_f32),
-        grad_norm: r.outputs.get("grad_norm").map(crate::scalar_f32),
-        seconds: all.iter().map(|v| v[1] as f64 * 1e-9).fold(0.0, f64::max),
-        comm_seconds: all.iter().map(|v| v[2] as f64 * 1e-9).collect(),
-        peak_bytes: all.iter().map(|v| v[0] as u64).collect(),
-        checkpoint: None,
-        data_bytes: all.iter().map(|v| v[3] as u64).collect(),
-        data_seconds: all.iter().map(|v| v[4] as f64 * 1e-9).fold(0.0, f64::max),
-        eval_loss: None,
-    })
-}
-
-/// One rank's executor as [`rank_loop`] drives it: a CPU rank ([`CpuRank`]) and a GPU rank
-/// (`gpu::GpuRank`, feature `cuda`) implement it, so every back end runs the same loop.
-pub trait Rank {
-    /// This rank.
-    fn rank(&self) -> usize;
-    /// Steps done so far (the next is `steps_done() + 1`).
-    fn steps_done(&self) -> u64;
-    /// An error when another rank has aborted the run (`Ok` on a transport without abort).
-    fn check(&mut self) -> Result<(), DistError>;
-    /// Runs one training step of `program`, timing every instruction with `profile`
-    /// ([`StepResult::instr_profile`]).
-    fn step(&mut self, program: &Program, profile: bool) -> Result<StepResult, DistError>;
-    /// The report of `step`: every rank's figures, exchanged through the host communicator.
-    fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError>;
-    /// Writes this rank's part of a checkpoint ([`checkpoint::write`]), with where the run is
-    /// in its dataset.
-    fn checkpoint(
-        &mut self,
-        program: &Program,
-        dir: &Path,
-        run_id: &str,
-        data: Option<&crate::data::Position>,
-        exit: bool,
-    ) -> Result<PathBuf, DistError>;
-    /// The loss on the rank's feeds with `blocks` in their places, forward only
-    /// ([`Program::eval`]).
-    fn eval(
-        &mut self,
-        program: &Program,
-        blocks: Vec<(usize, std::sync::Arc<Tensor>)>,
-    ) -> Result<StepResult, DistError>;
-    /// Replaces feeds of the rank by place ([`Program::data_blocks`]).
-    fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError>;
-    /// Puts an inf in this rank's loss-scaling poison state ([`FaultKind::NonFinite`]).
-    fn poison(&mut self) -> Result<(), DistError>;
-}
-
-/// A rank on the CPU: its state, kernels and communicator.
-pub struct CpuRank<'a> {
-    /// The rank's blocks.
-    pub st: &'a mut RankState,
-    /// Its kernels.
-    pub ctx: &'a CpuContext,
-    /// Its communicator.
-    pub comm: &'a mut dyn Communicator,
-}
-
-impl Rank for CpuRank<'_> {
-    fn rank(&self) -> usize {
-        self.st.rank
-    }
-    fn steps_done(&self) -> u64 {
-        self.st.steps_done
-    }
-    fn check(&mut self) -> Result<(), DistError> {
-        Ok(self.comm.check()?)
-    }
-    fn step(&mut self, program: &Program, profile: bool) -> Result<StepResult, DistError> {
-        program.step_profiled(self.st, self.ctx, self.comm, profile)
-    }
-    fn report(&mut self, everyone: &[usize], step: u64, r: &StepResult) -> Result<StepReport, DistError> {
-        step_report(self.comm, everyone, step, r)
-    }
-    fn checkpoint(
-        &mut self,
-        program: &Program,
-        dir: &Path,
-        run_id: &str,
-        data: Option<&crate::data::Position>,
-        exit: bool,
-    ) -> Result<PathBuf, DistError> {
-        checkpoint::write(dir, run_id, program, self.st, self.comm, data, exit)
-    }
-    fn set_feed_blocks(&mut self, blocks: Vec<(usize, std::sync::Arc<Tensor>)>) -> Result<(), DistError> {
-        set_blocks(&mut self.st.feeds, blocks, self.st.rank)
-    }
-    fn eval(
-        &mut self,
-        program: &Program,
-        blocks: Vec<(usize, std::sync::Arc<Tensor>)>,
-    ) -> Result<StepResult, DistError> {
-        program.eval(self.st, self.ctx, self.comm, blocks)
-    }
-    fn poison(&mut self) -> Result<(), DistError> {
-        let name = ir::autodiff::LOSS_SCALE_POISON;
-        match self.st.storage.get_mut(name) {
-            Some(t) => {
-                *t = Tensor::scalar_f32(f32::INFINITY);
-                Ok(())
-            }
-            None => Err(DistError::Plan(format!(
-                "rank {}: an injected non-finite gradient needs a plan with loss scaling (--precision fp16); \
-                 this plan has no {name} state",
-                self.st.rank
-            ))),
-        }
-    }
-}
-
-/// Puts `blocks` at their places of `feeds`.
-pub(crate) fn set_blocks<T>(feeds: &mut [T], blocks: Vec<(usize, T)>, rank: usize) -> Result<(), DistError> {
-    for (k, t) in blocks {
-        let n = feeds.len();
-        *feeds.get_mut(k).ok_or_else(|| DistError::Data { rank, message: format!("feed {k} of {n}") })? = t;
-    }
-    Ok(())
 }
 
 /// Runs steps on one rank until `opts.until_step` (see the module docs); `report` sees every
@@ -955,7 +721,10 @@ pub fn rank_loop(
             for b in 0..e.batches {
                 let blocks = program.data_blocks(rank.rank(), rd, b)?;
                 let out = rank.eval(program, blocks)?;
-                sum += out.outputs.get(crate::dist::EVAL_OUTPUT).map_or(f64::NAN, |t| crate::scalar_f32(t) as f64);
+                sum += out
+                    .outputs
+                    .get(crate::program::EVAL_OUTPUT)
+                    .map_or(f64::NAN, |t| crate::values::scalar_f32(t) as f64);
             }
             rep.eval_loss = Some(sum / e.batches.max(1) as f64);
         }
@@ -1012,7 +781,7 @@ pub fn run_threads(
         let abort = comm.abort_handle();
         let body = move |tx: mpsc::Sender<StepReport>| -> Result<RankState, (Option<usize>, DistError)> {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), DistError> {
-                let ctx = CpuContext::new(opts.threads_per_rank.max(1))
+                let cpu = Cpu::new(opts.threads_per_rank.max(1))
                     .map_err(|e| DistError::Data { rank, message: e.to_string() })?
                     .with_accumulation(opts.accumulation);
                 let mut send = |r: StepReport| {
@@ -1021,7 +790,7 @@ pub fn run_threads(
                     }
                 };
                 let prof =
-                    rank_loop(program, &mut CpuRank { st: &mut st, ctx: &ctx, comm: &mut comm }, opts, &mut send)?;
+                    rank_loop(program, &mut CpuRank { st: &mut st, cpu: &cpu, comm: &mut comm }, opts, &mut send)?;
                 st.profile = prof;
                 Ok(())
             }));

@@ -58,10 +58,10 @@ fn run(
     check_fault(&job.opts, size, start)?;
     let started = Event::Started { start, how: "as MPI processes".into(), source };
     announce(on, reports, warnings, started)?;
-    let ctx = kernels::cpu::CpuContext::new(job.opts.threads_per_rank)
+    let cpu = crate::cpu::Cpu::new(job.opts.threads_per_rank)
         .map_err(|e| LaunchError::Setup(e.to_string()))?
         .with_accumulation(job.opts.accumulation);
-    let prof = run_reporting(program, &mut super::CpuRank { st: &mut st, ctx: &ctx, comm }, &job.opts, reports, on)?;
+    let prof = run_reporting(program, &mut super::CpuRank { st: &mut st, cpu: &cpu, comm }, &job.opts, reports, on)?;
     let profiles = super::gather_profiles(comm, size, prof)?;
     let params = if job.gather {
         let p = super::gather_params(program, &st, comm)?;

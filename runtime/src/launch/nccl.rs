@@ -81,8 +81,8 @@ fn run(
         init::states(&job.init, &job.program, &job.feeds, job.opts.data.as_deref(), &[rank], &mut |w| {
             warnings.push(w)
         })?;
-    let host = kernels::cpu::CpuContext::new(job.opts.threads_per_rank)
-        .map_err(setup)?
+    let host = crate::cpu::Cpu::new(job.opts.threads_per_rank)
+        .map_err(|e| LaunchError::Setup(e.to_string()))?
         .with_accumulation(job.opts.accumulation);
     let groups = NcclGroups::new(rank, world, dir, job.opts.timeout);
     let mut st = GpuRank::new(ctx, groups, host, states.remove(0))?;
