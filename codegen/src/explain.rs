@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::plan::{Instr, Phase, Plan, SolveStatus};
 use crate::{Baseline, fmt_bytes};
+use ::plan::{Instr, Phase, Plan, SolveStatus};
 
 fn ms(s: f64) -> String {
     if s >= 1.0 { format!("{s:.3} s") } else { format!("{:.3} ms", s * 1e3) }
@@ -509,4 +509,22 @@ pub fn html_with(p: &Plan, measured: Option<&crate::figures::Measured>) -> Strin
     }
     o.push_str("</table>\n</body>\n</html>\n");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::figures::tests::planned;
+
+    #[test]
+    fn the_page_has_each_figure_by_id() {
+        let p = planned(&[2, 2], Baseline::Auto, 2);
+        let page = html(&p);
+        for id in ["memory", "families", "mesh", "timeline"] {
+            assert_eq!(page.matches(&format!("<figure id=\"{id}\">")).count(), 1, "{id}");
+        }
+        assert_eq!(page.matches("<figcaption>").count(), 4);
+        let flat = html(&planned(&[2, 4], Baseline::Dp, 1));
+        assert!(flat.contains("<figure id=\"mesh\">") && !flat.contains("<figure id=\"timeline\">"));
+    }
 }
