@@ -197,6 +197,21 @@ struct Place {
     phase: Phase,
 }
 
+impl Place {
+    const START: Place = Place { vstage: 0, phase: Phase::Forward };
+
+    /// Its rank in the order a microbatch runs (virtual stage, phase) in (a stage's segment
+    /// order over its chunks is this order over the virtual stages).
+    fn key(self, vstages: usize) -> (u8, usize) {
+        Segment { phase: self.phase, chunk: self.vstage }.rank(vstages)
+    }
+
+    /// Device stage and model chunk (the update phase is one segment per stage: chunk 0).
+    fn device(self, stages: usize) -> (usize, usize) {
+        (self.vstage % stages, if self.phase == Phase::Update { 0 } else { self.vstage / stages })
+    }
+}
+
 /// Places `plan` (made on [`stage_mesh`]) on `mesh` as pipeline stages (see the module docs);
 /// every stage's peak under the schedule must fit the budget.
 pub fn stage(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
@@ -228,189 +243,267 @@ pub(crate) fn check_budget(plan: Plan, budget: u64) -> Result<Plan> {
 }
 
 /// [`stage`] without the budget check (the estimates say the peak), of a plan whose update part
-/// is in the update phase.
+/// is in the update phase: the nodes placed ([`Nodes::place`]), the program placed with its
+/// transfers ([`place_program`]), the schedule made ([`schedule_of`]) and played for the
+/// estimates ([`estimate`]).
 pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Result<Plan> {
     let stages = opts.stages;
     let chunks = if opts.schedule == ScheduleKind::Interleaved { opts.chunks.max(2) } else { 1 };
-    let vstages = stages * chunks;
-    let budget = opts.budget;
-    let g = &plan.graph;
-    let n_nodes = g.g.node_count();
-    let node = |i: usize| g.node(NodeIndex::new(i));
-    let is_source = |i: usize| node(i).op.is_source();
-    // Program node ids are topological (the plan's graph is canonical).
-    let inputs_of: Vec<Vec<usize>> =
-        (0..n_nodes).map(|i| g.node_inputs(NodeIndex::new(i)).iter().map(|v| v.node.index()).collect()).collect();
-    let mut consumers: Vec<Vec<usize>> = vec![vec![]; n_nodes];
-    for (i, ins) in inputs_of.iter().enumerate() {
-        for &j in ins {
-            consumers[j].push(i);
-        }
-    }
-    // Forward: the ancestors of the outputs.
-    let mut forward = vec![false; n_nodes];
-    let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
-    if stack.is_empty() {
-        return Err(Error::Pipeline("the graph has no output to pipeline towards".into()));
-    }
-    while let Some(n) = stack.pop() {
-        if !forward[n] {
-            forward[n] = true;
-            stack.extend(&inputs_of[n]);
-        }
-    }
-    // The update phase (`crate::microbatch`'s) runs once per step.
-    let mut update = vec![false; n_nodes];
-    for ins in &plan.program {
-        if let Instr::Op { node, phase: Phase::Update, .. } = ins {
-            update[*node] = true;
-        }
-    }
-    // 1. The forward cut, by estimated seconds (a floor keeps free ops from piling up).
-    let mut seconds = vec![0.0f64; n_nodes];
-    for ins in &plan.program {
-        if let Instr::Op { node, seconds: s, .. } = ins {
-            seconds[*node] += s;
-        }
-    }
-    let fwd: Vec<usize> = (0..n_nodes).filter(|&i| forward[i] && !is_source(i)).collect();
-    if fwd.len() < vstages {
-        let what = if chunks > 1 { format!("{stages} stages of {chunks} chunks") } else { format!("{stages} stages") };
-        return Err(Error::Pipeline(format!("the model has {} forward ops: too few for {what}", fwd.len())));
-    }
-    // A forward op's weight: its seconds and those of the gradient ops the training graph
-    // derived from it (named `grad/<op>/...`) and of the updates of the parameters it reads
-    // first, which will run on its stage.
-    let index_of: HashMap<&str, usize> = fwd.iter().map(|&i| (node(i).name.as_str(), i)).collect();
-    let mut extra = vec![0.0f64; n_nodes];
-    // The forward op a gradient op was derived from.
-    let grad_owner = |i: usize| -> Option<usize> {
-        let rest = node(i).name.strip_prefix("grad/")?;
-        rest.match_indices('/').map(|(p, _)| &rest[..p]).find_map(|cand| index_of.get(cand).copied())
+    let nodes = Nodes::new(&plan.graph, &plan.program)?;
+    let place = nodes.place(&plan.program, stages, chunks)?;
+    let microbatches = plan.microbatches;
+    let program = place_program(plan.program, &plan.graph, mesh, &place, stages, chunks, opts.schedule)?;
+    let schedule = schedule_of(&program, opts.schedule, stages, microbatches, chunks)?;
+    let params = plan
+        .params
+        .into_iter()
+        .map(|p| ParamShard {
+            offsets: ::plan::listed_offsets(&p.spec, &p.shape, mesh),
+            stage: place[p.node].device(stages).0,
+            ..p
+        })
+        .collect();
+    let shown: Vec<bool> = (0..nodes.len()).map(|i| nodes.forward[i] && !nodes.is_source(i)).collect();
+    let mut options = plan.options;
+    options.budget_bytes = opts.budget;
+    let out = Plan {
+        mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
+        options,
+        pipeline: Some(Pipeline { stages, microbatches, per_stage: vec![], schedule }),
+        params,
+        program,
+        ..plan
     };
-    for i in (0..n_nodes).filter(|&i| !forward[i]) {
-        let name = &node(i).name;
-        let owner = if name.starts_with("grad/") {
-            grad_owner(i)
-        } else if name.starts_with("update/") {
-            inputs_of[i]
-                .iter()
-                .filter(|&&j| matches!(node(j).op, Op::Param { .. }))
-                .find_map(|&j| consumers[j].iter().copied().filter(|&c| forward[c]).min())
-        } else {
-            None
-        };
-        if let Some(o) = owner {
-            extra[o] += seconds[i];
+    estimate(out, mesh, &shown, stages, microbatches)
+}
+
+/// What placing needs of the plan's graph (program node ids are topological: the plan's graph
+/// is canonical).
+struct Nodes<'g> {
+    g: &'g ir::Graph,
+    inputs_of: Vec<Vec<usize>>,
+    consumers: Vec<Vec<usize>>,
+    /// The forward nodes: the ancestors of the outputs.
+    forward: Vec<bool>,
+    /// The update phase (`crate::microbatch`'s), which runs once per step.
+    update: Vec<bool>,
+    /// The forward ops that are not sources, by name.
+    index_of: HashMap<&'g str, usize>,
+}
+
+impl<'g> Nodes<'g> {
+    fn new(g: &'g ir::Graph, program: &[Instr]) -> Result<Nodes<'g>> {
+        let n_nodes = g.g.node_count();
+        let inputs_of: Vec<Vec<usize>> =
+            (0..n_nodes).map(|i| g.node_inputs(NodeIndex::new(i)).iter().map(|v| v.node.index()).collect()).collect();
+        let mut consumers: Vec<Vec<usize>> = vec![vec![]; n_nodes];
+        for (i, ins) in inputs_of.iter().enumerate() {
+            for &j in ins {
+                consumers[j].push(i);
+            }
         }
-    }
-    let weight: Vec<f64> = fwd.iter().map(|&i| seconds[i] + extra[i] + 1e-9).collect();
-    let starts =
-        forward_cut(&fwd, &weight, &consumers, &|i| node(i).outputs.iter().map(|m| m.bytes() as f64).sum(), vstages);
-    let mut place: Vec<Option<Place>> = vec![None; n_nodes];
-    let mut v = 0;
-    for (k, &i) in fwd.iter().enumerate() {
-        while v + 1 < vstages && starts[v + 1] <= k {
-            v += 1;
+        let mut forward = vec![false; n_nodes];
+        let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
+        if stack.is_empty() {
+            return Err(Error::Pipeline("the graph has no output to pipeline towards".into()));
         }
-        place[i] = Some(Place { vstage: v, phase: Phase::Forward });
+        while let Some(n) = stack.pop() {
+            if !forward[n] {
+                forward[n] = true;
+                stack.extend(&inputs_of[n]);
+            }
+        }
+        let mut update = vec![false; n_nodes];
+        for ins in program {
+            if let Instr::Op { node, phase: Phase::Update, .. } = ins {
+                update[*node] = true;
+            }
+        }
+        let index_of = (0..n_nodes)
+            .filter(|&i| forward[i] && !g.node(NodeIndex::new(i)).op.is_source())
+            .map(|i| (g.node(NodeIndex::new(i)).name.as_str(), i))
+            .collect();
+        Ok(Nodes { g, inputs_of, consumers, forward, update, index_of })
     }
-    // 2. The rest. The order a microbatch runs (virtual stage, phase) in.
-    // (A stage's segment order over its chunks is this order over the virtual stages.)
-    let key = |p: Place| Segment { phase: p.phase, chunk: p.vstage }.rank(vstages);
-    let phase_of = |i: usize| {
-        if update[i] {
+
+    fn len(&self) -> usize {
+        self.inputs_of.len()
+    }
+
+    fn node(&self, i: usize) -> &'g ir::Node {
+        self.g.node(NodeIndex::new(i))
+    }
+
+    fn is_source(&self, i: usize) -> bool {
+        self.node(i).op.is_source()
+    }
+
+    fn phase_of(&self, i: usize) -> Phase {
+        if self.update[i] {
             Phase::Update
-        } else if forward[i] {
+        } else if self.forward[i] {
             Phase::Forward
         } else {
             Phase::Backward
         }
-    };
-    // Backward ops run with the forward op they were derived from (its activations are there);
-    // others with their earliest computed backward input (a sum of gradients where the
-    // gradient goes next), else their earliest computed input. (The earliest computed input
-    // alone would pull a gradient op that reads an early stage's value, a mask or a tied
-    // weight, and every op after it, to that stage.)
-    for i in 0..n_nodes {
-        if place[i].is_some() || is_source(i) || update[i] {
-            continue;
-        }
-        let computed = || inputs_of[i].iter().filter(|&&j| !is_source(j)).filter_map(|&j| place[j].map(|p| (j, p)));
-        let v = grad_owner(i)
-            .and_then(|o| place[o])
-            .map(|p| p.vstage)
-            .or_else(|| computed().filter(|(j, _)| !forward[*j]).map(|(_, p)| p.vstage).min())
-            .or_else(|| computed().map(|(_, p)| p.vstage).min());
-        place[i] = v.map(|vstage| Place { vstage, phase: phase_of(i) });
     }
-    // What is left (sources, nodes reading only sources) runs where it is first needed, in
-    // the order a microbatch runs; updates with their parameter (the next step's storage).
-    let mut update_of_param: HashMap<usize, usize> = HashMap::new();
-    for (p, v) in &g.updates {
-        if matches!(node(p.index()).op, Op::Param { .. }) {
-            update_of_param.insert(v.node.index(), p.index());
-        }
+
+    /// Every node's place: the forward cut (1 in the module docs), then the rest (2).
+    fn place(&self, program: &[Instr], stages: usize, chunks: usize) -> Result<Vec<Place>> {
+        let vstages = stages * chunks;
+        let mut place = self.cut_forward(program, stages, chunks)?;
+        self.place_backward(&mut place);
+        // What is left (sources, nodes reading only sources) runs where it is first needed, in
+        // the order a microbatch runs; updates with their parameter (the next step's storage).
+        self.place_by_consumers(&mut place, true, vstages);
+        self.place_updates(&mut place);
+        self.place_by_consumers(&mut place, false, vstages);
+        Ok(place.into_iter().map(|p| p.unwrap_or(Place::START)).collect())
     }
-    let by_consumers = |place: &mut Vec<Option<Place>>, skip_updates: bool| {
-        for i in (0..n_nodes).rev() {
-            if place[i].is_some() && !is_source(i) {
+
+    /// The forward ops placed by the forward cut, by estimated seconds (a floor keeps free ops
+    /// from piling up); nothing else placed yet.
+    fn cut_forward(&self, program: &[Instr], stages: usize, chunks: usize) -> Result<Vec<Option<Place>>> {
+        let vstages = stages * chunks;
+        let n_nodes = self.len();
+        let forward = &self.forward;
+        let mut seconds = vec![0.0f64; n_nodes];
+        for ins in program {
+            if let Instr::Op { node, seconds: s, .. } = ins {
+                seconds[*node] += s;
+            }
+        }
+        let fwd: Vec<usize> = (0..n_nodes).filter(|&i| forward[i] && !self.is_source(i)).collect();
+        if fwd.len() < vstages {
+            let what =
+                if chunks > 1 { format!("{stages} stages of {chunks} chunks") } else { format!("{stages} stages") };
+            return Err(Error::Pipeline(format!("the model has {} forward ops: too few for {what}", fwd.len())));
+        }
+        // A forward op's weight: its seconds and those of the gradient ops the training graph
+        // derived from it (named `grad/<op>/...`) and of the updates of the parameters it reads
+        // first, which will run on its stage.
+        let mut extra = vec![0.0f64; n_nodes];
+        for i in (0..n_nodes).filter(|&i| !forward[i]) {
+            let name = &self.node(i).name;
+            let owner = if name.starts_with("grad/") {
+                self.grad_owner(i)
+            } else if name.starts_with("update/") {
+                self.inputs_of[i]
+                    .iter()
+                    .filter(|&&j| matches!(self.node(j).op, Op::Param { .. }))
+                    .find_map(|&j| self.consumers[j].iter().copied().filter(|&c| forward[c]).min())
+            } else {
+                None
+            };
+            if let Some(o) = owner {
+                extra[o] += seconds[i];
+            }
+        }
+        let weight: Vec<f64> = fwd.iter().map(|&i| seconds[i] + extra[i] + 1e-9).collect();
+        let bytes = |i: usize| self.node(i).outputs.iter().map(|m| m.bytes() as f64).sum();
+        let starts = forward_cut(&fwd, &weight, &self.consumers, &bytes, vstages);
+        let mut place: Vec<Option<Place>> = vec![None; n_nodes];
+        let mut v = 0;
+        for (k, &i) in fwd.iter().enumerate() {
+            while v + 1 < vstages && starts[v + 1] <= k {
+                v += 1;
+            }
+            place[i] = Some(Place { vstage: v, phase: Phase::Forward });
+        }
+        Ok(place)
+    }
+
+    /// The forward op a gradient op was derived from (named `grad/<op>/...`).
+    fn grad_owner(&self, i: usize) -> Option<usize> {
+        let rest = self.node(i).name.strip_prefix("grad/")?;
+        rest.match_indices('/').map(|(p, _)| &rest[..p]).find_map(|cand| self.index_of.get(cand).copied())
+    }
+
+    /// Backward ops run with the forward op they were derived from (its activations are there);
+    /// others with their earliest computed backward input (a sum of gradients where the
+    /// gradient goes next), else their earliest computed input. (The earliest computed input
+    /// alone would pull a gradient op that reads an early stage's value, a mask or a tied
+    /// weight, and every op after it, to that stage.)
+    fn place_backward(&self, place: &mut [Option<Place>]) {
+        for i in 0..self.len() {
+            if place[i].is_some() || self.is_source(i) || self.update[i] {
                 continue;
             }
-            let first = consumers[i]
+            let computed =
+                || self.inputs_of[i].iter().filter(|&&j| !self.is_source(j)).filter_map(|&j| place[j].map(|p| (j, p)));
+            let v = self
+                .grad_owner(i)
+                .and_then(|o| place[o])
+                .map(|p| p.vstage)
+                .or_else(|| computed().filter(|(j, _)| !self.forward[*j]).map(|(_, p)| p.vstage).min())
+                .or_else(|| computed().map(|(_, p)| p.vstage).min());
+            place[i] = v.map(|vstage| Place { vstage, phase: self.phase_of(i) });
+        }
+    }
+
+    /// Unplaced nodes and sources with their first reader in the order a microbatch runs
+    /// (skipping update-phase readers with `skip_updates`).
+    fn place_by_consumers(&self, place: &mut [Option<Place>], skip_updates: bool, vstages: usize) {
+        for i in (0..self.len()).rev() {
+            if place[i].is_some() && !self.is_source(i) {
+                continue;
+            }
+            let first = self.consumers[i]
                 .iter()
-                .filter(|&&c| !(skip_updates && update[c]))
+                .filter(|&&c| !(skip_updates && self.update[c]))
                 .filter_map(|&c| place[c])
-                .min_by_key(|&p| key(p));
+                .min_by_key(|&p| p.key(vstages));
             if let Some(p) = first {
                 // A source takes its first reader's phase (an update's: the update phase).
-                let phase = if is_source(i) { p.phase } else { phase_of(i) };
+                let phase = if self.is_source(i) { p.phase } else { self.phase_of(i) };
                 place[i] = Some(Place { vstage: p.vstage, phase });
             }
         }
-    };
-    by_consumers(&mut place, true);
-    // Other update-phase ops (gradient clipping) run where their largest input is (a gradient
-    // is scaled on its stage, only the scalar norm and coefficient travel), the earliest stage
-    // on a tie.
-    let bytes = |j: usize| node(j).outputs.iter().map(|m| m.bytes()).max().unwrap_or(0);
-    for i in 0..n_nodes {
-        if update[i] && !is_source(i) {
-            let owner = update_of_param.get(&i).and_then(|&p| place[p]).map(|p| p.vstage);
-            let v = owner.or_else(|| {
-                inputs_of[i]
-                    .iter()
-                    .filter_map(|&j| place[j].map(|p| (bytes(j), p.vstage)))
-                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
-                    .map(|(_, v)| v)
-            });
-            place[i] = Some(Place { vstage: v.unwrap_or(0), phase: Phase::Update });
-        }
     }
-    by_consumers(&mut place, false);
-    let place: Vec<Place> =
-        place.into_iter().map(|p| p.unwrap_or(Place { vstage: 0, phase: Phase::Forward })).collect();
-    // Device stage and model chunk (the update phase is one segment per stage: chunk 0).
-    let dev = |p: Place| (p.vstage % stages, if p.phase == Phase::Update { 0 } else { p.vstage / stages });
 
-    // 3. Instructions' places, transfers, frees.
-    let microbatches = plan.microbatches;
-    let program: Vec<Instr> = plan.program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
-    // Each instruction's place: an op's node's; a conversion's, the op it converts for.
-    let mut places: Vec<Place> = vec![Place { vstage: 0, phase: Phase::Forward }; program.len()];
-    let mut next = Place { vstage: 0, phase: Phase::Forward };
-    for (k, ins) in program.iter().enumerate().rev() {
-        match ins {
-            // A recomputation runs where its node's activations are, for the backward that
-            // reads it.
-            Instr::Op { node, recompute: true, .. } => {
-                next = Place { vstage: place[*node].vstage, phase: next.phase.max(Phase::Backward) }
+    /// An optimizer update runs on its parameter's stage; other update-phase ops (gradient
+    /// clipping) run where their largest input is (a gradient is scaled on its stage, only the
+    /// scalar norm and coefficient travel), the earliest stage on a tie.
+    fn place_updates(&self, place: &mut [Option<Place>]) {
+        let mut update_of_param: HashMap<usize, usize> = HashMap::new();
+        for (p, v) in &self.g.updates {
+            if matches!(self.node(p.index()).op, Op::Param { .. }) {
+                update_of_param.insert(v.node.index(), p.index());
             }
-            Instr::Op { node, .. } => next = place[*node],
-            _ => {}
         }
-        places[k] = next;
+        let bytes = |j: usize| self.node(j).outputs.iter().map(|m| m.bytes()).max().unwrap_or(0);
+        for i in 0..self.len() {
+            if self.update[i] && !self.is_source(i) {
+                let owner = update_of_param.get(&i).and_then(|&p| place[p]).map(|p| p.vstage);
+                let v = owner.or_else(|| {
+                    self.inputs_of[i]
+                        .iter()
+                        .filter_map(|&j| place[j].map(|p| (bytes(j), p.vstage)))
+                        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+                        .map(|(_, v)| v)
+                });
+                place[i] = Some(Place { vstage: v.unwrap_or(0), phase: Phase::Update });
+            }
+        }
     }
+}
+
+/// The program placed (3 and 4 in the module docs): each instruction on its node's place (a
+/// conversion on the op it converts for's), the transfers a stage's reads need and the outputs'
+/// to every stage, ZB-H1's weight gradients split off, sorted into the order a microbatch runs,
+/// each transfer's sending segment, and frees per stage.
+fn place_program(
+    program: Vec<Instr>,
+    g: &ir::Graph,
+    mesh: &DeviceMesh,
+    place: &[Place],
+    stages: usize,
+    chunks: usize,
+    schedule: ScheduleKind,
+) -> Result<Vec<Instr>> {
+    let vstages = stages * chunks;
+    let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
+    let places = instruction_places(&program, place);
     let meta = |v: &ValueRef| g.node(NodeIndex::new(v.node)).outputs[v.slot].clone();
     let transfer = |value: ValueRef, spec: &ShardingSpec, from: usize, to: usize, phase: Phase, to_chunk: usize| {
         let m = meta(&value);
@@ -423,7 +516,7 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
     let mut home: HashMap<ValueRef, (usize, ShardingSpec, Place)> = HashMap::new();
     let mut held: HashSet<(usize, ValueRef)> = HashSet::new();
     for (mut ins, p) in program.into_iter().zip(places) {
-        let (stage, chunk) = dev(p);
+        let (stage, chunk) = p.device(stages);
         let reads: Vec<ValueRef> = match &ins {
             Instr::Op { inputs, .. } => inputs.clone(),
             Instr::Collective { input, .. } => vec![*input],
@@ -440,7 +533,8 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
                 // backwards is all in one phase).
                 let phase = if from < stage { at.phase } else { p.phase.min(Phase::Backward).max(at.phase) };
                 let to_chunk = if phase == Phase::Update { 0 } else { chunk };
-                out.push((transfer(r, &spec, from, stage, phase, to_chunk), key(Place { vstage: p.vstage, phase })));
+                let key = Place { vstage: p.vstage, phase }.key(vstages);
+                out.push((transfer(r, &spec, from, stage, phase, to_chunk), key));
                 held.insert((stage, r));
             }
         }
@@ -459,7 +553,7 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
             }
             _ => {}
         }
-        out.push((ins, key(p)));
+        out.push((ins, p.key(vstages)));
     }
     for (_, v) in &g.outputs {
         let r = ValueRef::of(*v);
@@ -471,16 +565,41 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
     }
     // Zero bubble: a stage's backward keeps what the gradients it sends need; the rest of its
     // backward is weight gradients (W).
-    if opts.schedule == ScheduleKind::ZbH1 {
+    if schedule == ScheduleKind::ZbH1 {
         split_weight_gradients(&mut out, stages);
     }
     // Every stage's instructions in the order a microbatch runs them (a stable sort keeps each
     // value's writer before its readers: nothing reads a later phase or virtual stage).
     out.sort_by_key(|(_, k)| *k);
     let mut program: Vec<Instr> = out.into_iter().map(|(i, _)| i).collect();
-    // A transfer leaves its sender in the segment the sender is in by then.
+    sending_segments(&mut program, stages, chunks);
+    let keep = crate::checkpoint::kept_to_the_end(g);
+    Ok(crate::checkpoint::insert_frees(program, &keep))
+}
+
+/// Each instruction's place: an op's node's; a conversion's, the op it converts for.
+fn instruction_places(program: &[Instr], place: &[Place]) -> Vec<Place> {
+    let mut places: Vec<Place> = vec![Place::START; program.len()];
+    let mut next = Place::START;
+    for (k, ins) in program.iter().enumerate().rev() {
+        match ins {
+            // A recomputation runs where its node's activations are, for the backward that
+            // reads it.
+            Instr::Op { node, recompute: true, .. } => {
+                next = Place { vstage: place[*node].vstage, phase: next.phase.max(Phase::Backward) }
+            }
+            Instr::Op { node, .. } => next = place[*node],
+            _ => {}
+        }
+        places[k] = next;
+    }
+    places
+}
+
+/// A transfer leaves its sender in the segment the sender is in by then.
+fn sending_segments(program: &mut [Instr], stages: usize, chunks: usize) {
     let mut cur: Vec<Option<Segment>> = vec![None; stages];
-    for ins in &mut program {
+    for ins in program {
         match ins {
             Instr::Transfer { from, phase, from_chunk, .. } => {
                 *from_chunk = match cur[*from] {
@@ -500,12 +619,19 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
             }
         }
     }
-    let keep = crate::checkpoint::kept_to_the_end(g);
-    let program = crate::checkpoint::insert_frees(program, &keep);
+}
 
-    // 4. The schedule, from each stage's step seconds.
+/// The schedule (5 in the module docs), from each stage's forward, backward and
+/// weight-gradient seconds; not yet played.
+fn schedule_of(
+    program: &[Instr],
+    kind: ScheduleKind,
+    stages: usize,
+    microbatches: usize,
+    chunks: usize,
+) -> Result<Schedule> {
     let mut step_seconds = StepSeconds { per_stage: vec![[0.0; 3]; stages] };
-    for ins in &program {
+    for ins in program {
         let (s, secs) = match ins {
             Instr::Op { stage, seconds, .. } | Instr::Collective { stage, seconds, .. } => (*stage, *seconds),
             Instr::Transfer { to, seconds, .. } => (*to, *seconds),
@@ -519,30 +645,13 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
         };
         step_seconds.per_stage[s][p] += secs;
     }
-    let steps = crate::schedule::steps(opts.schedule, stages, microbatches, chunks, &step_seconds)?;
-    let schedule = Schedule { kind: opts.schedule, chunks, steps, seconds: 0.0, bubble: 0.0 };
-    let params = plan
-        .params
-        .into_iter()
-        .map(|p| ParamShard {
-            offsets: ::plan::listed_offsets(&p.spec, &p.shape, mesh),
-            stage: dev(place[p.node]).0,
-            ..p
-        })
-        .collect();
-    let shown: Vec<bool> = (0..n_nodes).map(|i| forward[i] && !is_source(i)).collect();
-    let mut options = plan.options;
-    options.budget_bytes = budget;
-    let mut out = Plan {
-        mesh: MeshInfo { shape: mesh.shape().to_vec(), names: mesh.names().to_vec(), links: mesh.links().to_vec() },
-        options,
-        pipeline: Some(Pipeline { stages, microbatches, per_stage: vec![], schedule }),
-        params,
-        program,
-        ..plan
-    };
+    let steps = crate::schedule::steps(kind, stages, microbatches, chunks, &step_seconds)?;
+    Ok(Schedule { kind, chunks, steps, seconds: 0.0, bubble: 0.0 })
+}
 
-    // 5. Estimates: the schedule played, and each stage's memory under it.
+/// The estimates (6 in the module docs): the schedule played, and each stage's memory under
+/// it. `shown[node]`: whether a stage's first and last ops may name the node.
+fn estimate(mut out: Plan, mesh: &DeviceMesh, shown: &[bool], stages: usize, microbatches: usize) -> Result<Plan> {
     let timeline = ::plan::schedule::timeline(&out).map_err(|why| Error::Internal(format!("pipelining: {why}")))?;
     let compute_of: HashMap<&str, f64> =
         out.estimate.per_op.iter().map(|o| (o.node.as_str(), o.compute_seconds)).collect();
