@@ -57,7 +57,7 @@ pub fn floor(g: &Graph, devices: usize, profile: &DeviceProfile, microbatches: u
 /// Writes the floor of `plan`'s step into it (`solver.plan_bound_seconds`) with its model FLOPs
 /// and estimated MFU (`estimate.model_flops`, `estimate.mfu`: the FLOPs over the step times the
 /// devices' peak rate at the plan's precision).
-pub fn certify(plan: &mut crate::Plan, profile: &DeviceProfile) -> Result<()> {
+pub fn certify(plan: &mut ::plan::Plan, profile: &DeviceProfile) -> Result<()> {
     let devices = plan.mesh.shape.iter().product::<usize>();
     let g = &plan.graph;
     // The graph is canonical (node `i` at index `i`): update_part indexes by node index.
@@ -65,7 +65,7 @@ pub fn certify(plan: &mut crate::Plan, profile: &DeviceProfile) -> Result<()> {
     let f = floor(g, devices, profile, plan.microbatches)?;
     plan.solver.plan_bound_seconds = f.seconds.min(plan.estimate.step_seconds);
     plan.estimate.model_flops = f.flops;
-    let peak = if crate::precision_of(g) == "f32" { profile.f32_flops } else { profile.bf16_flops };
+    let peak = if crate::lower::precision_of(g) == "f32" { profile.f32_flops } else { profile.bf16_flops };
     let step = plan.estimate.step_seconds;
     plan.estimate.mfu = if step > 0.0 && peak > 0.0 { f.flops / (step * devices as f64 * peak) } else { 0.0 };
     Ok(())

@@ -31,8 +31,8 @@ use ir::{Graph, NodeIndex, Op};
 use sharding::DeviceMesh;
 
 use crate::memory::simulate;
-use crate::plan::{Instr, ValueRef};
 use crate::{Error, Result};
+use ::plan::{Instr, ValueRef};
 
 pub use ::plan::CheckpointReport;
 
@@ -101,12 +101,12 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
         f.dedup();
         // One free per stage, stages in order, in the segment the last reader runs in.
         let mut rest = &f[..];
-        let segs: Vec<Option<crate::plan::Segment>> = f.iter().map(|(s, _)| ins.segment_on(*s)).collect();
+        let segs: Vec<Option<::plan::Segment>> = f.iter().map(|(s, _)| ins.segment_on(*s)).collect();
         out.push(ins);
         let mut at = 0;
         while let Some(&(stage, _)) = rest.first() {
             let n = rest.iter().take_while(|(s, _)| *s == stage).count();
-            let seg = segs[at].unwrap_or(crate::plan::Segment { phase: crate::plan::Phase::Forward, chunk: 0 });
+            let seg = segs[at].unwrap_or(::plan::Segment { phase: ::plan::Phase::Forward, chunk: 0 });
             at += n;
             out.push(Instr::Free {
                 values: rest[..n].iter().map(|(_, v)| *v).collect(),

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::plan::{Instr, Phase, Plan, SolveStatus};
 use crate::{Baseline, fmt_bytes};
+use ::plan::{Instr, Phase, Plan, SolveStatus};
 
 fn ms(s: f64) -> String {
     if s >= 1.0 { format!("{s:.3} s") } else { format!("{:.3} ms", s * 1e3) }
@@ -11,8 +11,18 @@ fn ms(s: f64) -> String {
 
 /// The one-screen summary.
 pub fn summary(p: &Plan) -> String {
-    let e = &p.estimate;
     let mut o = String::new();
+    plan_and_step(&mut o, p);
+    memory_lines(&mut o, p);
+    pipeline_lines(&mut o, p);
+    cost_lines(&mut o, p);
+    solver_lines(&mut o, p);
+    o
+}
+
+/// The plan line (model, mesh, device, strategy) and the step's estimate.
+fn plan_and_step(o: &mut String, p: &Plan) {
+    let e = &p.estimate;
     let names = p.mesh.names.join(" x ");
     let shape: Vec<String> = p.mesh.shape.iter().map(|s| s.to_string()).collect();
     let _ = writeln!(
@@ -56,6 +66,11 @@ pub fn summary(p: &Plan) -> String {
             share(e.comm_seconds)
         );
     }
+}
+
+/// The memory line: the peak against the budget, and by kind.
+fn memory_lines(o: &mut String, p: &Plan) {
+    let e = &p.estimate;
     let _ = writeln!(
         o,
         "memory    peak {} per rank of budget {} ({:.1}%); resident {} (parameters, optimizer state, constants)",
@@ -86,6 +101,10 @@ pub fn summary(p: &Plan) -> String {
             }
         );
     }
+}
+
+/// With pipeline stages: the schedule, each stage's steps and each stage's estimate.
+fn pipeline_lines(o: &mut String, p: &Plan) {
     if let Some(pp) = &p.pipeline {
         let sc = &pp.schedule;
         let chunks = if sc.chunks > 1 { format!(" ({} chunks per stage)", sc.chunks) } else { String::new() };
@@ -121,6 +140,11 @@ pub fn summary(p: &Plan) -> String {
             );
         }
     }
+}
+
+/// Recomputation, collectives, parameters and the costliest ops.
+fn cost_lines(o: &mut String, p: &Plan) {
+    let e = &p.estimate;
     let ck = &e.checkpoint;
     if !ck.recomputed.is_empty() {
         let _ = writeln!(
@@ -169,6 +193,11 @@ pub fn summary(p: &Plan) -> String {
             ms(op.compute_seconds + op.comm_seconds)
         );
     }
+}
+
+/// The solver line (what was compared, skipped or kept, and why) and the step's bound.
+fn solver_lines(o: &mut String, p: &Plan) {
+    let e = &p.estimate;
     let compared: Vec<String> = p
         .solver
         .compared
@@ -262,7 +291,6 @@ pub fn summary(p: &Plan) -> String {
             e.model_flops
         );
     }
-    o
 }
 
 fn esc(s: &str) -> String {
@@ -509,4 +537,22 @@ pub fn html_with(p: &Plan, measured: Option<&crate::figures::Measured>) -> Strin
     }
     o.push_str("</table>\n</body>\n</html>\n");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::figures::tests::planned;
+
+    #[test]
+    fn the_page_has_each_figure_by_id() {
+        let p = planned(&[2, 2], Baseline::Auto, 2);
+        let page = html(&p);
+        for id in ["memory", "families", "mesh", "timeline"] {
+            assert_eq!(page.matches(&format!("<figure id=\"{id}\">")).count(), 1, "{id}");
+        }
+        assert_eq!(page.matches("<figcaption>").count(), 4);
+        let flat = html(&planned(&[2, 4], Baseline::Dp, 1));
+        assert!(flat.contains("<figure id=\"mesh\">") && !flat.contains("<figure id=\"timeline\">"));
+    }
 }

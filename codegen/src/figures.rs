@@ -12,8 +12,8 @@ use std::fmt::Write;
 
 use ir::{NodeIndex, Op};
 
-use crate::plan::{Instr, ParamShard, Phase, Plan};
 use crate::svg::{BarChart, LineChart, Series};
+use ::plan::{Instr, ParamShard, Phase, Plan};
 
 /// What a run of the plan measured, per rank and per instruction.
 #[derive(Clone, Debug, Default)]
@@ -346,24 +346,16 @@ fn blocks_of(p: &Plan, x: &ParamShard, ranks: usize) -> Vec<Option<Vec<usize>>> 
 /// stage holds it), and the tensor split into its blocks in the same colours, each naming the
 /// ranks that hold it.
 pub fn mesh_svg(p: &Plan, n: usize) -> String {
-    let shape = if p.mesh.shape.is_empty() { vec![1] } else { p.mesh.shape.clone() };
-    let ranks: usize = shape.iter().product();
-    let g = Grid::new(&shape);
-    let nd = shape.len();
-    let name = |a: usize| p.mesh.names.get(a).cloned().unwrap_or_else(|| format!("m{a}"));
-    let staged = p.stages() > 1;
+    let f = MeshFigure::new(p);
     let params = largest_params(p, n);
-    let (left, tensor_w) = (30.0, 180.0);
-    let width = (left + g.width() + 40.0 + tensor_w + 20.0).max(640.0);
-    let outer_label = if g.outer > 1 { 16.0 } else { 0.0 };
+    let (left, g) = (f.left, &f.g);
+    let width = (left + g.width() + 40.0 + f.tensor_w + 20.0).max(640.0);
+    let outer_label = f.outer_label;
     // The panels' heights, as they are drawn below: a title line, the outer grids' labels, the
     // grids (or the tensor and its label, if taller) and a gap.
-    // The tensor is at least 46 px high, and 16 px per row of blocks (legible labels).
-    let tensor_h = |x: &ParamShard| (g.height().max(60.0) - 14.0).max(16.0 * block_grid(x).0 as f64);
-    let body_h = |x: &ParamShard| g.height().max(tensor_h(x) + 14.0);
     let height = 38.0
         + (16.0 + outer_label + g.height() + 26.0)
-        + params.iter().map(|x| 16.0 + outer_label + body_h(x) + 26.0).sum::<f64>();
+        + params.iter().map(|x| 16.0 + outer_label + f.body_h(x) + 26.0).sum::<f64>();
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -371,8 +363,8 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
          font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"the mesh and the layout of the largest parameters\">"
     );
     let _ = writeln!(o, "<rect width=\"{width}\" height=\"{height}\" fill=\"white\"/>");
-    let sizes: Vec<String> = shape.iter().map(|s| s.to_string()).collect();
-    let names: Vec<String> = (0..nd).map(&name).collect();
+    let sizes: Vec<String> = f.shape.iter().map(|s| s.to_string()).collect();
+    let names: Vec<String> = (0..f.nd).map(|a| f.name(a)).collect();
     let _ = writeln!(
         o,
         "<text x=\"{:.1}\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">Mesh {} ({}) and the layout of the {} largest parameters</text>",
@@ -381,8 +373,58 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
         esc(&names.join(" x ")),
         params.len()
     );
-    // Draws the grids at `y` (below the outer grids' labels), each cell through `cell`.
-    let grids = |o: &mut String, y: f64, cell: &dyn Fn(usize) -> (String, &'static str, bool)| {
+    let mut y = f.devices(&mut o, 34.0);
+    // One row per parameter.
+    for x in &params {
+        y = f.param_row(&mut o, y, x);
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// What [`mesh_svg`] draws with: the plan's mesh laid out as grids, and the panels' geometry.
+struct MeshFigure<'a> {
+    p: &'a Plan,
+    shape: Vec<usize>,
+    ranks: usize,
+    g: Grid,
+    nd: usize,
+    staged: bool,
+    left: f64,
+    tensor_w: f64,
+    /// The height of the outer grids' labels (none with one grid).
+    outer_label: f64,
+}
+
+impl<'a> MeshFigure<'a> {
+    fn new(p: &'a Plan) -> MeshFigure<'a> {
+        let shape = if p.mesh.shape.is_empty() { vec![1] } else { p.mesh.shape.clone() };
+        let ranks: usize = shape.iter().product();
+        let g = Grid::new(&shape);
+        let nd = shape.len();
+        let staged = p.stages() > 1;
+        let outer_label = if g.outer > 1 { 16.0 } else { 0.0 };
+        MeshFigure { p, shape, ranks, g, nd, staged, left: 30.0, tensor_w: 180.0, outer_label }
+    }
+
+    fn name(&self, a: usize) -> String {
+        self.p.mesh.names.get(a).cloned().unwrap_or_else(|| format!("m{a}"))
+    }
+
+    /// The tensor is at least 46 px high, and 16 px per row of blocks (legible labels).
+    fn tensor_h(&self, x: &ParamShard) -> f64 {
+        (self.g.height().max(60.0) - 14.0).max(16.0 * block_grid(x).0 as f64)
+    }
+
+    /// A parameter row's height below its title: the grids or the tensor and its label.
+    fn body_h(&self, x: &ParamShard) -> f64 {
+        self.g.height().max(self.tensor_h(x) + 14.0)
+    }
+
+    /// Draws the grids at `y` (below the outer grids' labels), each cell through `cell`.
+    fn grids(&self, o: &mut String, y: f64, cell: &dyn Fn(usize) -> (String, &'static str, bool)) {
+        let (g, left) = (&self.g, self.left);
+        let name = |a: usize| self.name(a);
         for ob in 0..g.outer {
             if g.outer > 1 {
                 let c = g.outer_coords(ob);
@@ -412,42 +454,54 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
                 text
             );
         }
-    };
-    // The devices.
-    let mut y = 34.0;
-    let _ = writeln!(
-        o,
-        "<text x=\"{left}\" y=\"{:.1}\" font-weight=\"bold\">devices{}</text>",
-        y + 4.0,
-        if staged { format!(" ({} pipeline stages along {})", p.stages(), esc(&name(0))) } else { String::new() }
-    );
-    y += 16.0 + outer_label;
-    let _ = writeln!(
-        o,
-        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#555\">{} ({}) →</text>",
-        left + g.width() + 8.0,
-        y + 10.0,
-        esc(&name(nd - 1)),
-        shape[nd - 1]
-    );
-    if nd >= 2 {
+    }
+
+    /// The first panel: the devices (rank and pipeline stage, axes named with their sizes),
+    /// from `y`; returns the next panel's `y`.
+    fn devices(&self, o: &mut String, mut y: f64) -> f64 {
+        let (p, g, left, nd, staged, outer_label) =
+            (self.p, &self.g, self.left, self.nd, self.staged, self.outer_label);
+        let (shape, name) = (&self.shape, |a: usize| self.name(a));
+        // The devices.
         let _ = writeln!(
             o,
-            "<text transform=\"translate({:.1} {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"10\" fill=\"#555\">{} ({}) ↓</text>",
-            left - 8.0,
-            y + g.height() / 2.0,
-            esc(&name(nd - 2)),
-            shape[nd - 2]
+            "<text x=\"{left}\" y=\"{:.1}\" font-weight=\"bold\">devices{}</text>",
+            y + 4.0,
+            if staged { format!(" ({} pipeline stages along {})", p.stages(), esc(&name(0))) } else { String::new() }
         );
+        y += 16.0 + outer_label;
+        let _ = writeln!(
+            o,
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#555\">{} ({}) →</text>",
+            left + g.width() + 8.0,
+            y + 10.0,
+            esc(&name(nd - 1)),
+            shape[nd - 1]
+        );
+        if nd >= 2 {
+            let _ = writeln!(
+                o,
+                "<text transform=\"translate({:.1} {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"10\" fill=\"#555\">{} ({}) ↓</text>",
+                left - 8.0,
+                y + g.height() / 2.0,
+                esc(&name(nd - 2)),
+                shape[nd - 2]
+            );
+        }
+        let device = |r: usize| {
+            let t = if staged { format!("{r} · s{}", p.stage_of(r)) } else { r.to_string() };
+            (t, "#f2f2f2", true)
+        };
+        self.grids(o, y, &device);
+        y += g.height() + 26.0;
+        y
     }
-    let device = |r: usize| {
-        let t = if staged { format!("{r} · s{}", p.stage_of(r)) } else { r.to_string() };
-        (t, "#f2f2f2", true)
-    };
-    grids(&mut o, y, &device);
-    y += g.height() + 26.0;
-    // One row per parameter.
-    for x in &params {
+
+    /// One parameter's row from `y`: its title, the devices each showing the block they hold,
+    /// and the tensor split into its blocks; returns the next row's `y`.
+    fn param_row(&self, o: &mut String, mut y: f64, x: &ParamShard) -> f64 {
+        let (p, left, staged, outer_label, ranks) = (self.p, self.left, self.staged, self.outer_label, self.ranks);
+        let name = |a: usize| self.name(a);
         let blocks = blocks_of(p, x, ranks);
         let counts: Vec<usize> =
             x.shape.iter().zip(&x.local_shape).map(|(&s, &l)| s.checked_div(l).unwrap_or(1)).collect();
@@ -487,7 +541,27 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
                 (idx.join(","), fill(b), true)
             }
         };
-        grids(&mut o, y, &cell);
+        self.grids(o, y, &cell);
+        self.tensor(o, y, x, &blocks, &counts, &split);
+        y + self.body_h(x) + 26.0
+    }
+
+    /// The tensor `x` at `y` right of the grids, split into its blocks (`counts` per dim, of
+    /// which `split` are split) in the grids' colours, each naming the ranks holding it
+    /// (`blocks`: which block each rank holds).
+    fn tensor(
+        &self,
+        o: &mut String,
+        y: f64,
+        x: &ParamShard,
+        blocks: &[Option<Vec<usize>>],
+        counts: &[usize],
+        split: &[usize],
+    ) {
+        let (g, left, tensor_w) = (&self.g, self.left, self.tensor_w);
+        let tensor_h = |x: &ParamShard| self.tensor_h(x);
+        let linear = |b: &[usize]| b.iter().zip(counts).fold(0, |acc, (&i, &c)| acc * c + i);
+        let fill = |b: &[usize]| if split.is_empty() { REPLICATED } else { BLOCK[linear(b) % BLOCK.len()] };
         // The tensor, split into its blocks: dim 0 down, the other dims across (a vector across).
         let (brows, bcols) = block_grid(x);
         let (tx, th) = (left + g.width() + 40.0, tensor_h(x));
@@ -547,14 +621,11 @@ pub fn mesh_svg(p: &Plan, n: usize) -> String {
             "<text x=\"{tx:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#555\">the tensor: {axes_text}; each block names the ranks holding it</text>",
             y + th + 12.0
         );
-        y += body_h(x) + 26.0;
     }
-    o.push_str("</svg>\n");
-    o
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{Baseline, PlanOptions};
     use ir::autodiff::{LossSpec, Optimizer, TrainOptions, training_graph};
@@ -575,7 +646,7 @@ mod tests {
     }
 
     /// A two-layer MLP's training step planned on `shape`, in `stages` pipeline stages.
-    fn planned(shape: &[usize], baseline: Baseline, stages: usize) -> Plan {
+    pub(crate) fn planned(shape: &[usize], baseline: Baseline, stages: usize) -> Plan {
         let f32s = |s: &[usize]| TensorMeta::new(DType::F32, s.to_vec());
         let mut g = Graph::new("mlp");
         let x = g.input("x", f32s(&[8, 16]));
@@ -702,17 +773,5 @@ mod tests {
         let svg = mesh_svg(&p, 4);
         well_formed(&svg);
         assert!(svg.contains("2 pipeline stages along m0") && svg.contains(">–</text>"));
-    }
-
-    #[test]
-    fn the_page_has_each_figure_by_id() {
-        let p = planned(&[2, 2], Baseline::Auto, 2);
-        let page = crate::explain::html(&p);
-        for id in ["memory", "families", "mesh", "timeline"] {
-            assert_eq!(page.matches(&format!("<figure id=\"{id}\">")).count(), 1, "{id}");
-        }
-        assert_eq!(page.matches("<figcaption>").count(), 4);
-        let flat = crate::explain::html(&planned(&[2, 4], Baseline::Dp, 1));
-        assert!(flat.contains("<figure id=\"mesh\">") && !flat.contains("<figure id=\"timeline\">"));
     }
 }

@@ -25,8 +25,8 @@ use std::collections::HashSet;
 use ir::{NodeIndex, Op};
 use sharding::DeviceMesh;
 
-use crate::plan::{Instr, Phase, Plan, ValueRef};
 use crate::{Error, Result};
+use ::plan::{Instr, Phase, Plan, ValueRef};
 
 /// Rewrites `plan` (lowered for one microbatch) to run `microbatches` of
 /// them per step (see the module docs).
@@ -163,4 +163,10 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     e.recompute_seconds = m * rec;
     e.step_seconds = m * pass + once;
     Ok(plan)
+}
+
+/// `plan` (one microbatch's) split into `microbatches` ([`crate::microbatch::split`]), or with
+/// one, its update part moved to the update phase: what pipeline stages take.
+pub(crate) fn microbatched(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
+    if microbatches > 1 { split(plan, mesh, microbatches) } else { update_phase(plan, mesh) }
 }

@@ -819,7 +819,10 @@ impl Forest {
 /// An edge's costs, shared between the edges whose matrices are equal.
 type Matrix = Arc<[u64]>;
 
-/// Builds the unrestricted problem.
+/// Builds the unrestricted problem: every node's strategies ([`node_strategies`]), its live
+/// interval ([`live_nodes`]), then the edges: the layout conversions between them, priced
+/// ([`Interned::price_conversions`]) once the problem is known to fit
+/// ([`Interned::check_size`]), and the ties of parameters to their updates.
 fn build_all(
     g: &Graph,
     mesh: &DeviceMesh,
@@ -830,8 +833,41 @@ fn build_all(
     let doing = format!("building the sharding problem on mesh {mesh}");
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
     let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let steps = order.len() as u64;
     let converter = Arc::new(LayoutConverter::new(mesh.clone(), Search::Auto));
+    let (strategies, rep, total) = node_strategies(g, &order, mesh, profile, deadline, &doing)?;
+    let nodes = live_nodes(g, &order, &pos, &strategies);
+    // Edges: layout conversions, merged per node pair (key: (smaller, larger) index). Equal
+    // matrices (every repeated layer's) are one shared allocation.
+    let mut edges: HashMap<(usize, usize), Matrix> = HashMap::new();
+    {
+        let mut interned = Interned::new(g, &order, &pos, &strategies, &rep);
+        interned.check_size(mesh, total)?;
+        interned.price_conversions(&converter, deadline, &doing, &mut edges)?;
+        interned.tie_updates(&mut edges);
+    }
+    let mut edge_list: Vec<((usize, usize), Matrix)> = edges.into_iter().collect();
+    edge_list.sort_by_key(|e| e.0);
+    let problem = solver::Problem {
+        name: g.name.clone(),
+        nodes,
+        edges: edge_list.into_iter().map(|((a, b), costs)| solver::Edge { nodes: (a, b), costs }).collect(),
+        usage_limit: budget,
+    };
+    problem.validate()?;
+    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
+}
+
+/// Every node's strategies in `order`, the first node with the same strategy list as each
+/// (itself when new), and how many strategies in all.
+#[allow(clippy::type_complexity)]
+fn node_strategies(
+    g: &Graph,
+    order: &[NodeIndex],
+    mesh: &DeviceMesh,
+    profile: &DeviceProfile,
+    deadline: Option<std::time::Instant>,
+    doing: &str,
+) -> Result<(Vec<Vec<Arc<Strategy>>>, Vec<usize>, usize)> {
     let mut strategies: Vec<Vec<Arc<Strategy>>> = Vec::with_capacity(order.len());
     let mut total = 0;
     // A node's strategies depend only on its op, the metas of its inputs and outputs and which
@@ -839,8 +875,8 @@ fn build_all(
     let mut memo: HashMap<String, usize> = HashMap::new();
     // The first node with the same strategy list as each node (itself when new).
     let mut rep: Vec<usize> = Vec::with_capacity(order.len());
-    for &n in &order {
-        in_time(deadline, &doing)?;
+    for &n in order {
+        in_time(deadline, doing)?;
         let node = g.node(n);
         let key = (!matches!(node.op, Op::Constant(_))).then(|| {
             let ins: Vec<String> = g
@@ -869,7 +905,17 @@ fn build_all(
         total += all.len();
         strategies.push(all);
     }
-    // Live intervals.
+    Ok((strategies, rep, total))
+}
+
+/// The solver's nodes: each one's live interval, and per strategy its seconds and bytes.
+fn live_nodes(
+    g: &Graph,
+    order: &[NodeIndex],
+    pos: &HashMap<NodeIndex, usize>,
+    strategies: &[Vec<Arc<Strategy>>],
+) -> Vec<solver::Node> {
+    let steps = order.len() as u64;
     let outputs: Vec<NodeIndex> = g.outputs.iter().map(|(_, v)| v.node).collect();
     let updated: Vec<NodeIndex> = g.updates.iter().map(|(_, v)| v.node).collect();
     let mut nodes = Vec::with_capacity(order.len());
@@ -895,69 +941,93 @@ fn build_all(
             st.iter().map(|s| if writes_in_place { 0 } else { s.memory_bytes }).collect(),
         ));
     }
-    // Edges: layout conversions, merged per node pair (key: (smaller, larger) index). Equal
-    // matrices (every repeated layer's) are one shared allocation.
-    let mut edges: HashMap<(usize, usize), Arc<[u64]>> = HashMap::new();
-    // Adds `m` (oriented [lo][hi]) to the edge of a pair: shared when it is the pair's only one.
-    let merge =
-        |edges: &mut HashMap<(usize, usize), Arc<[u64]>>, key: (usize, usize), m: &Arc<[u64]>| match edges.entry(key) {
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(m.clone());
-            }
-            std::collections::hash_map::Entry::Occupied(mut o) => {
-                let sum: Arc<[u64]> =
-                    o.get().iter().zip(m.iter()).map(|(&x, &c)| x.saturating_add(c).min(FORBIDDEN)).collect();
-                o.insert(sum);
-            }
-        };
-    // Specs and shapes as small integers, so that conversion prices, and whole edge matrices
-    // (the same in every repeated layer), are cached under cheap keys.
-    let mut spec_id: FxMap<&ShardingSpec, u32> = FxMap::default();
-    let mut specs: Vec<&ShardingSpec> = Vec::new();
-    // Spec id of every strategy's output (per slot) and input (per slot), per node.
-    let mut outs_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
-    let mut ins_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
-    for (i, st) in strategies.iter().enumerate() {
-        // Nodes with the same strategy list (every repeated layer's) have the same ids.
-        if rep[i] != i {
-            outs_of.push(outs_of[rep[i]].clone());
-            ins_of.push(ins_of[rep[i]].clone());
-            continue;
+    nodes
+}
+
+/// Adds `m` (oriented [lo][hi]) to the edge of a pair: shared when it is the pair's only one.
+fn merge(edges: &mut HashMap<(usize, usize), Matrix>, key: (usize, usize), m: &Matrix) {
+    match edges.entry(key) {
+        std::collections::hash_map::Entry::Vacant(slot) => {
+            slot.insert(m.clone());
         }
-        let (n_out, n_in) = st.first().map_or((0, 0), |s| (s.outputs.len(), s.inputs.len()));
-        let mut outs = vec![Vec::with_capacity(st.len()); n_out];
-        let mut ins = vec![Vec::with_capacity(st.len()); n_in];
-        for s in st {
-            for (k, sp) in s.outputs.iter().enumerate().take(n_out) {
-                outs[k].push(intern(&mut spec_id, &mut specs, sp));
-            }
-            for (k, sp) in s.inputs.iter().enumerate().take(n_in) {
-                ins[k].push(intern(&mut spec_id, &mut specs, sp));
-            }
+        std::collections::hash_map::Entry::Occupied(mut o) => {
+            let sum: Matrix = o.get().iter().zip(m.iter()).map(|(&x, &c)| x.saturating_add(c).min(FORBIDDEN)).collect();
+            o.insert(sum);
         }
-        outs_of.push(outs);
-        ins_of.push(ins);
     }
-    let mut shape_id: FxMap<&[usize], u32> = FxMap::default();
-    // The problem's size is known before any price: refuse one that would not fit in memory
-    // (a 5-axis mesh of 2s gives a ViT ~1M entries per edge) instead of running out of it.
-    // Matrices are stored once per distinct (shape, element size, producer specs, consumer
-    // specs), as below; a node pair joined by several values gets one more.
-    {
-        // And the solves see one matrix per pair of decisions: an edge of a repeated layer
-        // counts once per layer pattern (tying will share its decisions), every other edge once.
+}
+
+/// The graph's specs and shapes as small integers, so that conversion prices, and whole edge
+/// matrices (the same in every repeated layer), are cached under cheap keys.
+struct Interned<'a> {
+    g: &'a Graph,
+    order: &'a [NodeIndex],
+    pos: &'a HashMap<NodeIndex, usize>,
+    specs: Vec<&'a ShardingSpec>,
+    /// Spec id of every strategy's output (per slot), per node.
+    outs_of: Vec<Vec<Vec<u32>>>,
+    /// Spec id of every strategy's input (per slot), per node.
+    ins_of: Vec<Vec<Vec<u32>>>,
+    shape_id: FxMap<&'a [usize], u32>,
+}
+
+impl<'a> Interned<'a> {
+    fn new(
+        g: &'a Graph,
+        order: &'a [NodeIndex],
+        pos: &'a HashMap<NodeIndex, usize>,
+        strategies: &'a [Vec<Arc<Strategy>>],
+        rep: &[usize],
+    ) -> Interned<'a> {
+        let mut spec_id: FxMap<&ShardingSpec, u32> = FxMap::default();
+        let mut specs: Vec<&ShardingSpec> = Vec::new();
+        let mut outs_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
+        let mut ins_of: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
+        for (i, st) in strategies.iter().enumerate() {
+            // Nodes with the same strategy list (every repeated layer's) have the same ids.
+            if rep[i] != i {
+                outs_of.push(outs_of[rep[i]].clone());
+                ins_of.push(ins_of[rep[i]].clone());
+                continue;
+            }
+            let (n_out, n_in) = st.first().map_or((0, 0), |s| (s.outputs.len(), s.inputs.len()));
+            let mut outs = vec![Vec::with_capacity(st.len()); n_out];
+            let mut ins = vec![Vec::with_capacity(st.len()); n_in];
+            for s in st {
+                for (k, sp) in s.outputs.iter().enumerate().take(n_out) {
+                    outs[k].push(intern(&mut spec_id, &mut specs, sp));
+                }
+                for (k, sp) in s.inputs.iter().enumerate().take(n_in) {
+                    ins[k].push(intern(&mut spec_id, &mut specs, sp));
+                }
+            }
+            outs_of.push(outs);
+            ins_of.push(ins);
+        }
+        Interned { g, order, pos, specs, outs_of, ins_of, shape_id: FxMap::default() }
+    }
+
+    /// The problem's size is known before any price: refuses one that would not fit in memory
+    /// (a 5-axis mesh of 2s gives a ViT ~1M entries per edge) instead of running out of it.
+    /// Matrices are stored once per distinct (shape, element size, producer specs, consumer
+    /// specs), as [`Interned::price_conversions`] does; a node pair joined by several values
+    /// gets one more. And the solves see one matrix per pair of decisions: an edge of a
+    /// repeated layer counts once per layer pattern (tying will share its decisions), every
+    /// other edge once.
+    fn check_size(&mut self, mesh: &DeviceMesh, total: usize) -> Result<()> {
+        let g = self.g;
         let mut distinct: sharding::fx::FxSet<(u32, usize, &[u32], &[u32])> = Default::default();
         let mut pairs: sharding::fx::FxSet<(usize, usize)> = Default::default();
         let mut layered: std::collections::HashSet<(String, String, usize)> = Default::default();
         let (mut stored, mut solved) = (0u64, 0u64);
-        for (iv, &v) in order.iter().enumerate() {
+        for (iv, &v) in self.order.iter().enumerate() {
             let pv = layer_pattern(&g.node(v).name);
             for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
-                let iu = pos[&val.node];
+                let iu = self.pos[&val.node];
                 let meta = g.meta(*val);
-                let next = shape_id.len() as u32;
-                let shape = *shape_id.entry(meta.shape.as_slice()).or_insert(next);
-                let (from, to) = (outs_of[iu][val.slot].as_slice(), ins_of[iv][slot_in].as_slice());
+                let next = self.shape_id.len() as u32;
+                let shape = *self.shape_id.entry(meta.shape.as_slice()).or_insert(next);
+                let (from, to) = (self.outs_of[iu][val.slot].as_slice(), self.ins_of[iv][slot_in].as_slice());
                 let size = (from.len() * to.len()) as u64;
                 let new_pair = pairs.insert((iu, iv));
                 if distinct.insert((shape, meta.dtype.size(), from, to)) || !new_pair {
@@ -980,89 +1050,97 @@ fn build_all(
                 limit: MAX_EDGE_ENTRIES,
             });
         }
+        Ok(())
     }
-    let mut priced: FxMap<(u32, usize, u32, u32), u64> = FxMap::default();
-    // Edge matrices by (shape, element size, the producer's output spec ids, the consumer's input
-    // spec ids).
-    type Signature<'a> = (u32, usize, &'a [u32], &'a [u32]);
-    let mut matrices: FxMap<Signature, Arc<[u64]>> = FxMap::default();
-    for (iv, &v) in order.iter().enumerate() {
-        in_time(deadline, &doing)?;
-        for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
-            let iu = pos[&val.node];
-            let meta = g.meta(*val);
-            let dsize = meta.dtype.size();
-            let next = shape_id.len() as u32;
-            let shape = *shape_id.entry(meta.shape.as_slice()).or_insert(next);
-            let (from, to) = (outs_of[iu][val.slot].as_slice(), ins_of[iv][slot_in].as_slice());
-            let m = match matrices.entry((shape, dsize, from, to)) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    // Price what is new, one search per distinct source spec.
-                    let mut sources: Vec<u32> = from.to_vec();
-                    sources.sort_unstable();
-                    sources.dedup();
-                    let mut targets: Vec<u32> = to.to_vec();
-                    targets.sort_unstable();
-                    targets.dedup();
-                    for &a in &sources {
-                        let new: Vec<u32> = targets
+
+    /// Prices the layout conversion of every value from its producer's output specs to its
+    /// consumer's input specs into `edges`, one matrix per distinct signature.
+    fn price_conversions(
+        &mut self,
+        converter: &LayoutConverter,
+        deadline: Option<std::time::Instant>,
+        doing: &str,
+        edges: &mut HashMap<(usize, usize), Matrix>,
+    ) -> Result<()> {
+        let g = self.g;
+        let specs = &self.specs;
+        let mut priced: FxMap<(u32, usize, u32, u32), u64> = FxMap::default();
+        // Edge matrices by (shape, element size, the producer's output spec ids, the consumer's input
+        // spec ids).
+        type Signature<'a> = (u32, usize, &'a [u32], &'a [u32]);
+        let mut matrices: FxMap<Signature, Matrix> = FxMap::default();
+        for (iv, &v) in self.order.iter().enumerate() {
+            in_time(deadline, doing)?;
+            for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
+                let iu = self.pos[&val.node];
+                let meta = g.meta(*val);
+                let dsize = meta.dtype.size();
+                let next = self.shape_id.len() as u32;
+                let shape = *self.shape_id.entry(meta.shape.as_slice()).or_insert(next);
+                let (from, to) = (self.outs_of[iu][val.slot].as_slice(), self.ins_of[iv][slot_in].as_slice());
+                let m = match matrices.entry((shape, dsize, from, to)) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        // Price what is new, one search per distinct source spec.
+                        let mut sources: Vec<u32> = from.to_vec();
+                        sources.sort_unstable();
+                        sources.dedup();
+                        let mut targets: Vec<u32> = to.to_vec();
+                        targets.sort_unstable();
+                        targets.dedup();
+                        for &a in &sources {
+                            let new: Vec<u32> = targets
+                                .iter()
+                                .copied()
+                                .filter(|&b| b != a && !priced.contains_key(&(shape, dsize, a, b)))
+                                .collect();
+                            if new.is_empty() {
+                                continue;
+                            }
+                            let to_specs: Vec<&ShardingSpec> = new.iter().map(|&b| specs[b as usize]).collect();
+                            let costs = converter.costs(&meta.shape, dsize, specs[a as usize], &to_specs)?;
+                            for (&b, c) in new.iter().zip(costs) {
+                                priced.insert((shape, dsize, a, b), to_cost(c));
+                            }
+                        }
+                        // A dense table of the distinct pairs, then the matrix read from it.
+                        let column = |b: u32| targets.binary_search(&b).unwrap_or(0);
+                        let priced = &priced;
+                        let table: Vec<u64> = sources
                             .iter()
-                            .copied()
-                            .filter(|&b| b != a && !priced.contains_key(&(shape, dsize, a, b)))
+                            .flat_map(|&a| {
+                                targets.iter().map(move |&b| if a == b { 0 } else { priced[&(shape, dsize, a, b)] })
+                            })
                             .collect();
-                        if new.is_empty() {
-                            continue;
+                        let cols: Vec<usize> = to.iter().map(|&b| column(b)).collect();
+                        let mut m = Vec::with_capacity(from.len() * to.len());
+                        for &a in from {
+                            let row = sources.binary_search(&a).unwrap_or(0) * targets.len();
+                            m.extend(cols.iter().map(|&c| table[row + c]));
                         }
-                        let to_specs: Vec<&ShardingSpec> = new.iter().map(|&b| specs[b as usize]).collect();
-                        let costs = converter.costs(&meta.shape, dsize, specs[a as usize], &to_specs)?;
-                        for (&b, c) in new.iter().zip(costs) {
-                            priced.insert((shape, dsize, a, b), to_cost(c));
-                        }
+                        slot.insert(m.into())
                     }
-                    // A dense table of the distinct pairs, then the matrix read from it.
-                    let column = |b: u32| targets.binary_search(&b).unwrap_or(0);
-                    let priced = &priced;
-                    let table: Vec<u64> = sources
-                        .iter()
-                        .flat_map(|&a| {
-                            targets.iter().map(move |&b| if a == b { 0 } else { priced[&(shape, dsize, a, b)] })
-                        })
-                        .collect();
-                    let cols: Vec<usize> = to.iter().map(|&b| column(b)).collect();
-                    let mut m = Vec::with_capacity(from.len() * to.len());
-                    for &a in from {
-                        let row = sources.binary_search(&a).unwrap_or(0) * targets.len();
-                        m.extend(cols.iter().map(|&c| table[row + c]));
-                    }
-                    slot.insert(m.into())
-                }
-            };
-            // The producer comes first in topological order: the matrix is oriented [s_u][s_v].
-            merge(&mut edges, (iu, iv), m);
+                };
+                // The producer comes first in topological order: the matrix is oriented [s_u][s_v].
+                merge(edges, (iu, iv), m);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ties between a parameter (or state) and its update, shared like the conversions.
+    fn tie_updates(&self, edges: &mut HashMap<(usize, usize), Matrix>) {
+        let mut ties: FxMap<(&[u32], &[u32]), Matrix> = FxMap::default();
+        for (p, val) in &self.g.updates {
+            let (ip, iu) = (self.pos[p], self.pos[&val.node]);
+            let (lo, hi, lo_slot, hi_slot) = if ip < iu { (ip, iu, 0, val.slot) } else { (iu, ip, val.slot, 0) };
+            let (a, b) = (self.outs_of[lo][lo_slot].as_slice(), self.outs_of[hi][hi_slot].as_slice());
+            let m = ties.entry((a, b)).or_insert_with(|| {
+                a.iter().flat_map(|x| b.iter().map(move |y| if x == y { 0 } else { FORBIDDEN })).collect()
+            });
+            merge(edges, (lo, hi), m);
         }
     }
-    // Ties between a parameter (or state) and its update, shared like the conversions.
-    let mut ties: FxMap<(&[u32], &[u32]), Matrix> = FxMap::default();
-    for (p, val) in &g.updates {
-        let (ip, iu) = (pos[p], pos[&val.node]);
-        let (lo, hi, lo_slot, hi_slot) = if ip < iu { (ip, iu, 0, val.slot) } else { (iu, ip, val.slot, 0) };
-        let (a, b) = (outs_of[lo][lo_slot].as_slice(), outs_of[hi][hi_slot].as_slice());
-        let m = ties.entry((a, b)).or_insert_with(|| {
-            a.iter().flat_map(|x| b.iter().map(move |y| if x == y { 0 } else { FORBIDDEN })).collect()
-        });
-        merge(&mut edges, (lo, hi), m);
-    }
-    let mut edge_list: Vec<((usize, usize), Matrix)> = edges.into_iter().collect();
-    edge_list.sort_by_key(|e| e.0);
-    let problem = solver::Problem {
-        name: g.name.clone(),
-        nodes,
-        edges: edge_list.into_iter().map(|((a, b), costs)| solver::Edge { nodes: (a, b), costs }).collect(),
-        usage_limit: budget,
-    };
-    problem.validate()?;
-    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
 }
 
 /// The id of `spec` among `all` (added when new).
