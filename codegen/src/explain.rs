@@ -94,7 +94,7 @@ fn memory_lines(o: &mut String, p: &Plan) {
             fmt_bytes(b.optimizer_state),
             fmt_bytes(b.gradients),
             fmt_bytes(b.activations_at_peak),
-            if p.options.precision == "f32" {
+            if p.options.precision == ::plan::Precision::F32 {
                 String::new()
             } else {
                 format!(" ({} mixed precision)", p.options.precision)

@@ -28,14 +28,15 @@ pub(crate) enum Recomputation {
 
 /// `bf16` or `fp16` for a mixed-precision training graph (one holding 16-bit values), else the
 /// graph's float type.
-pub fn precision_of(g: &Graph) -> &'static str {
-    let mut wide = "f32";
+pub fn precision_of(g: &Graph) -> ::plan::Precision {
+    use ::plan::Precision;
+    let mut wide = Precision::F32;
     for n in g.g.node_weights() {
         for m in &n.outputs {
             match m.dtype {
-                ir::DType::BF16 => return "bf16",
-                ir::DType::F16 => return "fp16",
-                ir::DType::F64 => wide = "f64",
+                ir::DType::BF16 => return Precision::Bf16,
+                ir::DType::F16 => return Precision::Fp16,
+                ir::DType::F64 => wide = Precision::F64,
                 _ => {}
             }
         }
@@ -75,7 +76,7 @@ pub(crate) fn lower(
             budget_bytes: opts.budget,
             strategy: opts.baseline,
             time_limit_seconds: opts.time_limit.as_secs_f64(),
-            precision: precision_of(g).to_string(),
+            precision: precision_of(g),
             min_gain: if opts.baseline == Baseline::Auto && opts.compare_baselines { opts.min_gain } else { 0.0 },
             recompute: opts.recompute,
             seed: 0,

@@ -86,7 +86,7 @@ pub(crate) fn plan_inner(
 /// one asked for).
 pub fn label(p: &mut Plan) -> Result<()> {
     let mesh = p.device_mesh()?;
-    p.options.precision = precision_of(&p.graph).to_string();
+    p.options.precision = precision_of(&p.graph);
     p.estimate.memory = ::plan::memory::breakdown(p, &mesh)?;
     p.estimate.memory.activations_at_peak =
         p.estimate.peak_bytes_per_rank.saturating_sub(p.estimate.resident_bytes_per_rank);

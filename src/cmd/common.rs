@@ -337,6 +337,15 @@ impl Precision {
             loss_scaling: low == ir::DType::F16,
         })
     }
+    /// The plan format's precision of the same name (a plan records it typed).
+    pub fn plan(self) -> plan::Precision {
+        match self {
+            Precision::F32 => plan::Precision::F32,
+            Precision::F64 => plan::Precision::F64,
+            Precision::Bf16 => plan::Precision::Bf16,
+            Precision::Fp16 => plan::Precision::Fp16,
+        }
+    }
     /// The name written in plans and reports.
     pub fn name(self) -> &'static str {
         match self {

@@ -130,12 +130,12 @@ pub struct RunArgs {
 /// The job of the flags, and what the reporter prints of it.
 fn prepare(a: &RunArgs) -> Result<(Job, Info)> {
     let plan = common::read_valid_plan(&a.plan)?;
-    let planned = plan.options.precision.as_str();
+    let planned = plan.options.precision;
     match a.precision {
-        Some(common::Precision::F64) if planned != "f32" => {
+        Some(common::Precision::F64) if planned != plan::Precision::F32 => {
             bail!("--precision f64 runs f32 plans in double precision; {} is a {planned} plan", a.plan.display())
         }
-        Some(p) if p != common::Precision::F64 && p.name() != planned => bail!(
+        Some(p) if p != common::Precision::F64 && p.plan() != planned => bail!(
             "{} is a {planned} plan, not {}: make the plan with `autopar plan --precision {}`",
             a.plan.display(),
             p.name(),

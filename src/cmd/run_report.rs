@@ -71,7 +71,7 @@ impl<'a> Reporter<'a> {
             }
             if a.precision == Some(common::Precision::F64) {
                 writeln!(out, "precision: f64 (every float twice as wide as the plan's f32 estimates)")?;
-            } else if plan.options.precision != "f32" {
+            } else if plan.options.precision.is_mixed() {
                 writeln!(
                     out,
                     "precision: {} mixed (16-bit values stored on CPU ranks, computed in f32; f32 parameters)",
@@ -177,7 +177,7 @@ impl<'a> Reporter<'a> {
             let mut line = serde_json::json!({
                 "summary": true, "median_ms": median * 1e3, "comm_ms": comm * 1e3,
                 "measured_peak_bytes": peaks, "estimated_peak_bytes": est.peak_bytes_per_rank,
-                "precision": if wide == 2 { "f64" } else { self.info.plan.options.precision.as_str() },
+                "precision": if wide == 2 { "f64" } else { self.info.plan.options.precision.name() },
                 "estimated_step_ms": est.step_seconds * 1e3,
             });
             if let (Some((_, per_step)), Some(last)) = (&self.info.data, reports.last()) {

@@ -273,7 +273,13 @@ fn explain_renders_and_the_loader_rejects_corrupt_plans() -> Result<()> {
     // Corruptions: each is a clear error, never a panic.
     let json = p.to_json().unwrap();
     let cases = [
-        (json.replace(&format!("\"version\": {}", codegen::plan::VERSION), "\"version\": 7"), "version 7"),
+        (
+            json.replace(
+                &format!("\"version\": {}", codegen::plan::VERSION),
+                &format!("\"version\": {}", codegen::plan::VERSION + 1),
+            ),
+            "is newer",
+        ),
         (json.replacen("\"spec\": \"", "\"spec\": \"S9 ", 1), "spec"),
         (json.replacen("\"kind\": \"free\"", "\"kind\": \"nonsense\"", 1), "unknown variant"),
         (json[..json.len() / 2].to_string(), "not JSON"),

@@ -14,7 +14,8 @@ pub enum Error {
     NoVersion,
     /// A plan of another format version.
     #[error(
-        "invalid plan: version {found}; this autopar reads version {supported} ({})",
+        "invalid plan: version {found}; this autopar reads versions {} to {supported} ({})",
+        crate::OLDEST_READ,
         if *found < u64::from(*supported) { "the plan is older: plan the model again" } else { "the plan is newer: update autopar" }
     )]
     Version {

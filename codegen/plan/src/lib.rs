@@ -39,14 +39,18 @@ pub use error::{Error, Result};
 pub use validate::{Location, Problem, Problems, Valid};
 pub use value::{BadValueRef, ValueRef};
 
-/// The plan format's version. 6: each instruction's `phase` (forward, backward, weight
+/// The plan format's version. 7: `options.precision` is one of `f32`, `f64`, `bf16`, `fp16`
+/// ([`Precision`], was any string; the spellings are the same, so version 6 plans still read). 6: each instruction's `phase` (forward, backward, weight
 /// gradient, update) and model `chunk`, and a pipeline's `schedule` (the order of every stage's
 /// microbatch steps); `update_from` is gone (the update phase says it). 5: pipeline stages (`pipeline`, each instruction's and
 /// parameter's `stage`, `transfer` instructions between stages). 4: the graph is JSON (nodes with typed ops, read without a text
 /// parse) and each `op` instruction holds the local op it runs, attributes resolved for the
 /// rank's blocks (was the op's name; the runtime re-derived the attributes). 3: the solver's
 /// status is `optimal`, `within_gap` or `feasible` (was a Rust debug string).
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
+
+/// The oldest format version this crate reads (a plan of it is read as this version).
+pub const OLDEST_READ: u32 = 6;
 
 /// Which strategies a plan may use.
 ///
@@ -339,8 +343,8 @@ pub struct OptionsInfo {
     pub time_limit_seconds: f64,
     /// The float precision of the training step: `f32`, or `bf16`/`fp16` for mixed precision
     /// (16-bit values in the graph, f32 parameters and optimizer state).
-    #[serde(default = "f32_name", skip_serializing_if = "is_f32")]
-    pub precision: String,
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
     /// With `auto`: the fraction of the step by which auto's own plan had to be estimated
     /// faster than the cheapest baseline compared to be chosen over it; of a stage search
     /// (`--pipeline auto`): by which a plan with stages had to be faster than the one without
@@ -418,12 +422,59 @@ fn no_gain(x: &f64) -> bool {
     *x == 0.0
 }
 
-fn f32_name() -> String {
-    "f32".to_string()
+/// The float precision of a plan's training step, as its graph's types say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 everywhere (the model's own type).
+    #[default]
+    F32,
+    /// Every float in f64 (a graph made f64 before planning).
+    F64,
+    /// Mixed precision in bfloat16: 16-bit values in the graph, f32 parameters and optimizer
+    /// state.
+    Bf16,
+    /// Mixed precision in IEEE half, with dynamic loss scaling.
+    Fp16,
 }
 
-fn is_f32(s: &str) -> bool {
-    s == "f32"
+impl Precision {
+    /// Every precision, in the order above.
+    pub const ALL: [Precision; 4] = [Precision::F32, Precision::F64, Precision::Bf16, Precision::Fp16];
+
+    /// Its spelling in plans and on the command line (`f32`, `f64`, `bf16`, `fp16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F64 => "f64",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    /// Mixed precision (16-bit values, f32 parameters).
+    pub fn is_mixed(self) -> bool {
+        matches!(self, Precision::Bf16 | Precision::Fp16)
+    }
+
+    /// The 16-bit type of a mixed-precision step.
+    pub fn low(self) -> Option<ir::DType> {
+        match self {
+            Precision::Bf16 => Some(ir::DType::BF16),
+            Precision::Fp16 => Some(ir::DType::F16),
+            Precision::F32 | Precision::F64 => None,
+        }
+    }
+
+    fn is_f32(&self) -> bool {
+        *self == Precision::F32
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Where one parameter (or optimizer state) lives.
@@ -1113,7 +1164,7 @@ impl Plan {
         let version = || -> Result<()> {
             let v: Versioned = serde_json::from_str(text).map_err(|e| Error::NotJson(e.to_string()))?;
             match v.version {
-                Some(x) if x == VERSION as u64 => Ok(()),
+                Some(x) if (OLDEST_READ as u64..=VERSION as u64).contains(&x) => Ok(()),
                 Some(found) => Err(Error::Version { found, supported: VERSION }),
                 None => Err(Error::NoVersion),
             }
@@ -1129,9 +1180,11 @@ impl Plan {
                 return Err(Error::Malformed { at, why });
             }
         };
-        if plan.version != VERSION {
+        if !(OLDEST_READ..=VERSION).contains(&plan.version) {
             return Err(Error::Version { found: plan.version as u64, supported: VERSION });
         }
+        // An older plan reads as this version (their fields differ only in type, not in JSON).
+        plan.version = VERSION;
         // Constants' values, written once (in the graph).
         for ins in &mut plan.program {
             if let Instr::Op { node, op: op @ ir::Op::Constant(_), .. } = ins
