@@ -984,14 +984,75 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
         Sin => "sin",
         Cos => "cos",
         Sign => "sign",
-        _ => crate::ops::activation::name(u),
+        // The activations name themselves (no wildcard: a new unary op is named here).
+        HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => crate::ops::activation::name(u),
     }
 }
 
 /// True for unary ops with a [`Op::UnaryGrad`] (the others are piecewise constant or boolean).
 pub fn unary_differentiable(u: UnaryOp) -> bool {
     use UnaryOp::*;
-    !matches!(u, Not | Floor | Ceil | Sign | Round | IsNaN | IsInf { .. } | BitwiseNot)
+    // Every variant is named (no wildcard), so a new unary op decides here.
+    match u {
+        Not | Floor | Ceil | Sign | Round | IsNaN | IsInf { .. } | BitwiseNot => false,
+        Relu
+        | Gelu
+        | GeluTanh
+        | Tanh
+        | Erf
+        | Sigmoid
+        | Exp
+        | Log
+        | Sqrt
+        | Neg
+        | Reciprocal
+        | Abs
+        | Sin
+        | Cos
+        | HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh => true,
+    }
 }
 
 /// True when [`Op::UnaryGrad`] of `u` reads the forward output `y` instead of the input `x`:
@@ -1023,7 +1084,30 @@ pub fn unary_grad_name(u: UnaryOp) -> &'static str {
         Sin => "sin_grad",
         Cos => "cos_grad",
         Sign => "sign_grad",
-        _ => crate::ops::activation::grad_name(u),
+        HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => crate::ops::activation::grad_name(u),
     }
 }
 
