@@ -36,7 +36,7 @@
 //! [`autodiff`]'s list of differentiable ops, [`autocast::policy`], `strategy::rule` and
 //! `strategy::local_op` in `sharding`, the CPU and CUDA `eval`) match every variant with no
 //! wildcard arm, as do the per-kind choices inside them (unary and binary names, gradients and
-//! linearity; indexing ops' gradients). A new variant is a compile error at each until it is
+//! linearity; indexing ops' gradients; the CPU and CUDA unary and bitwise kernels). A new variant is a compile error at each until it is
 //! given its family's rule, or an explicit "none" (no gradient, replicated only, no FLOPs). The
 //! families' own functions keep a last "dispatch bug" arm that their dispatcher never reaches.
 //!

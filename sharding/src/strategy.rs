@@ -617,7 +617,52 @@ fn tags(
                 t.push("tensor-parallel");
             }
         }
-        _ => {
+        // The generic names. Every variant is listed (the guarded ones above reappear), so a
+        // new op decides here whether it has names of its own.
+        Op::Input { .. }
+        | Op::Constant(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Identity
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Conv(_)
+        | Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool
+        | Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::Lrn { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice { .. }
+        | Op::Reduce { .. }
+        | Op::Pad { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::ConvInputGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::AveragePoolGrad { .. }
+        | Op::GatherGrad { .. }
+        | Op::SliceGrad { .. }
+        | Op::Resize(_)
+        | Op::ResizeGrad { .. }
+        | Op::BatchNormTrain { .. }
+        | Op::BatchNormTrainGrad { .. }
+        | Op::Hardmax { .. }
+        | Op::Index(_)
+        | Op::Dropout(_) => {
             if has("d0") || has("batch") {
                 t.push("dp");
             }
