@@ -50,6 +50,8 @@ pub enum Policy {
 /// The class of `op` under mixed precision.
 pub fn policy(op: &Op) -> Policy {
     use crate::ops::index::IndexOp;
+    // Every op and every unary, binary, reduce and indexing kind is named (no wildcard), so a new
+    // one does not compile until it is given a class.
     match op {
         Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => Policy::Low,
         Op::LayerNorm { .. }
@@ -58,12 +60,128 @@ pub fn policy(op: &Op) -> Policy {
         | Op::Lrn { .. }
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. } => Policy::F32,
-        Op::Unary(UnaryOp::Exp | UnaryOp::Log | UnaryOp::Reciprocal) => Policy::F32,
-        Op::Binary(BinaryOp::Pow) => Policy::F32,
-        Op::Reduce { op, .. } if !matches!(op, ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min) => Policy::F32,
-        Op::Index(IndexOp::CumSum { .. }) => Policy::F32,
+        Op::Unary(u) => match u {
+            UnaryOp::Exp | UnaryOp::Log | UnaryOp::Reciprocal => Policy::F32,
+            UnaryOp::Relu
+            | UnaryOp::Gelu
+            | UnaryOp::GeluTanh
+            | UnaryOp::Tanh
+            | UnaryOp::Erf
+            | UnaryOp::Sigmoid
+            | UnaryOp::Sqrt
+            | UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Not
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Sign
+            | UnaryOp::HardSigmoid { .. }
+            | UnaryOp::HardSwish
+            | UnaryOp::LeakyRelu { .. }
+            | UnaryOp::Elu { .. }
+            | UnaryOp::Selu { .. }
+            | UnaryOp::Celu { .. }
+            | UnaryOp::Softplus
+            | UnaryOp::Softsign
+            | UnaryOp::Mish
+            | UnaryOp::ThresholdedRelu { .. }
+            | UnaryOp::Shrink { .. }
+            | UnaryOp::Round
+            | UnaryOp::IsNaN
+            | UnaryOp::IsInf { .. }
+            | UnaryOp::Tan
+            | UnaryOp::Acos
+            | UnaryOp::Asin
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+            | UnaryOp::BitwiseNot => Policy::Promote,
+        },
+        Op::Binary(b) => match b {
+            BinaryOp::Pow => Policy::F32,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::Equal
+            | BinaryOp::Less
+            | BinaryOp::LessOrEqual
+            | BinaryOp::Greater
+            | BinaryOp::GreaterOrEqual
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor
+            | BinaryOp::PRelu
+            | BinaryOp::BitwiseAnd
+            | BinaryOp::BitwiseOr
+            | BinaryOp::BitwiseXor
+            | BinaryOp::Mod
+            | BinaryOp::Fmod => Policy::Promote,
+        },
+        Op::Reduce { op, .. } => match op {
+            ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min => Policy::Promote,
+            ReduceOp::Sum
+            | ReduceOp::Prod
+            | ReduceOp::SumSquare
+            | ReduceOp::L2
+            | ReduceOp::L1
+            | ReduceOp::LogSum
+            | ReduceOp::LogSumExp => Policy::F32,
+        },
+        Op::Index(x) => match x {
+            IndexOp::CumSum { .. } => Policy::F32,
+            IndexOp::Trilu { .. }
+            | IndexOp::ScatterNd { .. }
+            | IndexOp::GatherNd { .. }
+            | IndexOp::GatherElements { .. }
+            | IndexOp::ScatterElements { .. }
+            | IndexOp::ArgMax { .. }
+            | IndexOp::ArgMin { .. }
+            | IndexOp::TopK { .. } => Policy::Promote,
+        },
         Op::Cast { .. } => Policy::Keep,
-        _ => Policy::Promote,
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant(_)
+        | Op::Where
+        | Op::Identity
+        | Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::Pad { .. }
+        | Op::State { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::ConvInputGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::AveragePoolGrad { .. }
+        | Op::GatherGrad { .. }
+        | Op::SliceGrad { .. }
+        | Op::SgdUpdate { .. }
+        | Op::AdamWUpdate { .. }
+        | Op::Resize(_)
+        | Op::ResizeGrad { .. }
+        | Op::BatchNormTrainGrad { .. }
+        | Op::Hardmax { .. }
+        | Op::Dropout(_) => Policy::Promote,
     }
 }
 

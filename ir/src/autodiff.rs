@@ -603,7 +603,37 @@ fn differentiable(op: &Op) -> bool {
         | Op::AdamWUpdate { .. }
         | Op::ResizeGrad { .. }
         | Op::Hardmax { .. } => false,
-        _ => true,
+        // Listed one by one (no wildcard), so a new op decides here whether gradients pass it.
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant(_)
+        | Op::Where
+        | Op::Identity
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Conv(_)
+        | Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool
+        | Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::Lrn { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::Reduce { .. }
+        | Op::Pad { .. }
+        | Op::ConvInputGrad { .. }
+        | Op::Resize(_)
+        | Op::BatchNormTrain { .. }
+        | Op::Dropout(_) => true,
     }
 }
 
@@ -723,7 +753,11 @@ fn vjp(
         Some(Some(d)) => Some(*d),
         _ => None,
     };
-    match &op {
+    // The rule of each op, in one match over every variant (no wildcard): a new op does not
+    // compile until it names its family's rule here, or says it has none. The family functions
+    // end in a `no_rule` arm that this match never sends them to.
+    let family: Option<FamilyVjp> = match &op {
+        // Ops with several outputs (or outputs that may carry no gradient) take them all.
         Op::Split { axis, sizes } => {
             let mut parts = Vec::with_capacity(dys.len());
             for (s, d) in dys.iter().enumerate() {
@@ -744,41 +778,66 @@ fn vjp(
             out[0] = elementwise::dropout_vjp(b, *a, dy)?;
             return Ok(out);
         }
-        // Every other op has one output.
-        _ if dys.len() > 1 => return Err(no_rule(b, n)),
-        _ => {}
-    }
-    let Some(dy) = dy else { return Ok(out) };
-    match op {
-        Op::Identity | Op::Cast { .. } | Op::Unary(_) | Op::Binary(_) | Op::Where => {
-            elementwise::vjp(b, n, op, ins, dy, want, &mut out)?
-        }
-        Op::MatMul | Op::Gemm { .. } => linalg::vjp(b, n, op, ins, dy, want, &mut out)?,
+        // Single-output ops, by family.
+        Op::Identity | Op::Cast { .. } | Op::Unary(_) | Op::Binary(_) | Op::Where => Some(elementwise::vjp),
+        Op::MatMul | Op::Gemm { .. } => Some(linalg::vjp),
         Op::Conv(_)
         | Op::MaxPool(_)
         | Op::AveragePool(_)
         | Op::GlobalAveragePool
         | Op::GlobalMaxPool
-        | Op::ConvInputGrad { .. } => conv::vjp(b, n, op, ins, dy, want, &mut out)?,
+        | Op::ConvInputGrad { .. } => Some(conv::vjp),
         Op::BatchNorm { .. }
         | Op::LayerNorm { .. }
         | Op::BatchNormTrain { .. }
         | Op::Lrn { .. }
         | Op::Softmax { .. }
-        | Op::LogSoftmax { .. } => norm::vjp(b, n, op, ins, dy, want, &mut out)?,
+        | Op::LogSoftmax { .. } => Some(norm::vjp),
         Op::Reshape { .. }
         | Op::Transpose { .. }
         | Op::Expand { .. }
         | Op::Concat { .. }
         | Op::Slice { .. }
         | Op::Gather { .. }
-        | Op::Pad { .. } => shape::vjp(b, n, op, ins, dy, want, &mut out)?,
-        Op::Reduce { .. } => reduce::vjp(b, n, op, ins, dy, want, &mut out)?,
-        Op::Resize(_) => resize::vjp(b, n, op, ins, dy, want, &mut out)?,
-        _ => return Err(no_rule(b, n)),
+        | Op::Pad { .. } => Some(shape::vjp),
+        Op::Reduce { .. } => Some(reduce::vjp),
+        Op::Resize(_) => Some(resize::vjp),
+        // No gradient rule: sources, state, the gradient and update ops themselves (but
+        // `ConvInputGrad`, which is a convolution), and Hardmax (piecewise constant). Their
+        // outputs carry no gradient ([`differentiable`]), so a gradient reaching one is an error.
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant(_)
+        | Op::State { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::AveragePoolGrad { .. }
+        | Op::GatherGrad { .. }
+        | Op::SliceGrad { .. }
+        | Op::SgdUpdate { .. }
+        | Op::AdamWUpdate { .. }
+        | Op::ResizeGrad { .. }
+        | Op::BatchNormTrainGrad { .. }
+        | Op::Hardmax { .. } => None,
+    };
+    // Every other op has one output.
+    if dys.len() > 1 {
+        return Err(no_rule(b, n));
     }
+    let Some(dy) = dy else { return Ok(out) };
+    let Some(family) = family else { return Err(no_rule(b, n)) };
+    family(b, n, op, ins, dy, want, &mut out)?;
     Ok(out)
 }
+
+/// A family's rule for single-output ops: input gradients of `op` (node `n`) given its output
+/// gradient, written into the last argument (one entry per input).
+type FamilyVjp =
+    fn(&mut Builder, NodeIndex, Op, &[Value], Value, &[bool], &mut [Option<Value>]) -> Result<(), AutodiffError>;
 
 /// Gradients of a numpy matmul.
 fn matmul_vjp(

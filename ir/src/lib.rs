@@ -31,6 +31,15 @@
 //! | sharding | `sharding/src/strategy/<family>.rs` | the op's logical dims (which input/output dims split together) and linear inputs |
 //! | kernels | `kernels/src/cpu/<family>.rs`, `kernels/src/cuda/<family>.rs` | the CPU kernel (f32/f64/i64/bool as the op allows) and the CUDA one |
 //!
+//! The compiler points at each stage to fill in: the dispatchers of the per-op stages
+//! ([`Op::infer`], [`Op::flops`], [`Op::num_outputs`], the gradient rule `vjp` and
+//! [`autodiff`]'s list of differentiable ops, [`autocast::policy`], `strategy::rule` and
+//! `strategy::local_op` in `sharding`, the CPU and CUDA `eval`) match every variant with no
+//! wildcard arm, as do the per-kind choices inside them (unary and binary names, gradients and
+//! linearity; indexing ops' gradients; the CPU and CUDA unary and bitwise kernels). A new variant is a compile error at each until it is
+//! given its family's rule, or an explicit "none" (no gradient, replicated only, no FLOPs). The
+//! families' own functions keep a last "dispatch bug" arm that their dispatcher never reaches.
+//!
 //! An op the importer can rewrite into existing ops (as `Einsum`, `GroupNormalization` or
 //! `Pad`'s edge modes are) needs the import file only. The tests a new op adds: its ONNX node
 //! suite cases (`tests/data/onnx-node`, selected by `tests/examples/select_node_cases.rs`), a

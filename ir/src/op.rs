@@ -729,7 +729,50 @@ impl Op {
             Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
             Op::Index(x) => x.num_outputs(),
             Op::Dropout(a) if a.mask => 2,
-            _ => 1,
+            // Every variant is listed (no wildcard), so a new op decides its output count here.
+            Op::SgdUpdate { .. } | Op::Dropout(_) => 1,
+            Op::Input { .. }
+            | Op::Param { .. }
+            | Op::Constant(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Identity
+            | Op::MatMul
+            | Op::Gemm { .. }
+            | Op::Conv(_)
+            | Op::MaxPool(_)
+            | Op::AveragePool(_)
+            | Op::GlobalAveragePool
+            | Op::GlobalMaxPool
+            | Op::BatchNorm { .. }
+            | Op::LayerNorm { .. }
+            | Op::Lrn { .. }
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Expand { .. }
+            | Op::Concat { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::Reduce { .. }
+            | Op::Pad { .. }
+            | Op::State { .. }
+            | Op::UnaryGrad(_)
+            | Op::SoftmaxGrad { .. }
+            | Op::LrnGrad { .. }
+            | Op::ConvInputGrad { .. }
+            | Op::ConvWeightGrad { .. }
+            | Op::MaxPoolGrad(_)
+            | Op::AveragePoolGrad { .. }
+            | Op::GatherGrad { .. }
+            | Op::SliceGrad { .. }
+            | Op::Resize(_)
+            | Op::ResizeGrad { .. }
+            | Op::BatchNormTrain { .. }
+            | Op::Hardmax { .. } => 1,
         }
     }
 
@@ -748,6 +791,10 @@ impl Op {
 
     /// [`Op::infer`] before the size check of the outputs. Arithmetic on dims is checked here
     /// too: attributes (pads, sizes, slice bounds) are not bounded by the input shapes.
+    ///
+    /// One arm per variant, no wildcard: a new [`Op`] does not compile until it names the family
+    /// file that infers it. Each family's `infer` ends in a "dispatch bug" error that this match
+    /// never reaches.
     fn infer_shapes(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
         use Op::*;
         let n = self.name();
@@ -780,15 +827,7 @@ impl Op {
             | Gather { .. }
             | Pad { .. } => crate::ops::shape::infer(self, ins),
             Reduce { .. } => crate::ops::reduce::infer(self, ins),
-            _ => self.infer_training(ins),
-        }
-    }
-
-    /// Inference for the training ops (state, gradients, optimizer updates).
-    fn infer_training(&self, ins: &[TensorMeta]) -> Result<Vec<TensorMeta>, InferError> {
-        use Op::*;
-        let n = self.name();
-        match self {
+            // Training ops (state, gradients, optimizer updates).
             BatchNormTrainGrad { .. } => crate::ops::norm::infer_batch_norm_train_grad(n, ins),
             UnaryGrad(_) => crate::ops::elementwise::infer_grad(self, ins),
             SoftmaxGrad { .. } | LayerNormGrad { .. } | LrnGrad { .. } => crate::ops::norm::infer_grad(self, ins),
@@ -797,7 +836,6 @@ impl Op {
             }
             GatherGrad { .. } | SliceGrad { .. } => crate::ops::shape::infer_grad(self, ins),
             SgdUpdate { .. } | AdamWUpdate { .. } => crate::ops::training::infer_grad(self, ins),
-            _ => unreachable!("infer_training called for forward op {n}"),
         }
     }
 
@@ -858,7 +896,30 @@ impl Op {
             AdamWUpdate { .. } => mul(&[12, out_n]),
             Resize(a) => a.flops(out_n),
             ResizeGrad { attrs, .. } => attrs.flops(numel(ins.first())),
-            _ => 0,
+            // Data movement, sources and the indexing ops that only copy: no arithmetic. Listed
+            // one by one (no wildcard), so a new op decides its count here.
+            Input { .. }
+            | Param { .. }
+            | Constant(_)
+            | State { .. }
+            | Cast { .. }
+            | Identity
+            | Reshape { .. }
+            | Transpose { .. }
+            | Expand { .. }
+            | Concat { .. }
+            | Split { .. }
+            | Slice { .. }
+            | Gather { .. }
+            | Pad { .. } => 0,
+            Index(
+                crate::IndexOp::Trilu { .. }
+                | crate::IndexOp::GatherElements { .. }
+                | crate::IndexOp::ScatterElements { .. }
+                | crate::IndexOp::GatherNd { .. }
+                | crate::IndexOp::ScatterNd { .. }
+                | crate::IndexOp::TopK { .. },
+            ) => 0,
         }
     }
 }
@@ -923,14 +984,75 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
         Sin => "sin",
         Cos => "cos",
         Sign => "sign",
-        _ => crate::ops::activation::name(u),
+        // The activations name themselves (no wildcard: a new unary op is named here).
+        HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => crate::ops::activation::name(u),
     }
 }
 
 /// True for unary ops with a [`Op::UnaryGrad`] (the others are piecewise constant or boolean).
 pub fn unary_differentiable(u: UnaryOp) -> bool {
     use UnaryOp::*;
-    !matches!(u, Not | Floor | Ceil | Sign | Round | IsNaN | IsInf { .. } | BitwiseNot)
+    // Every variant is named (no wildcard), so a new unary op decides here.
+    match u {
+        Not | Floor | Ceil | Sign | Round | IsNaN | IsInf { .. } | BitwiseNot => false,
+        Relu
+        | Gelu
+        | GeluTanh
+        | Tanh
+        | Erf
+        | Sigmoid
+        | Exp
+        | Log
+        | Sqrt
+        | Neg
+        | Reciprocal
+        | Abs
+        | Sin
+        | Cos
+        | HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh => true,
+    }
 }
 
 /// True when [`Op::UnaryGrad`] of `u` reads the forward output `y` instead of the input `x`:
@@ -962,7 +1084,30 @@ pub fn unary_grad_name(u: UnaryOp) -> &'static str {
         Sin => "sin_grad",
         Cos => "cos_grad",
         Sign => "sign_grad",
-        _ => crate::ops::activation::grad_name(u),
+        HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => crate::ops::activation::grad_name(u),
     }
 }
 

@@ -183,6 +183,9 @@ fn elementwise(ins: &[TensorMeta], outs: &[TensorMeta], skip: &[usize]) -> Vec<L
 }
 
 /// The sharding rule of an op for its input and output metas, or `None` when it has none.
+///
+/// One arm per variant, no wildcard: a new [`Op`] does not compile until it names the family
+/// file with its rule. Each family's rule ends in a `_ => None` arm this match never reaches.
 pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
     use Op::*;
     let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
@@ -328,7 +331,48 @@ pub fn local_op(op: &Op, local_ins: &[TensorMeta], local_outs: &[Vec<usize>]) ->
             let _ = local_ins;
             *sizes = local_outs.iter().map(|s| s[*axis]).collect();
         }
-        _ => {}
+        // No attribute sizes a dim that [`rule`] lets split (axes, pads, windows and slices are
+        // on whole dims). Listed one by one (no wildcard), so a new op decides here.
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Identity
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Conv(_)
+        | Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool
+        | Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::Lrn { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Transpose { .. }
+        | Op::Concat { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::Reduce { .. }
+        | Op::Pad { .. }
+        | Op::State { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::SgdUpdate { .. }
+        | Op::AdamWUpdate { .. }
+        | Op::Resize(_)
+        | Op::BatchNormTrain { .. }
+        | Op::BatchNormTrainGrad { .. }
+        | Op::Hardmax { .. }
+        | Op::Index(_)
+        | Op::Dropout(_) => {}
     }
     op
 }
@@ -573,7 +617,52 @@ fn tags(
                 t.push("tensor-parallel");
             }
         }
-        _ => {
+        // The generic names. Every variant is listed (the guarded ones above reappear), so a
+        // new op decides here whether it has names of its own.
+        Op::Input { .. }
+        | Op::Constant(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Identity
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Conv(_)
+        | Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool
+        | Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::Lrn { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice { .. }
+        | Op::Reduce { .. }
+        | Op::Pad { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LrnGrad { .. }
+        | Op::ConvInputGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPoolGrad(_)
+        | Op::AveragePoolGrad { .. }
+        | Op::GatherGrad { .. }
+        | Op::SliceGrad { .. }
+        | Op::Resize(_)
+        | Op::ResizeGrad { .. }
+        | Op::BatchNormTrain { .. }
+        | Op::BatchNormTrainGrad { .. }
+        | Op::Hardmax { .. }
+        | Op::Index(_)
+        | Op::Dropout(_) => {
             if has("d0") || has("batch") {
                 t.push("dp");
             }

@@ -71,6 +71,7 @@ pub(super) fn vjp(
             out[0] = Some(b.mask("dx", m, dy, true)?);
         }
         Op::ConvInputGrad { attrs, .. } => conv_input_grad(b, &attrs, ins, dy, want, out)?,
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

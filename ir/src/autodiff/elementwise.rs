@@ -130,7 +130,22 @@ pub(super) fn vjp(
                         out[1] = Some(b.sum_to("db", t, &sc)?);
                     }
                 }
-                _ => {}
+                // No gradient flows through comparisons, logic, bitwise ops and remainders
+                // ([`super::differentiable`] keeps them off gradient paths). Listed one by one
+                // (no wildcard), so a new binary op decides its gradient here.
+                BinaryOp::Equal
+                | BinaryOp::Less
+                | BinaryOp::LessOrEqual
+                | BinaryOp::Greater
+                | BinaryOp::GreaterOrEqual
+                | BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::BitwiseAnd
+                | BinaryOp::BitwiseOr
+                | BinaryOp::BitwiseXor
+                | BinaryOp::Mod
+                | BinaryOp::Fmod => {}
             }
         }
         Op::Where => {
@@ -146,6 +161,7 @@ pub(super) fn vjp(
                 out[2] = Some(b.sum_to("db", t, &s)?);
             }
         }
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

@@ -68,7 +68,16 @@ pub(super) fn vjp(
             out[0] = Some(b.op("dx", idx(scatter), &[z, picked, dy])?);
         }
         IndexOp::GatherNd { .. } | IndexOp::GatherElements { .. } | IndexOp::TopK { .. } if !w(0) => {}
-        _ => return Err(no_rule(b, n)),
+        // No rule: GatherND with batch dims, scatters that multiply or take a max or min, and the
+        // arg-reductions. Every variant is named (no wildcard; the arms above with guards
+        // reappear here), so a new indexing op decides its gradient here.
+        IndexOp::GatherNd { .. }
+        | IndexOp::GatherElements { .. }
+        | IndexOp::TopK { .. }
+        | IndexOp::ScatterNd { .. }
+        | IndexOp::ScatterElements { .. }
+        | IndexOp::ArgMax { .. }
+        | IndexOp::ArgMin { .. } => return Err(no_rule(b, n)),
     }
     Ok(out)
 }

@@ -46,6 +46,7 @@ pub(super) fn vjp(
                 out[2] = Some(b.scale("dc", t, beta)?);
             }
         }
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

@@ -44,6 +44,7 @@ pub(super) fn vjp(
         }
         Op::Softmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: false }, &[y, dy])?),
         Op::LogSoftmax { axis } => out[0] = Some(b.op("dx", Op::SoftmaxGrad { axis, log: true }, &[y, dy])?),
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

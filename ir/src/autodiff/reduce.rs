@@ -92,6 +92,7 @@ pub(super) fn vjp(
             };
             out[0] = Some(b.expand("dx", local, &shape)?);
         }
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

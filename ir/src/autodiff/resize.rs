@@ -20,6 +20,7 @@ pub(super) fn vjp(
             let shape = sh(b, 0);
             out[0] = Some(b.op("dx", Op::ResizeGrad { attrs, shape }, &[dy])?);
         }
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

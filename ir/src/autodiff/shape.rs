@@ -69,6 +69,7 @@ pub(super) fn vjp(
                 .collect();
             out[0] = Some(if axes.is_empty() { dy } else { b.op("dx", Op::Slice { axes }, &[dy])? });
         }
+        // `super::vjp` sends only the ops above here.
         _ => return Err(no_rule(b, n)),
     }
     Ok(())

@@ -56,26 +56,35 @@ pub const OPS: [UnaryOp; 24] = {
 /// True for the unary ops this file describes.
 pub fn is_activation(u: UnaryOp) -> bool {
     use UnaryOp::*;
-    !matches!(
-        u,
-        Relu | Gelu
-            | GeluTanh
-            | Tanh
-            | Erf
-            | Sigmoid
-            | Exp
-            | Log
-            | Sqrt
-            | Neg
-            | Reciprocal
-            | Abs
-            | Not
-            | Floor
-            | Ceil
-            | Sin
-            | Cos
-            | Sign
-    )
+    // Every variant is named (no wildcard), so a new unary op says which file describes it.
+    match u {
+        Relu | Gelu | GeluTanh | Tanh | Erf | Sigmoid | Exp | Log | Sqrt | Neg | Reciprocal | Abs | Not | Floor
+        | Ceil | Sin | Cos | Sign => false,
+        HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => true,
+    }
 }
 
 /// Text-form name of one of this file's unary ops (`""` for the others).

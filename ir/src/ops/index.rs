@@ -306,7 +306,12 @@ impl IndexOp {
             IndexOp::ScatterNd { reduction } | IndexOp::ScatterElements { reduction, .. } => {
                 matches!(reduction, ScatterReduction::None | ScatterReduction::Add)
             }
-            _ => true,
+            // Listed one by one (no wildcard), so a new indexing op decides here.
+            IndexOp::Trilu { .. }
+            | IndexOp::GatherNd { .. }
+            | IndexOp::GatherElements { .. }
+            | IndexOp::CumSum { .. }
+            | IndexOp::TopK { .. } => true,
         }
     }
 }

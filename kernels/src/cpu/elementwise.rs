@@ -231,7 +231,31 @@ fn float_unary(ctx: &CpuContext, op: &'static str, u: UnaryOp, v: &[F]) -> Resul
             x
         }),
         UnaryOp::Not => return Err(bad(op, "not takes bool")),
-        _ => return Err(bad(op, "an activation reached the basic unary kernel")),
+        // Every kind is named (no wildcard); `unary` sends the activations to their own file.
+        UnaryOp::HardSigmoid { .. }
+        | UnaryOp::HardSwish
+        | UnaryOp::LeakyRelu { .. }
+        | UnaryOp::Elu { .. }
+        | UnaryOp::Selu { .. }
+        | UnaryOp::Celu { .. }
+        | UnaryOp::Softplus
+        | UnaryOp::Softsign
+        | UnaryOp::Mish
+        | UnaryOp::ThresholdedRelu { .. }
+        | UnaryOp::Shrink { .. }
+        | UnaryOp::Round
+        | UnaryOp::IsNaN
+        | UnaryOp::IsInf { .. }
+        | UnaryOp::Tan
+        | UnaryOp::Acos
+        | UnaryOp::Asin
+        | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh
+        | UnaryOp::Asinh
+        | UnaryOp::Acosh
+        | UnaryOp::Atanh
+        | UnaryOp::BitwiseNot => return Err(bad(op, "an activation reached the basic unary kernel")),
     }
     Ok(out)
 }

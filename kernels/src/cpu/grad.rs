@@ -74,7 +74,35 @@ pub(crate) fn unary_grad(ctx: &CpuContext, u: UnaryOp, x: &Tensor, dy: &Tensor) 
         }),
         UnaryOp::Sin => apply!(F::cos),
         UnaryOp::Cos => apply!(|x: F| -x.sin()),
-        _ => return Err(bad(op, "op has no gradient kernel".into())),
+        // Every kind is named (no wildcard): the piecewise-constant kinds have no gradient, and the activations are sent to their own file above.
+        UnaryOp::Not
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Sign
+        | UnaryOp::HardSigmoid { .. }
+        | UnaryOp::HardSwish
+        | UnaryOp::LeakyRelu { .. }
+        | UnaryOp::Elu { .. }
+        | UnaryOp::Selu { .. }
+        | UnaryOp::Celu { .. }
+        | UnaryOp::Softplus
+        | UnaryOp::Softsign
+        | UnaryOp::Mish
+        | UnaryOp::ThresholdedRelu { .. }
+        | UnaryOp::Shrink { .. }
+        | UnaryOp::Round
+        | UnaryOp::IsNaN
+        | UnaryOp::IsInf { .. }
+        | UnaryOp::Tan
+        | UnaryOp::Acos
+        | UnaryOp::Asin
+        | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh
+        | UnaryOp::Asinh
+        | UnaryOp::Acosh
+        | UnaryOp::Atanh
+        | UnaryOp::BitwiseNot => return Err(bad(op, "op has no gradient kernel".into())),
     }
     tensor(op, x.shape(), F::data(out))
 }

@@ -153,7 +153,29 @@ fn act_code(u: UnaryOp) -> Option<(i32, f32, f32)> {
         Asinh => (18, 0.0, 0.0),
         Acosh => (19, 0.0, 0.0),
         Atanh => (20, 0.0, 0.0),
-        _ => return None,
+        // Every kind is named (no wildcard): the basic ones are not this file's; BitwiseNot, IsNaN and
+        // IsInf have kernels of their own.
+        Relu
+        | Gelu
+        | GeluTanh
+        | Tanh
+        | Erf
+        | Sigmoid
+        | Exp
+        | Log
+        | Sqrt
+        | Neg
+        | Reciprocal
+        | Abs
+        | Not
+        | Floor
+        | Ceil
+        | Sin
+        | Cos
+        | Sign
+        | IsNaN
+        | IsInf { .. }
+        | BitwiseNot => return None,
     })
 }
 
@@ -240,7 +262,25 @@ pub(crate) fn binary(
             BinaryOp::BitwiseAnd => 0,
             BinaryOp::BitwiseOr => 1,
             BinaryOp::BitwiseXor => 2,
-            _ => return Err(bad(op, "not an op of the activation family".into())),
+            // Every kind is named (no wildcard): PRelu is handled above, the rest are not this file's.
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Pow
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::Equal
+            | BinaryOp::Less
+            | BinaryOp::LessOrEqual
+            | BinaryOp::Greater
+            | BinaryOp::GreaterOrEqual
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor
+            | BinaryOp::PRelu
+            | BinaryOp::Mod
+            | BinaryOp::Fmod => return Err(bad(op, "not an op of the activation family".into())),
         };
         let (p, q) = (x.i64s(op)?, y.i64s(op)?);
         let mut out = ctx.alloc::<i64>(op, n)?;

@@ -276,7 +276,32 @@ fn unary_code(u: UnaryOp) -> i32 {
         Sin => 14,
         Cos => 15,
         Sign => 16,
-        _ => -1,
+        // Every kind is named (no wildcard): the activations are sent to their own file, and `not` has a bool kernel.
+        Not
+        | HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => -1,
     }
 }
 

@@ -90,7 +90,35 @@ fn grad_code(u: UnaryOp) -> Option<i32> {
         Abs => 11,
         Sin => 12,
         Cos => 13,
-        _ => return None,
+        // Every kind is named (no wildcard): the activations have their own gradient kernel, the others none.
+        Not
+        | Floor
+        | Ceil
+        | Sign
+        | HardSigmoid { .. }
+        | HardSwish
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | Softplus
+        | Softsign
+        | Mish
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Round
+        | IsNaN
+        | IsInf { .. }
+        | Tan
+        | Acos
+        | Asin
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | BitwiseNot => return None,
     })
 }
 

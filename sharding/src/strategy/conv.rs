@@ -70,6 +70,7 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
         }
         MaxPoolGrad(_) => r(channel_dims(ins, outs, &[0, 1]), vec![vec![1]]),
         AveragePoolGrad { .. } => r(channel_dims(ins, outs, &[0, 1]), vec![vec![0]]),
+        // `super::rule` sends only the ops above here.
         _ => None,
     }
 }

@@ -32,6 +32,7 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
             let linear = if ni > 2 { vec![vec![0, 2], vec![1, 2]] } else { vec![vec![0], vec![1]] };
             r(vec![dm, dn, dk], linear)
         }
+        // `super::rule` sends only the ops above here.
         _ => None,
     }
 }

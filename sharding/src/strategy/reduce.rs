@@ -30,6 +30,7 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
             let linear = if matches!(rop, ReduceOp::Sum | ReduceOp::Mean) { vec![vec![0]] } else { vec![] };
             r(dims, linear)
         }
+        // `super::rule` sends only the ops above here.
         _ => None,
     }
 }

@@ -12,6 +12,7 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
             let skip: Vec<usize> = a.axes.iter().map(|x| x.axis).collect();
             r(elementwise(ins, outs, &skip), vec![vec![0]])
         }
+        // `super::rule` sends only the ops above here.
         _ => None,
     }
 }

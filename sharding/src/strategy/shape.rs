@@ -87,6 +87,7 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
             debug_assert!(dy.len() == shape.len() - 1 + idx.len());
             r(dims.into_iter().filter(|l| l.size > 1).collect(), vec![vec![1]])
         }
+        // `super::rule` sends only the ops above here.
         _ => None,
     }
 }

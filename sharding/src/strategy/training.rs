@@ -8,6 +8,7 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
     let r = |dims: Vec<LogicalDim>, linear: Vec<Vec<usize>>| Some(Rule { dims, linear });
     match op {
         SgdUpdate { .. } | AdamWUpdate { .. } => r(elementwise(ins, outs, &[]), vec![]),
+        // `super::rule` sends only the ops above here.
         _ => None,
     }
 }
