@@ -65,7 +65,8 @@ pub fn certify(plan: &mut ::plan::Plan, profile: &DeviceProfile) -> Result<()> {
     let f = floor(g, devices, profile, plan.microbatches)?;
     plan.solver.plan_bound_seconds = f.seconds.min(plan.estimate.step_seconds);
     plan.estimate.model_flops = f.flops;
-    let peak = if crate::lower::precision_of(g) == ::plan::Precision::F32 { profile.f32_flops } else { profile.bf16_flops };
+    let peak =
+        if crate::lower::precision_of(g) == ::plan::Precision::F32 { profile.f32_flops } else { profile.bf16_flops };
     let step = plan.estimate.step_seconds;
     plan.estimate.mfu = if step > 0.0 && peak > 0.0 { f.flops / (step * devices as f64 * peak) } else { 0.0 };
     Ok(())

@@ -124,7 +124,10 @@ fn invalid_plans_are_refused_before_any_rank_starts() {
     // Another format version names both.
     let old = text.replacen(&format!("\"version\":{}", plan::VERSION), "\"version\":2", 1);
     let e = plan::Valid::from_json(&old).unwrap_err().to_string();
-    assert!(e.contains("version 2") && e.contains(&format!("reads versions {} to {}", plan::OLDEST_READ, plan::VERSION)), "{e}");
+    assert!(
+        e.contains("version 2") && e.contains(&format!("reads versions {} to {}", plan::OLDEST_READ, plan::VERSION)),
+        "{e}"
+    );
     // A malformed value reference names its instruction.
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let k = v["program"].as_array().unwrap().iter().position(|i| i["kind"] == "collective").unwrap();

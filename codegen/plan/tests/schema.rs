@@ -24,3 +24,19 @@ fn the_committed_schema_is_the_generated_one() {
         assert!(schema["required"].as_array().unwrap().iter().any(|f| f == field), "{field}");
     }
 }
+
+/// A plan written in format 6 (precision a free string, here absent: f32) still reads, as this
+/// version, with the same precision.
+#[test]
+fn a_version_6_plan_reads_as_this_version() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../runtime/tests/data/mlp_sgd_mesh2.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("{\"version\":6,"), "the fixture is no longer a version-6 plan");
+    let p = plan::Plan::from_json(&text).unwrap();
+    assert_eq!((p.version, p.options.precision), (plan::VERSION, plan::Precision::F32));
+    let bf16 = text.replacen("\"time_limit_seconds\":1.0", "\"time_limit_seconds\":1.0,\"precision\":\"bf16\"", 1);
+    assert_eq!(plan::Plan::parse(&bf16).unwrap().options.precision, plan::Precision::Bf16);
+    let bad = text.replacen("\"time_limit_seconds\":1.0", "\"time_limit_seconds\":1.0,\"precision\":\"f8\"", 1);
+    let e = plan::Plan::parse(&bad).unwrap_err().to_string();
+    assert!(e.contains("precision") && e.contains("f8"), "{e}");
+}
