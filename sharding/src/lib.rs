@@ -43,7 +43,7 @@
 //! | lowering | `codegen/src/plan.rs` | nothing: `lower` emits every step and sums it per `Collective::kind` in `Estimate::collectives` | `golden_lowered_plan_gpt2_tiny_2x2` (`tests/tests/plan.rs`) |
 //! | threads, MPI | `runtime/src/comm.rs` | its arms in `group_of` (checks before any rank waits) and in the default `Communicator::run`, built on `exchange` / `exchange_pieces`; `MpiComm` (`runtime/src/mpi_comm.rs`) inherits `run`, so it changes only for a new primitive | `comm::tests::threads_match_the_simulation` (add a case); `mpi_runs_equal_single_device` (`tests/cli_mpi.rs`, feature `mpi`) |
 //! | NCCL | `runtime/src/gpu.rs` | its arm in `GpuExec::collective` (an NCCL call, or a composition as all-to-all's) and the module docs' mapping | `two_ranks_on_two_gpus_match_threads` (`tests/cli_gpu.rs`, feature `cuda`, two GPUs) |
-//! | executor | `runtime/src/dist.rs`, `runtime/src/exec.rs` | nothing: `Instr::Collective` becomes `Exec::Collective`, run by `Backend::collective` | `threads_run_a_plan_and_report_every_step_in_order` (`runtime/tests/launch.rs`) |
+//! | executor | `runtime/src/compile.rs`, `runtime/src/exec.rs` | nothing: `Instr::Collective` becomes `Exec::Collective`, run by `Backend::collective` | `threads_run_a_plan_and_report_every_step_in_order` (`runtime/tests/launch.rs`) |
 //! | profiling | `profiler/src/profile.rs` | nothing unless it needs its own link: `sweep` times all-reduce and all-gather only | `profile::tests::all_gathers_get_their_own_link` |
 //!
 //! Collectives an op's strategy needs inside its local computation (`Strategy::collectives`:
