@@ -827,93 +827,280 @@ pub(crate) struct SearchConfig<'a> {
     pub bound: &'a Mutex<f64>,
 }
 
+/// The best feasible solution found so far and its cost.
+type Best = Option<(Vec<usize>, f64)>;
+
 /// Runs the whole search; returns the best feasible solution found (if any) and its cost.
-pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
-    let publish = |best: &Option<(Vec<usize>, f64)>| {
-        if let Some((x, c)) = best
-            && let Ok(mut g) = cfg.shared.lock()
-            && g.as_ref().is_none_or(|b| *c < b.1)
-        {
-            *g = Some((x.clone(), *c));
-        }
-    };
-    let shared_best = || cfg.shared.lock().ok().and_then(|g| g.clone());
-    // The best cost is close enough to the best bound known.
-    let done = |cost: f64| {
-        let bound = cfg.bound.lock().map_or(cfg.target, |b| b.max(cfg.target));
-        cost <= bound + 1e-9 * bound.abs().max(1.0) || (cfg.gap > 0.0 && cost - bound <= cfg.gap * cost.abs())
-    };
-    let mut rng = SmallRng::seed_from_u64(cfg.seed);
-    let n = m.n;
+///
+/// The phases: construction on Lagrangian memory prices ([`Search::construct`]), a fallback that
+/// always fits if construction found nothing ([`Search::fallback`]), then local search from the
+/// best solution ([`Search::improve`]).
+pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Best {
+    let rng = SmallRng::seed_from_u64(cfg.seed);
     let start = Instant::now();
-    let total = cfg.deadline.saturating_duration_since(start);
-    let lagr_deadline = start + total.mul_f64(0.25);
+    let order: Vec<usize> = (0..m.n).filter(|&i| m.k[i] >= 2).collect();
+    if order.is_empty() {
+        // Every node has a single strategy: nothing to choose.
+        let mut best = None;
+        consider(&mut State::new(m, cheapest_labelling(m)), &mut best);
+        return best;
+    }
+    let mut s = Search::new(m, cfg, rng, start, order);
+    if let Some(x) = &cfg.start {
+        consider(&mut State::new(m, x.clone()), &mut s.best);
+    }
+    let mut prices = Prices::new(m, start + s.total.mul_f64(0.25));
+    if cfg.start.is_none() && s.construct(&mut prices) {
+        s.publish();
+        return s.best;
+    }
+    penalties(m, &prices.best_lambda, &mut s.pen);
+    if s.best.is_none() {
+        s.fallback();
+    }
+    s.publish();
+    let (bx, _) = s.best.clone()?;
+    s.improve(State::new(m, bx))
+}
 
-    let mut order: Vec<usize> = (0..n).filter(|&i| m.k[i] >= 2).collect();
-    let mut best: Option<(Vec<usize>, f64)> = None;
-    let consider = |st: &mut State, best: &mut Option<(Vec<usize>, f64)>| {
-        st.resync();
-        if st.feasible() && best.as_ref().is_none_or(|b| st.cost < b.1) {
-            *best = Some((st.x.clone(), st.cost));
-            true
-        } else {
-            false
-        }
-    };
+/// Makes `st`'s labelling the best if it is feasible and cheaper; says whether it did.
+fn consider(st: &mut State, best: &mut Best) -> bool {
+    st.resync();
+    if st.feasible() && best.as_ref().is_none_or(|b| st.cost < b.1) {
+        *best = Some((st.x.clone(), st.cost));
+        true
+    } else {
+        false
+    }
+}
 
-    // Start: cheapest node cost, ties to smaller usage.
-    let x0: Vec<usize> = (0..n)
+/// Each node's cheapest strategy, ties to smaller usage.
+fn cheapest_labelling(m: &Model) -> Vec<usize> {
+    (0..m.n)
         .map(|i| {
             let cs = m.costs(i);
             let us = m.usages(i);
             (0..m.k[i]).min_by(|&a, &b| cs[a].total_cmp(&cs[b]).then(us[a].cmp(&us[b]))).unwrap_or(0)
         })
-        .collect();
-    let mut st = State::new(m, x0);
-    if order.is_empty() {
-        // Every node has a single strategy: nothing to choose.
-        consider(&mut st, &mut best);
-        return best;
-    }
-    let mut tree = Tree::new(n);
-    let weight = edge_weights(m);
-    let groups = tie_groups(m);
-    if debug() {
-        let big = groups.iter().map(|g| g.members.len()).max().unwrap_or(0);
-        tracing::debug!("{} tie groups, largest {big}", groups.len());
-    }
-    let mut ws = TreeWork::default();
+        .collect()
+}
 
-    // Construction: whole-graph spanning-forest DP and node sweeps on Lagrangian prices.
-    let nsteps = m.nsteps();
-    let mut lambda = vec![0.0f64; nsteps];
-    let mut pen = vec![0.0f64; m.cost.len()];
-    let seed_price = price_scale(m);
-    let mut best_lambda = lambda.clone();
-    let mut iter = 0;
-    if let Some(x) = &cfg.start {
-        let mut s0 = State::new(m, x.clone());
-        consider(&mut s0, &mut best);
-    }
-    let mut trws = crate::trws::Trws::new(m);
-    let mut improved_at = 0usize;
+/// Each node's smallest-usage strategy, ties to smaller cost.
+fn smallest_labelling(m: &Model) -> Vec<usize> {
+    (0..m.n)
+        .map(|i| {
+            let us = m.usages(i);
+            let cs = m.costs(i);
+            (0..m.k[i]).min_by(|&a, &b| us[a].cmp(&us[b]).then(cs[a].total_cmp(&cs[b]))).unwrap_or(0)
+        })
+        .collect()
+}
+
+/// One search thread: what its phases share.
+struct Search<'a> {
+    m: &'a Model,
+    cfg: &'a SearchConfig<'a>,
+    rng: SmallRng,
+    /// When the search started, and the time it had from then to the deadline.
+    start: Instant,
+    total: Duration,
+    /// The nodes with at least two strategies (never empty), reshuffled now and then.
+    order: Vec<usize>,
+    best: Best,
+    tree: Tree,
+    /// [`edge_weights`], for the spanning forests.
+    weight: Vec<f64>,
+    groups: Vec<Group>,
+    ws: TreeWork,
+    /// Memory prices of the strategies ([`penalties`] of the Lagrangian prices).
+    pen: Vec<f64>,
+    /// The TRW-S labelling without prices (memory ignored): a start for relinking guides.
+    free_start: Vec<usize>,
+}
+
+/// The Lagrangian construction's state: a price per time step on memory over the limit.
+struct Prices {
+    trws: crate::trws::Trws,
+    /// Construction stops here (a quarter of the time).
+    deadline: Instant,
+    lambda: Vec<f64>,
+    /// The prices under which the best solution was found.
+    best_lambda: Vec<f64>,
+    seed_price: f64,
+    iter: usize,
+    /// The iteration at which the best cost last changed, and that cost.
+    improved_at: usize,
+    last_best: Option<f64>,
     // Price step: factors are clamped to [1 / (1 + delta), 1 + delta]; delta shrinks whenever the
     // priced labelling crosses the limit (feasible after infeasible or back), so the prices
     // settle where the labelling just fits instead of oscillating by factors of two.
-    let mut guides: Vec<Vec<usize>> = Vec::new();
-    // The TRW-S labelling without prices (memory ignored): a start for relinking guides.
-    let mut free_start: Vec<usize> = Vec::new();
-    let mut delta = 1.0f64;
-    let mut was_over: Option<bool> = None;
-    let mut last_best: Option<f64> = None;
-    while cfg.start.is_none() {
-        iter += 1;
-        order_shuffle(&mut order, &mut rng);
+    delta: f64,
+    was_over: Option<bool>,
+    /// Every priced labelling so far: guides for path relinking.
+    guides: Vec<Vec<usize>>,
+}
+
+impl Prices {
+    fn new(m: &Model, deadline: Instant) -> Prices {
+        let lambda = vec![0.0f64; m.nsteps()];
+        Prices {
+            trws: crate::trws::Trws::new(m),
+            deadline,
+            best_lambda: lambda.clone(),
+            lambda,
+            seed_price: price_scale(m),
+            iter: 0,
+            improved_at: 0,
+            last_best: None,
+            delta: 1.0,
+            was_over: None,
+            guides: Vec::new(),
+        }
+    }
+
+    /// Multiplicative price updates by relative excess: prices of steps far below the limit
+    /// fall fast, those above it rise; the two threads use different step sizes.
+    fn update(&mut self, m: &Model, prof: &[i64], seed: u64) {
+        let kappa = if seed.is_multiple_of(2) { 20.0 } else { 8.0 };
+        let limit = m.limit.max(1) as f64;
+        for (t, &u) in prof.iter().enumerate() {
+            let rel = (u as f64 - limit) / limit;
+            if u > m.limit && self.lambda[t] == 0.0 {
+                self.lambda[t] = self.seed_price;
+            } else {
+                self.lambda[t] *= (kappa * rel).exp().clamp(1.0 / (1.0 + self.delta), 1.0 + self.delta);
+            }
+        }
+    }
+}
+
+/// The local search's state.
+struct Local<'a> {
+    st: State<'a>,
+    since_improve: usize,
+    rounds: usize,
+    /// The size (ILP variables) region solves aim at, adapted to how they go.
+    region_vars: usize,
+    /// How many times over its limit the back end has run (at most 16): scales limits down.
+    overrun: f64,
+    in_region: Vec<bool>,
+    lns_solves: usize,
+    /// How long the last region solve took.
+    last_region: Duration,
+}
+
+impl<'a> Search<'a> {
+    fn new(m: &'a Model, cfg: &'a SearchConfig<'a>, rng: SmallRng, start: Instant, order: Vec<usize>) -> Search<'a> {
+        let total = cfg.deadline.saturating_duration_since(start);
+        let tree = Tree::new(m.n);
+        let weight = edge_weights(m);
+        let groups = tie_groups(m);
+        if debug() {
+            let big = groups.iter().map(|g| g.members.len()).max().unwrap_or(0);
+            tracing::debug!("{} tie groups, largest {big}", groups.len());
+        }
+        Search {
+            m,
+            cfg,
+            rng,
+            start,
+            total,
+            order,
+            best: None,
+            tree,
+            weight,
+            groups,
+            ws: TreeWork::default(),
+            pen: vec![0.0f64; m.cost.len()],
+            free_start: Vec::new(),
+        }
+    }
+
+    /// Offers the best solution to the other threads.
+    fn publish(&self) {
+        if let Some((x, c)) = &self.best
+            && let Ok(mut g) = self.cfg.shared.lock()
+            && g.as_ref().is_none_or(|b| *c < b.1)
+        {
+            *g = Some((x.clone(), *c));
+        }
+    }
+
+    /// The best solution of any thread.
+    fn shared_best(&self) -> Best {
+        self.cfg.shared.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// The cost is close enough to the best bound known.
+    fn done(&self, cost: f64) -> bool {
+        let cfg = self.cfg;
+        let bound = cfg.bound.lock().map_or(cfg.target, |b| b.max(cfg.target));
+        cost <= bound + 1e-9 * bound.abs().max(1.0) || (cfg.gap > 0.0 && cost - bound <= cfg.gap * cost.abs())
+    }
+
+    /// A random node with at least two strategies.
+    fn random_node(&mut self) -> usize {
+        self.order[self.rng.random_range(0..self.order.len())]
+    }
+
+    /// Grows `self.tree` from a random node to one of `sizes`, induced or not, at random.
+    fn random_tree(&mut self, sizes: &[usize]) {
+        let root = self.random_node();
+        let size = sizes[self.rng.random_range(0..sizes.len())];
+        let induced = self.rng.random_bool(0.5);
+        self.tree.clear();
+        self.tree.grow(self.m, root, size, induced, &mut self.rng);
+    }
+
+    /// Sweeps `st` with node moves on the true cost until none pays (at most `max` times).
+    fn sweep_feasible(&self, st: &mut State, max: usize) {
+        for _ in 0..max {
+            if st.sweep(&self.order, None, true) == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Construction: whole-graph TRW-S, tree DP and node sweeps on Lagrangian prices, each
+    /// priced labelling repaired into a feasible solution, until the prices settle or a quarter
+    /// of the time is gone. True when the best is within the gap of the bound (the search is
+    /// over).
+    fn construct(&mut self, p: &mut Prices) -> bool {
+        let m = self.m;
+        loop {
+            let prof = self.lagrangian_step(p);
+            // Stop when out of time, when the best is within the gap of the bound, or when the
+            // best has not improved for a while.
+            if self.best.as_ref().is_some_and(|b| self.done(b.1)) {
+                return true;
+            }
+            let over = prof.iter().any(|&u| u > m.limit);
+            if p.was_over.is_some_and(|w| w != over) {
+                p.delta = (p.delta * 0.6).max(0.01);
+            }
+            p.was_over = Some(over);
+            if Instant::now() > p.deadline
+                || p.lambda.is_empty()
+                || (self.best.is_some() && p.iter >= p.improved_at + 8 && p.delta <= 0.05)
+            {
+                return false;
+            }
+            p.update(m, &prof, self.cfg.seed);
+            penalties(m, &p.lambda, &mut self.pen);
+        }
+    }
+
+    /// One construction step on the current prices; returns the priced labelling's memory
+    /// usage per time step.
+    fn lagrangian_step(&mut self, p: &mut Prices) -> Vec<i64> {
+        let m = self.m;
+        p.iter += 1;
+        order_shuffle(&mut self.order, &mut self.rng);
         let t0 = Instant::now();
-        let (tx, tc) = trws.run(m, &pen, if iter == 1 { 30 } else { 10 }, lagr_deadline);
+        let (tx, tc) = p.trws.run(m, &self.pen, if p.iter == 1 { 30 } else { 10 }, p.deadline);
         // Lagrangian dual value: min of the priced energy minus the prices times the limit.
-        let lb = trws.lower_bound(m, &pen) - m.limit as f64 * lambda.iter().sum::<f64>();
-        if let Ok(mut b) = cfg.bound.lock()
+        let lb = p.trws.lower_bound(m, &self.pen) - m.limit as f64 * p.lambda.iter().sum::<f64>();
+        if let Ok(mut b) = self.cfg.bound.lock()
             && lb > *b
         {
             *b = lb;
@@ -921,378 +1108,399 @@ pub(crate) fn run(m: &Model, cfg: &SearchConfig) -> Option<(Vec<usize>, f64)> {
         if debug() {
             let prof = m.usage_profile(&tx);
             tracing::debug!(
-                "[{:.1}s] trws {iter} in {:.2}s: cost {tc:.0} max usage {} limit {} bound {lb:.0}",
-                start.elapsed().as_secs_f64(),
+                "[{:.1}s] trws {} in {:.2}s: cost {tc:.0} max usage {} limit {} bound {lb:.0}",
+                self.start.elapsed().as_secs_f64(),
+                p.iter,
                 t0.elapsed().as_secs_f64(),
                 prof.iter().max().copied().unwrap_or(0),
                 m.limit
             );
         }
-        if iter == 1 {
-            free_start.clone_from(&tx);
+        if p.iter == 1 {
+            self.free_start.clone_from(&tx);
         }
-        // TRW-S labelling on the priced costs, then exact DP over random trees on the same.
-        st = State::new(m, tx);
+        let st = self.priced_descent(tx);
+        let prof = m.usage_profile(&st.x);
+        // Feasible copy: repair then improve with the true cost.
+        let mut fx = State::new(m, st.x.clone());
+        if fx.repair(Some(&self.pen), self.cfg.deadline) {
+            self.sweep_feasible(&mut fx, 10);
+            if consider(&mut fx, &mut self.best) {
+                p.best_lambda.clone_from(&p.lambda);
+            }
+        }
+        self.relink_guides(p, &st.x);
+        if debug() {
+            let over = prof.iter().filter(|&&u| u > m.limit).count();
+            tracing::debug!(
+                "[{:.1}s] lagr {}: cost {:.0} over-steps {over} max {} limit {} | repaired {:.0} | best {:?}",
+                self.start.elapsed().as_secs_f64(),
+                p.iter,
+                m.total_cost(&st.x),
+                prof.iter().max().copied().unwrap_or(0),
+                m.limit,
+                fx.cost,
+                self.best.as_ref().map(|b| b.1)
+            );
+        }
+        let now_best = self.best.as_ref().map(|b| b.1);
+        if now_best != p.last_best {
+            p.improved_at = p.iter;
+            p.last_best = now_best;
+        }
+        prof
+    }
+
+    /// From the TRW-S labelling `x` on the priced costs, exact DP over random trees and node
+    /// and group sweeps on the same (memory unchecked).
+    fn priced_descent(&mut self, x: Vec<usize>) -> State<'a> {
+        let mut st = State::new(self.m, x);
         for _ in 0..40 {
-            let root = order[rng.random_range(0..order.len())];
-            let size = [16usize, 64, 256, 1024, usize::MAX][rng.random_range(0..5)];
-            tree.clear();
-            tree.grow(m, root, size, rng.random_bool(0.5), &mut rng);
-            st.tree_move(&tree, &pen, 1.0, Accept::Penalized, &mut ws);
+            self.random_tree(&[16usize, 64, 256, 1024, usize::MAX]);
+            st.tree_move(&self.tree, &self.pen, 1.0, Accept::Penalized, &mut self.ws);
         }
         for _ in 0..10 {
-            let mut moved = st.sweep(&order, Some(&pen), false);
-            for g in &groups {
-                moved += st.group_move(g, Some(&pen), false) as usize;
+            let mut moved = st.sweep(&self.order, Some(&self.pen), false);
+            for g in &self.groups {
+                moved += st.group_move(g, Some(&self.pen), false) as usize;
             }
             if moved == 0 {
                 break;
             }
         }
-        let prof = m.usage_profile(&st.x);
-        // Feasible copy: repair then improve with the true cost.
-        let mut fx = State::new(m, st.x.clone());
-        if fx.repair(Some(&pen), cfg.deadline) {
-            for _ in 0..10 {
-                if fx.sweep(&order, None, true) == 0 {
-                    break;
-                }
-            }
-            if consider(&mut fx, &mut best) {
-                best_lambda.clone_from(&lambda);
-            }
-        }
-        // Path relinking: the best feasible solution takes over, one connected block at a
-        // time, this labelling's choices where that pays and fits.
-        guides.push(st.x.clone());
-        if let Some((bx, _)) = &best {
-            let mut rx = State::new(m, bx.clone());
+        st
+    }
+
+    /// Path relinking: the best feasible solution takes over, one connected block at a time,
+    /// the priced labellings' choices (`x` and the earlier ones) where that pays and fits.
+    fn relink_guides(&mut self, p: &mut Prices, x: &[usize]) {
+        p.guides.push(x.to_vec());
+        if let Some((bx, _)) = &self.best {
+            let mut rx = State::new(self.m, bx.clone());
             let mut gained = false;
-            for g in guides.iter().rev() {
+            for g in p.guides.iter().rev() {
                 gained |= rx.relink(g);
             }
             if gained {
-                for _ in 0..10 {
-                    if rx.sweep(&order, None, true) == 0 {
-                        break;
-                    }
+                self.sweep_feasible(&mut rx, 10);
+                if consider(&mut rx, &mut self.best) {
+                    p.best_lambda.clone_from(&p.lambda);
                 }
-                if consider(&mut rx, &mut best) {
-                    best_lambda.clone_from(&lambda);
-                }
+            }
+        }
+    }
+
+    /// Out of time before the first repair: the smallest usages always fit (the caller checked
+    /// the minimum peak), whatever they cost.
+    fn fallback(&mut self) {
+        let mut s0 = State::new(self.m, smallest_labelling(self.m));
+        consider(&mut s0, &mut self.best);
+    }
+
+    /// Local search from `st` (the best feasible solution) until the deadline or the bound;
+    /// returns the best solution.
+    fn improve(mut self, st: State<'a>) -> Best {
+        let mut l = Local {
+            st,
+            since_improve: 0,
+            rounds: 0,
+            region_vars: 20_000,
+            overrun: 1.0,
+            in_region: vec![false; self.m.n],
+            lns_solves: 0,
+            last_region: Duration::ZERO,
+        };
+        if self.cfg.lns.is_some() && self.solve_whole(&mut l) {
+            // The whole problem is solved: nothing left to search.
+            consider(&mut l.st, &mut self.best);
+            self.publish();
+            return self.best;
+        }
+        while Instant::now() < self.cfg.deadline && !self.order.is_empty() {
+            if !self.round(&mut l) {
+                break;
             }
         }
         if debug() {
-            let over = prof.iter().filter(|&&u| u > m.limit).count();
-            tracing::debug!(
-                "[{:.1}s] lagr {iter}: cost {:.0} over-steps {over} max {} limit {} | repaired {:.0} | best {:?}",
-                start.elapsed().as_secs_f64(),
-                m.total_cost(&st.x),
-                prof.iter().max().copied().unwrap_or(0),
-                m.limit,
-                fx.cost,
-                best.as_ref().map(|b| b.1)
-            );
+            tracing::debug!("lns: {} region solves, final region size {}", l.lns_solves, l.region_vars);
         }
-        let now_best = best.as_ref().map(|b| b.1);
-        if now_best != last_best {
-            improved_at = iter;
-            last_best = now_best;
+        consider(&mut l.st, &mut self.best);
+        self.publish();
+        if debug() {
+            tracing::debug!("search: {} rounds, best {:?}", l.rounds, self.best.as_ref().map(|b| b.1));
         }
-        // Stop when out of time, when the best is within the gap of the bound, or when the best
-        // has not improved for a while.
-        if best.as_ref().is_some_and(|b| done(b.1)) {
-            publish(&best);
-            return best;
-        }
-        let over = prof.iter().any(|&u| u > m.limit);
-        if was_over.is_some_and(|w| w != over) {
-            delta = (delta * 0.6).max(0.01);
-        }
-        was_over = Some(over);
-        if Instant::now() > lagr_deadline || nsteps == 0 || (best.is_some() && iter >= improved_at + 8 && delta <= 0.05)
-        {
-            break;
-        }
-        // Multiplicative price updates by relative excess: prices of steps far below the limit
-        // fall fast, those above it rise; the two threads use different step sizes.
-        let kappa = if cfg.seed.is_multiple_of(2) { 20.0 } else { 8.0 };
-        let limit = m.limit.max(1) as f64;
-        for (t, &u) in prof.iter().enumerate() {
-            let rel = (u as f64 - limit) / limit;
-            if u > m.limit && lambda[t] == 0.0 {
-                lambda[t] = seed_price;
-            } else {
-                lambda[t] *= (kappa * rel).exp().clamp(1.0 / (1.0 + delta), 1.0 + delta);
-            }
-        }
-        penalties(m, &lambda, &mut pen);
-    }
-    penalties(m, &best_lambda, &mut pen);
-    if best.is_none() {
-        // Out of time before the first repair: the smallest usages always fit (the caller
-        // checked the minimum peak), whatever they cost.
-        let xmin: Vec<usize> = (0..n)
-            .map(|i| {
-                let us = m.usages(i);
-                let cs = m.costs(i);
-                (0..m.k[i]).min_by(|&a, &b| us[a].cmp(&us[b]).then(cs[a].total_cmp(&cs[b]))).unwrap_or(0)
-            })
-            .collect();
-        let mut s0 = State::new(m, xmin);
-        consider(&mut s0, &mut best);
+        self.best
     }
 
-    // Local search from the best feasible solution.
-    publish(&best);
-    let (bx, _) = best.clone()?;
-    let mut st = State::new(m, bx);
-    let mut since_improve = 0usize;
-    let mut rounds = 0usize;
-    let mut region_vars = 20_000usize;
-    let mut overrun = 1.0f64;
-    let mut in_region = vec![false; n];
-    let mut lns_solves = 0usize;
-    let mut last_region = Duration::ZERO;
-    if let Some(backend) = cfg.lns {
-        // Small enough for one region: solve the whole problem exactly first.
+    /// Small enough for one region: solves the whole problem exactly; true if it proved `l.st`
+    /// optimal (and feasible).
+    fn solve_whole(&mut self, l: &mut Local) -> bool {
+        let m = self.m;
         let all_vars: usize =
-            order.iter().map(|&v| m.k[v] * (1 + m.adj(v).iter().map(|a| m.k[a.other]).sum::<usize>())).sum();
-        let left = cfg.deadline.saturating_duration_since(Instant::now());
-        if all_vars <= region_vars && !left.is_zero() {
-            for &v in &order {
-                in_region[v] = true;
-            }
-            let limit = left - left / 8;
-            // CBC with its default pre-processing: on tiny models without it, CBC can report
-            // optimal with column values that are not the optimum.
-            let _ = backend;
-            let cbc = crate::ilp::Cbc::default();
-            let out = crate::lns::solve_region(m, &mut st, &order, &in_region, &cbc, limit);
-            for &v in &order {
-                in_region[v] = false;
-            }
-            lns_solves += 1;
-            if out.is_ok_and(|o| o.optimal) && st.feasible() {
-                // The whole problem is solved: nothing left to search.
-                consider(&mut st, &mut best);
-                publish(&best);
-                return best;
-            }
+            self.order.iter().map(|&v| m.k[v] * (1 + m.adj(v).iter().map(|a| m.k[a.other]).sum::<usize>())).sum();
+        let left = self.cfg.deadline.saturating_duration_since(Instant::now());
+        if all_vars > l.region_vars || left.is_zero() {
+            return false;
         }
+        for &v in &self.order {
+            l.in_region[v] = true;
+        }
+        let limit = left - left / 8;
+        // CBC with its default pre-processing, whatever the back end: on tiny models without
+        // it, CBC can report optimal with column values that are not the optimum.
+        let cbc = crate::ilp::Cbc::default();
+        let out = crate::lns::solve_region(m, &mut l.st, &self.order, &l.in_region, &cbc, limit);
+        for &v in &self.order {
+            l.in_region[v] = false;
+        }
+        l.lns_solves += 1;
+        out.is_ok_and(|o| o.optimal) && l.st.feasible()
     }
-    while Instant::now() < cfg.deadline && !order.is_empty() {
-        rounds += 1;
-        if done(st.cost) {
-            break;
+
+    /// One round of local search: a region solve, tree and node moves, and a kick when stuck.
+    /// False when the search is over.
+    fn round(&mut self, l: &mut Local<'a>) -> bool {
+        l.rounds += 1;
+        if self.done(l.st.cost) {
+            return false;
         }
-        let before = st.cost;
-        let left = cfg.deadline.saturating_duration_since(Instant::now());
-        // CBC can overrun its limit a little: keep a margin.
-        // CBC can overrun its limit several times over (it checks the clock between
-        // branch-and-bound nodes, not inside the root LP): ask for a third of what is left,
-        // scaled down by the overruns seen so far.
-        let margin = (left / 4).min(Duration::from_millis(700));
-        let lns_limit = (left.saturating_sub(margin) / 5).min(Duration::from_secs(6)).div_f64(overrun);
-        // No region solves in the last 15% of the time: a late overrun would miss the deadline.
-        // Nor below 50 ms (CBC's root LP alone takes longer), nor when the last region solve
-        // took longer than the time left.
-        let lns_open = left > total.mul_f64(0.15)
-            && lns_limit >= Duration::from_millis(50)
-            && left.saturating_sub(margin) >= last_region;
-        if let Some(backend) = cfg.lns.filter(|_| lns_open) {
-            // Adopt a better solution from another thread.
-            if let Some((x, c)) = shared_best()
-                && c < st.cost - 1e-9 * c.abs().max(1.0)
-            {
-                st = State::new(m, x);
-            }
-            let root = order[rng.random_range(0..order.len())];
-            let mut region = grow_region(m, root, region_vars, &mut rng, &mut in_region);
-            // Memory couples components: when the component is exhausted, add more balls.
-            for _ in 0..32 {
-                let vars: usize = region.iter().map(|&v| m.k[v] * (1 + m.adj(v).len())).sum();
-                if vars >= region_vars || region.len() >= order.len() {
-                    break;
-                }
-                let r = order[rng.random_range(0..order.len())];
-                if !in_region[r] {
-                    let more = grow_region(m, r, region_vars - vars, &mut rng, &mut in_region);
-                    region.extend(more);
-                }
-            }
-            let t0 = Instant::now();
-            let out = crate::lns::solve_region(m, &mut st, &region, &in_region, backend, lns_limit);
-            last_region = t0.elapsed();
-            if debug() {
-                tracing::debug!(
-                    "[{:.1}s] lns took {:.2}s of {:.2}s",
-                    start.elapsed().as_secs_f64(),
-                    t0.elapsed().as_secs_f64(),
-                    lns_limit.as_secs_f64()
-                );
-            }
-            for &v in &region {
-                in_region[v] = false;
-            }
-            lns_solves += 1;
-            // A region that holds every free node, solved to optimality, solves the problem.
-            if region.len() >= order.len() && out.as_ref().is_ok_and(|o| o.optimal) && st.feasible() {
-                break;
-            }
-            let took = t0.elapsed();
-            if took > lns_limit.mul_f64(1.5) {
-                overrun = (overrun * took.as_secs_f64() / lns_limit.as_secs_f64().max(1e-3)).min(16.0);
-                region_vars = (region_vars / 2).max(500);
-            }
-            match out {
-                Ok(o) => {
-                    if o.optimal && took < lns_limit / 4 {
-                        region_vars = (region_vars * 5 / 4).min(60_000);
-                    } else if !o.optimal {
-                        region_vars = (region_vars * 3 / 4).max(500);
-                    }
-                }
-                Err(_) => region_vars = (region_vars / 2).max(500),
-            }
+        let before = l.st.cost;
+        if let Some(backend) = self.cfg.lns
+            && let Some(limit) = self.lns_limit(l)
+            && self.lns_step(l, backend, limit)
+        {
+            return false;
         }
-        if rounds.is_multiple_of(2) {
-            tree.max_spanning_forest(m, &weight, &mut rng);
-            let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
-            st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
+        self.descend(l);
+        if consider(&mut l.st, &mut self.best) {
+            self.publish();
         }
-        for _ in 0..50 {
-            if Instant::now() > cfg.deadline {
-                break;
-            }
-            let root = order[rng.random_range(0..order.len())];
-            let size = [4usize, 16, 64, 256, 1024, usize::MAX][rng.random_range(0..6)];
-            let induced = rng.random_bool(0.5);
-            tree.clear();
-            tree.grow(m, root, size, induced, &mut rng);
-            let scale = [0.0, 0.5, 1.0, 2.0][rng.random_range(0..4)];
-            st.tree_move(&tree, &pen, scale, Accept::Feasible, &mut ws);
-        }
-        if rounds.is_multiple_of(8) && Instant::now() < cfg.deadline {
-            order_shuffle(&mut order, &mut rng);
-            st.sweep(&order, None, true);
-        }
-        if rounds.is_multiple_of(4) && Instant::now() < cfg.deadline {
-            for g in &groups {
-                st.group_move(g, None, true);
-            }
-        }
-        if order.len() <= 300 {
-            // A node's pair moves re-price memory for each of its strategies: on a folded
-            // problem with thousands of steps, a sweep of them takes seconds, so the deadline is
-            // checked per node.
-            for &i in &order {
-                if Instant::now() > cfg.deadline {
-                    break;
-                }
-                st.pair_move(i);
-            }
-        }
-        if consider(&mut st, &mut best) {
-            publish(&best);
-        }
-        if st.cost < before - 1e-9 * before.abs().max(1.0) {
-            since_improve = 0;
+        if l.st.cost < before - 1e-9 * before.abs().max(1.0) {
+            l.since_improve = 0;
         } else {
-            since_improve += 1;
+            l.since_improve += 1;
         }
         // Kicks: tie groups (nodes that can only move together) are where single-node and tree
         // moves get stuck, so most kicks switch a whole group; a few randomise a small region.
-        let patience = if groups.is_empty() { 30 } else { 3 };
-        if since_improve > patience && cfg.lns.is_none() {
-            // Perturb from the best solution any thread has found, then repair and descend.
-            since_improve = 0;
-            // Crossover: each of this thread's best and the shared best relinked towards the other.
-            if let (Some((sx, _)), Some((bx, _))) = (shared_best(), best.clone())
-                && sx != bx
-            {
-                for (a, b) in [(&sx, &bx), (&bx, &sx)] {
-                    let mut cx = State::new(m, a.clone());
-                    if cx.relink(b) && consider(&mut cx, &mut best) {
-                        publish(&best);
-                    }
+        let patience = if self.groups.is_empty() { 30 } else { 3 };
+        if l.since_improve > patience && self.cfg.lns.is_none() {
+            l.since_improve = 0;
+            self.kick(l);
+        }
+        true
+    }
+
+    /// The time limit of this round's region solve, or `None` when there is no time for one.
+    fn lns_limit(&self, l: &Local) -> Option<Duration> {
+        let left = self.cfg.deadline.saturating_duration_since(Instant::now());
+        // CBC can overrun its limit several times over (it checks the clock between
+        // branch-and-bound nodes, not inside the root LP): keep a margin and ask for a fifth
+        // of what is left, scaled down by the overruns seen so far.
+        let margin = (left / 4).min(Duration::from_millis(700));
+        let lns_limit = (left.saturating_sub(margin) / 5).min(Duration::from_secs(6)).div_f64(l.overrun);
+        // No region solves in the last 15% of the time: a late overrun would miss the deadline.
+        // Nor below 50 ms (CBC's root LP alone takes longer), nor when the last region solve
+        // took longer than the time left.
+        let lns_open = left > self.total.mul_f64(0.15)
+            && lns_limit >= Duration::from_millis(50)
+            && left.saturating_sub(margin) >= l.last_region;
+        lns_open.then_some(lns_limit)
+    }
+
+    /// Large-neighbourhood search: re-optimises a random region with `backend` within
+    /// `lns_limit`, adapting the region size to how the solve went. True when the region held
+    /// every free node and was solved to optimality (the problem is solved).
+    fn lns_step(&mut self, l: &mut Local<'a>, backend: &dyn MipBackend, lns_limit: Duration) -> bool {
+        let m = self.m;
+        // Adopt a better solution from another thread.
+        if let Some((x, c)) = self.shared_best()
+            && c < l.st.cost - 1e-9 * c.abs().max(1.0)
+        {
+            l.st = State::new(m, x);
+        }
+        let region = self.random_region(l);
+        let t0 = Instant::now();
+        let out = crate::lns::solve_region(m, &mut l.st, &region, &l.in_region, backend, lns_limit);
+        l.last_region = t0.elapsed();
+        if debug() {
+            tracing::debug!(
+                "[{:.1}s] lns took {:.2}s of {:.2}s",
+                self.start.elapsed().as_secs_f64(),
+                t0.elapsed().as_secs_f64(),
+                lns_limit.as_secs_f64()
+            );
+        }
+        for &v in &region {
+            l.in_region[v] = false;
+        }
+        l.lns_solves += 1;
+        // A region that holds every free node, solved to optimality, solves the problem.
+        if region.len() >= self.order.len() && out.as_ref().is_ok_and(|o| o.optimal) && l.st.feasible() {
+            return true;
+        }
+        let took = t0.elapsed();
+        if took > lns_limit.mul_f64(1.5) {
+            l.overrun = (l.overrun * took.as_secs_f64() / lns_limit.as_secs_f64().max(1e-3)).min(16.0);
+            l.region_vars = (l.region_vars / 2).max(500);
+        }
+        match out {
+            Ok(o) => {
+                if o.optimal && took < lns_limit / 4 {
+                    l.region_vars = (l.region_vars * 5 / 4).min(60_000);
+                } else if !o.optimal {
+                    l.region_vars = (l.region_vars * 3 / 4).max(500);
                 }
             }
-            if let Some((x, c)) = shared_best()
-                && c < st.cost - 1e-9 * c.abs().max(1.0)
-            {
-                st = State::new(m, x);
-            } else if let Some((bx, c)) = &best
-                && *c < st.cost - 1e-9 * c.abs().max(1.0)
-            {
-                st = State::new(m, bx.clone());
+            Err(_) => l.region_vars = (l.region_vars / 2).max(500),
+        }
+        false
+    }
+
+    /// A region of about `l.region_vars` ILP variables, marked in `l.in_region`: a ball around a
+    /// random node, and since memory couples components, more balls when its component is
+    /// exhausted.
+    fn random_region(&mut self, l: &mut Local) -> Vec<usize> {
+        let m = self.m;
+        let root = self.random_node();
+        let mut region = grow_region(m, root, l.region_vars, &mut self.rng, &mut l.in_region);
+        for _ in 0..32 {
+            let vars: usize = region.iter().map(|&v| m.k[v] * (1 + m.adj(v).len())).sum();
+            if vars >= l.region_vars || region.len() >= self.order.len() {
+                break;
             }
-            if rng.random_bool(0.5) {
-                // A guide: from the unpriced TRW-S labelling (or the current solution), descend
-                // ignoring memory (tree DP and node moves on the cost with small prices), then
-                // relink the current solution towards it.
-                let from = if free_start.len() == n && rng.random_bool(0.7) { &free_start } else { &st.x };
-                let mut gx = State::new(m, from.clone());
-                for _ in 0..40 {
-                    let root = order[rng.random_range(0..order.len())];
-                    let size = [16usize, 64, 256, 1024, usize::MAX][rng.random_range(0..5)];
-                    tree.clear();
-                    tree.grow(m, root, size, rng.random_bool(0.5), &mut rng);
-                    let scale = [0.0, 0.1, 0.3][rng.random_range(0..3)];
-                    gx.tree_move(&tree, &pen, scale, Accept::Penalized, &mut ws);
-                }
-                for _ in 0..5 {
-                    if gx.sweep(&order, None, false) == 0 {
-                        break;
-                    }
-                }
-                let relinked = st.relink(&gx.x);
-                if debug() {
-                    tracing::debug!(
-                        "[{:.1}s] guide {:.0} relinked {relinked} -> {:.0}",
-                        start.elapsed().as_secs_f64(),
-                        gx.cost,
-                        st.cost
-                    );
-                }
-                continue;
-            } else if !groups.is_empty() && rng.random_bool(0.8) {
-                let g = &groups[rng.random_range(0..groups.len())];
-                let s = rng.random_range(0..m.k[g.members[0].0]);
-                st.kick_group(g, s);
-            } else {
-                let root = order[rng.random_range(0..order.len())];
-                tree.clear();
-                tree.grow(m, root, rng.random_range(2..64), false, &mut rng);
-                for &v in &tree.nodes {
-                    let s = rng.random_range(0..m.k[v]);
-                    if m.cost[m.off[v] + s] < 1e17 {
-                        st.set(v, s);
-                    }
-                }
+            let r = self.random_node();
+            if !l.in_region[r] {
+                let more = grow_region(m, r, l.region_vars - vars, &mut self.rng, &mut l.in_region);
+                region.extend(more);
             }
-            st.repair(Some(&pen), cfg.deadline);
-            for _ in 0..5 {
-                if st.sweep(&order, None, true) == 0 {
+        }
+        region
+    }
+
+    /// Descent on the true cost keeping memory feasible: spanning-forest and random-tree DP,
+    /// node, group and pair moves.
+    fn descend(&mut self, l: &mut Local) {
+        let deadline = self.cfg.deadline;
+        if l.rounds.is_multiple_of(2) {
+            self.tree.max_spanning_forest(self.m, &self.weight, &mut self.rng);
+            let scale = [0.0, 0.5, 1.0, 2.0][self.rng.random_range(0..4)];
+            l.st.tree_move(&self.tree, &self.pen, scale, Accept::Feasible, &mut self.ws);
+        }
+        for _ in 0..50 {
+            if Instant::now() > deadline {
+                break;
+            }
+            self.random_tree(&[4usize, 16, 64, 256, 1024, usize::MAX]);
+            let scale = [0.0, 0.5, 1.0, 2.0][self.rng.random_range(0..4)];
+            l.st.tree_move(&self.tree, &self.pen, scale, Accept::Feasible, &mut self.ws);
+        }
+        if l.rounds.is_multiple_of(8) && Instant::now() < deadline {
+            order_shuffle(&mut self.order, &mut self.rng);
+            l.st.sweep(&self.order, None, true);
+        }
+        if l.rounds.is_multiple_of(4) && Instant::now() < deadline {
+            for g in &self.groups {
+                l.st.group_move(g, None, true);
+            }
+        }
+        if self.order.len() <= 300 {
+            // A node's pair moves re-price memory for each of its strategies: on a folded
+            // problem with thousands of steps, a sweep of them takes seconds, so the deadline is
+            // checked per node.
+            for &i in &self.order {
+                if Instant::now() > deadline {
                     break;
                 }
-            }
-            if !st.feasible()
-                && let Some((bx, _)) = &best
-            {
-                st = State::new(m, bx.clone());
+                l.st.pair_move(i);
             }
         }
     }
-    if debug() {
-        tracing::debug!("lns: {lns_solves} region solves, final region size {region_vars}");
+
+    /// Perturbs from the best solution any thread has found (after crossing it with this
+    /// thread's best), then repairs and descends; or relinks towards a guide.
+    fn kick(&mut self, l: &mut Local<'a>) {
+        let m = self.m;
+        self.crossover();
+        if let Some((x, c)) = self.shared_best()
+            && c < l.st.cost - 1e-9 * c.abs().max(1.0)
+        {
+            l.st = State::new(m, x);
+        } else if let Some((bx, c)) = &self.best
+            && *c < l.st.cost - 1e-9 * c.abs().max(1.0)
+        {
+            l.st = State::new(m, bx.clone());
+        }
+        if self.rng.random_bool(0.5) {
+            self.follow_guide(l);
+            return;
+        } else if !self.groups.is_empty() && self.rng.random_bool(0.8) {
+            let g = &self.groups[self.rng.random_range(0..self.groups.len())];
+            let s = self.rng.random_range(0..m.k[g.members[0].0]);
+            l.st.kick_group(g, s);
+        } else {
+            let root = self.random_node();
+            self.tree.clear();
+            self.tree.grow(m, root, self.rng.random_range(2..64), false, &mut self.rng);
+            for &v in &self.tree.nodes {
+                let s = self.rng.random_range(0..m.k[v]);
+                if m.cost[m.off[v] + s] < 1e17 {
+                    l.st.set(v, s);
+                }
+            }
+        }
+        l.st.repair(Some(&self.pen), self.cfg.deadline);
+        self.sweep_feasible(&mut l.st, 5);
+        if !l.st.feasible()
+            && let Some((bx, _)) = &self.best
+        {
+            l.st = State::new(m, bx.clone());
+        }
     }
-    consider(&mut st, &mut best);
-    publish(&best);
-    if debug() {
-        tracing::debug!("search: {rounds} rounds, best {:?}", best.as_ref().map(|b| b.1));
+
+    /// Crossover: each of this thread's best and the shared best relinked towards the other.
+    fn crossover(&mut self) {
+        if let (Some((sx, _)), Some((bx, _))) = (self.shared_best(), self.best.clone())
+            && sx != bx
+        {
+            for (a, b) in [(&sx, &bx), (&bx, &sx)] {
+                let mut cx = State::new(self.m, a.clone());
+                if cx.relink(b) && consider(&mut cx, &mut self.best) {
+                    self.publish();
+                }
+            }
+        }
     }
-    best
+
+    /// A guide: from the unpriced TRW-S labelling (or the current solution), descends ignoring
+    /// memory (tree DP and node moves on the cost with small prices), then relinks `l.st`
+    /// towards it.
+    fn follow_guide(&mut self, l: &mut Local) {
+        let from = if self.free_start.len() == self.m.n && self.rng.random_bool(0.7) {
+            self.free_start.clone()
+        } else {
+            l.st.x.clone()
+        };
+        let mut gx = State::new(self.m, from);
+        for _ in 0..40 {
+            self.random_tree(&[16usize, 64, 256, 1024, usize::MAX]);
+            let scale = [0.0, 0.1, 0.3][self.rng.random_range(0..3)];
+            gx.tree_move(&self.tree, &self.pen, scale, Accept::Penalized, &mut self.ws);
+        }
+        for _ in 0..5 {
+            if gx.sweep(&self.order, None, false) == 0 {
+                break;
+            }
+        }
+        let relinked = l.st.relink(&gx.x);
+        if debug() {
+            tracing::debug!(
+                "[{:.1}s] guide {:.0} relinked {relinked} -> {:.0}",
+                self.start.elapsed().as_secs_f64(),
+                gx.cost,
+                l.st.cost
+            );
+        }
+    }
 }
 
 /// A connected region grown by BFS from `root` until its ILP would need about `budget`

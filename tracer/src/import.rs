@@ -631,47 +631,32 @@ impl<'a> Importer<'a> {
     }
 
     fn translate(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        use crate::ops::Family;
         let op_type = n.node.op_type.as_str();
         let one = |v: V| Ok(vec![Some(v)]);
-        match op_type {
-            "Identity" | "Dropout" | "Relu" | "Tanh" | "Erf" | "Sigmoid" | "Exp" | "Log" | "Sqrt" | "Neg"
-            | "Reciprocal" | "Abs" | "Not" | "Floor" | "Ceil" | "Sin" | "Cos" | "Sign" | "Gelu" | "Add" | "Sub"
-            | "Mul" | "Div" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or"
-            | "Xor" | "Pow" | "Sum" | "Max" | "Min" | "Mean" | "Clip" | "Where" | "Cast" | "CastLike" => {
-                self.translate_elementwise(n, op_type)
-            }
-            "Constant" | "ConstantOfShape" | "Shape" | "Size" | "Range" | "Reshape" | "Flatten" | "Squeeze"
-            | "Unsqueeze" | "Transpose" | "Expand" | "Concat" | "Split" | "Slice" | "Gather" | "Pad" => {
-                self.translate_shape(n, op_type)
-            }
-            "MatMul" | "Gemm" => self.translate_linalg(n, op_type),
-            "Conv" | "MaxPool" | "AveragePool" | "GlobalAveragePool" | "GlobalMaxPool" => {
-                self.translate_conv(n, op_type)
-            }
-            "BatchNormalization"
-            | "InstanceNormalization"
-            | "GroupNormalization"
-            | "MeanVarianceNormalization"
-            | "LpNormalization"
-            | "RMSNormalization"
-            | "LayerNormalization"
-            | "LRN"
-            | "Softmax"
-            | "LogSoftmax" => self.translate_norm(n, op_type),
-            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceSumSquare" | "ReduceL1"
-            | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => self.translate_reduce(n, op_type),
-            "ConvTranspose" => one(self.conv_transpose(n)?),
-            "Resize" => one(self.resize(n)?),
-            "Upsample" => one(self.upsample(n)?),
-            "DepthToSpace" => one(self.pixel_shuffle(n, true)?),
-            "SpaceToDepth" => one(self.pixel_shuffle(n, false)?),
-            t if activation::OPS.contains(&t) => self.translate_activation(n, t),
-            "Trilu" | "ScatterND" | "CumSum" | "ArgMax" | "ArgMin" | "Mod" | "GatherND" | "Tile" | "GatherElements"
-            | "ScatterElements" | "TopK" | "OneHot" | "EyeLike" | "Einsum" => self.translate_index(n),
-            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.translate_loss(n, op_type),
-            "Swish" => self.swish(n),
-            "LSTM" | "GRU" | "RNN" => self.translate_recurrent(n, op_type),
-            other => Err(format!("{other} is listed as supported but has no translation (importer bug)")),
+        let no_translation = || Err(format!("{op_type} is listed as supported but has no translation (importer bug)"));
+        let Some(family) = crate::ops::family(op_type) else {
+            return no_translation();
+        };
+        match family {
+            Family::Elementwise => self.translate_elementwise(n, op_type),
+            Family::Shape => self.translate_shape(n, op_type),
+            Family::Linalg => self.translate_linalg(n, op_type),
+            Family::Conv => self.translate_conv(n, op_type),
+            Family::Norm => self.translate_norm(n, op_type),
+            Family::Reduce => self.translate_reduce(n, op_type),
+            Family::ConvTranspose => one(self.conv_transpose(n)?),
+            Family::Resize => one(self.resize(n)?),
+            Family::Upsample => one(self.upsample(n)?),
+            Family::DepthToSpace => one(self.pixel_shuffle(n, true)?),
+            Family::SpaceToDepth => one(self.pixel_shuffle(n, false)?),
+            Family::Activation => self.translate_activation(n, op_type),
+            Family::Index => self.translate_index(n),
+            Family::Loss => self.translate_loss(n, op_type),
+            Family::Swish => self.swish(n),
+            Family::Recurrent => self.translate_recurrent(n, op_type),
+            // Translated before dispatch (`Importer::sequence_node`).
+            Family::Sequence => no_translation(),
         }
     }
 }

@@ -5,41 +5,8 @@ use super::{Importer, N, V, norm_axis};
 use ir::ops::activation::{SELU_ALPHA, SELU_GAMMA};
 use ir::{BinaryOp, Op, UnaryOp};
 
-/// ONNX op types of the family, in the order [`Importer::translate_activation`] handles them.
-pub(super) const OPS: &[&str] = &[
-    "HardSigmoid",
-    "HardSwish",
-    "LeakyRelu",
-    "Elu",
-    "Selu",
-    "Celu",
-    "Softplus",
-    "Softsign",
-    "Mish",
-    "ThresholdedRelu",
-    "Shrink",
-    "Round",
-    "IsNaN",
-    "IsInf",
-    "Tan",
-    "Acos",
-    "Asin",
-    "Atan",
-    "Sinh",
-    "Cosh",
-    "Asinh",
-    "Acosh",
-    "Atanh",
-    "BitwiseNot",
-    "PRelu",
-    "BitwiseAnd",
-    "BitwiseOr",
-    "BitwiseXor",
-    "Hardmax",
-];
-
 impl Importer<'_> {
-    /// Translates a node whose op type is in [`OPS`].
+    /// Translates a node whose op type is of the activation family in `src/ops.rs`.
     pub(super) fn translate_activation(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
         let nm = n.name.clone();
         let binary = match op_type {

@@ -5,67 +5,137 @@
 use super::*;
 
 impl Importer<'_> {
-    /// The shape family's arms of [`Importer::translate`].
+    /// The shape family's arms of [`Importer::translate`]: dispatches to one method per kind of
+    /// op (constants, shape queries, reshapes, layout changes, concat/split, slice/gather, pad).
     pub(super) fn translate_shape(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
-        let nm = n.name.clone();
+        match op_type {
+            "Constant" => self.constant(n),
+            "ConstantOfShape" => self.constant_of_shape(n),
+            "Range" => self.range(n),
+            "Shape" | "Size" => self.shape_query(n, op_type),
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => self.reshape_like(n, op_type),
+            "Transpose" | "Expand" => self.layout(n, op_type),
+            "Concat" | "Split" => self.concat_split(n, op_type),
+            "Slice" | "Gather" => self.slice_gather(n, op_type),
+            "Pad" => self.pad(n),
+            other => Err(not_shape_op(other)),
+        }
+    }
+
+    /// `Constant`: the tensor of its `value` (or `value_float(s)`, `value_int(s)`) attribute.
+    fn constant(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        let one = |v: V| Ok(vec![Some(v)]);
+        let t = if let Some(a) = n.attr("value") {
+            let t = a.t.as_ref().ok_or("value attribute has no tensor")?;
+            tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())?.ok_or("value tensor has no data")?
+        } else if let Some(a) = n.attr("value_float") {
+            Tensor::scalar_f32(a.f)
+        } else if let Some(a) = n.attr("value_floats") {
+            Tensor::f32(vec![a.floats.len()], a.floats.clone())
+        } else if let Some(a) = n.attr("value_int") {
+            Tensor::i64(Vec::<usize>::new(), vec![a.i])
+        } else if let Some(a) = n.attr("value_ints") {
+            Tensor::i64(vec![a.ints.len()], a.ints.clone())
+        } else {
+            return Err("only value, value_float(s) and value_int(s) constants are supported".into());
+        };
+        one(V::C(Rc::new(t)))
+    }
+
+    /// `ConstantOfShape`: a fill of the constant shape input (or a weight-free parameter when it
+    /// stands in for a weight).
+    fn constant_of_shape(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        let one = |v: V| Ok(vec![Some(v)]);
+        let shape: Vec<usize> = self
+            .const_ints(n, 0, "shape")?
+            .ok_or("shape input is missing")?
+            .into_iter()
+            .map(|d| usize::try_from(d).map_err(|_| format!("negative dim {d}")))
+            .collect::<Result<_, _>>()?;
+        let value = match n.attr("value").and_then(|a| a.t.as_ref()) {
+            Some(t) => tensor_from_proto(t, None).map_err(|e| e.to_string())?.ok_or("value tensor has no data")?,
+            None => Tensor::scalar_f32(0.0),
+        };
+        let out = n.node.output.first().cloned().unwrap_or_default();
+        let meta = TensorMeta::new(value.dtype(), shape.clone());
+        if value.dtype() == DType::F32 && self.weight_slots.contains(&out) {
+            // Topology-only models stand weights in with a fill: keep them as weight-free
+            // parameters so planning counts them, without materialising them (so no
+            // ceiling, only a size that does not overflow).
+            if meta.checked_bytes().is_none() {
+                return Err(ir::shape::too_large(&meta.shape, meta.dtype));
+            }
+            let p = self.g.param(&out, meta, None);
+            return one(V::G(p));
+        }
+        self.constant_fits(&meta)?;
+        let count = meta.numel();
+        let t = match value.data() {
+            ir::Data::F32(v) => Tensor::f32(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
+            ir::Data::F64(v) => Tensor::f64(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
+            ir::Data::BF16(_) | ir::Data::F16(_) => {
+                let x = *value.to_f32_vec().first().ok_or("empty value")?;
+                Tensor::f32(shape, fill_as(count, &meta, x)?).with_float_type(value.dtype())
+            }
+            ir::Data::I64(v) => Tensor::i64(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
+            ir::Data::Bool(v) => Tensor::bool(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
+        };
+        one(V::C(Rc::new(t)))
+    }
+
+    /// `Range`: a constant sequence from constant scalar inputs, its length bounded first.
+    fn range(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        let one = |v: V| Ok(vec![Some(v)]);
+        let get = |s: &mut Self, i: usize| -> Result<Rc<Tensor>, String> {
+            match s.need(n, i)? {
+                V::C(t) => Ok(t),
+                V::G(_) => Err("Range inputs must be constants after folding".into()),
+            }
+        };
+        let (a, b, d) = (get(self, 0)?, get(self, 1)?, get(self, 2)?);
+        for (t, what) in [(&a, "start"), (&b, "limit"), (&d, "delta")] {
+            if t.numel() != 1 {
+                return Err(format!("{what} must be a scalar, got {}", t.meta()));
+            }
+        }
+        // The count is bounded before anything is allocated.
+        let t = match a.dtype() {
+            DType::F32 => {
+                let (a, b, d) = (a.to_f32_vec()[0], b.to_f32_vec()[0], d.to_f32_vec()[0]);
+                if d == 0.0 {
+                    return Err("delta is 0".into());
+                }
+                // In f32 as ONNX defines it; infinite or NaN spans are errors, not saturated.
+                let span = (b - a) / d;
+                if !span.is_finite() {
+                    return Err(format!("range({a}, {b}, {d}) has no finite length"));
+                }
+                let cnt = span.ceil().max(0.0) as usize;
+                self.constant_fits(&TensorMeta::new(DType::F32, [cnt]))?;
+                Tensor::f32(vec![cnt], (0..cnt).map(|i| a + i as f32 * d).collect())
+            }
+            _ => {
+                let (a, b, d) = (a.to_i64_vec()[0], b.to_i64_vec()[0], d.to_i64_vec()[0]);
+                if d == 0 {
+                    return Err("delta is 0".into());
+                }
+                // ceil((b - a) / d) in i128: the difference of two i64s does not wrap.
+                let (span, d128) = (b as i128 - a as i128, d as i128);
+                let (q, r) = (span / d128, span % d128);
+                let cnt = (q + i128::from(r != 0 && (r > 0) == (d128 > 0))).max(0);
+                let cnt = usize::try_from(cnt).map_err(|_| format!("range({a}, {b}, {d}) is too long"))?;
+                self.constant_fits(&TensorMeta::new(DType::I64, [cnt]))?;
+                // Every element lies between a and b, so it fits in an i64.
+                Tensor::i64(vec![cnt], (0..cnt).map(|i| (a as i128 + i as i128 * d128) as i64).collect())
+            }
+        };
+        one(V::C(Rc::new(t)))
+    }
+
+    /// Shape queries, answered at import: `Shape` and `Size`.
+    fn shape_query(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
         let one = |v: V| Ok(vec![Some(v)]);
         match op_type {
-            "Constant" => {
-                let t = if let Some(a) = n.attr("value") {
-                    let t = a.t.as_ref().ok_or("value attribute has no tensor")?;
-                    tensor_from_proto(t, self.base_dir).map_err(|e| e.to_string())?.ok_or("value tensor has no data")?
-                } else if let Some(a) = n.attr("value_float") {
-                    Tensor::scalar_f32(a.f)
-                } else if let Some(a) = n.attr("value_floats") {
-                    Tensor::f32(vec![a.floats.len()], a.floats.clone())
-                } else if let Some(a) = n.attr("value_int") {
-                    Tensor::i64(Vec::<usize>::new(), vec![a.i])
-                } else if let Some(a) = n.attr("value_ints") {
-                    Tensor::i64(vec![a.ints.len()], a.ints.clone())
-                } else {
-                    return Err("only value, value_float(s) and value_int(s) constants are supported".into());
-                };
-                one(V::C(Rc::new(t)))
-            }
-            "ConstantOfShape" => {
-                let shape: Vec<usize> = self
-                    .const_ints(n, 0, "shape")?
-                    .ok_or("shape input is missing")?
-                    .into_iter()
-                    .map(|d| usize::try_from(d).map_err(|_| format!("negative dim {d}")))
-                    .collect::<Result<_, _>>()?;
-                let value = match n.attr("value").and_then(|a| a.t.as_ref()) {
-                    Some(t) => {
-                        tensor_from_proto(t, None).map_err(|e| e.to_string())?.ok_or("value tensor has no data")?
-                    }
-                    None => Tensor::scalar_f32(0.0),
-                };
-                let out = n.node.output.first().cloned().unwrap_or_default();
-                let meta = TensorMeta::new(value.dtype(), shape.clone());
-                if value.dtype() == DType::F32 && self.weight_slots.contains(&out) {
-                    // Topology-only models stand weights in with a fill: keep them as weight-free
-                    // parameters so planning counts them, without materialising them (so no
-                    // ceiling, only a size that does not overflow).
-                    if meta.checked_bytes().is_none() {
-                        return Err(ir::shape::too_large(&meta.shape, meta.dtype));
-                    }
-                    let p = self.g.param(&out, meta, None);
-                    return one(V::G(p));
-                }
-                self.constant_fits(&meta)?;
-                let count = meta.numel();
-                let t = match value.data() {
-                    ir::Data::F32(v) => Tensor::f32(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
-                    ir::Data::F64(v) => Tensor::f64(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
-                    ir::Data::BF16(_) | ir::Data::F16(_) => {
-                        let x = *value.to_f32_vec().first().ok_or("empty value")?;
-                        Tensor::f32(shape, fill_as(count, &meta, x)?).with_float_type(value.dtype())
-                    }
-                    ir::Data::I64(v) => Tensor::i64(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
-                    ir::Data::Bool(v) => Tensor::bool(shape, fill_as(count, &meta, *v.first().ok_or("empty value")?)?),
-                };
-                one(V::C(Rc::new(t)))
-            }
             "Shape" => {
                 let x = self.need(n, 0)?;
                 let s = self.meta(&x).shape;
@@ -80,52 +150,15 @@ impl Importer<'_> {
                 let x = self.need(n, 0)?;
                 one(V::C(Rc::new(Tensor::i64(Vec::<usize>::new(), vec![self.meta(&x).numel() as i64]))))
             }
-            "Range" => {
-                let get = |s: &mut Self, i: usize| -> Result<Rc<Tensor>, String> {
-                    match s.need(n, i)? {
-                        V::C(t) => Ok(t),
-                        V::G(_) => Err("Range inputs must be constants after folding".into()),
-                    }
-                };
-                let (a, b, d) = (get(self, 0)?, get(self, 1)?, get(self, 2)?);
-                for (t, what) in [(&a, "start"), (&b, "limit"), (&d, "delta")] {
-                    if t.numel() != 1 {
-                        return Err(format!("{what} must be a scalar, got {}", t.meta()));
-                    }
-                }
-                // The count is bounded before anything is allocated.
-                let t = match a.dtype() {
-                    DType::F32 => {
-                        let (a, b, d) = (a.to_f32_vec()[0], b.to_f32_vec()[0], d.to_f32_vec()[0]);
-                        if d == 0.0 {
-                            return Err("delta is 0".into());
-                        }
-                        // In f32 as ONNX defines it; infinite or NaN spans are errors, not saturated.
-                        let span = (b - a) / d;
-                        if !span.is_finite() {
-                            return Err(format!("range({a}, {b}, {d}) has no finite length"));
-                        }
-                        let cnt = span.ceil().max(0.0) as usize;
-                        self.constant_fits(&TensorMeta::new(DType::F32, [cnt]))?;
-                        Tensor::f32(vec![cnt], (0..cnt).map(|i| a + i as f32 * d).collect())
-                    }
-                    _ => {
-                        let (a, b, d) = (a.to_i64_vec()[0], b.to_i64_vec()[0], d.to_i64_vec()[0]);
-                        if d == 0 {
-                            return Err("delta is 0".into());
-                        }
-                        // ceil((b - a) / d) in i128: the difference of two i64s does not wrap.
-                        let (span, d128) = (b as i128 - a as i128, d as i128);
-                        let (q, r) = (span / d128, span % d128);
-                        let cnt = (q + i128::from(r != 0 && (r > 0) == (d128 > 0))).max(0);
-                        let cnt = usize::try_from(cnt).map_err(|_| format!("range({a}, {b}, {d}) is too long"))?;
-                        self.constant_fits(&TensorMeta::new(DType::I64, [cnt]))?;
-                        // Every element lies between a and b, so it fits in an i64.
-                        Tensor::i64(vec![cnt], (0..cnt).map(|i| (a as i128 + i as i128 * d128) as i64).collect())
-                    }
-                };
-                one(V::C(Rc::new(t)))
-            }
+            other => Err(not_shape_op(other)),
+        }
+    }
+
+    /// The reshapes: `Reshape`, `Flatten`, `Squeeze` and `Unsqueeze`.
+    fn reshape_like(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        match op_type {
             "Reshape" => {
                 let x = self.need(n, 0)?;
                 let m = self.meta(&x);
@@ -199,6 +232,15 @@ impl Importer<'_> {
                 };
                 one(self.emit1(&nm, Op::Reshape { shape }, &[x])?)
             }
+            other => Err(not_shape_op(other)),
+        }
+    }
+
+    /// Layout changes: `Transpose` and `Expand`.
+    fn layout(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        match op_type {
             "Transpose" => {
                 let x = self.need(n, 0)?;
                 let r = self.meta(&x).rank();
@@ -218,6 +260,15 @@ impl Importer<'_> {
                 let shape = ir::broadcast_shapes(&self.meta(&x).shape, &spec)?;
                 one(self.emit1(&nm, Op::Expand { shape }, &[x])?)
             }
+            other => Err(not_shape_op(other)),
+        }
+    }
+
+    /// `Concat` and `Split`.
+    fn concat_split(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        match op_type {
             "Concat" => {
                 let ins = (0..n.node.input.len())
                     .filter_map(|i| self.opt(n, i).transpose())
@@ -266,6 +317,15 @@ impl Importer<'_> {
                 };
                 Ok(self.emit(&nm, Op::Split { axis, sizes }, &[x])?.into_iter().map(Some).collect())
             }
+            other => Err(not_shape_op(other)),
+        }
+    }
+
+    /// Selections: `Slice` and `Gather`.
+    fn slice_gather(&mut self, n: &N, op_type: &str) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        match op_type {
             "Slice" => {
                 let x = self.need(n, 0)?;
                 let m = self.meta(&x);
@@ -329,39 +389,48 @@ impl Importer<'_> {
                 }
                 one(self.emit1(&nm, Op::Gather { axis }, &[x, idx])?)
             }
-            "Pad" => {
-                let x = self.need(n, 0)?;
-                let m = self.meta(&x);
-                let mode = n.string("mode").unwrap_or_else(|| "constant".into());
-                let (raw, value, axes) = if self.opset >= 11 {
-                    let p = self.const_ints(n, 1, "pads")?.ok_or("pads are required")?;
-                    let v = match self.opt(n, 2)? {
-                        None => 0.0,
-                        Some(V::C(t)) => t.to_f32_vec().first().copied().unwrap_or(0.0),
-                        Some(V::G(_)) => return Err("constant_value must be a constant".into()),
-                    };
-                    (p, v, self.const_ints(n, 3, "axes")?)
-                } else {
-                    (n.ints("pads").ok_or("pads are required")?, n.float("value", 0.0), None)
-                };
-                let r = m.rank();
-                let axes = match axes {
-                    Some(a) => a.iter().map(|&a| norm_axis(a, r)).collect::<Result<Vec<_>, _>>()?,
-                    None => (0..r).collect(),
-                };
-                if raw.len() != 2 * axes.len() {
-                    return Err(format!("{} pads for {} axes", raw.len(), axes.len()));
-                }
-                let mut pads = vec![0; 2 * r];
-                for (i, &a) in axes.iter().enumerate() {
-                    pads[a] = raw[i];
-                    pads[a + r] = raw[i + axes.len()];
-                }
-                one(self.pad_modes(&nm, x, &mode, &pads, value)?)
-            }
-            other => Err(format!("{other} is not a shape op (importer bug)")),
+            other => Err(not_shape_op(other)),
         }
     }
+
+    /// `Pad`: normalises the pads to every axis, then [`Importer::pad_modes`].
+    fn pad(&mut self, n: &N) -> Result<Vec<Option<V>>, String> {
+        let nm = n.name.clone();
+        let one = |v: V| Ok(vec![Some(v)]);
+        let x = self.need(n, 0)?;
+        let m = self.meta(&x);
+        let mode = n.string("mode").unwrap_or_else(|| "constant".into());
+        let (raw, value, axes) = if self.opset >= 11 {
+            let p = self.const_ints(n, 1, "pads")?.ok_or("pads are required")?;
+            let v = match self.opt(n, 2)? {
+                None => 0.0,
+                Some(V::C(t)) => t.to_f32_vec().first().copied().unwrap_or(0.0),
+                Some(V::G(_)) => return Err("constant_value must be a constant".into()),
+            };
+            (p, v, self.const_ints(n, 3, "axes")?)
+        } else {
+            (n.ints("pads").ok_or("pads are required")?, n.float("value", 0.0), None)
+        };
+        let r = m.rank();
+        let axes = match axes {
+            Some(a) => a.iter().map(|&a| norm_axis(a, r)).collect::<Result<Vec<_>, _>>()?,
+            None => (0..r).collect(),
+        };
+        if raw.len() != 2 * axes.len() {
+            return Err(format!("{} pads for {} axes", raw.len(), axes.len()));
+        }
+        let mut pads = vec![0; 2 * r];
+        for (i, &a) in axes.iter().enumerate() {
+            pads[a] = raw[i];
+            pads[a + r] = raw[i + axes.len()];
+        }
+        one(self.pad_modes(&nm, x, &mode, &pads, value)?)
+    }
+}
+
+/// The error for an op type outside the shape family (an importer bug).
+fn not_shape_op(op_type: &str) -> String {
+    format!("{op_type} is not a shape op (importer bug)")
 }
 
 /// `count` copies of `x`, allocated fallibly (a ConstantOfShape's fill; `meta` names it).
