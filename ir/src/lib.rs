@@ -27,7 +27,7 @@
 //! | IR | `ir/src/op.rs` | the [`Op`] variant (or a variant of the family's enum, as [`IndexOp`]), its name and text form |
 //! | inference | `ir/src/ops/<family>.rs` | output metas from input metas, every check an error naming the op, sizes checked ([`shape`]) |
 //! | gradient | `ir/src/autodiff/<family>.rs` | input gradients from output gradients, built from existing ops |
-//! | import | `tracer/src/import/<family>.rs` | the ONNX node (attributes, opsets, constant operands) to IR ops, or a rewrite into existing ops |
+//! | import | `tracer/src/ops.rs`, `tracer/src/import/<family>.rs` | one entry in `OP_TABLE` (the ONNX name and its family: `inspect --ops`, the importer's dispatch and `docs/ops.md` all come from it), then the ONNX node (attributes, opsets, constant operands) to IR ops in the family's method, or a rewrite into existing ops |
 //! | sharding | `sharding/src/strategy/<family>.rs` | the op's logical dims (which input/output dims split together) and linear inputs |
 //! | kernels | `kernels/src/cpu/<family>.rs`, `kernels/src/cuda/<family>.rs` | the CPU kernel (f32/f64/i64/bool as the op allows) and the CUDA one |
 //!
