@@ -277,6 +277,16 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
         }
     }
 
+    /// `y`, a collective's result or a received block, written to `slot` of `table`: the peak
+    /// counts it beside the value it replaces (both are held while it arrives).
+    fn received(&mut self, table: &mut Table<'a, B::T>, slot: usize, y: B::T) {
+        self.live += B::bytes(&y);
+        self.peak = self.peak.max(self.live);
+        if let Some(old) = table[slot].replace(Held::Owned(y)) {
+            self.live = self.live.saturating_sub(self.cost(slot, old.get()));
+        }
+    }
+
     /// The steps of the stage's schedule, each a segment of its code for one microbatch, then
     /// the update segment once. Every microbatch in flight has its own values; parameters and
     /// optimizer state (and, once a microbatch ends, what it leaves for the update) are shared.
@@ -484,11 +494,7 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
         let x = get(table, &self.vals, input).ok_or_else(|| self.missing(input))?;
         let y = self.b.collective(c, self.program.mesh(), x)?;
         self.comm_seconds += t1.elapsed().as_secs_f64();
-        self.live += B::bytes(&y);
-        self.peak = self.peak.max(self.live);
-        if let Some(old) = table[output].replace(Held::Owned(y)) {
-            self.live = self.live.saturating_sub(self.cost(output, old.get()));
-        }
+        self.received(table, output, y);
         Ok(())
     }
 
@@ -518,11 +524,7 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
         let t1 = Instant::now();
         let y = self.b.recv(self.program.peer(self.rank, from), self.tag(id, at), meta)?;
         self.comm_seconds += t1.elapsed().as_secs_f64();
-        self.live += B::bytes(&y);
-        self.peak = self.peak.max(self.live);
-        if let Some(old) = table[slot].replace(Held::Owned(y)) {
-            self.live = self.live.saturating_sub(self.cost(slot, old.get()));
-        }
+        self.received(table, slot, y);
         Ok(())
     }
 

@@ -7,8 +7,8 @@
 //! [`Program::init_rank`] from a [`crate::params::ParamSource`] block by block), constants, and its block of
 //! every fed input. [`Program::step`] then runs the program on that state through a
 //! [`Communicator`]: kernels, collectives and frees in the plan's order, the updated parameters
-//! becoming the storage of the next step. The walk itself is the runtime's one executor (the
-//! private `exec` module), shared with the GPU ranks of `gpu`: each back end only says how its
+//! becoming the storage of the next step. The walk itself is the runtime's one executor
+//! ([`crate::exec`]), shared with the GPU ranks of `gpu`: each back end only says how its
 //! tensors are computed, communicated and measured.
 //!
 //! Invariants:

@@ -348,12 +348,7 @@ impl Precision {
     }
     /// The name written in plans and reports.
     pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::F64 => "f64",
-            Precision::Bf16 => "bf16",
-            Precision::Fp16 => "fp16",
-        }
+        self.plan().name()
     }
 }
 

@@ -439,9 +439,6 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// Every precision, in the order above.
-    pub const ALL: [Precision; 4] = [Precision::F32, Precision::F64, Precision::Bf16, Precision::Fp16];
-
     /// Its spelling in plans and on the command line (`f32`, `f64`, `bf16`, `fp16`).
     pub fn name(self) -> &'static str {
         match self {
@@ -455,15 +452,6 @@ impl Precision {
     /// Mixed precision (16-bit values, f32 parameters).
     pub fn is_mixed(self) -> bool {
         matches!(self, Precision::Bf16 | Precision::Fp16)
-    }
-
-    /// The 16-bit type of a mixed-precision step.
-    pub fn low(self) -> Option<ir::DType> {
-        match self {
-            Precision::Bf16 => Some(ir::DType::BF16),
-            Precision::Fp16 => Some(ir::DType::F16),
-            Precision::F32 | Precision::F64 => None,
-        }
     }
 
     fn is_f32(&self) -> bool {
