@@ -5,8 +5,9 @@
 //! (the master copy the optimizer updates). Every op falls in one of three classes
 //! ([`policy`]):
 //!
-//! - **low**: matrix products and convolutions (`matmul`, `gemm`, `conv`): every float input is
-//!   cast to the low type, the result is low;
+//! - **low**: matrix products, convolutions and fused attention (`matmul`, `gemm`, `conv`,
+//!   `attention`): every float input is cast to the low type, the result is low (attention's
+//!   row log-sum-exp stays f32, as flash attention keeps it);
 //! - **f32**: ops whose accuracy needs the range or the precision: normalisations (layer, batch,
 //!   LRN), softmax and log-softmax, `exp`, `log`, `reciprocal`, `pow`, sums and products
 //!   (`reduce_sum`, `reduce_prod`, sums of squares, L2), cumulative sums: every float input is cast
@@ -53,7 +54,7 @@ pub fn policy(op: &Op) -> Policy {
     // Every op and every unary, binary, reduce and indexing kind is named (no wildcard), so a new
     // one does not compile until it is given a class.
     match op {
-        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => Policy::Low,
+        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) | Op::Attention(_) => Policy::Low,
         Op::LayerNorm { .. }
         | Op::BatchNorm { .. }
         | Op::BatchNormTrain { .. }
@@ -180,6 +181,7 @@ pub fn policy(op: &Op) -> Policy {
         | Op::Resize(_)
         | Op::ResizeGrad { .. }
         | Op::BatchNormTrainGrad { .. }
+        | Op::AttentionGrad(_)
         | Op::Hardmax { .. }
         | Op::Dropout(_) => Policy::Promote,
     }

@@ -39,6 +39,7 @@ use crate::{NodeIndex, VerifyErrors};
 pub use optim::{CLIP_EPSILON, LrDecay, LrSchedule, SGD_STEP_STATE, UPDATE_PREFIX, runs_once_per_step};
 
 mod activation;
+mod attention;
 mod conv;
 mod elementwise;
 mod index;
@@ -602,6 +603,7 @@ fn differentiable(op: &Op) -> bool {
         | Op::SgdUpdate { .. }
         | Op::AdamWUpdate { .. }
         | Op::ResizeGrad { .. }
+        | Op::AttentionGrad(_)
         | Op::Hardmax { .. } => false,
         // Listed one by one (no wildcard), so a new op decides here whether gradients pass it.
         Op::Input { .. }
@@ -633,6 +635,7 @@ fn differentiable(op: &Op) -> bool {
         | Op::ConvInputGrad { .. }
         | Op::Resize(_)
         | Op::BatchNormTrain { .. }
+        | Op::Attention(_)
         | Op::Dropout(_) => true,
     }
 }
@@ -778,6 +781,7 @@ fn vjp(
             out[0] = elementwise::dropout_vjp(b, *a, dy)?;
             return Ok(out);
         }
+        Op::Attention(a) => return attention::vjp(b, n, *a, ins, dys, want),
         // Single-output ops, by family.
         Op::Identity | Op::Cast { .. } | Op::Unary(_) | Op::Binary(_) | Op::Where => Some(elementwise::vjp),
         Op::MatMul | Op::Gemm { .. } => Some(linalg::vjp),
@@ -822,6 +826,7 @@ fn vjp(
         | Op::AdamWUpdate { .. }
         | Op::ResizeGrad { .. }
         | Op::BatchNormTrainGrad { .. }
+        | Op::AttentionGrad(_)
         | Op::Hardmax { .. } => None,
     };
     // Every other op has one output.

@@ -18,8 +18,8 @@
 //! # Adding an op
 //!
 //! Ops come in families with the same name in every crate (`elementwise`, `activation`,
-//! `linalg`, `conv`, `norm`, `shape`, `reduce`, `resize`, `index`, `training`, `random`); an
-//! op's code lives in its family's file of each stage, and the big matches (`Op::infer`, `vjp`,
+//! `linalg`, `conv`, `norm`, `shape`, `reduce`, `resize`, `index`, `training`, `random`,
+//! `attention`); an op's code lives in its family's file of each stage, and the big matches (`Op::infer`, `vjp`,
 //! `Importer::translate`, `strategy::rule`, the CPU and CUDA `eval`) only dispatch to them:
 //!
 //! | stage | file | provides |
@@ -79,6 +79,7 @@ pub use alloc::AllocError;
 pub use graph::{Edge, Graph, GraphError, Node, Value};
 pub use half;
 pub use op::*;
+pub use ops::attention::{AttentionAttrs, AttentionDims};
 pub use ops::index::{IndexOp, ScatterReduction};
 pub use ops::random::DropoutAttrs;
 pub use ops::resize::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};

@@ -585,6 +585,12 @@ pub enum Op {
     /// sharded, split into microbatches or staged; inference does not drop. See
     /// [`crate::ops::random`]. Its gradient is the same op on the output gradient.
     Dropout(crate::ops::random::DropoutAttrs),
+    /// Fused (flash) attention, ONNX `Attention` in its 4-D form: inputs Q, K, V and an optional
+    /// mask; outputs Y and the row log-sum-exp of the scores (see [`crate::ops::attention`]).
+    Attention(crate::AttentionAttrs),
+    /// Gradient of [`Op::Attention`], recomputing the scores: inputs Q, K, V, Y, the row
+    /// log-sum-exp, dY and the optional mask; outputs dQ, dK and dV.
+    AttentionGrad(crate::AttentionAttrs),
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -712,6 +718,8 @@ impl Op {
             Hardmax { .. } => "hardmax",
             Index(x) => x.name(),
             Dropout(_) => "dropout",
+            Attention(_) => "attention",
+            AttentionGrad(_) => "attention_grad",
         }
     }
 
@@ -728,6 +736,8 @@ impl Op {
             Op::LayerNormGrad { .. } | Op::AdamWUpdate { .. } | Op::BatchNormTrainGrad { .. } => 3,
             Op::SgdUpdate { momentum, .. } if *momentum != 0.0 => 2,
             Op::Index(x) => x.num_outputs(),
+            Op::Attention(_) => 2,
+            Op::AttentionGrad(_) => 3,
             Op::Dropout(a) if a.mask => 2,
             // Every variant is listed (no wildcard), so a new op decides its output count here.
             Op::SgdUpdate { .. } | Op::Dropout(_) => 1,
@@ -810,6 +820,7 @@ impl Op {
             BatchNormTrain { .. } => crate::ops::norm::infer_batch_norm_train(n, ins),
             Index(x) => x.infer(ins),
             Dropout(a) => crate::ops::random::infer(n, a, ins),
+            Attention(a) => a.infer(n, ins),
             Unary(_) | Binary(_) | Where | Cast { .. } | Identity => crate::ops::elementwise::infer(self, ins),
             MatMul | Gemm { .. } => crate::ops::linalg::infer(self, ins),
             Conv(_) | MaxPool(_) | AveragePool(_) | GlobalAveragePool | GlobalMaxPool => {
@@ -836,6 +847,7 @@ impl Op {
             }
             GatherGrad { .. } | SliceGrad { .. } => crate::ops::shape::infer_grad(self, ins),
             SgdUpdate { .. } | AdamWUpdate { .. } => crate::ops::training::infer_grad(self, ins),
+            AttentionGrad(a) => a.infer_grad(n, ins),
         }
     }
 
@@ -896,6 +908,8 @@ impl Op {
             AdamWUpdate { .. } => mul(&[12, out_n]),
             Resize(a) => a.flops(out_n),
             ResizeGrad { attrs, .. } => attrs.flops(numel(ins.first())),
+            Attention(a) => a.flops(ins),
+            AttentionGrad(a) => a.grad_flops(ins),
             // Data movement, sources and the indexing ops that only copy: no arithmetic. Listed
             // one by one (no wildcard), so a new op decides its count here.
             Input { .. }

@@ -219,6 +219,12 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr<'_>)> {
         Dropout(a) => {
             vec![("ratio", Attr::Float(a.ratio)), ("id", Attr::Int(a.id as i64)), ("mask", Attr::Bool(a.mask))]
         }
+        Attention(a) | AttentionGrad(a) => vec![
+            ("scale", Attr::Float(a.scale)),
+            ("causal", Attr::Bool(a.causal)),
+            ("offset", Attr::Int(a.offset as i64)),
+            ("softcap", Attr::Float(a.softcap)),
+        ],
     }
 }
 /// Attributes of an indexing-family op (`tril`/`triu` name their side).
@@ -490,6 +496,15 @@ pub(crate) fn op_from(name: &str, map: HashMap<String, Attr<'static>>) -> Result
                 let id = a.int("id")?;
                 let id = u32::try_from(id).map_err(|_| format!("dropout: id {id} is not in 0..2^32"))?;
                 Op::Dropout(crate::DropoutAttrs { ratio: a.float("ratio")?, id, mask: a.bool("mask")? })
+            }
+            "attention" | "attention_grad" => {
+                let attrs = crate::AttentionAttrs {
+                    scale: a.float("scale")?,
+                    causal: a.bool("causal")?,
+                    offset: a.usize("offset")?,
+                    softcap: a.float("softcap")?,
+                };
+                if name == "attention" { Op::Attention(attrs) } else { Op::AttentionGrad(attrs) }
             }
             "softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: false },
             "log_softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: true },

@@ -19,6 +19,7 @@
 //! zeros, the output is partial) and the softmax over a split axis (all-reduce of the row max and
 //! of the row sum of exponentials, as Megatron's vocabulary-parallel cross-entropy does).
 
+mod attention;
 mod conv;
 mod elementwise;
 mod index;
@@ -229,6 +230,7 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
         Resize(_) | ResizeGrad { .. } => resize::rule(op, ins, outs),
         Reduce { .. } => reduce::rule(op, ins, outs),
         Index(x) => index::rule(x, ins, outs),
+        Attention(_) | AttentionGrad(_) => attention::rule(op, ins, outs),
     }
 }
 
@@ -372,6 +374,8 @@ pub fn local_op(op: &Op, local_ins: &[TensorMeta], local_outs: &[Vec<usize>]) ->
         | Op::BatchNormTrainGrad { .. }
         | Op::Hardmax { .. }
         | Op::Index(_)
+        | Op::Attention(_)
+        | Op::AttentionGrad(_)
         | Op::Dropout(_) => {}
     }
     op
@@ -606,6 +610,17 @@ fn tags(
             }
         }
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::GatherGrad { .. } if has("vocab") => t.push("vocab-parallel"),
+        Op::Attention(_) | Op::AttentionGrad(_) => {
+            if has("batch") {
+                t.push("dp");
+            }
+            if has("heads") {
+                t.push("head-parallel");
+            }
+            if has("q") {
+                t.push("sequence-parallel");
+            }
+        }
         Op::SgdUpdate { .. } | Op::AdamWUpdate { .. } | Op::Param { .. } | Op::State { .. } => {
             let data = 0;
             if mesh.shape()[data] > 1

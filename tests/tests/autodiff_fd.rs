@@ -1483,3 +1483,53 @@ fn recurrent() {
     }
     s.finish();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fused attention.
+
+/// `Attention` (flash attention's forward and its recomputing gradient `AttentionGrad`): plain,
+/// causal with grouped-query heads, a boolean and an additive mask, softcap, a key length other
+/// than the query length, and the same in f64 with its tight tolerance. The mask is a constant
+/// (it has no gradient); every attended row keeps at least one key.
+#[test]
+fn attention() {
+    use ir::AttentionAttrs;
+    let mut s = Suite::new("attention");
+    let plain = AttentionAttrs { scale: 0.35, causal: false, offset: 0, softcap: 0.0 };
+    type AttnCase<'a> = (&'a str, AttentionAttrs, [usize; 4], [usize; 4], Option<&'a str>);
+    let cases: [AttnCase; 6] = [
+        ("plain", plain, [2, 2, 3, 4], [2, 2, 3, 4], None),
+        ("causal_gqa", AttentionAttrs { causal: true, ..plain }, [1, 4, 4, 3], [1, 2, 4, 3], None),
+        ("longer_keys", plain, [1, 2, 2, 3], [1, 2, 5, 3], None),
+        ("bool_mask", plain, [1, 2, 3, 4], [1, 1, 4, 4], Some("bool")),
+        ("additive_mask", plain, [2, 2, 3, 2], [2, 2, 3, 2], Some("float")),
+        ("softcap", AttentionAttrs { softcap: 1.5, ..plain }, [1, 2, 3, 4], [1, 2, 3, 4], None),
+    ];
+    for f64 in [false, true] {
+        for (name, attrs, qs, ks, mask) in cases {
+            s.case_in(name, f64, |c| {
+                let q = c.param("q", &qs, SMOOTH);
+                let k = c.param("k", &ks, SMOOTH);
+                let v = c.param("v", &ks, SMOOTH);
+                let mut ins = vec![q, k, v];
+                let (sq, t) = (qs[2], ks[2]);
+                match mask {
+                    Some("bool") => {
+                        // Key 0 always attended, the rest drawn.
+                        let n = sq * t;
+                        let drawn: Vec<bool> = (0..n).map(|i| i % t == 0 || c.rng.below(2) == 1).collect();
+                        ins.push(c.constant("mask", Tensor::bool(&[sq, t], drawn)));
+                    }
+                    Some(_) => {
+                        let n = sq * t;
+                        let vals = init_values(&mut c.rng, n, Init::U(-1.0, 1.0));
+                        ins.push(c.constant("mask", Tensor::f32(&[sq, t], vals)));
+                    }
+                    None => {}
+                }
+                c.op(Op::Attention(attrs), &ins)
+            });
+        }
+    }
+    s.finish();
+}

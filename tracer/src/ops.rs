@@ -190,6 +190,7 @@ pub(crate) const OP_TABLE: &[(&str, Family)] = &[
     ("LSTM", Family::Recurrent),
     ("GRU", Family::Recurrent),
     ("RNN", Family::Recurrent),
+    ("Attention", Family::Linalg),
 ];
 
 /// The names of [`OP_TABLE`], in its order.

@@ -4,6 +4,7 @@
 //! other stages live in files of the same name in `autodiff/`, `tracer`, `sharding` and `kernels`.
 
 pub mod activation;
+pub mod attention;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub mod index;

@@ -48,6 +48,7 @@ pub(crate) mod k32 {
     };
     pub(crate) use std::f32::consts;
     pub(crate) mod activation;
+    pub(crate) mod attention;
     pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
@@ -76,6 +77,7 @@ pub(crate) mod k64 {
     };
     pub(crate) use std::f64::consts;
     pub(crate) mod activation;
+    pub(crate) mod attention;
     pub(crate) mod batch_norm;
     pub(crate) mod conv;
     pub(crate) mod elementwise;
@@ -322,6 +324,8 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         // Without a step to draw for, dropout is inference: nothing dropped (the runtime's
         // training steps call `random::dropout` with their draw).
         Op::Dropout(a) => random::dropout(ctx, a, inputs[0], None)?,
+        Op::Attention(a) => float!(attention::attention(ctx, a, inputs))?,
+        Op::AttentionGrad(a) => float!(attention::attention_grad(ctx, a, inputs))?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

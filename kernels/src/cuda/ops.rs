@@ -113,6 +113,15 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
         Op::Index(x) => index::eval(ctx, x, inputs, &outs)?,
         // Without a step to draw for, dropout is inference: nothing dropped.
         Op::Dropout(a) => super::random::dropout(ctx, a, inputs[0], None)?,
+        // No device kernel yet: a plan with fused attention runs on CPU ranks.
+        Op::Attention(_) | Op::AttentionGrad(_) => {
+            return Err(Error::Unsupported {
+                op: name,
+                reason: "fused attention has no CUDA kernel yet; run this plan on CPU ranks, or import the model \
+                         with attention as separate ops (MatMul, Softmax, MatMul)"
+                    .into(),
+            });
+        }
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

@@ -1,0 +1,66 @@
+//! Sharding rule of fused attention and its gradient ([`super::rule`] dispatches here).
+//!
+//! Attention is independent per batch row and per key/value head group, so both split with no
+//! communication: Q, K, V, the mask, Y and the row statistic are split alike. The head dim's
+//! logical size is the key/value head count: a split of it into `n` contiguous blocks gives each
+//! rank whole groups of query heads with their key/value head (`Hq / Hkv` query heads read one
+//! key/value head). Without the causal rule, the query positions split too (K and V replicated;
+//! the gradient's dK and dV are then partial sums over the query blocks). A causal op's query
+//! positions do not split here: each block would need its own offset (that is context
+//! parallelism). The head size is summed inside the softmax and never splits.
+
+use super::*;
+
+/// The sharding rule of `Attention` (inputs Q, K, V, mask?; outputs Y, L) or `AttentionGrad`
+/// (inputs Q, K, V, Y, L, dY, mask?; outputs dQ, dK, dV).
+pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
+    let (attrs, grad) = match op {
+        Op::Attention(a) => (a, false),
+        Op::AttentionGrad(a) => (a, true),
+        // `super::rule` sends only the ops above here.
+        _ => return None,
+    };
+    let dims = ir::AttentionDims::of(&ins.first()?.shape, &ins.get(1)?.shape, &ins.get(2)?.shape)?;
+    let (ni, no) = (ins.len(), outs.len());
+    let mask = if grad { 6 } else { 3 };
+    // The mask's dim for dim `d` of [B, Hq, S, T] (right-aligned broadcast), if it is not 1.
+    let mask_dim = |d: usize| -> InMap {
+        let Some(m) = ins.get(mask) else { return InMap::Replicate };
+        let off = 4 - m.rank();
+        match d.checked_sub(off) {
+            Some(i) if m.shape[i] > 1 => InMap::Dim(i),
+            _ => InMap::Replicate,
+        }
+    };
+    // Query-side tensors: Q, and for the gradient Y, L and dY.
+    let query_side: &[usize] = if grad { &[0, 3, 4, 5] } else { &[0] };
+    let mut out_dims = vec![];
+    // Batch and heads: every tensor but the mask has them as dims 0 and 1.
+    for (d, name, size) in [(0, "batch", dims.b), (1, "heads", dims.hkv)] {
+        if size <= 1 {
+            continue;
+        }
+        let mut l = ldim(name, size, ni, no);
+        for i in 0..ni.min(mask) {
+            l.ins[i] = InMap::Dim(d);
+        }
+        if ni > mask {
+            l.ins[mask] = mask_dim(d);
+        }
+        l.outs = vec![Some(d); no];
+        out_dims.push(l);
+    }
+    if !attrs.causal && dims.s > 1 {
+        let mut l = ldim("q", dims.s, ni, no);
+        for &i in query_side {
+            l.ins[i] = InMap::Dim(2);
+        }
+        if ni > mask {
+            l.ins[mask] = mask_dim(2);
+        }
+        // Forward: Y and L split on their query dim. Gradient: dQ split, dK and dV summed.
+        l.outs = if grad { vec![Some(2), None, None] } else { vec![Some(2); no] };
+        out_dims.push(l);
+    }
+    Some(Rule { dims: out_dims, linear: vec![] })
+}
