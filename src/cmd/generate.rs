@@ -27,6 +27,28 @@ pub enum GenModel {
     Llama(LlamaArgs),
 }
 
+/// How `gen` writes attention (`--attention`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionArg {
+    /// Separate ops, as PyTorch's eager attention exports: MatMul, scale, causal mask, Softmax,
+    /// MatMul (the batch x heads x seq x seq scores are tensors of the step, priced and stored).
+    #[default]
+    Unfused,
+    /// One ONNX Attention node per layer (opset 23), computed as flash attention: the scores are
+    /// never stored, and the backward recomputes them (what FlashAttention, PyTorch's
+    /// scaled_dot_product_attention and Megatron-Core's fused attention do).
+    Fused,
+}
+
+impl AttentionArg {
+    fn form(self) -> tracer::generate::AttentionForm {
+        match self {
+            AttentionArg::Unfused => tracer::generate::AttentionForm::Unfused,
+            AttentionArg::Fused => tracer::generate::AttentionForm::Fused,
+        }
+    }
+}
+
 /// Published LLaMA shapes.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum LlamaPreset {
@@ -68,6 +90,10 @@ pub struct LlamaArgs {
     /// Batch size (default 1; at most 2^24).
     #[arg(long, value_parser = |s: &str| size(s, 1 << 24))]
     pub batch: Option<usize>,
+    /// How attention is written: `unfused` (separate ops) or `fused` (one ONNX Attention per
+    /// layer, computed as flash attention).
+    #[arg(long, value_enum, default_value_t = AttentionArg::Unfused)]
+    pub attention: AttentionArg,
     /// Output file.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
@@ -125,6 +151,10 @@ pub struct GptArgs {
     /// Batch size (at most 2^24).
     #[arg(long, default_value = "8", value_parser = |s: &str| size(s, 1 << 24))]
     pub batch: usize,
+    /// How attention is written: `unfused` (separate ops) or `fused` (one ONNX Attention per
+    /// layer, computed as flash attention).
+    #[arg(long, value_enum, default_value_t = AttentionArg::Unfused)]
+    pub attention: AttentionArg,
     /// Output file.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
@@ -143,7 +173,10 @@ fn check_products(g: &GptArgs) -> Result<()> {
     let bytes = |dims: &[usize]| dims.iter().fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
     let params = (l as u128) * (12 * (h as u128).pow(2) + 13 * h as u128) + 2 * (v * h) as u128 + (s * h) as u128;
     for (what, n) in [
-        ("the attention scores (batch x heads x seq x seq)", bytes(&[b, a, s, s])),
+        (
+            "the attention scores (batch x heads x seq x seq)",
+            if g.attention == AttentionArg::Fused { 0 } else { bytes(&[b, a, s, s]) },
+        ),
         ("the MLP activations (batch x seq x 4 x hidden)", bytes(&[b, s, 4, h])),
         ("the logits (batch x seq x vocab)", bytes(&[b, s, v])),
         ("the parameters", params.saturating_mul(4)),
@@ -156,7 +189,7 @@ fn check_products(g: &GptArgs) -> Result<()> {
 }
 
 /// [`check_products`] for a LLaMA.
-fn check_llama(c: &tracer::generate::LlamaConfig) -> Result<()> {
+fn check_llama(c: &tracer::generate::LlamaConfig, attention: AttentionArg) -> Result<()> {
     let bytes = |dims: &[usize]| dims.iter().fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
     let params = {
         let (h, f, v, l) = (c.hidden as u128, c.ffn as u128, c.vocab as u128, c.layers as u128);
@@ -164,7 +197,10 @@ fn check_llama(c: &tracer::generate::LlamaConfig) -> Result<()> {
         2 * v * h + l * (2 * h + 2 * h * h + 2 * h * kv + 3 * h * f) + h
     };
     for (what, n) in [
-        ("the attention scores (batch x heads x seq x seq)", bytes(&[c.batch, c.heads, c.seq, c.seq])),
+        (
+            "the attention scores (batch x heads x seq x seq)",
+            if attention == AttentionArg::Fused { 0 } else { bytes(&[c.batch, c.heads, c.seq, c.seq]) },
+        ),
         ("the MLP activations (batch x seq x ffn)", bytes(&[c.batch, c.seq, c.ffn])),
         ("the logits (batch x seq x vocab)", bytes(&[c.batch, c.seq, c.vocab])),
         ("the parameters", params.saturating_mul(4)),
@@ -187,11 +223,11 @@ pub fn run(a: &GenArgs) -> Result<()> {
         GenModel::Llama(l) => {
             let c = l.config()?;
             c.check().map_err(anyhow::Error::msg)?;
-            check_llama(&c)?;
-            let bytes = tracer::generate::llama(&c).map_err(anyhow::Error::msg)?;
+            check_llama(&c, l.attention)?;
+            let bytes = tracer::generate::llama_with(&c, l.attention.form()).map_err(anyhow::Error::msg)?;
             std::fs::write(&l.out, &bytes).with_context(|| format!("writing {}", l.out.display()))?;
             println!(
-                "wrote {} ({} bytes, no weights): LLaMA with {} layers, hidden {}, {} heads ({} key/value), ffn {}, seq {}, vocab {}, batch {}; {} parameters",
+                "wrote {} ({} bytes, no weights): LLaMA with {} layers, hidden {}, {} heads ({} key/value), ffn {}, seq {}, vocab {}, batch {}, {} attention; {} parameters",
                 l.out.display(),
                 bytes.len(),
                 c.layers,
@@ -202,6 +238,7 @@ pub fn run(a: &GenArgs) -> Result<()> {
                 c.seq,
                 c.vocab,
                 c.batch,
+                attention_name(l.attention),
                 count(c.parameters())
             );
         }
@@ -215,10 +252,10 @@ pub fn run(a: &GenArgs) -> Result<()> {
                 vocab: g.vocab,
                 batch: g.batch,
             };
-            let bytes = tracer::generate::gpt(&c).map_err(anyhow::Error::msg)?;
+            let bytes = tracer::generate::gpt_with(&c, g.attention.form()).map_err(anyhow::Error::msg)?;
             std::fs::write(&g.out, &bytes).with_context(|| format!("writing {}", g.out.display()))?;
             println!(
-                "wrote {} ({} bytes, no weights): GPT with {} layers, hidden {}, {} heads, seq {}, vocab {}, batch {}; {} parameters",
+                "wrote {} ({} bytes, no weights): GPT with {} layers, hidden {}, {} heads, seq {}, vocab {}, batch {}, {} attention; {} parameters",
                 g.out.display(),
                 bytes.len(),
                 c.layers,
@@ -227,9 +264,17 @@ pub fn run(a: &GenArgs) -> Result<()> {
                 c.seq,
                 c.vocab,
                 c.batch,
+                attention_name(g.attention),
                 count(c.parameters())
             );
         }
     }
     Ok(())
+}
+
+fn attention_name(a: AttentionArg) -> &'static str {
+    match a {
+        AttentionArg::Unfused => "unfused",
+        AttentionArg::Fused => "fused",
+    }
 }

@@ -9,6 +9,27 @@ use tract_onnx::pb;
 use tract_onnx::pb::tensor_proto::DataType;
 use tract_onnx::pb::tensor_shape_proto::{Dimension, dimension};
 
+/// How a generated model writes its attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionForm {
+    /// As PyTorch's eager modules export it: `MatMul`, scale, causal `Where`, `Softmax`,
+    /// `MatMul` (the `S x S` scores are tensors of the graph). Opset 20.
+    #[default]
+    Unfused,
+    /// One ONNX `Attention` node per layer (opset 23, `is_causal`), which autopar computes as
+    /// flash attention: the scores are never stored.
+    Fused,
+}
+
+impl AttentionForm {
+    fn opset(self) -> i64 {
+        match self {
+            AttentionForm::Unfused => 20,
+            AttentionForm::Fused => 23,
+        }
+    }
+}
+
 /// The shape of a GPT-2-style decoder (pre-layer-norm blocks, GELU MLP of 4x width, tied nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GptConfig {
@@ -152,6 +173,17 @@ impl Builder {
         let y = self.op(&format!("/{p}/MatMul"), "MatMul", &[x, &w], vec![]);
         self.op(&format!("/{p}/Add"), "Add", &[&y, &b], vec![])
     }
+
+    /// ONNX `Attention` (opset 23) on 4-D Q, K, V with the causal rule and scale `1/sqrt(d)`.
+    fn causal_attention(&mut self, name: &str, q: &str, k: &str, v: &str, d: usize) -> String {
+        let scale = pb::AttributeProto {
+            name: "scale".into(),
+            r#type: pb::attribute_proto::AttributeType::Float as i32,
+            f: 1.0 / (d as f32).sqrt(),
+            ..Default::default()
+        };
+        self.op(name, "Attention", &[q, k, v], vec![int_attr("is_causal", 1), scale])
+    }
 }
 
 fn int_attr(name: &str, v: i64) -> pb::AttributeProto {
@@ -176,6 +208,11 @@ fn ints_attr(name: &str, v: &[i64]) -> pb::AttributeProto {
 /// `[batch, seq]` (i64) and output `logits` `[batch, seq, vocab]`; attention is causal. Node and parameter names
 /// follow GPT-2's export (`/h.{i}/attn/...`, `h.{i}.mlp.c_fc.weight`).
 pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
+    gpt_with(c, AttentionForm::Unfused)
+}
+
+/// [`gpt`] with its attention written in `form` (opset 23 when fused).
+pub fn gpt_with(c: &GptConfig, form: AttentionForm) -> Result<Vec<u8>, String> {
     c.check()?;
     let (b, s, h, a, v) = (c.batch, c.seq, c.hidden, c.heads, c.vocab);
     let d = h / a;
@@ -187,17 +224,19 @@ pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
     let heads_shape = m.ints("shape.heads", &[b as i64, s as i64, a as i64, d as i64]);
     let merged_shape = m.ints("shape.merged", &[b as i64, s as i64, h as i64]);
     let split = m.ints("split.qkv", &[h as i64, h as i64, h as i64]);
-    let scale = m.scalar("attn.scale", (d as f32).sqrt());
-    // Causal mask [S, S]: a query attends to keys at its position and before (GPT-2's `bias`
-    // buffer); the importer folds it to a constant.
-    let positions: Vec<i64> = (0..s as i64).collect();
-    let positions = m.ints("mask.positions", &positions);
-    let q_shape = m.ints("shape.mask_q", &[s as i64, 1]);
-    let k_shape = m.ints("shape.mask_k", &[1, s as i64]);
-    let pq = m.op("/mask/Reshape", "Reshape", &[&positions, &q_shape], vec![]);
-    let pk = m.op("/mask/Reshape_1", "Reshape", &[&positions, &k_shape], vec![]);
-    let allowed = m.op("/mask/LessOrEqual", "LessOrEqual", &[&pk, &pq], vec![]);
-    let neg = m.scalar("mask.min", f32::MIN);
+    // Unfused: the scale and the causal mask [S, S] (a query attends to keys at its position
+    // and before, GPT-2's `bias` buffer; the importer folds it to a constant).
+    let unfused = (form == AttentionForm::Unfused).then(|| {
+        let scale = m.scalar("attn.scale", (d as f32).sqrt());
+        let positions: Vec<i64> = (0..s as i64).collect();
+        let positions = m.ints("mask.positions", &positions);
+        let q_shape = m.ints("shape.mask_q", &[s as i64, 1]);
+        let k_shape = m.ints("shape.mask_k", &[1, s as i64]);
+        let pq = m.op("/mask/Reshape", "Reshape", &[&positions, &q_shape], vec![]);
+        let pk = m.op("/mask/Reshape_1", "Reshape", &[&positions, &k_shape], vec![]);
+        let allowed = m.op("/mask/LessOrEqual", "LessOrEqual", &[&pk, &pq], vec![]);
+        (scale, allowed, m.scalar("mask.min", f32::MIN))
+    });
     for i in 0..c.layers {
         let p = format!("h.{i}");
         let ln1 = m.layer_norm(&format!("{p}.ln_1"), &x, h);
@@ -212,15 +251,21 @@ pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
             ..Default::default()
         });
         let mut heads = vec![];
-        for (n, perm) in names.iter().zip([[0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]]) {
+        let k_perm = if form == AttentionForm::Fused { [0, 2, 1, 3] } else { [0, 2, 3, 1] };
+        for (n, perm) in names.iter().zip([[0, 2, 1, 3], k_perm, [0, 2, 1, 3]]) {
             let r = m.op(&format!("{n}/Reshape"), "Reshape", &[n, &heads_shape], vec![]);
             heads.push(m.op(&format!("{n}/Transpose"), "Transpose", &[&r], vec![ints_attr("perm", &perm)]));
         }
-        let scores = m.op(&format!("/{p}/attn/MatMul"), "MatMul", &[&heads[0], &heads[1]], vec![]);
-        let scores = m.op(&format!("/{p}/attn/Div"), "Div", &[&scores, &scale], vec![]);
-        let scores = m.op(&format!("/{p}/attn/Where"), "Where", &[&allowed, &scores, &neg], vec![]);
-        let probs = m.op(&format!("/{p}/attn/Softmax"), "Softmax", &[&scores], vec![int_attr("axis", -1)]);
-        let ctx = m.op(&format!("/{p}/attn/MatMul_1"), "MatMul", &[&probs, &heads[2]], vec![]);
+        let ctx = if form == AttentionForm::Fused {
+            m.causal_attention(&format!("/{p}/attn/Attention"), &heads[0], &heads[1], &heads[2], d)
+        } else {
+            let (scale, allowed, neg) = unfused.as_ref().expect("unfused attention has its mask");
+            let scores = m.op(&format!("/{p}/attn/MatMul"), "MatMul", &[&heads[0], &heads[1]], vec![]);
+            let scores = m.op(&format!("/{p}/attn/Div"), "Div", &[&scores, scale], vec![]);
+            let scores = m.op(&format!("/{p}/attn/Where"), "Where", &[allowed, &scores, neg], vec![]);
+            let probs = m.op(&format!("/{p}/attn/Softmax"), "Softmax", &[&scores], vec![int_attr("axis", -1)]);
+            m.op(&format!("/{p}/attn/MatMul_1"), "MatMul", &[&probs, &heads[2]], vec![])
+        };
         let ctx = m.op(&format!("/{p}/attn/Transpose"), "Transpose", &[&ctx], vec![ints_attr("perm", &[0, 2, 1, 3])]);
         let ctx = m.op(&format!("/{p}/attn/Reshape"), "Reshape", &[&ctx, &merged_shape], vec![]);
         let o = m.linear(&format!("{p}.attn.c_proj"), &ctx, h, h);
@@ -243,7 +288,7 @@ pub fn gpt(c: &GptConfig) -> Result<Vec<u8>, String> {
     });
     let model = pb::ModelProto {
         ir_version: 8,
-        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 20 }],
+        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: form.opset() }],
         producer_name: "autopar gen gpt".into(),
         graph: Some(pb::GraphProto {
             name: format!("gpt-{}l-{}h", c.layers, c.hidden),
@@ -390,6 +435,11 @@ impl Builder {
 /// Parameter names follow Meta's checkpoints (`layers.{i}.attention.wq.weight`, stored
 /// `[in, out]`).
 pub fn llama(c: &LlamaConfig) -> Result<Vec<u8>, String> {
+    llama_with(c, AttentionForm::Unfused)
+}
+
+/// [`llama`] with its attention written in `form` (opset 23 when fused).
+pub fn llama_with(c: &LlamaConfig, form: AttentionForm) -> Result<Vec<u8>, String> {
     c.check()?;
     let (b, s, h, a, kvh, v) = (c.batch, c.seq, c.hidden, c.heads, c.kv_heads, c.vocab);
     let d = c.head_dim();
@@ -411,13 +461,15 @@ pub fn llama(c: &LlamaConfig) -> Result<Vec<u8>, String> {
     let ang = m.op("/rope/Reshape_1", "Reshape", &[&ang, &rope_shape], vec![]);
     let cos = m.op("/rope/Cos", "Cos", &[&ang], vec![]);
     let sin = m.op("/rope/Sin", "Sin", &[&ang], vec![]);
-    // Causal mask [B, 1, S, S]: key position <= query position.
-    let q_shape = m.ints("shape.mask_q", &[b as i64, 1, s as i64, 1]);
-    let k_shape = m.ints("shape.mask_k", &[b as i64, 1, 1, s as i64]);
-    let pq = m.op("/mask/Reshape", "Reshape", &["position_ids", &q_shape], vec![]);
-    let pk = m.op("/mask/Reshape_1", "Reshape", &["position_ids", &k_shape], vec![]);
-    let allowed = m.op("/mask/LessOrEqual", "LessOrEqual", &[&pk, &pq], vec![]);
-    let neg = m.scalar("mask.min", f32::MIN);
+    // Unfused: the causal mask [B, 1, S, S] (key position <= query position) and the scale.
+    let unfused = (form == AttentionForm::Unfused).then(|| {
+        let q_shape = m.ints("shape.mask_q", &[b as i64, 1, s as i64, 1]);
+        let k_shape = m.ints("shape.mask_k", &[b as i64, 1, 1, s as i64]);
+        let pq = m.op("/mask/Reshape", "Reshape", &["position_ids", &q_shape], vec![]);
+        let pk = m.op("/mask/Reshape_1", "Reshape", &["position_ids", &k_shape], vec![]);
+        let allowed = m.op("/mask/LessOrEqual", "LessOrEqual", &[&pk, &pq], vec![]);
+        (m.scalar("attn.scale", (d as f32).sqrt()), allowed, m.scalar("mask.min", f32::MIN))
+    });
     let halves = m.ints("split.rope", &[(d / 2) as i64, (d / 2) as i64]);
     let q_heads = m.ints("shape.q_heads", &[b as i64, s as i64, a as i64, d as i64]);
     let kv_heads = m.ints("shape.kv_heads", &[b as i64, s as i64, kvh as i64, d as i64]);
@@ -425,7 +477,6 @@ pub fn llama(c: &LlamaConfig) -> Result<Vec<u8>, String> {
     let kv_expand = m.ints("shape.kv_expand", &[b as i64, kvh as i64, rep as i64, s as i64, d as i64]);
     let kv_merged = m.ints("shape.kv_merged", &[b as i64, a as i64, s as i64, d as i64]);
     let merged = m.ints("shape.merged", &[b as i64, s as i64, h as i64]);
-    let scale = m.scalar("attn.scale", (d as f32).sqrt());
     let heads_first = ints_attr("perm", &[0, 2, 1, 3]);
     for i in 0..c.layers {
         let p = format!("layers.{i}");
@@ -444,25 +495,31 @@ pub fn llama(c: &LlamaConfig) -> Result<Vec<u8>, String> {
             if name == "k" {
                 t = m.rotary(&format!("/{p}/attention/k/rope"), &t, &cos, &sin, &halves);
             }
-            // Grouped-query attention: each key/value head serves `rep` query heads.
-            if rep > 1 {
+            // Grouped-query attention: each key/value head serves `rep` query heads (the fused
+            // op reads them in place).
+            if rep > 1 && form == AttentionForm::Unfused {
                 let r = m.op(&format!("/{p}/attention/{name}/repeat/Reshape"), "Reshape", &[&t, &kv_rep], vec![]);
                 let e = m.op(&format!("/{p}/attention/{name}/repeat/Expand"), "Expand", &[&r, &kv_expand], vec![]);
                 t = m.op(&format!("/{p}/attention/{name}/repeat/Reshape_1"), "Reshape", &[&e, &kv_merged], vec![]);
             }
             kv.push(t);
         }
-        let kt = m.op(
-            &format!("/{p}/attention/k/Transpose_1"),
-            "Transpose",
-            &[&kv[0]],
-            vec![ints_attr("perm", &[0, 1, 3, 2])],
-        );
-        let scores = m.op(&format!("/{p}/attention/MatMul"), "MatMul", &[&q, &kt], vec![]);
-        let scores = m.op(&format!("/{p}/attention/Div"), "Div", &[&scores, &scale], vec![]);
-        let scores = m.op(&format!("/{p}/attention/Where"), "Where", &[&allowed, &scores, &neg], vec![]);
-        let probs = m.op(&format!("/{p}/attention/Softmax"), "Softmax", &[&scores], vec![int_attr("axis", -1)]);
-        let ctx = m.op(&format!("/{p}/attention/MatMul_1"), "MatMul", &[&probs, &kv[1]], vec![]);
+        let ctx = if form == AttentionForm::Fused {
+            m.causal_attention(&format!("/{p}/attention/Attention"), &q, &kv[0], &kv[1], d)
+        } else {
+            let (scale, allowed, neg) = unfused.as_ref().expect("unfused attention has its mask");
+            let kt = m.op(
+                &format!("/{p}/attention/k/Transpose_1"),
+                "Transpose",
+                &[&kv[0]],
+                vec![ints_attr("perm", &[0, 1, 3, 2])],
+            );
+            let scores = m.op(&format!("/{p}/attention/MatMul"), "MatMul", &[&q, &kt], vec![]);
+            let scores = m.op(&format!("/{p}/attention/Div"), "Div", &[&scores, scale], vec![]);
+            let scores = m.op(&format!("/{p}/attention/Where"), "Where", &[allowed, &scores, neg], vec![]);
+            let probs = m.op(&format!("/{p}/attention/Softmax"), "Softmax", &[&scores], vec![int_attr("axis", -1)]);
+            m.op(&format!("/{p}/attention/MatMul_1"), "MatMul", &[&probs, &kv[1]], vec![])
+        };
         let ctx = m.op(&format!("/{p}/attention/Transpose"), "Transpose", &[&ctx], vec![heads_first.clone()]);
         let ctx = m.op(&format!("/{p}/attention/Reshape"), "Reshape", &[&ctx, &merged], vec![]);
         let o = m.proj(&format!("{p}.attention.wo"), &ctx, a * d, h);
@@ -489,7 +546,7 @@ pub fn llama(c: &LlamaConfig) -> Result<Vec<u8>, String> {
     });
     let model = pb::ModelProto {
         ir_version: 8,
-        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 20 }],
+        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: form.opset() }],
         producer_name: "autopar gen llama".into(),
         graph: Some(pb::GraphProto {
             name: format!("llama-{}l-{}h", c.layers, c.hidden),

@@ -64,3 +64,55 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
     }
     Some(Rule { dims: out_dims, linear: vec![] })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir::{AttentionAttrs, DType};
+
+    fn f(shape: &[usize]) -> TensorMeta {
+        TensorMeta::new(DType::F32, shape.to_vec())
+    }
+
+    fn names(op: &Op, ins: &[TensorMeta], mesh: &[usize]) -> Vec<(String, Vec<String>, Vec<String>)> {
+        let outs = op.infer(ins).unwrap();
+        let mesh = DeviceMesh::uniform(mesh).unwrap();
+        let cpu = DeviceProfile::builtin("cpu").unwrap();
+        let ctx = OpContext { param_inputs: vec![false; ins.len()] };
+        expand(op, ins, &outs, &ctx, &mesh, &cpu)
+            .unwrap()
+            .into_iter()
+            .map(|s| {
+                let sp = |v: &[ShardingSpec]| v.iter().map(|x| x.to_string()).collect();
+                (s.name.clone(), sp(&s.inputs), sp(&s.outputs))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batch_head_groups_and_query_rows() {
+        let plain = AttentionAttrs { scale: 0.5, causal: false, offset: 0, softcap: 0.0 };
+        let causal = AttentionAttrs { causal: true, ..plain };
+        // Grouped-query attention: 4 query heads on 2 key/value heads, a mask [S, T].
+        let (q, kv, m) = (f(&[2, 4, 8, 16]), f(&[2, 2, 8, 16]), f(&[8, 8]));
+        let s = names(&Op::Attention(causal), &[q.clone(), kv.clone(), kv.clone(), m.clone()], &[2]);
+        let find = |s: &[(String, Vec<String>, Vec<String>)], n: &str| s.iter().find(|x| x.0 == n).cloned();
+        let heads = find(&s, "heads@0").expect("a head split");
+        assert_eq!(heads.1, ["R S0 R R", "R S0 R R", "R S0 R R", "R R"]);
+        assert_eq!(heads.2, ["R S0 R R", "R S0 R"]);
+        assert!(find(&s, "batch@0").is_some());
+        // Causal: no query split; without the causal rule the query rows split, K and V whole.
+        assert!(find(&s, "q@0").is_none());
+        let s = names(&Op::Attention(plain), &[q.clone(), kv.clone(), kv.clone(), m.clone()], &[2]);
+        let rows = find(&s, "q@0").expect("a query split");
+        assert_eq!(rows.1, ["R R S0 R", "R R R R", "R R R R", "S0 R"]);
+        // 4 ranks cannot split 2 key/value heads.
+        let s = names(&Op::Attention(causal), &[q.clone(), kv.clone(), kv.clone()], &[4]);
+        assert!(find(&s, "heads@0").is_none());
+        // The gradient: dK and dV are partial sums under a query split.
+        let (y, l) = (f(&[2, 4, 8, 16]), f(&[2, 4, 8]));
+        let s = names(&Op::AttentionGrad(plain), &[q.clone(), kv.clone(), kv.clone(), y.clone(), l, y], &[2]);
+        let rows = find(&s, "q@0").expect("a query split of the gradient");
+        assert_eq!(rows.2, ["R R S0 R", "R R R R | P0", "R R R R | P0"]);
+    }
+}
