@@ -215,14 +215,17 @@ pub(crate) fn stage_candidates(
         let mut plans = vec![];
         for (k, (assumed, inner)) in inners.iter().enumerate() {
             for (j, &(kind, chunks)) in kinds.iter().enumerate() {
-                // Past the deadline, a later candidate of a search is not begun.
-                if opts.abandon_late && (k, j) != (0, 0) && share.left().is_zero() {
-                    plans.push((format!("{kind}"), Err(Error::OutOfTime("staging".into()))));
+                // Past the deadline, a later candidate of a search is not begun, nor a later
+                // schedule or layout of this stage count once one of them gave a plan (each
+                // costs a placement and a memory walk of every stage: seconds at scale).
+                let kind_name = if chunks > 1 { format!("{kind} x{chunks}") } else { kind.to_string() };
+                let name = if *assumed { format!("{kind_name}, layouts for recomputation") } else { kind_name };
+                let have_one = plans.iter().any(|(_, p): &(String, Result<Plan>)| p.is_ok());
+                if (opts.abandon_late || have_one) && (k, j) != (0, 0) && share.left().is_zero() {
+                    plans.push((name, Err(Error::OutOfTime("staging".into()))));
                     continue;
                 }
                 let how = PipelineOptions { stages, schedule: kind, chunks, budget: opts.budget };
-                let kind_name = if chunks > 1 { format!("{kind} x{chunks}") } else { kind.to_string() };
-                let name = if *assumed { format!("{kind_name}, layouts for recomputation") } else { kind_name };
                 let p = staged(inner.clone(), &sub, mesh, Some(&how), opts.budget, opts.recompute, opts.microbatches);
                 plans.push((name, p));
             }

@@ -59,7 +59,7 @@ fn seeded_params(g: &Graph) -> Result<BTreeMap<String, Tensor>> {
 
 fn tokens(batch: usize, seq: usize, vocab: usize) -> Tensor {
     let ids = (0..batch * seq).map(|i| ((i * 7919 + 13) % vocab) as i64).collect();
-    Tensor::i64(&[batch, seq], ids)
+    Tensor::i64([batch, seq], ids)
 }
 
 fn rel_err(got: &Tensor, want: &Tensor) -> Result<f64> {
@@ -83,7 +83,7 @@ fn models() -> Result<Vec<Model>> {
     let gpt = GptConfig { layers: 2, hidden: 32, heads: 4, seq, vocab: 32, batch };
     let llama = LlamaConfig { layers: 2, hidden: 32, heads: 4, kv_heads: 2, ffn: 64, seq, vocab: 32, batch };
     let ids = tokens(batch, seq, 32);
-    let positions = Tensor::i64(&[batch, seq], (0..batch * seq).map(|i| (i % seq) as i64).collect());
+    let positions = Tensor::i64([batch, seq], (0..batch * seq).map(|i| (i % seq) as i64).collect());
     let gen_gpt = |f| tracer::generate::gpt_with(&gpt, f).map_err(anyhow::Error::msg);
     let gen_llama = |f| tracer::generate::llama_with(&llama, f).map_err(anyhow::Error::msg);
     Ok(vec![
@@ -157,7 +157,7 @@ fn fused_attention_plans_train_as_one_device() -> Result<()> {
         let (want_losses, want_params) = train(&m.fused, &params, &m.feeds)?;
         let loss: LossSpec = "ce-next:logits:input_ids".parse().map_err(anyhow::Error::msg)?;
         let tg = training_graph(&m.fused, &TrainOptions::new(loss, Some(SGD)))?;
-        for (shape, baseline, stages, microbatches, schedule) in configs.clone() {
+        for (shape, baseline, stages, microbatches, schedule) in configs {
             let what =
                 format!("{} on {shape:?}, {}, {stages} stages, {microbatches} microbatches", m.name, baseline.name());
             let mesh = DeviceMesh::uniform(shape)?;

@@ -1518,12 +1518,12 @@ fn attention() {
                         // Key 0 always attended, the rest drawn.
                         let n = sq * t;
                         let drawn: Vec<bool> = (0..n).map(|i| i % t == 0 || c.rng.below(2) == 1).collect();
-                        ins.push(c.constant("mask", Tensor::bool(&[sq, t], drawn)));
+                        ins.push(c.constant("mask", Tensor::bool([sq, t], drawn)));
                     }
                     Some(_) => {
                         let n = sq * t;
                         let vals = init_values(&mut c.rng, n, Init::U(-1.0, 1.0));
-                        ins.push(c.constant("mask", Tensor::f32(&[sq, t], vals)));
+                        ins.push(c.constant("mask", Tensor::f32([sq, t], vals)));
                     }
                     None => {}
                 }
