@@ -18,9 +18,10 @@
 //!    and, while it is still above the budget, the shortfall is added to the requirement and the
 //!    choice repeated (the additive model ignores that a recomputed stage is briefly whole again).
 //! 4. **Rewrite.** A recomputed stage's instructions are re-emitted (marked `recompute`) right
-//!    before the first backward instruction that reads one of its activations; [`insert_frees`]
-//!    then frees every definition of a value after its last read, so the forward copies die
-//!    after their last forward read and the recomputed ones after their last backward read.
+//!    before the first backward unit (an op and its input conversions) that reads one of its
+//!    activations, so that every unit stays whole; [`insert_frees`] then frees every definition
+//!    of a value after its last read, so the forward copies die after their last forward read
+//!    and the recomputed ones after their last backward read.
 //!
 //! Invariant: the rewritten program computes exactly what the original computes (the same ops
 //! on the same blocks); only when values are held changes.
@@ -145,7 +146,8 @@ struct Chain {
     drops: Vec<(Vec<ValueRef>, u64, Vec<usize>)>,
     /// Per stage: seconds to recompute.
     cost: Vec<f64>,
-    /// Per stage: index of the first backward instruction reading a dropped value.
+    /// Per stage: where the first backward unit reading a dropped value starts (its first
+    /// conversion, else its op).
     first_use: Vec<usize>,
 }
 
@@ -305,7 +307,7 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
     }
     let unit_nodes: Vec<usize> = units.iter().map(|u| u.node).collect();
     let Cut { forward, stages } = cut(g, &unit_nodes)?;
-    // Backward reads: the first instruction outside the forward reading each value.
+    // Backward reads: the start of the first unit outside the forward reading each value.
     let mut first_bwd: HashMap<ValueRef, usize> = HashMap::new();
     for u in &units {
         if forward.contains(&u.node) {
@@ -317,8 +319,11 @@ fn analyse(g: &Graph, program: &[Instr]) -> Result<Chain> {
                 Instr::Collective { input, .. } => vec![input],
                 Instr::Free { .. } | Instr::Transfer { .. } => vec![],
             };
+            // Recomputation goes before the whole unit, not between its conversions and its
+            // op: a unit's conversions stay right before the op they convert for (which
+            // `strip`, `crate::microbatch` and `crate::stage` rely on).
             for r in reads {
-                first_bwd.entry(*r).or_insert(k);
+                first_bwd.entry(*r).or_insert(u.range.start);
             }
         }
     }
