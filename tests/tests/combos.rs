@@ -74,7 +74,7 @@ use ir::{DType, Graph, Tensor};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sharding::{DeviceMesh, DeviceProfile};
-use tracer::generate::{GptConfig, LlamaConfig};
+use tracer::generate::{AttentionForm, GptConfig, LlamaConfig};
 
 /// Configurations of the default (CI) run: a covering sample.
 const DEFAULT_N: usize = 80;
@@ -104,10 +104,10 @@ enum Source {
     /// `tests/data/zoo/<dir>/model.onnx`, with the loss and frozen parameters of its
     /// `losses.json`.
     Zoo { dir: &'static str },
-    /// `autopar gen gpt` (weight-free).
-    Gpt(GptConfig),
-    /// `autopar gen llama` (weight-free).
-    Llama(LlamaConfig),
+    /// `autopar gen gpt` (weight-free), its attention written as separate ops or fused.
+    Gpt(GptConfig, AttentionForm),
+    /// `autopar gen llama` (weight-free), its attention written as separate ops or fused.
+    Llama(LlamaConfig, AttentionForm),
 }
 
 struct ModelDef {
@@ -125,7 +125,7 @@ const fn model(name: &'static str, source: Source) -> ModelDef {
 }
 
 const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize, batch: usize) -> Source {
-    Source::Gpt(GptConfig { layers, hidden, heads, seq, vocab, batch })
+    Source::Gpt(GptConfig { layers, hidden, heads, seq, vocab, batch }, AttentionForm::Unfused)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -139,10 +139,20 @@ const fn llama(
     vocab: usize,
     batch: usize,
 ) -> Source {
-    Source::Llama(LlamaConfig { layers, hidden, heads, kv_heads, ffn, seq, vocab, batch })
+    Source::Llama(LlamaConfig { layers, hidden, heads, kv_heads, ffn, seq, vocab, batch }, AttentionForm::Unfused)
 }
 
-static MODELS: [ModelDef; 16] = [
+/// `source` with its attention written as one fused `Attention` op per layer
+/// (`--attention fused`).
+const fn fused(source: Source) -> Source {
+    match source {
+        Source::Gpt(c, _) => Source::Gpt(c, AttentionForm::Fused),
+        Source::Llama(c, _) => Source::Llama(c, AttentionForm::Fused),
+        other => other,
+    }
+}
+
+static MODELS: [ModelDef; 18] = [
     model("mlp", Source::Bundled { file: "mlp", loss: "mse:y:target" }),
     model("gpt2-tiny", Source::Bundled { file: "gpt2-tiny", loss: "ce-next:logits:input_ids" }),
     model("bert-tiny", Source::Bundled { file: "bert-tiny", loss: "mse:last_hidden_state:target" }),
@@ -170,10 +180,21 @@ static MODELS: [ModelDef; 16] = [
     model("llama-4x512", llama(4, 512, 8, 8, 1536, 512, 32000, 1)),
     // ~200M parameters, grouped-query attention.
     model("llama-200m", llama(12, 1024, 16, 4, 2816, 1024, 32000, 4)),
+    // The same shapes with fused (flash) attention: one Attention op per layer.
+    model("gpt-8m-fused", fused(gpt(4, 320, 5, 128, 8000, 4))),
+    model("llama-tiny-fused", fused(llama(2, 96, 3, 1, 256, 197, 1000, 2))),
 ];
 
 fn find_model(name: &str) -> &'static ModelDef {
     MODELS.iter().find(|m| m.name == name).expect("a model of the table")
+}
+
+/// The `gen` flag of an attention form (none for the default).
+fn attention_flag(form: AttentionForm) -> &'static str {
+    match form {
+        AttentionForm::Unfused => "",
+        AttentionForm::Fused => " --attention fused",
+    }
 }
 
 impl ModelDef {
@@ -183,23 +204,37 @@ impl ModelDef {
         match &self.source {
             Source::Bundled { file, .. } => (String::new(), format!("tests/data/models/{file}.onnx")),
             Source::Zoo { dir } => (String::new(), format!("tests/data/zoo/{dir}/model.onnx")),
-            Source::Gpt(c) => {
+            Source::Gpt(c, form) => {
                 let out = format!("/tmp/combos-{}.onnx", self.name);
                 (
                     format!(
-                        "autopar gen gpt --layers {} --hidden {} --heads {} --seq {} --vocab {} --batch {} -o {out}; ",
-                        c.layers, c.hidden, c.heads, c.seq, c.vocab, c.batch
+                        "autopar gen gpt --layers {} --hidden {} --heads {} --seq {} --vocab {} --batch {}{} -o {out}; ",
+                        c.layers,
+                        c.hidden,
+                        c.heads,
+                        c.seq,
+                        c.vocab,
+                        c.batch,
+                        attention_flag(*form)
                     ),
                     out,
                 )
             }
-            Source::Llama(c) => {
+            Source::Llama(c, form) => {
                 let out = format!("/tmp/combos-{}.onnx", self.name);
                 (
                     format!(
                         "autopar gen llama --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --seq {} --vocab {} \
-                         --batch {} -o {out}; ",
-                        c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.seq, c.vocab, c.batch
+                         --batch {}{} -o {out}; ",
+                        c.layers,
+                        c.hidden,
+                        c.heads,
+                        c.kv_heads,
+                        c.ffn,
+                        c.seq,
+                        c.vocab,
+                        c.batch,
+                        attention_flag(*form)
                     ),
                     out,
                 )
@@ -248,14 +283,14 @@ impl Models {
                     .collect();
                 (dir.join("model.onnx"), loss, frozen)
             }
-            Source::Gpt(c) => {
+            Source::Gpt(c, form) => {
                 let path = self.dir.join(format!("{}.onnx", m.name));
-                std::fs::write(&path, tracer::generate::gpt(c).map_err(anyhow::Error::msg)?)?;
+                std::fs::write(&path, tracer::generate::gpt_with(c, *form).map_err(anyhow::Error::msg)?)?;
                 (path, "ce-next:logits:input_ids".to_string(), vec![])
             }
-            Source::Llama(c) => {
+            Source::Llama(c, form) => {
                 let path = self.dir.join(format!("{}.onnx", m.name));
-                std::fs::write(&path, tracer::generate::llama(c).map_err(anyhow::Error::msg)?)?;
+                std::fs::write(&path, tracer::generate::llama_with(c, *form).map_err(anyhow::Error::msg)?)?;
                 (path, "ce-next:logits:input_ids".to_string(), vec![])
             }
         };
