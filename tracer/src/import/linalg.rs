@@ -78,9 +78,6 @@ impl Importer<'_> {
             offset: 0,
             softcap: n.float("softcap", 0.0),
         };
-        if n.int("qk_matmul_output_mode", 0) != 0 && n.node.output.get(3).is_some_and(|o| !o.is_empty()) {
-            return Err("qk_matmul_output_mode other than 0 is not supported".into());
-        }
         let mut ins = vec![q, k, v];
         ins.extend(mask);
         let y = self.emit(&nm, Op::Attention(attrs), &ins)?.remove(0);
