@@ -20,7 +20,13 @@
 //! Pricing many pairs (building the planner's problem) goes through [`LayoutConverter::costs`]:
 //! the specs of one tensor form a [`StateGraph`] whose out-edges are computed once, and one
 //! Dijkstra run per source prices every target ([`exact_costs`], the same costs as [`exact`]).
-//! That turned 221k pairwise searches (gpt2-tiny on 2x2x2, 232 s) into under a second.
+//! That turned 221k pairwise searches (gpt2-tiny on 2x2x2, 232 s) into under a second. A run
+//! stops once its targets are settled and resumes when later targets are asked for.
+//!
+//! Past a planning time limit, [`direct_cost`] prices a pair in time linear in the spec's size
+//! by one valid path ([`direct`]: reduce, gather beyond the shared prefix, slice), never
+//! cheaper than the search's: a 4-D mesh's hundreds of thousands of pairs cost seconds to
+//! search and milliseconds this way.
 
 use crate::collective::{Collective, ReduceKind};
 use crate::fx::FxMap;
@@ -282,8 +288,17 @@ pub struct StateGraph {
     ids: FxMap<u128, u32>,
     states: Vec<ShardingSpec>,
     edges: Vec<Option<Vec<(u32, f64)>>>,
-    /// Cost from a source to every state (by id; infinite where unreached), per source searched.
-    dist: FxMap<u32, Vec<f64>>,
+    /// The Dijkstra run from each source searched so far, paused once its targets were settled.
+    runs: FxMap<u32, Run>,
+}
+
+/// A Dijkstra run from one state, resumable: the best cost found to each state (by id; missing
+/// or infinite where unreached) and the frontier. A state is settled once its cost is at most
+/// the frontier's least (costs are non-negative).
+struct Run {
+    best: Vec<f64>,
+    /// Entries (cost bits, state): the bits of non-negative costs order as the costs do.
+    heap: BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
 }
 
 impl StateGraph {
@@ -297,24 +312,33 @@ impl StateGraph {
         }))
     }
 
-    /// Dijkstra from `start` over the whole graph: the cost of every state.
+    /// The least cost from `start` to each of `targets` (infinite where unreachable): Dijkstra
+    /// from `start`, run (or resumed from an earlier call) only until every target is settled,
+    /// so states costlier than the farthest target are never expanded.
     fn search(
         &mut self,
         start: u32,
+        targets: &[u32],
         partial: &[usize],
         shape: &[usize],
         elem: usize,
         mesh: &DeviceMesh,
     ) -> Result<Vec<f64>> {
-        // Best cost of each state reached (only costs are wanted: no tie-break by steps).
-        let mut best: Vec<f64> = vec![f64::INFINITY; self.states.len()];
-        best[start as usize] = 0.0;
-        // Entries (cost bits, state): the bits of non-negative costs order as the costs do.
-        let mut heap = BinaryHeap::new();
-        heap.push(std::cmp::Reverse((0f64.to_bits(), start)));
-        while let Some(std::cmp::Reverse((bits, id))) = heap.pop() {
+        let mut run = self.runs.remove(&start).unwrap_or_else(|| {
+            let mut best = vec![f64::INFINITY; self.states.len()];
+            best[start as usize] = 0.0;
+            Run { best, heap: BinaryHeap::from([std::cmp::Reverse((0f64.to_bits(), start))]) }
+        });
+        let cost_of = |best: &[f64], t: u32| best.get(t as usize).copied().unwrap_or(f64::INFINITY);
+        let mut pending: Vec<u32> = targets.to_vec();
+        while let Some(&std::cmp::Reverse((bits, id))) = run.heap.peek() {
             let cost = f64::from_bits(bits);
-            if best[id as usize] != cost {
+            pending.retain(|&t| cost_of(&run.best, t) > cost);
+            if pending.is_empty() {
+                break;
+            }
+            run.heap.pop();
+            if run.best[id as usize] != cost {
                 continue;
             }
             if self.edges[id as usize].is_none() {
@@ -327,17 +351,21 @@ impl StateGraph {
                     list.push((next, step.cost.max(0.0)));
                 }
                 self.edges[id as usize] = Some(list);
-                best.resize(self.states.len(), f64::INFINITY);
+            }
+            if run.best.len() < self.states.len() {
+                run.best.resize(self.states.len(), f64::INFINITY);
             }
             for &(next, c) in self.edges[id as usize].iter().flatten() {
                 let nc = cost + c;
-                if nc < best[next as usize] {
-                    best[next as usize] = nc;
-                    heap.push(std::cmp::Reverse((nc.to_bits(), next)));
+                if nc < run.best[next as usize] {
+                    run.best[next as usize] = nc;
+                    run.heap.push(std::cmp::Reverse((nc.to_bits(), next)));
                 }
             }
         }
-        Ok(best)
+        let out = targets.iter().map(|&t| cost_of(&run.best, t)).collect();
+        self.runs.insert(start, run);
+        Ok(out)
     }
 }
 
@@ -410,13 +438,9 @@ fn exact_costs_with(
             }
             continue;
         };
-        if !graph.dist.contains_key(&start) {
-            let dist = graph.search(start, partial, shape, elem, mesh)?;
-            graph.dist.insert(start, dist);
-        }
-        let dist = &graph.dist[&start];
-        for (&i, &t) in members.iter().zip(&ends) {
-            match dist.get(t as usize).copied().filter(|c| c.is_finite()) {
+        let costs = graph.search(start, &ends, partial, shape, elem, mesh)?;
+        for (&i, &c) in members.iter().zip(&costs) {
+            match Some(c).filter(|c| c.is_finite()) {
                 Some(c) => out[i] = c,
                 None => {
                     return Err(Error::NoConversion {
@@ -476,6 +500,88 @@ pub fn greedy(
         return Ok(finish(from, to, path));
     }
     Ok(finish(from, to, fallback(from, to, shape, elem, mesh)))
+}
+
+/// A direct path, found in time linear in the spec's size, for pricing past a time limit: reduce
+/// the partial axes the target does not keep, gather each dim's axes beyond the prefix it
+/// shares with the target, then slice into the target and make it partial. Always valid, and
+/// never cheaper than [`exact`] (which may use all-to-alls and reduce-scatters instead).
+pub fn direct(
+    from: &ShardingSpec,
+    to: &ShardingSpec,
+    shape: &[usize],
+    elem: usize,
+    mesh: &DeviceMesh,
+) -> Result<Conversion> {
+    check_pair(from, to, shape, mesh)?;
+    let mut steps = vec![];
+    let mut cur = from.clone();
+    let mut go = |c: Collective, after: ShardingSpec, cur: &mut ShardingSpec| {
+        let lb = cur.local_bytes(shape, mesh, elem);
+        steps.push(Step { bytes: c.bytes(lb, mesh), cost: c.cost(lb, mesh), collective: c, after: after.clone() });
+        *cur = after;
+    };
+    let reduce: Vec<usize> = cur.partial().iter().copied().filter(|a| !to.partial().contains(a)).collect();
+    if !reduce.is_empty() {
+        let keep: Vec<usize> = cur.partial().iter().copied().filter(|a| to.partial().contains(a)).collect();
+        let after = cur.clone().with_partial(keep);
+        go(Collective::AllReduce { axes: reduce, op: ReduceKind::Sum }, after, &mut cur);
+    }
+    for d in 0..shape.len() {
+        let (have, want) = (&from.dims()[d], &to.dims()[d]);
+        let common = have.iter().zip(want).take_while(|(a, b)| a == b).count();
+        if common < have.len() {
+            let after = cur.clone().with_dim(d, have[..common].to_vec());
+            go(Collective::AllGather { axes: have[common..].to_vec(), dim: d }, after, &mut cur);
+        }
+    }
+    for (d, want) in to.dims().iter().enumerate() {
+        for &a in &want[cur.dims()[d].len()..] {
+            let mut v = cur.dims()[d].clone();
+            v.push(a);
+            let after = cur.clone().with_dim(d, v);
+            go(Collective::Slice { axes: vec![a], dim: d }, after, &mut cur);
+        }
+    }
+    for &a in to.partial() {
+        if !cur.partial().contains(&a) {
+            let mut p = cur.partial().to_vec();
+            p.push(a);
+            let after = cur.clone().with_partial(p);
+            go(Collective::MakePartial { axes: vec![a] }, after, &mut cur);
+        }
+    }
+    if &cur != to {
+        return Err(Error::Internal(format!("direct conversion {from} -> {to} ended at {cur}")));
+    }
+    Ok(finish(from, to, steps))
+}
+
+/// [`direct`]'s cost without building its path (its slices and make-partials are free): what
+/// pricing past a time limit adds up for each of hundreds of thousands of pairs. The specs are
+/// taken as valid for `shape` on `mesh`.
+pub fn direct_cost(from: &ShardingSpec, to: &ShardingSpec, shape: &[usize], elem: usize, mesh: &DeviceMesh) -> f64 {
+    let (have, want) = (from.dims(), to.dims());
+    // Each dim's axes are a prefix of the source's while reducing and gathering: its length.
+    let mut len: Vec<usize> = have.iter().map(Vec::len).collect();
+    let local = |len: &[usize]| -> usize {
+        shape.iter().zip(have).zip(len).map(|((&s, axes), &l)| s / mesh.group_size(&axes[..l])).product::<usize>()
+            * elem
+    };
+    let mut cost = 0.0;
+    let reduce: Vec<usize> = from.partial().iter().copied().filter(|a| !to.partial().contains(a)).collect();
+    if !reduce.is_empty() {
+        cost += Collective::AllReduce { axes: reduce, op: ReduceKind::Sum }.cost(local(&len), mesh);
+    }
+    for d in 0..shape.len() {
+        let common = have[d].iter().zip(&want[d]).take_while(|(a, b)| a == b).count();
+        if common < have[d].len() {
+            let before = local(&len);
+            cost += Collective::AllGather { axes: have[d][common..].to_vec(), dim: d }.cost(before, mesh);
+            len[d] = common;
+        }
+    }
+    cost
 }
 
 /// Reduce all partial axes, gather every dim, then slice into the target and make it partial.
@@ -621,12 +727,47 @@ impl LayoutConverter {
         }
     }
 
+    /// The cost of [`direct`] from `from` to each of `targets`: what pricing past a time limit
+    /// uses (linear in the spec's size per pair, where [`LayoutConverter::costs`] searches).
+    pub fn direct_costs(
+        &self,
+        shape: &[usize],
+        elem: usize,
+        from: &ShardingSpec,
+        targets: &[&ShardingSpec],
+    ) -> Result<Vec<f64>> {
+        Ok(targets.iter().map(|t| direct_cost(from, t, shape, elem, &self.mesh)).collect())
+    }
+
     fn exact_search(&self) -> bool {
         match self.search {
             Search::Exact => true,
             Search::Greedy => false,
             Search::Auto => self.mesh.ndim() <= 4,
         }
+    }
+
+    /// What the exact searches hold: tensors, state graphs, states and searches run (for logs).
+    pub fn stats(&self) -> String {
+        let Ok(graphs) = self.graphs.lock() else { return "poisoned".into() };
+        let (mut n, mut states, mut searches) = (0, 0, 0);
+        let (mut edges, mut unique) = (0, 0);
+        for g in graphs.values().flat_map(|g| g.values()) {
+            for l in g.edges.iter().flatten() {
+                edges += l.len();
+                let mut t: Vec<u32> = l.iter().map(|e| e.0).collect();
+                t.sort_unstable();
+                t.dedup();
+                unique += t.len();
+            }
+            n += 1;
+            states += g.states.len();
+            searches += g.runs.len();
+        }
+        format!(
+            "{} tensors, {n} state graphs, {states} states, {searches} searches, {edges} edges ({unique} distinct)",
+            graphs.len()
+        )
     }
 
     /// Number of cached conversions.
@@ -688,6 +829,56 @@ mod tests {
         let direct = exact_costs(from, &targets, &shape, 4, &m, &mut HashMap::new()).unwrap();
         assert_eq!(conv.costs(&shape, 4, from, &targets).unwrap(), direct);
         assert_eq!(conv.costs(&shape, 4, from, &targets).unwrap(), direct);
+    }
+
+    #[test]
+    fn a_paused_search_resumes_to_the_same_prices() {
+        // Searches stop once their targets are settled; a later call from the same source
+        // resumes the run. Ask for a few targets first, then all of them.
+        // Mixed links: the mesh has fewer symmetries, so more sources are searched.
+        let profile = crate::DeviceProfile::builtin("h100-sxm").unwrap();
+        let m = DeviceMesh::parse("node=2:ib,data=2,tensor=2:nvlink", &profile).unwrap();
+        let shape = [4, 8, 2];
+        let specs = all_specs(&shape, &m);
+        let all: Vec<&ShardingSpec> = specs.iter().collect();
+        let mut graphs = HashMap::new();
+        for from in specs.iter().step_by(11) {
+            let few: Vec<&ShardingSpec> = specs.iter().step_by(13).collect();
+            exact_costs(from, &few, &shape, 4, &m, &mut graphs).unwrap();
+            let costs = exact_costs(from, &all, &shape, 4, &m, &mut graphs).unwrap();
+            for (to, c) in all.iter().zip(costs) {
+                let pair = exact(from, to, &shape, 4, &m).unwrap().cost;
+                assert!((c - pair).abs() <= 1e-12 * pair.max(1e-9), "{from} -> {to}: {c} against {pair}");
+            }
+        }
+    }
+
+    #[test]
+    fn direct_paths_are_valid_and_never_beat_the_search() {
+        let m = DeviceMesh::uniform(&[2, 2, 2]).unwrap();
+        let shape = [4, 8, 2];
+        let specs = all_specs(&shape, &m);
+        for from in specs.iter().step_by(3) {
+            for to in specs.iter().step_by(5) {
+                // `direct` checks that its steps end at the target.
+                let d = direct(from, to, &shape, 4, &m).unwrap();
+                let e = exact(from, to, &shape, 4, &m).unwrap().cost;
+                assert_eq!(direct_cost(from, to, &shape, 4, &m), d.cost, "{from} -> {to}");
+                assert!(d.cost >= e - 1e-12 * e.max(1e-9), "{from} -> {to}: direct {} beats exact {e}", d.cost);
+                let mut cur = from.clone();
+                for s in &d.steps {
+                    assert!(
+                        neighbours(&cur, to, &shape, 4, &m).iter().any(|n| n.after == s.after),
+                        "{from} -> {to}: step {:?} from {cur} is not a transform",
+                        s.collective
+                    );
+                    cur = s.after.clone();
+                }
+                if from == to {
+                    assert_eq!(d.cost, 0.0);
+                }
+            }
+        }
     }
 
     #[test]
