@@ -265,6 +265,15 @@ fn solver_lines(o: &mut String, p: &Plan) {
     } else {
         skipped
     };
+    let skipped = if p.solver.estimated_conversions > 0 {
+        format!(
+            "{skipped}; {} layout conversion prices were taken from a direct path (reduce, gather, slice) once \
+             building the problem ran past the time limit: the objective and bound are over those prices",
+            p.solver.estimated_conversions
+        )
+    } else {
+        skipped
+    };
     let _ = writeln!(
         o,
         "solver    {} in {:.2} s: {} nodes ({} tied to a repeated layer), {} edges, {} strategies; objective {} (bound {}); compared: {}{}",

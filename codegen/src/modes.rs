@@ -134,7 +134,8 @@ impl<'a> Run<'a> {
         let g = canonical(graph)?;
         let hard = opts.abandon_late.then_some(deadline);
         let built = opts.cache.get_or_build(graph, mesh, opts.baseline, || {
-            crate::problem::build_until(&g, mesh, profile, opts.baseline, Some(opts.budget), hard)
+            // Past the deadline, a candidate that must give a plan prices the rest directly.
+            crate::problem::build_until(&g, mesh, profile, opts.baseline, Some(opts.budget), hard, Some(deadline))
         })?;
         let mut main = (*built).clone();
         main.problem.usage_limit = Some(opts.budget);
@@ -412,6 +413,7 @@ impl<'a> Run<'a> {
             sizes: BTreeMap::new(),
             timings: BTreeMap::new(),
             plan_bound_seconds: 0.0,
+            estimated_conversions: built.estimated_conversions,
         };
         let how = match (opts.recompute, entry.assumed) {
             (Recompute::Off, _) => Recomputation::Never,

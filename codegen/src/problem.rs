@@ -73,6 +73,10 @@ pub struct Built {
     pub converter: Arc<LayoutConverter>,
     /// Strategies generated before any restriction.
     pub total_strategies: usize,
+    /// Conversion prices (source spec, target spec, tensor) taken from a direct path
+    /// ([`sharding::convert::direct`]) instead of the search, because the build ran past its
+    /// time limit; 0 when every price is the search's.
+    pub estimated_conversions: usize,
 }
 
 /// A built problem folded by its groups ([`Built::fold`]).
@@ -244,6 +248,41 @@ fn allowed(
     }
 }
 
+/// The strategies of each node (in `order`) that `baseline` allows, by index.
+fn kept(
+    g: &Graph,
+    order: &[NodeIndex],
+    strategies: &[Vec<Arc<Strategy>>],
+    mesh: &DeviceMesh,
+    baseline: Baseline,
+) -> Result<Vec<Vec<usize>>> {
+    let mut keep: Vec<Vec<usize>> = Vec::with_capacity(order.len());
+    let part = crate::microbatch::update_part(g);
+    for (st, &n) in strategies.iter().zip(order) {
+        let pick = |strict: bool| -> Vec<usize> {
+            (0..st.len()).filter(|&j| allowed(g, n, &st[j], baseline, mesh, &part, strict)).collect()
+        };
+        // The strict rule always keeps the replicated strategy, so a value whose batch is
+        // not its first dimension (a sequence-first layout) is held whole on the data axes
+        // under a manual layout (a worse baseline, never a wrong plan; `auto` is free). The
+        // relaxed rule is for a node with no replicated strategy at all.
+        let mut k = pick(true);
+        if k.is_empty() {
+            k = pick(false);
+        }
+        if k.is_empty() {
+            k = (0..st.len())
+                .filter(|&j| st[j].inputs.iter().chain(&st[j].outputs).all(|x| x.is_replicated()))
+                .collect();
+        }
+        if k.is_empty() {
+            return Err(Error::Internal(format!("node {} has no strategy", g.node(n).name)));
+        }
+        keep.push(k);
+    }
+    Ok(keep)
+}
+
 /// Builds the problem (see the module docs) with the strategies `baseline` allows. `budget` is
 /// bytes per rank.
 pub fn build(
@@ -253,10 +292,12 @@ pub fn build(
     baseline: Baseline,
     budget: Option<u64>,
 ) -> Result<Built> {
-    build_until(g, mesh, profile, baseline, budget, None)
+    build_until(g, mesh, profile, baseline, budget, None, None)
 }
 
-/// [`build`], given up with [`Error::OutOfTime`] once `deadline` passes.
+/// [`build`], given up with [`Error::OutOfTime`] once `deadline` passes. Past `soft`, the
+/// conversions not yet priced are priced by a direct path instead of the search
+/// ([`Built::estimated_conversions`]), so that a build that must finish does so promptly.
 pub fn build_until(
     g: &Graph,
     mesh: &DeviceMesh,
@@ -264,9 +305,9 @@ pub fn build_until(
     baseline: Baseline,
     budget: Option<u64>,
     deadline: Option<std::time::Instant>,
+    soft: Option<std::time::Instant>,
 ) -> Result<Built> {
-    let full = build_all(g, mesh, profile, budget, deadline)?;
-    if baseline == Baseline::Auto { Ok(full) } else { full.restrict(g, mesh, baseline) }
+    build_all(g, mesh, profile, baseline, budget, deadline, soft)
 }
 
 /// Problems built during one planning run, by graph, mesh and baseline: a round that solves
@@ -392,36 +433,13 @@ impl Built {
             strategies: self.strategies.clone(),
             converter: self.converter.clone(),
             total_strategies: self.total_strategies,
+            estimated_conversions: self.estimated_conversions,
         })
     }
 
     /// The sub-problem with only the strategies `baseline` allows (replication where none is).
     pub fn restrict(&self, g: &Graph, mesh: &DeviceMesh, baseline: Baseline) -> Result<Built> {
-        let mut keep: Vec<Vec<usize>> = Vec::with_capacity(self.nodes.len());
-        let part = crate::microbatch::update_part(g);
-        for (i, &n) in self.nodes.iter().enumerate() {
-            let st = &self.strategies[i];
-            let pick = |strict: bool| -> Vec<usize> {
-                (0..st.len()).filter(|&j| allowed(g, n, &st[j], baseline, mesh, &part, strict)).collect()
-            };
-            // The strict rule always keeps the replicated strategy, so a value whose batch is
-            // not its first dimension (a sequence-first layout) is held whole on the data axes
-            // under a manual layout (a worse baseline, never a wrong plan; `auto` is free). The
-            // relaxed rule is for a node with no replicated strategy at all.
-            let mut k = pick(true);
-            if k.is_empty() {
-                k = pick(false);
-            }
-            if k.is_empty() {
-                k = (0..st.len())
-                    .filter(|&j| st[j].inputs.iter().chain(&st[j].outputs).all(|x| x.is_replicated()))
-                    .collect();
-            }
-            if k.is_empty() {
-                return Err(Error::Internal(format!("node {} has no strategy", g.node(n).name)));
-            }
-            keep.push(k);
-        }
+        let keep = kept(g, &self.nodes, &self.strategies, mesh, baseline)?;
         let nodes = self.problem.nodes.iter().zip(&keep).map(|(nd, k)| nd.restricted(k)).collect();
         // Shared matrices restricted the same way stay shared (repeated layers keep the same
         // strategies): one copy per (matrix, kept rows, kept columns).
@@ -461,6 +479,7 @@ impl Built {
             strategies,
             converter: self.converter.clone(),
             total_strategies: self.total_strategies,
+            estimated_conversions: self.estimated_conversions,
         })
     }
 
@@ -819,32 +838,55 @@ impl Forest {
 /// An edge's costs, shared between the edges whose matrices are equal.
 type Matrix = Arc<[u64]>;
 
-/// Builds the unrestricted problem: every node's strategies ([`node_strategies`]), its live
-/// interval ([`live_nodes`]), then the edges: the layout conversions between them, priced
+/// Builds the problem: every node's strategies ([`node_strategies`]) that `baseline` allows,
+/// its live interval ([`live_nodes`]), then the edges: the layout conversions between them, priced
 /// ([`Interned::price_conversions`]) once the problem is known to fit
 /// ([`Interned::check_size`]), and the ties of parameters to their updates.
 fn build_all(
     g: &Graph,
     mesh: &DeviceMesh,
     profile: &DeviceProfile,
+    baseline: Baseline,
     budget: Option<u64>,
     deadline: Option<std::time::Instant>,
+    soft: Option<std::time::Instant>,
 ) -> Result<Built> {
     let doing = format!("building the sharding problem on mesh {mesh}");
     let order = g.topo_order().map_err(|n| Error::Graph(format!("cycle at node {}", g.node(n).name)))?;
     let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let converter = Arc::new(LayoutConverter::new(mesh.clone(), Search::Auto));
-    let (strategies, rep, total) = node_strategies(g, &order, mesh, profile, deadline, &doing)?;
+    let t0 = std::time::Instant::now();
+    let (mut strategies, mut rep, generated) = node_strategies(g, &order, mesh, profile, deadline, &doing)?;
+    let mut total = generated;
+    if baseline != Baseline::Auto {
+        // Only the allowed strategies are priced: a pinned layout keeps a few of each node's,
+        // and pricing the conversions between all of them (to drop most) is the build's
+        // largest part (seconds on a 4-D mesh).
+        let keep = kept(g, &order, &strategies, mesh, baseline)?;
+        let mut first: HashMap<(usize, &[usize]), usize> = HashMap::new();
+        let mut restricted = Vec::with_capacity(order.len());
+        for (i, k) in keep.iter().enumerate() {
+            let r = *first.entry((rep[i], k.as_slice())).or_insert(i);
+            restricted.push((r, k.iter().map(|&j| strategies[i][j].clone()).collect::<Vec<_>>()));
+        }
+        rep = restricted.iter().map(|(r, _)| *r).collect();
+        strategies = restricted.into_iter().map(|(_, st)| st).collect();
+        total = strategies.iter().map(Vec::len).sum();
+    }
     let nodes = live_nodes(g, &order, &pos, &strategies);
+    tracing::debug!("strategies in {:?}: {} nodes, {total} strategies", t0.elapsed(), order.len());
+    let t0 = std::time::Instant::now();
     // Edges: layout conversions, merged per node pair (key: (smaller, larger) index). Equal
     // matrices (every repeated layer's) are one shared allocation.
     let mut edges: HashMap<(usize, usize), Matrix> = HashMap::new();
+    let estimated_conversions;
     {
         let mut interned = Interned::new(g, &order, &pos, &strategies, &rep);
         interned.check_size(mesh, total)?;
-        interned.price_conversions(&converter, deadline, &doing, &mut edges)?;
+        estimated_conversions = interned.price_conversions(&converter, deadline, soft, &doing, &mut edges)?;
         interned.tie_updates(&mut edges);
     }
+    tracing::debug!("conversions priced in {:?}: {} edges, {}", t0.elapsed(), edges.len(), converter.stats());
     let mut edge_list: Vec<((usize, usize), Matrix)> = edges.into_iter().collect();
     edge_list.sort_by_key(|e| e.0);
     let problem = solver::Problem {
@@ -854,7 +896,7 @@ fn build_all(
         usage_limit: budget,
     };
     problem.validate()?;
-    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: total })
+    Ok(Built { problem, nodes: order, strategies, converter, total_strategies: generated, estimated_conversions })
 }
 
 /// Every node's strategies in `order`, the first node with the same strategy list as each
@@ -1055,13 +1097,18 @@ impl<'a> Interned<'a> {
 
     /// Prices the layout conversion of every value from its producer's output specs to its
     /// consumer's input specs into `edges`, one matrix per distinct signature.
+    /// Prices the conversions on every edge (see [`build_until`] for the deadlines); returns how
+    /// many (source, target, tensor) prices are the direct path's.
     fn price_conversions(
         &mut self,
         converter: &LayoutConverter,
         deadline: Option<std::time::Instant>,
+        soft: Option<std::time::Instant>,
         doing: &str,
         edges: &mut HashMap<(usize, usize), Matrix>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
+        let mut estimated = 0;
+        let mut late = false;
         let g = self.g;
         let specs = &self.specs;
         let mut priced: FxMap<(u32, usize, u32, u32), u64> = FxMap::default();
@@ -1071,6 +1118,7 @@ impl<'a> Interned<'a> {
         let mut matrices: FxMap<Signature, Matrix> = FxMap::default();
         for (iv, &v) in self.order.iter().enumerate() {
             in_time(deadline, doing)?;
+            late = late || soft.is_some_and(|t| std::time::Instant::now() > t);
             for (slot_in, val) in g.node_inputs(v).iter().enumerate() {
                 let iu = self.pos[&val.node];
                 let meta = g.meta(*val);
@@ -1098,7 +1146,12 @@ impl<'a> Interned<'a> {
                                 continue;
                             }
                             let to_specs: Vec<&ShardingSpec> = new.iter().map(|&b| specs[b as usize]).collect();
-                            let costs = converter.costs(&meta.shape, dsize, specs[a as usize], &to_specs)?;
+                            let costs = if late {
+                                estimated += to_specs.len();
+                                converter.direct_costs(&meta.shape, dsize, specs[a as usize], &to_specs)?
+                            } else {
+                                converter.costs(&meta.shape, dsize, specs[a as usize], &to_specs)?
+                            };
                             for (&b, c) in new.iter().zip(costs) {
                                 priced.insert((shape, dsize, a, b), to_cost(c));
                             }
@@ -1125,7 +1178,7 @@ impl<'a> Interned<'a> {
                 merge(edges, (iu, iv), m);
             }
         }
-        Ok(())
+        Ok(estimated)
     }
 
     /// Ties between a parameter (or state) and its update, shared like the conversions.

@@ -471,6 +471,55 @@ fn the_time_limit_bounds_the_whole_run() -> Result<()> {
     Ok(())
 }
 
+/// A pinned layout's problem is built with only the strategies it allows (pricing the
+/// conversions between all of them first was most of a 4-D mesh's build): the same problem as
+/// the unrestricted one restricted afterwards, node for node and price for price.
+#[test]
+fn a_pinned_problem_is_the_restricted_unpinned_one() -> Result<()> {
+    use codegen::problem::build;
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let mesh = DeviceMesh::parse("2x2", &cpu)?;
+    let g = codegen::plan::canonical(&training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?)?;
+    let all = build(&g, &mesh, &cpu, Baseline::Auto, Some(64 << 20))?;
+    for b in [Baseline::Dp, Baseline::Megatron, Baseline::Zero] {
+        let pinned = build(&g, &mesh, &cpu, b, Some(64 << 20))?;
+        let after = all.restrict(&g, &mesh, b)?;
+        ensure!(pinned.problem == after.problem, "{}: the pinned build differs from the restriction", b.name());
+        ensure!(pinned.problem.nodes.len() == all.problem.nodes.len());
+        ensure!(
+            pinned.problem.total_strategies() < all.problem.total_strategies(),
+            "{}: nothing was left out",
+            b.name()
+        );
+    }
+    Ok(())
+}
+
+/// A plan whose time is already spent still comes back (the first candidate is owed): the
+/// conversions not priced by then are priced by a direct path, the plan says how many, it is
+/// valid, and its summary says what that means for the objective and bound.
+#[test]
+fn past_the_time_limit_conversions_are_priced_directly() -> Result<()> {
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let mesh = DeviceMesh::parse("2x2x2", &cpu)?;
+    let late = PlanOptions { deadline: Some(std::time::Instant::now()), ..opts(64 << 30, Baseline::Auto) };
+    let p = round_trip(&codegen::plan(&g, &mesh, &cpu, &late)?)?;
+    ensure!(p.solver.estimated_conversions > 0, "no conversion was priced directly");
+    let s = codegen::explain::summary(&p);
+    ensure!(s.contains("direct path"), "the summary does not say so:\n{s}");
+    // With time, every price is the search's, and the plan is at least as good.
+    let timely = codegen::plan(&g, &mesh, &cpu, &opts(64 << 30, Baseline::Auto))?;
+    ensure!(timely.solver.estimated_conversions == 0);
+    println!(
+        "gpt2-tiny on 2x2x2: {} prices direct, step {:.3} ms; searched {:.3} ms",
+        p.solver.estimated_conversions,
+        p.estimate.step_seconds * 1e3,
+        timely.estimate.step_seconds * 1e3
+    );
+    Ok(())
+}
+
 /// A problem too large to hold (here the MLP on a 5-axis mesh of 2s: 131k strategies, 425M
 /// edge-cost entries, over 3 GiB as built) is refused with its size and what to do before any
 /// price is computed, instead of running out of memory after minutes. Each axis has its own

@@ -1038,6 +1038,13 @@ pub struct SolverInfo {
     /// `1 - plan_bound_seconds / estimate.step_seconds`. 0 in plans made before it existed.
     #[serde(default)]
     pub plan_bound_seconds: f64,
+    /// Layout conversion prices (source layout, target layout, tensor) in the chosen problem
+    /// that were taken from a direct path (reduce, gather, then slice: never cheaper than the
+    /// search's) because building the problem ran past `--time-limit`. The plan's own
+    /// conversions are still the search's; the solver's objective and bound are over these
+    /// prices. 0 when every price is the search's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub estimated_conversions: usize,
 }
 
 /// A distributed training plan (see the crate docs).
