@@ -118,15 +118,46 @@ impl MipBackend for Cbc {
         "cbc"
     }
 
+    /// Runs CBC on its own thread and waits at most the time limit plus a grace of
+    /// max(10%, 0.1 s). CBC checks its clock between branch-and-bound nodes, not inside the
+    /// root LP, so a model whose root it cannot get through overruns its limit several times
+    /// over; such a solve is abandoned (it finishes in the background, holding the lock that
+    /// serialises CBC) and reported as a time limit without a solution, so that the planner's
+    /// `--time-limit` holds.
     fn solve(&self, mip: &Mip, time_limit: Duration) -> Result<MipOutcome> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (cbc, mip) = (*self, mip.clone());
+        let started = std::time::Instant::now();
+        std::thread::Builder::new()
+            .name("cbc".into())
+            .spawn(move || {
+                // The receiver may have given up: the result is then dropped.
+                let _ = tx.send(cbc.solve_here(&mip, time_limit, started));
+            })
+            .map_err(|e| Error::Backend { backend: "cbc", message: format!("cannot start its thread: {e}") })?;
+        let grace = (time_limit / 10).max(Duration::from_millis(100));
+        match rx.recv_timeout(time_limit + grace) {
+            Ok(out) => out,
+            Err(_) => {
+                tracing::debug!("cbc: abandoned after {:?} (limit {time_limit:?})", started.elapsed());
+                Ok(MipOutcome { status: MipStatus::TimeLimit, values: None, bound: f64::NEG_INFINITY })
+            }
+        }
+    }
+}
+
+impl Cbc {
+    /// [`MipBackend::solve`] on the calling thread; the limit counts from `started`.
+    fn solve_here(&self, mip: &Mip, time_limit: Duration, started: std::time::Instant) -> Result<MipOutcome> {
         // CBC's solve entry point (`Cbc_solve` -> `CbcMain1`) parses its parameters through
         // process-wide static state, so two solves running at once in one process corrupt each
         // other's settings (time limit, presolve, log level...) and can return wrong column values.
         // good_lp only locks when its `singlethread-cbc` feature is on: serialise here, for the
         // model's whole life (creation, solve, reading values, deletion).
-        let waiting = std::time::Instant::now();
+        let waiting = started;
         let _guard = CBC_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Time spent waiting for another solve counts against this one's limit.
+        // Time spent waiting for another solve (or an abandoned one) counts against this one's
+        // limit.
         let time_limit = time_limit.saturating_sub(waiting.elapsed());
         let mut pv = ProblemVariables::new();
         let vars: Vec<Variable> = mip
@@ -179,9 +210,10 @@ impl MipBackend for Cbc {
         let solved = model.solve();
         if tracing::enabled!(tracing::Level::DEBUG) {
             tracing::debug!(
-                "cbc: {} vars {} rows, built in {:?}, solved in {:?} (limit {:?})",
+                "cbc: {} vars {} rows {} nonzeros, built in {:?}, solved in {:?} (limit {:?})",
                 mip.vars.len(),
                 mip.constraints.len(),
+                mip.constraints.iter().map(|c| c.terms.len()).sum::<usize>(),
                 t_build,
                 waiting.elapsed() - t_build,
                 time_limit

@@ -118,9 +118,21 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<SolveResult> {
             return Err(Error::Infeasible { min_peak, time, limit });
         }
     }
-    let red = if opts.reduce { reduce::reduce(problem) } else { reduce::identity(problem) };
+    let t = Instant::now();
+    // With no time left (a solve that must still give a solution), the reductions are skipped:
+    // on a large problem they take longer than the one round of search that follows.
+    let red =
+        if opts.reduce && !opts.time_limit.is_zero() { reduce::reduce(problem) } else { reduce::identity(problem) };
+    let t_reduce = t.elapsed();
     let m = Model::new(&red.problem);
+    let t_model = t.elapsed();
     let mut bound = edge_charged_bound(&m);
+    tracing::debug!(
+        "min peak {:?}, reduce {t_reduce:?}, model {:?}, bound {:?}",
+        t - start,
+        t_model - t_reduce,
+        t.elapsed() - t_model
+    );
     let ilp_size = ilp::size(&m);
     if tracing::enabled!(tracing::Level::DEBUG) {
         tracing::debug!("reduced and compiled in {:?}: {} steps, ilp size {ilp_size}", start.elapsed(), m.nsteps());
