@@ -43,6 +43,8 @@ pub fn search(
     let mut compared: Vec<(String, Option<f64>)> = vec![];
     let mut skipped: Vec<String> = vec![];
     let mut last_err = None;
+    // Whether the last error said the budget is too small.
+    let memory = std::cell::Cell::new(false);
     let mut consider = |name: String, p: Result<Plan>, best: &mut Option<Plan>| match p {
         Ok(p) => {
             compared.push((name, Some(p.estimate.step_seconds)));
@@ -53,6 +55,7 @@ pub fn search(
         Err(Error::OutOfTime(_)) => skipped.push(name),
         Err(e) => {
             compared.push((name, None));
+            memory.set(matches!(e, Error::Infeasible { .. } | Error::Pipeline(_)));
             last_err = Some(e);
         }
     };
@@ -75,8 +78,12 @@ pub fn search(
         }
         let left = opts.left();
         // The first candidate always runs, and so does the plan without stages while no
-        // candidate has given a plan (a plan is owed); the others only with time left.
-        let owed = i == 0 || (s == 1 && best.is_none()) || (i == searched && best.is_none() && unstaged.is_none());
+        // candidate has given a plan (a plan is owed); the others only with time left. Once
+        // the time is spent and a candidate has shown that the budget is too small, that is
+        // the answer: the error paths keep the time limit too, naming what was not tried.
+        let owed = i == 0
+            || ((s == 1 && best.is_none()) || (i == searched && best.is_none() && unstaged.is_none()))
+                && !(memory.get() && left.is_zero());
         if !owed && left.is_zero() {
             let name = if s == 1 { "no stages".to_string() } else { format!("{s} stages") };
             consider(name, Err(Error::OutOfTime(String::new())), &mut best);
@@ -117,9 +124,11 @@ pub fn search(
     let mut best = match (unstaged, best) {
         // On a tie the plan without stages: it has no schedule, transfers or bubble.
         (Some(u), Some(b)) if b.estimate.step_seconds >= u.estimate.step_seconds * (1.0 - margin) => u,
-        (u, b) => {
-            b.or(u).ok_or_else(|| last_err.unwrap_or_else(|| Error::Pipeline("no stage count to search".into())))?
-        }
+        (u, b) => b.or(u).ok_or_else(|| match last_err {
+            Some(e) if !skipped.is_empty() => untried(e, &skipped),
+            Some(e) => e,
+            None => Error::Pipeline("no stage count to search".into()),
+        })?,
     };
     best.options.min_gain = margin;
     best.solver.compared.extend(compared.into_iter().map(|(k, v)| (format!("pipeline: {k}"), v)));
@@ -143,4 +152,21 @@ fn split_outer(mesh: &DeviceMesh, stages: usize) -> Result<DeviceMesh> {
     let mut links = vec![mesh.links()[0].clone()];
     links.extend(mesh.links().iter().cloned());
     Ok(DeviceMesh::new(shape, names, links)?)
+}
+
+/// `e`, the last candidate's error, saying which stage counts the time limit left untried.
+fn untried(e: Error, skipped: &[String]) -> Error {
+    let note = format!("{} not tried in the time limit: a longer --time-limit may find a plan", skipped.join(", "));
+    match e {
+        Error::Infeasible { budget, min_peak, suggest, dominant, min_peak_bytes, proven } => Error::Infeasible {
+            budget,
+            min_peak,
+            suggest: format!("{suggest} ({note})"),
+            dominant,
+            min_peak_bytes,
+            proven,
+        },
+        Error::Pipeline(m) => Error::Pipeline(format!("{m} ({note})")),
+        e => e,
+    }
 }
