@@ -67,6 +67,9 @@ impl Importer<'_> {
         let t1 = self.emit1(&format!("{nm}.target.c"), Op::Reshape { shape: t_shape }, std::slice::from_ref(&t))?;
         let mut c_shape = vec![1; xm.rank()];
         c_shape[1] = c;
+        // The class indices are a constant of C elements: checked like any other (a declared
+        // class count can be anything).
+        self.constant_fits(&TensorMeta::new(DType::I64, c_shape.clone()))?;
         let classes = V::C(Rc::new(Tensor::i64(c_shape, (0..c as i64).collect())));
         let hot = self.emit1(&format!("{nm}.onehot"), bin(BinaryOp::Equal), &[t1, classes])?;
         let hot = self.emit1(&format!("{nm}.onehot.f"), cast(float), &[hot])?;
