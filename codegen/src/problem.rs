@@ -1148,7 +1148,7 @@ impl<'a> Interned<'a> {
                             let to_specs: Vec<&ShardingSpec> = new.iter().map(|&b| specs[b as usize]).collect();
                             let costs = if late {
                                 estimated += to_specs.len();
-                                converter.direct_costs(&meta.shape, dsize, specs[a as usize], &to_specs)?
+                                converter.direct_costs(&meta.shape, dsize, specs[a as usize], &to_specs)
                             } else {
                                 converter.costs(&meta.shape, dsize, specs[a as usize], &to_specs)?
                             };

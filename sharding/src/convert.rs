@@ -13,9 +13,9 @@
 //!
 //! [`Search::Exact`] is Dijkstra over this graph (ties broken by fewer steps); it is optimal over
 //! these transforms. [`Search::Greedy`] repeatedly takes the step that most reduces the number of
-//! mesh axes in the wrong state (cheapest first), and falls back to "reduce and gather everything,
-//! then slice" when it stalls: always a valid path, not always the cheapest. [`Search::Auto`] uses
-//! the exact search up to 4 mesh axes.
+//! mesh axes in the wrong state (cheapest first), and falls back to [`direct`] (reduce, gather
+//! what differs, then slice) when it stalls: always a valid path, not always the cheapest.
+//! [`Search::Auto`] uses the exact search up to 4 mesh axes.
 //!
 //! Pricing many pairs (building the planner's problem) goes through [`LayoutConverter::costs`]:
 //! the specs of one tensor form a [`StateGraph`] whose out-edges are computed once, and one
@@ -499,7 +499,7 @@ pub fn greedy(
     if &cur == to {
         return Ok(finish(from, to, path));
     }
-    Ok(finish(from, to, fallback(from, to, shape, elem, mesh)))
+    direct(from, to, shape, elem, mesh)
 }
 
 /// A direct path, found in time linear in the spec's size, for pricing past a time limit: reduce
@@ -582,42 +582,6 @@ pub fn direct_cost(from: &ShardingSpec, to: &ShardingSpec, shape: &[usize], elem
         }
     }
     cost
-}
-
-/// Reduce all partial axes, gather every dim, then slice into the target and make it partial.
-fn fallback(from: &ShardingSpec, to: &ShardingSpec, shape: &[usize], elem: usize, mesh: &DeviceMesh) -> Vec<Step> {
-    let mut steps = vec![];
-    let mut cur = from.clone();
-    let mut go = |c: Collective, after: ShardingSpec, cur: &mut ShardingSpec| {
-        let lb = cur.local_bytes(shape, mesh, elem);
-        steps.push(Step { bytes: c.bytes(lb, mesh), cost: c.cost(lb, mesh), collective: c, after: after.clone() });
-        *cur = after;
-    };
-    if cur.is_partial() {
-        let c = Collective::AllReduce { axes: cur.partial().to_vec(), op: ReduceKind::Sum };
-        let after = cur.clone().with_partial(vec![]);
-        go(c, after, &mut cur);
-    }
-    for d in 0..shape.len() {
-        if !cur.dims()[d].is_empty() {
-            let c = Collective::AllGather { axes: cur.dims()[d].clone(), dim: d };
-            let after = cur.clone().with_dim(d, vec![]);
-            go(c, after, &mut cur);
-        }
-    }
-    for (d, axes) in to.dims().iter().enumerate() {
-        for &a in axes {
-            let mut v = cur.dims()[d].clone();
-            v.push(a);
-            let after = cur.clone().with_dim(d, v);
-            go(Collective::Slice { axes: vec![a], dim: d }, after, &mut cur);
-        }
-    }
-    if to.is_partial() {
-        let after = cur.clone().with_partial(to.partial().to_vec());
-        go(Collective::MakePartial { axes: to.partial().to_vec() }, after, &mut cur);
-    }
-    steps
 }
 
 /// Cheapest cost over all paths of at most `max_steps` transforms (exhaustive; for tests).
@@ -735,8 +699,8 @@ impl LayoutConverter {
         elem: usize,
         from: &ShardingSpec,
         targets: &[&ShardingSpec],
-    ) -> Result<Vec<f64>> {
-        Ok(targets.iter().map(|t| direct_cost(from, t, shape, elem, &self.mesh)).collect())
+    ) -> Vec<f64> {
+        targets.iter().map(|t| direct_cost(from, t, shape, elem, &self.mesh)).collect()
     }
 
     fn exact_search(&self) -> bool {
@@ -750,24 +714,14 @@ impl LayoutConverter {
     /// What the exact searches hold: tensors, state graphs, states and searches run (for logs).
     pub fn stats(&self) -> String {
         let Ok(graphs) = self.graphs.lock() else { return "poisoned".into() };
-        let (mut n, mut states, mut searches) = (0, 0, 0);
-        let (mut edges, mut unique) = (0, 0);
+        let (mut n, mut states, mut searches, mut edges) = (0, 0, 0, 0);
         for g in graphs.values().flat_map(|g| g.values()) {
-            for l in g.edges.iter().flatten() {
-                edges += l.len();
-                let mut t: Vec<u32> = l.iter().map(|e| e.0).collect();
-                t.sort_unstable();
-                t.dedup();
-                unique += t.len();
-            }
             n += 1;
             states += g.states.len();
             searches += g.runs.len();
+            edges += g.edges.iter().flatten().map(Vec::len).sum::<usize>();
         }
-        format!(
-            "{} tensors, {n} state graphs, {states} states, {searches} searches, {edges} edges ({unique} distinct)",
-            graphs.len()
-        )
+        format!("{} tensors, {n} state graphs, {states} states, {edges} edges, {searches} searches", graphs.len())
     }
 
     /// Number of cached conversions.
