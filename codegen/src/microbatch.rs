@@ -138,28 +138,30 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     plan.accumulate = accumulate;
     // Memory under the runtime's accounting of microbatches (the accumulators included).
     plan.estimate.peak_bytes_per_rank = crate::memory::simulate_plan(&plan, mesh)?.peak;
-    // The microbatch part runs once per microbatch.
-    let seconds = |update: bool| -> f64 {
+    // The microbatch part runs once per microbatch: its compute and its communication each
+    // count M times, the update part's once (the two are scaled apart: a step whose update is
+    // all communication, a data-parallel gradient reduction, keeps it as communication).
+    let seconds = |update: bool, comm: bool| -> f64 {
         plan.program
             .iter()
             .filter(|i| (i.phase() == Phase::Update) == update)
             .map(|i| match i {
-                Instr::Op { seconds, .. } | Instr::Collective { seconds, .. } => *seconds,
+                Instr::Op { seconds, .. } if !comm => *seconds,
+                Instr::Collective { seconds, .. } if comm => *seconds,
                 _ => 0.0,
             })
             .sum()
     };
-    let (pass, once) = (seconds(false), seconds(true));
+    let (pass_compute, pass_comm) = (seconds(false, false), seconds(false, true));
+    let (pass, once) = (pass_compute + pass_comm, seconds(true, false) + seconds(true, true));
     let m = microbatches as f64;
     let e = &mut plan.estimate;
-    // The pass's instructions include its recomputation, which runs once per microbatch.
+    // The pass's instructions include its recomputation (ops and their conversions, in the
+    // pass's proportions), which runs once per microbatch and is reported apart.
     let rec = e.recompute_seconds.min(pass);
-    let total = pass - rec + once;
-    let plain = m * (pass - rec) + once;
-    if total > 0.0 {
-        e.compute_seconds *= plain / total;
-        e.comm_seconds *= plain / total;
-    }
+    let share = |part: f64| if pass > 0.0 { part / pass } else { 0.0 };
+    e.compute_seconds = m * (pass_compute - rec * share(pass_compute)) + seconds(true, false);
+    e.comm_seconds = m * (pass_comm - rec * share(pass_comm)) + seconds(true, true);
     e.recompute_seconds = m * rec;
     e.step_seconds = m * pass + once;
     Ok(plan)
