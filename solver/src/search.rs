@@ -1054,11 +1054,19 @@ impl<'a> Search<'a> {
 
     /// Sweeps `st` with node moves on the true cost until none pays (at most `max` times).
     fn sweep_feasible(&self, st: &mut State, max: usize) {
-        for _ in 0..max {
-            if st.sweep(&self.order, None, true) == 0 {
+        for k in 0..max {
+            // Past the deadline (a solve that must still answer), one sweep does.
+            if st.sweep(&self.order, None, true) == 0 || (k > 0 && self.late()) {
                 break;
             }
         }
+    }
+
+    /// Whether the deadline has passed: the construction then does the least that still gives
+    /// a repaired labelling (the first trees and sweeps), as a solve with no time left must
+    /// answer at once.
+    fn late(&self) -> bool {
+        Instant::now() > self.cfg.deadline
     }
 
     /// Construction: whole-graph TRW-S, tree DP and node sweeps on Lagrangian prices, each
@@ -1155,16 +1163,21 @@ impl<'a> Search<'a> {
     /// and group sweeps on the same (memory unchecked).
     fn priced_descent(&mut self, x: Vec<usize>) -> State<'a> {
         let mut st = State::new(self.m, x);
-        for _ in 0..40 {
+        for k in 0..40 {
+            // Past the deadline, eight trees (one of the whole graph is a dynamic programme over
+            // every matrix: on a large problem 40 of them cost a third of a second).
+            if k >= 8 && self.late() {
+                break;
+            }
             self.random_tree(&[16usize, 64, 256, 1024, usize::MAX]);
             st.tree_move(&self.tree, &self.pen, 1.0, Accept::Penalized, &mut self.ws);
         }
-        for _ in 0..10 {
+        for k in 0..10 {
             let mut moved = st.sweep(&self.order, Some(&self.pen), false);
             for g in &self.groups {
                 moved += st.group_move(g, Some(&self.pen), false) as usize;
             }
-            if moved == 0 {
+            if moved == 0 || (k > 0 && self.late()) {
                 break;
             }
         }
