@@ -288,7 +288,19 @@ impl<'a> Run<'a> {
             let base: &Built =
                 if entry.assumed { self.main_assumed.as_ref().unwrap_or(&self.main) } else { &self.main };
             let built = restricted.as_ref().unwrap_or(base);
-            solve_one(built, &self.g, opts, limit, own)
+            // Auto owed a plan with no time left searches the hand-written layouts only.
+            let quick = (b == Baseline::Auto && own && limit.is_zero())
+                .then(|| quick_solve(base, &self.g, self.mesh, opts))
+                .flatten();
+            match quick {
+                Some(s) => {
+                    self.skipped.push(
+                        "auto over every strategy (with no time left, over those dp, megatron or zero allow)".into(),
+                    );
+                    Ok(Ok(s))
+                }
+                None => solve_one(built, &self.g, opts, limit, own),
+            }
         };
         let solved = match solved {
             Ok(Err(expected)) => {
@@ -556,4 +568,18 @@ fn choose(candidates: Vec<(Baseline, Plan)>, opts: &PlanOptions) -> Option<(Base
         }
         (o, b) => o.or(b),
     }
+}
+
+/// Auto's plan when no time is left: the problem restricted to the strategies data parallelism,
+/// Megatron or ZeRO allow (a few per node, so folding, compiling and one search round take a
+/// fraction of what every strategy would), solved, and its solution mapped back onto `base`.
+/// Its lower bound holds for the restricted problem only, so none is reported (0). `None` when
+/// the restriction leaves no plan that fits (the whole problem is then solved).
+fn quick_solve(base: &Built, g: &Graph, mesh: &DeviceMesh, opts: &PlanOptions) -> Option<Solved> {
+    let hand = [Baseline::Dp, Baseline::Megatron, Baseline::Zero];
+    let small = base.restrict_any(g, mesh, &hand).ok()?;
+    let solved = solve_one(&small, g, opts, Duration::ZERO, true).ok()?.ok()?;
+    let solution = map_solution(&small, base, &solved.solution)?;
+    tracing::debug!("no time left: solved the hand-written layouts' strategies only");
+    Some(Solved { solution, bound: 0, status: SolveStatus::Feasible, ..solved })
 }

@@ -440,7 +440,28 @@ impl Built {
     /// The sub-problem with only the strategies `baseline` allows (replication where none is).
     pub fn restrict(&self, g: &Graph, mesh: &DeviceMesh, baseline: Baseline) -> Result<Built> {
         let keep = kept(g, &self.nodes, &self.strategies, mesh, baseline)?;
-        let nodes = self.problem.nodes.iter().zip(&keep).map(|(nd, k)| nd.restricted(k)).collect();
+        Ok(self.restrict_to(&keep))
+    }
+
+    /// The sub-problem with the strategies any of `baselines` allows: what a solve with no time
+    /// left searches (the layouts users write by hand, a few per node, instead of every one).
+    pub fn restrict_any(&self, g: &Graph, mesh: &DeviceMesh, baselines: &[Baseline]) -> Result<Built> {
+        let mut keep: Vec<Vec<usize>> = vec![vec![]; self.nodes.len()];
+        for &b in baselines {
+            for (all, k) in keep.iter_mut().zip(kept(g, &self.nodes, &self.strategies, mesh, b)?) {
+                all.extend(k);
+            }
+        }
+        for k in &mut keep {
+            k.sort_unstable();
+            k.dedup();
+        }
+        Ok(self.restrict_to(&keep))
+    }
+
+    /// The sub-problem with strategies `keep[i]` (indices, ascending) of node `i`.
+    fn restrict_to(&self, keep: &[Vec<usize>]) -> Built {
+        let nodes = self.problem.nodes.iter().zip(keep).map(|(nd, k)| nd.restricted(k)).collect();
         // Shared matrices restricted the same way stay shared (repeated layers keep the same
         // strategies): one copy per (matrix, kept rows, kept columns).
         let mut kept_id: HashMap<&[usize], usize> = HashMap::new();
@@ -473,14 +494,14 @@ impl Built {
             solver::Problem { name: self.problem.name.clone(), nodes, edges, usage_limit: self.problem.usage_limit };
         let strategies =
             keep.iter().zip(&self.strategies).map(|(k, st)| k.iter().map(|&j| st[j].clone()).collect()).collect();
-        Ok(Built {
+        Built {
             problem,
             nodes: self.nodes.clone(),
             strategies,
             converter: self.converter.clone(),
             total_strategies: self.total_strategies,
             estimated_conversions: self.estimated_conversions,
-        })
+        }
     }
 
     /// The chosen strategy of every solver node (so of every graph node, in [`Built::nodes`]
