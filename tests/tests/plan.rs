@@ -508,6 +508,15 @@ fn past_the_time_limit_conversions_are_priced_directly() -> Result<()> {
     ensure!(p.solver.estimated_conversions > 0, "no conversion was priced directly");
     let s = codegen::explain::summary(&p);
     ensure!(s.contains("direct path"), "the summary does not say so:\n{s}");
+    // With no time left to solve, auto searched only the strategies of the hand-written layouts
+    // (no bound over every strategy is claimed), and says so.
+    ensure!(
+        p.solver.skipped.iter().any(|k| k.starts_with("auto over every strategy")),
+        "the quick solve is not named: {:?}",
+        p.solver.skipped
+    );
+    ensure!(p.solver.lower_bound_seconds == 0.0, "a bound over the restricted problem is reported");
+    ensure!(s.contains("not solved in the time limit: auto over every strategy"), "{s}");
     // With time, every price is the search's, and the plan is at least as good.
     let timely = codegen::plan(&g, &mesh, &cpu, &opts(64 << 30, Baseline::Auto))?;
     ensure!(timely.solver.estimated_conversions == 0);
@@ -739,6 +748,26 @@ fn microbatched_plans_are_validated() -> Result<()> {
         }
         ensure!(update(ins) == (k >= first), "instruction {k} is on the wrong side of the update phase");
     }
+    // The step's parts: the pass's compute and communication count 4 times, the update's once,
+    // each on its own side (a data-parallel plan's gradient reduction stays communication).
+    let dp = codegen::plan(&g, &mesh, &cpu, &PlanOptions { microbatches: 4, ..opts(1 << 30, Baseline::Dp) })?;
+    let part = |upd: bool, comm: bool| -> f64 {
+        dp.program
+            .iter()
+            .filter(|i| update(i) == upd)
+            .map(|i| match i {
+                Instr::Op { seconds, .. } if !comm => *seconds,
+                Instr::Collective { seconds, .. } if comm => *seconds,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    let e = &dp.estimate;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-12);
+    ensure!(part(true, true) > 0.0, "the dp plan reduces no gradient in its update");
+    ensure!(close(e.compute_seconds, 4.0 * part(false, false) + part(true, false)), "compute {e:?}");
+    ensure!(close(e.comm_seconds, 4.0 * part(false, true) + part(true, true)), "communication {e:?}");
+    ensure!(close(e.compute_seconds + e.comm_seconds + e.recompute_seconds, e.step_seconds), "parts {e:?}");
     let refused = |q: &Plan, want: &str| -> Result<()> {
         let err = Plan::from_json(&q.to_json()?).err().context(format!("accepted (want `{want}`)"))?.to_string();
         ensure!(err.contains(want), "want `{want}` in: {err}");
