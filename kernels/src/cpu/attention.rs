@@ -17,7 +17,6 @@ use super::elementwise::{exp_fast, with_simd};
 use super::{CpuContext, F, Float, floats, tensor};
 use crate::Error;
 use ir::{AttentionAttrs, AttentionDims, Tensor};
-use rayon::prelude::*;
 
 /// Query rows per block.
 const BLOCK: usize = 64;
@@ -122,7 +121,12 @@ impl<'a> Mask<'a> {
 /// Runs `f` for tasks `0..n` (over the context's pool when `work` pays for it), in order.
 fn tasks<R: Send>(ctx: &CpuContext, n: usize, work: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
     if n > 1 && ctx.parallel_for(work) {
-        ctx.install(|| (0..n).into_par_iter().map(&f).collect())
+        let slots: Vec<std::sync::Mutex<Option<R>>> = (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+        ctx.run(n, |i| {
+            let r = f(i);
+            *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        slots.into_iter().map(|s| s.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every task ran")).collect()
     } else {
         (0..n).map(f).collect()
     }

@@ -6,7 +6,6 @@ use super::{Accumulation, CpuContext, floats, linalg::gemm_with, tensor};
 use super::{F, Float};
 use crate::Error;
 use ir::{ConvAttrs, PoolAttrs, Tensor};
-use rayon::prelude::*;
 
 /// Range of output positions `o` (within `0..out`) whose input index `o * stride + off` lies in
 /// `0..len`.
@@ -292,7 +291,7 @@ pub(crate) fn is_direct(a: &ConvAttrs, kh: usize, kw: usize) -> bool {
     kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0, 0, 0, 0]
 }
 
-/// Runs `run(task, chunk, scratch, inner_ctx, gemm_parallelism)` for each `chunk`-long piece of
+/// Runs `run(task, chunk, scratch, inner_ctx)` for each `chunk`-long piece of
 /// `out` (one per (image, group) of a convolution, `macs` multiply-adds each). When the tasks
 /// split evenly over the threads (a batch of two on two threads) or are many, they run in
 /// parallel, each sequential: no synchronisation inside a task, and each thread packs its own
@@ -302,21 +301,22 @@ pub(crate) fn per_group(
     out: &mut [F],
     chunk: usize,
     macs: usize,
-    run: impl Fn(usize, &mut [F], &mut Vec<F>, Option<&CpuContext>, gemm::Parallelism) -> Result<(), Error> + Sync + Send,
+    run: impl Fn(usize, &mut [F], &mut Vec<F>, Option<&CpuContext>) -> Result<(), Error> + Sync + Send,
 ) -> Result<(), Error> {
-    let tasks = out.len() / chunk.max(1);
+    let chunk = chunk.max(1);
+    let tasks = out.len() / chunk;
     let t = ctx.threads();
     if t > 1 && tasks >= t && (tasks.is_multiple_of(t) || tasks >= 4 * t || macs < (1 << 22)) {
-        ctx.install(|| {
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .try_for_each_init(Vec::new, |col, (t, o)| run(t, o, col, None, gemm::Parallelism::None))
+        let dst = super::SendPtr(out.as_mut_ptr());
+        ctx.try_run(tasks, |i| {
+            // SAFETY: chunk i of `out` (tasks whole chunks), written by this task only.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * chunk), chunk) };
+            run(i, o, &mut Vec::new(), None)
         })
     } else {
-        let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
         let mut col = Vec::new();
         for (t, o) in out.chunks_mut(chunk).enumerate() {
-            ctx.install(|| run(t, o, &mut col, Some(ctx), par))?;
+            run(t, o, &mut col, Some(ctx))?;
         }
         Ok(())
     }
@@ -350,7 +350,7 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
     let beta = if has_bias { 1.0 } else { 0.0 };
     let direct = is_direct(a, kh, kw);
     let plane = h * wd;
-    let run = |t: usize, outg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
+    let run = |t: usize, outg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let xin = &x[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
         let wg = &w[gi * mg * kk..(gi + 1) * mg * kk];
@@ -361,7 +361,7 @@ pub(crate) fn conv(ctx: &CpuContext, a: &ConvAttrs, inputs: &[&Tensor], out_shap
             im2col(inner, xin, h, wd, kh, kw, a, oh, ow, col);
             col
         };
-        gemm_with(par, ctx.accumulation(), mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
+        gemm_with(inner, ctx.accumulation(), mg, p, kk, wg, false, colv, false, outg, 1.0, beta)
     };
     per_group(ctx, &mut out, mg * p, mg * kk * p, run)?;
     tensor("conv", out_shape, F::data(out))

@@ -11,7 +11,6 @@ use super::{Accumulation, CpuContext, conv, elementwise::broadcast_f32, floats, 
 use super::{F, Float};
 use crate::Error;
 use ir::{ConvAttrs, PoolAttrs, SliceAxis, Tensor, UnaryOp};
-use rayon::prelude::*;
 
 fn bad(op: &'static str, message: String) -> Error {
     Error::BadInput { op, message }
@@ -358,16 +357,16 @@ pub(crate) fn conv_input_grad(
         let flipped = tensor(op, &[c, mg, kh, kw], F::data(flipped))?;
         return conv::conv(ctx, &full, &[dy, &flipped], shape);
     }
-    let run = |t: usize, dxg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>, par| -> Result<(), Error> {
+    let run = |t: usize, dxg: &mut [F], col: &mut Vec<F>, inner: Option<&CpuContext>| -> Result<(), Error> {
         let (ni, gi) = (t / g, t % g);
         let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
         let wg = &wv[gi * mg * kk..(gi + 1) * mg * kk];
         if direct {
             // dx [cg, p] = W^T [cg, mg] @ dy [mg, p]
-            return super::linalg::gemm_with(par, ctx.accumulation(), kk, p, mg, wg, true, dyg, false, dxg, 1.0, 0.0);
+            return super::linalg::gemm_with(inner, ctx.accumulation(), kk, p, mg, wg, true, dyg, false, dxg, 1.0, 0.0);
         }
         col.resize(kk * p, 0.0);
-        super::linalg::gemm_with(par, ctx.accumulation(), kk, p, mg, wg, true, dyg, false, col, 1.0, 0.0)?;
+        super::linalg::gemm_with(inner, ctx.accumulation(), kk, p, mg, wg, true, dyg, false, col, 1.0, 0.0)?;
         col2im(inner, col, h, wd, kh, kw, a, oh, ow, dxg);
         Ok(())
     };
@@ -422,8 +421,8 @@ pub(crate) fn conv_weight_grad(
         // image after image, and accumulates its block; no reduction and no shared buffer.
         let per = kk.div_ceil(threads);
         let dw_addr = dw.as_mut_ptr() as usize;
-        ctx.install(|| {
-            (0..kk.div_ceil(per)).into_par_iter().for_each(|t| {
+        {
+            ctx.run(kk.div_ceil(per), |t| {
                 let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
                 let mut col = if direct { Vec::new() } else { vec![0.0; (hi - lo) * p] };
                 for gi in 0..g {
@@ -444,14 +443,13 @@ pub(crate) fn conv_weight_grad(
                         // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
                         // lo..hi of dW, which only this task writes; the views cover dy's and
                         // rows' matrices.
-                        unsafe { product_f32(1, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
+                        unsafe { product_f32(None, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
                     }
                 }
             })
-        });
+        }
         return tensor(op, shape, F::data(dw));
     }
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let mut col = Vec::new();
     for gi in 0..g {
         let dwg = &mut dw[gi * mg * kk..(gi + 1) * mg * kk];
@@ -467,9 +465,7 @@ pub(crate) fn conv_weight_grad(
             };
             let beta = if ni == 0 { 0.0 } else { 1.0 };
             // dW [mg, kk] += dy [mg, p] @ col^T [p, kk]
-            ctx.install(|| {
-                super::linalg::gemm_with(par, ctx.accumulation(), mg, kk, p, dyg, false, colv, true, dwg, 1.0, beta)
-            })?;
+            super::linalg::gemm_with(Some(ctx), ctx.accumulation(), mg, kk, p, dyg, false, colv, true, dwg, 1.0, beta)?;
         }
     }
     tensor(op, shape, F::data(dw))

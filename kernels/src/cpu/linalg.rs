@@ -3,14 +3,13 @@
 //! through `matrixmultiply` where it measured faster.
 //!
 //! `gemm` 0.19 with `x86-v4` was the fastest crate measured on the target machine (see
-//! `benches/gemm.rs` and BENCHMARKS.md); its `Parallelism::Rayon(n)` runs on whichever rayon pool
-//! is current, so calls are made inside the context's pool.
+//! `benches/gemm.rs` and BENCHMARKS.md). It always runs sequentially here: a product is split
+//! over the context's threads by blocks of its result ([`product_f32`]).
 
 use super::{Accumulation, CpuContext, ProductKernel, elementwise::broadcast_f32, floats, tensor};
 use super::{F, Float};
 use crate::Error;
 use ir::Tensor;
-use rayon::prelude::*;
 
 /// Below this many multiply-adds per matrix, a batch of products is split over threads by batch
 /// entry rather than inside each product.
@@ -35,8 +34,8 @@ impl View {
 }
 
 /// `c = alpha * a @ b + beta * c` (accumulation in the element type) for an `m x k` view `a`, a `k x n` view `b`
-/// and a row-major `c` with row stride `ldc`, split over `threads` slices of `c` run on the current
-/// rayon pool, each slice sequential. With `beta == 0`, `c` is not read.
+/// and a row-major `c` with row stride `ldc`, split over the threads of `par` (if any) by slices
+/// of `c`, each slice sequential. With `beta == 0`, `c` is not read.
 ///
 /// The products are split here rather than inside the GEMM library: one contiguous block of `c`
 /// per thread, each on its own packed operands, scaled better on the 2-core target than `gemm`'s
@@ -46,7 +45,7 @@ impl View {
 /// The views and `c` must cover their matrices; `c` must alias neither input.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn product_f32(
-    threads: usize,
+    par: Par,
     m: usize,
     n: usize,
     k: usize,
@@ -57,19 +56,14 @@ pub(crate) unsafe fn product_f32(
     alpha: F,
     beta: F,
 ) {
-    if threads <= 1 || (m < 16 && n < 32) {
+    let Some((ctx, by_cols, per, parts)) = split(par, m, n, k) else {
         // SAFETY: forwarded from the caller.
         unsafe { product_seq(m, n, k, a, b, c, ldc, alpha, beta) };
         return;
-    }
-    // Split the dimension whose split duplicates the smaller packed operand: columns of `c` when
-    // `a` (m x k) is the smaller, rows otherwise.
-    let by_cols = n >= m;
-    let (len, align) = if by_cols { (n, 16) } else { (m, 8) };
-    let per = len.div_ceil(threads).div_ceil(align) * align;
-    let parts = len.div_ceil(per);
+    };
+    let len = if by_cols { n } else { m };
     let (a_addr, b_addr, c_addr) = (a.ptr as usize, b.ptr as usize, c as usize);
-    (0..parts).into_par_iter().for_each(|t| {
+    ctx.run(parts, |t| {
         let (lo, hi) = (t * per, ((t + 1) * per).min(len));
         let a = View { ptr: a_addr as *const F, ..a };
         let b = View { ptr: b_addr as *const F, ..b };
@@ -84,6 +78,22 @@ pub(crate) unsafe fn product_f32(
             }
         }
     });
+}
+
+/// How an `m x n` result of depth `k` is split over `par`'s threads: `(context, by columns,
+/// columns or rows per part, parts)`, or `None` to run it on the calling thread. The split
+/// dimension is the one whose split duplicates the smaller packed operand: columns of `c` when
+/// `a` (m x k) is the smaller, rows otherwise.
+fn split(par: Par<'_>, m: usize, n: usize, k: usize) -> Option<(&CpuContext, bool, usize, usize)> {
+    let ctx = par?;
+    let threads = ctx.threads();
+    if threads <= 1 || (m < 16 && n < 32) || m.saturating_mul(n).saturating_mul(k) < PAR_GEMM_MIN_MACS {
+        return None;
+    }
+    let by_cols = n >= m;
+    let (len, align) = if by_cols { (n, 16) } else { (m, 8) };
+    let per = len.div_ceil(threads).div_ceil(align) * align;
+    Some((ctx, by_cols, per, len.div_ceil(per)))
 }
 
 /// One thread's `c = alpha * a @ b + beta * c` by the implementation [`choose`] picks.
@@ -297,15 +307,17 @@ pub fn gemm_f32(
     alpha: F,
     beta: F,
 ) -> Result<(), Error> {
-    let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
-    ctx.install(|| gemm_with(par, ctx.accumulation(), m, n, k, a, trans_a, b, trans_b, c, alpha, beta))
+    gemm_with(Some(ctx), ctx.accumulation(), m, n, k, a, trans_a, b, trans_b, c, alpha, beta)
 }
 
-/// [`gemm_f32`] with an explicit `gemm` parallelism (callers already inside a parallel loop pass
-/// `Parallelism::None`).
+/// How a product may be split: over the threads of a context, or not at all (`None`, for
+/// callers already inside a parallel loop).
+pub(crate) type Par<'a> = Option<&'a CpuContext>;
+
+/// [`gemm_f32`] with an explicit parallelism.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_with(
-    par: gemm::Parallelism,
+    par: Par,
     acc: Accumulation,
     m: usize,
     n: usize,
@@ -345,42 +357,50 @@ pub(crate) fn gemm_with(
         let a64: Vec<f64> = a.iter().map(|&x| x as f64).collect();
         let b64: Vec<f64> = b.iter().map(|&x| x as f64).collect();
         let mut c64: Vec<f64> = if beta != 0.0 { c.iter().map(|&x| x as f64).collect() } else { vec![0.0; mn] };
-        // SAFETY: as below, on the f64 copies (same sizes and strides).
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                c64.as_mut_ptr(),
-                1,
-                n as isize,
-                beta != 0.0,
-                a64.as_ptr(),
-                lhs_cs,
-                lhs_rs,
-                b64.as_ptr(),
-                rhs_cs,
-                rhs_rs,
-                beta as f64,
-                alpha as f64,
-                false,
-                false,
-                false,
-                par,
-            );
+        let (ap, bp, cp) = (a64.as_ptr() as usize, b64.as_ptr() as usize, super::SendPtr(c64.as_mut_ptr()));
+        // Rows r0.. and columns j0.. of `c`, `rows x cols` of them (a block one thread owns).
+        let block = |r0: usize, j0: usize, rows: usize, cols: usize| {
+            // SAFETY: as below, on the f64 copies (same sizes and strides), for a block of `c`
+            // inside its m x n and the rows of `a` and columns of `b` it reads.
+            unsafe {
+                gemm::gemm(
+                    rows,
+                    cols,
+                    k,
+                    cp.get().add(r0 * n + j0),
+                    1,
+                    n as isize,
+                    beta != 0.0,
+                    (ap as *const f64).offset(r0 as isize * lhs_rs),
+                    lhs_cs,
+                    lhs_rs,
+                    (bp as *const f64).offset(j0 as isize * rhs_cs),
+                    rhs_cs,
+                    rhs_rs,
+                    beta as f64,
+                    alpha as f64,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        };
+        match split(par, m, n, k) {
+            Some((ctx, by_cols, per, parts)) => ctx.run(parts, |t| {
+                let lo = t * per;
+                if by_cols { block(0, lo, m, per.min(n - lo)) } else { block(lo, 0, per.min(m - lo), n) }
+            }),
+            None => block(0, 0, m, n),
         }
         c.iter_mut().zip(c64).for_each(|(o, v)| *o = v as F);
         return Ok(());
     }
     let av = View { ptr: a.as_ptr(), rs: lhs_rs, cs: lhs_cs };
     let bv = View { ptr: b.as_ptr(), rs: rhs_rs, cs: rhs_cs };
-    let threads = match par {
-        gemm::Parallelism::Rayon(t) if m.saturating_mul(n).saturating_mul(k) >= PAR_GEMM_MIN_MACS => t,
-        _ => 1,
-    };
     // SAFETY: the views cover exactly m*k, k*n and m*n elements (checked above) with these
     // strides; `c` is borrowed mutably, so it aliases neither input.
-    unsafe { product_f32(threads, m, n, k, av, bv, c.as_mut_ptr(), n, alpha, beta) };
+    unsafe { product_f32(par, m, n, k, av, bv, c.as_mut_ptr(), n, alpha, beta) };
     Ok(())
 }
 
@@ -436,12 +456,13 @@ pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usiz
             && m * n * k < SMALL_GEMM_MACS
             && nb * m * n * k >= super::PAR_MIN_ELEMS
         {
-            ctx.install(|| {
-                out.par_chunks_mut(mn).enumerate().try_for_each(|(i, c)| one(i, c, gemm::Parallelism::None))
+            let dst = super::SendPtr(out.as_mut_ptr());
+            ctx.try_run(nb, |i| {
+                // SAFETY: matrix i of `out` (nb * mn elements), written by this task only.
+                one(i, unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * mn), mn) }, None)
             })?;
         } else if mn > 0 {
-            let par = if ctx.threads() > 1 { gemm::Parallelism::Rayon(ctx.threads()) } else { gemm::Parallelism::None };
-            ctx.install(|| out.chunks_mut(mn).enumerate().try_for_each(|(i, c)| one(i, c, par)))?;
+            out.chunks_mut(mn).enumerate().try_for_each(|(i, c)| one(i, c, Some(ctx)))?;
         }
     }
     tensor("matmul", out_shape, F::data(out))

@@ -6,22 +6,24 @@
 //! inferred output metas. Data-dependent failures (gather indices out of range, integer division
 //! by zero) are checked by the kernels themselves.
 //!
-//! Parallelism: work is split over the [`CpuContext`]'s own rayon pool only when a tensor is large
+//! Parallelism: work is split over the [`CpuContext`]'s own team of threads (`team.rs`: the
+//! caller and persistent helpers that spin briefly between ops) only when a tensor is large
 //! enough for the split to pay ([`PAR_MIN_ELEMS`]); with one thread everything runs on the
 //! caller's thread. Matrix products use the `gemm` crate (see `benches/gemm.rs` for the
-//! measurement that chose it) with `Parallelism::Rayon(threads)` inside the pool.
+//! measurement that chose it), one sequential product per thread on its block of the result.
 
 mod float;
 pub(crate) mod index;
 pub mod random;
 pub(crate) mod shape;
+mod team;
 #[cfg(test)]
 mod tests;
 
 use crate::Error;
 pub(crate) use float::Float;
 use ir::{DType, Data, Op, Tensor, TensorMeta};
-use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 pub use k32::linalg::{gemm_f32, gemm_kernel};
 
@@ -44,7 +46,7 @@ pub(crate) mod k32 {
     /// The element type of this instantiation.
     pub(crate) type F = f32;
     pub(crate) use super::{
-        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, shape, strides, tensor, wrong_float,
+        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, SendPtr, shape, strides, tensor, wrong_float,
     };
     pub(crate) use std::f32::consts;
     pub(crate) mod activation;
@@ -73,7 +75,7 @@ pub(crate) mod k64 {
     /// The element type of this instantiation.
     pub(crate) type F = f64;
     pub(crate) use super::{
-        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, shape, strides, tensor, wrong_float,
+        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, SendPtr, shape, strides, tensor, wrong_float,
     };
     pub(crate) use std::f64::consts;
     pub(crate) mod activation;
@@ -97,12 +99,12 @@ pub(crate) mod k64 {
 /// Tensors smaller than this (in elements of work) are processed on the calling thread.
 pub const PAR_MIN_ELEMS: usize = 1 << 15;
 
-/// The CPU backend's execution context: an explicit worker pool and its size.
+/// The CPU backend's execution context: an explicit team of worker threads and its size.
 ///
 /// There is no global state: two contexts with different thread counts can be used side by side
 /// (one per simulated rank, say) and never share workers.
 pub struct CpuContext {
-    pool: rayon::ThreadPool,
+    team: team::Team,
     threads: usize,
     accumulation: Accumulation,
 }
@@ -116,18 +118,34 @@ impl std::fmt::Debug for CpuContext {
     }
 }
 
+/// A pointer tasks write disjoint parts of one buffer through.
+pub(crate) struct SendPtr<T>(pub *mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: every user writes disjoint elements from each task and reads none another task writes.
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the `Sync` wrapper rather than its field).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 impl CpuContext {
-    /// A context running kernels on `threads` worker threads (0 means one per available core).
-    /// With one thread every kernel runs sequentially on the caller's thread.
+    /// A context running kernels on `threads` threads, the caller's included (0 means one per
+    /// available core). With one thread every kernel runs sequentially on the caller's thread.
     pub fn new(threads: usize) -> Result<CpuContext, Error> {
         let threads =
             if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("autopar-cpu-{i}"))
-            .build()
+        let team = team::Team::new(threads, "autopar-cpu")
             .map_err(|e| Error::ThreadPool { threads, message: e.to_string() })?;
-        Ok(CpuContext { pool, threads, accumulation: Accumulation::F32 })
+        Ok(CpuContext { team, threads, accumulation: Accumulation::F32 })
     }
 
     /// The same context with another accumulation mode for matrix products.
@@ -141,23 +159,42 @@ impl CpuContext {
         self.accumulation
     }
 
-    /// Number of worker threads.
+    /// Number of threads, the caller's included.
     pub fn threads(&self) -> usize {
         self.threads
     }
 
-    /// Runs `f` inside this context's pool (rayon calls in `f` use its workers).
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads == 1 { f() } else { self.pool.install(f) }
+    /// Runs `f(i)` for every `i` in `0..tasks` over the context's threads (the caller's
+    /// included), claimed in order; inline when called from inside another task.
+    pub(crate) fn run(&self, tasks: usize, f: impl Fn(usize) + Sync) {
+        self.team.run(tasks, &f)
     }
 
-    /// True when `work` elements are worth splitting over the pool.
+    /// [`Self::run`] for fallible tasks: every task runs, and the first error (by task index) is
+    /// returned.
+    pub(crate) fn try_run<E: Send>(&self, tasks: usize, f: impl Fn(usize) -> Result<(), E> + Sync) -> Result<(), E> {
+        let first: std::sync::Mutex<Option<(usize, E)>> = std::sync::Mutex::new(None);
+        self.run(tasks, |i| {
+            if let Err(e) = f(i) {
+                let mut g = first.lock().unwrap_or_else(|p| p.into_inner());
+                if g.as_ref().is_none_or(|(j, _)| i < *j) {
+                    *g = Some((i, e));
+                }
+            }
+        });
+        match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// True when `work` elements are worth splitting over the threads.
     pub(crate) fn parallel_for(&self, work: usize) -> bool {
         self.threads > 1 && work >= PAR_MIN_ELEMS
     }
 
     /// `f(a[i], b[i])` for every `i` (`a` and `b` have one length), written straight into a new
-    /// vector (no zero-fill first), split over the pool when long.
+    /// vector (no zero-fill first), split over the threads when long.
     pub(crate) fn zip_map<T: Copy + Send + Sync>(
         &self,
         a: &[T],
@@ -165,20 +202,33 @@ impl CpuContext {
         f: impl Fn(T, T) -> T + Sync + Send,
     ) -> Vec<T> {
         debug_assert_eq!(a.len(), b.len());
-        if self.parallel_for(a.len()) {
-            let mut out = Vec::new();
-            self.pool.install(|| {
-                a.par_iter().zip(b).with_min_len(PAR_MIN_ELEMS / 4).map(|(&x, &y)| f(x, y)).collect_into_vec(&mut out)
-            });
-            out
-        } else {
-            a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+        let n = a.len().min(b.len());
+        if !self.parallel_for(n) {
+            return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
         }
+        let parts = (self.threads * 4).min(n / (PAR_MIN_ELEMS / 4)).max(1);
+        let per = n.div_ceil(parts);
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        let dst = SendPtr(out.as_mut_ptr());
+        self.run(parts, |t| {
+            let (lo, hi) = (t * per, ((t + 1) * per).min(n));
+            if lo >= hi {
+                return;
+            }
+            // SAFETY: `out` has capacity `n`; part `t` writes only elements lo..hi.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(lo).cast::<MaybeUninit<T>>(), hi - lo) };
+            for ((o, &x), &y) in o.iter_mut().zip(&a[lo..hi]).zip(&b[lo..hi]) {
+                o.write(f(x, y));
+            }
+        });
+        // SAFETY: every part ran (a panic would have left through `run`), so all n are written.
+        unsafe { out.set_len(n) };
+        out
     }
 
     /// Calls `f(row_index, row)` for every `row_len`-long row of `out`, in parallel when `out` is
-    /// large. `out.len()` must be a multiple of `row_len`; rows are grouped so that each task
-    /// carries at least [`PAR_MIN_ELEMS`]/4 elements.
+    /// large (the last row is shorter when `row_len` does not divide `out.len()`); rows are
+    /// grouped so that each task carries at least [`PAR_MIN_ELEMS`]/4 elements.
     pub(crate) fn for_rows<T: Send>(&self, out: &mut [T], row_len: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
         self.for_rows_weighted(out, row_len, 1, f)
     }
@@ -194,8 +244,9 @@ impl CpuContext {
         if row_len == 0 || out.is_empty() {
             return;
         }
-        let rows = out.len() / row_len;
-        let work = out.len().saturating_mul(weight.max(1));
+        // The last row may be shorter (`chunks_mut`'s rule).
+        let (len, rows) = (out.len(), out.len().div_ceil(row_len));
+        let work = len.saturating_mul(weight.max(1));
         if !self.parallel_for(work) || rows < 2 {
             for (i, r) in out.chunks_mut(row_len).enumerate() {
                 f(i, r);
@@ -206,12 +257,15 @@ impl CpuContext {
         let min_rows = (PAR_MIN_ELEMS / 4).div_ceil(per_row).max(1);
         // Enough tasks for load balance, each big enough to amortise scheduling.
         let rows_per_task = rows.div_ceil(self.threads * 8).max(min_rows);
-        self.pool.install(|| {
-            out.par_chunks_mut(rows_per_task * row_len).enumerate().for_each(|(t, chunk)| {
-                for (j, r) in chunk.chunks_mut(row_len).enumerate() {
-                    f(t * rows_per_task + j, r);
-                }
-            })
+        let dst = SendPtr(out.as_mut_ptr());
+        self.run(rows.div_ceil(rows_per_task), |t| {
+            let (lo, hi) = (t * rows_per_task, ((t + 1) * rows_per_task).min(rows));
+            for i in lo..hi {
+                let at = i * row_len;
+                // SAFETY: row i of `out` (elements at..at + its length, inside `len`), written by
+                // this task only.
+                f(i, unsafe { std::slice::from_raw_parts_mut(dst.get().add(at), row_len.min(len - at)) });
+            }
         });
     }
 }
