@@ -15,8 +15,13 @@ use ir::Tensor;
 /// entry rather than inside each product.
 const SMALL_GEMM_MACS: usize = 1 << 21;
 
-/// Products with at least this many multiply-adds are split over the context's threads.
-const PAR_GEMM_MIN_MACS: usize = 1 << 17;
+/// Products (or batches of them) with at least this many multiply-adds are split over the
+/// context's threads. A split saves half the product's time and costs a fork and join (about a
+/// microsecond with the helpers awake, tens when one has to be woken) plus a second packing of
+/// the shared operand: at 1 << 20 (2 MFLOP, 15-40 us on one core of the 2-core targets) it
+/// pays; at 1 << 17 (2-3 us) the tiny zoo models were 10-20% slower on 2 threads than on 1
+/// (BENCHMARKS.md, issue 51).
+const PAR_GEMM_MIN_MACS: usize = 1 << 20;
 
 /// A strided read-only matrix view: element `(i, j)` is at `ptr + i * rs + j * cs`.
 #[derive(Clone, Copy)]
@@ -450,12 +455,7 @@ pub(crate) fn matmul(ctx: &CpuContext, a: &Tensor, b: &Tensor, out_shape: &[usiz
             let (x, y) = (ao[i] * mk, bo[i] * kn);
             gemm_with(par, ctx.accumulation(), m, n, k, &av[x..x + mk], false, &bv[y..y + kn], false, c, 1.0, 0.0)
         };
-        if mn > 0
-            && ctx.threads() > 1
-            && nb > 1
-            && m * n * k < SMALL_GEMM_MACS
-            && nb * m * n * k >= super::PAR_MIN_ELEMS
-        {
+        if mn > 0 && ctx.threads() > 1 && nb > 1 && m * n * k < SMALL_GEMM_MACS && nb * m * n * k >= PAR_GEMM_MIN_MACS {
             let dst = super::SendPtr(out.as_mut_ptr());
             ctx.try_run(nb, |i| {
                 // SAFETY: matrix i of `out` (nb * mn elements), written by this task only.

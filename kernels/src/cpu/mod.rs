@@ -46,7 +46,7 @@ pub(crate) mod k32 {
     /// The element type of this instantiation.
     pub(crate) type F = f32;
     pub(crate) use super::{
-        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, SendPtr, shape, strides, tensor, wrong_float,
+        Accumulation, CpuContext, Float, ProductKernel, SendPtr, shape, strides, tensor, wrong_float,
     };
     pub(crate) use std::f32::consts;
     pub(crate) mod activation;
@@ -75,7 +75,7 @@ pub(crate) mod k64 {
     /// The element type of this instantiation.
     pub(crate) type F = f64;
     pub(crate) use super::{
-        Accumulation, CpuContext, Float, PAR_MIN_ELEMS, ProductKernel, SendPtr, shape, strides, tensor, wrong_float,
+        Accumulation, CpuContext, Float, ProductKernel, SendPtr, shape, strides, tensor, wrong_float,
     };
     pub(crate) use std::f64::consts;
     pub(crate) mod activation;
