@@ -307,11 +307,18 @@ pub(crate) fn per_group(
     let tasks = out.len() / chunk;
     let t = ctx.threads();
     if t > 1 && tasks >= t && (tasks.is_multiple_of(t) || tasks >= 4 * t || macs < (1 << 22)) {
+        // Groups of tasks share one scratch buffer: enough groups to balance the threads, few
+        // enough that the im2col buffer is not allocated for every (image, group).
+        let per = tasks.div_ceil(4 * t);
         let dst = super::SendPtr(out.as_mut_ptr());
-        ctx.try_run(tasks, |i| {
-            // SAFETY: chunk i of `out` (tasks whole chunks), written by this task only.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * chunk), chunk) };
-            run(i, o, &mut Vec::new(), None)
+        ctx.try_run(tasks.div_ceil(per), |j| {
+            let mut col = Vec::new();
+            for i in j * per..((j + 1) * per).min(tasks) {
+                // SAFETY: chunk i of `out` (tasks whole chunks), written by this task only.
+                let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * chunk), chunk) };
+                run(i, o, &mut col, None)?;
+            }
+            Ok(())
         })
     } else {
         let mut col = Vec::new();

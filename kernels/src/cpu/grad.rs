@@ -421,33 +421,31 @@ pub(crate) fn conv_weight_grad(
         // image after image, and accumulates its block; no reduction and no shared buffer.
         let per = kk.div_ceil(threads);
         let dw_addr = dw.as_mut_ptr() as usize;
-        {
-            ctx.run(kk.div_ceil(per), |t| {
-                let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
-                let mut col = if direct { Vec::new() } else { vec![0.0; (hi - lo) * p] };
-                for gi in 0..g {
-                    for ni in 0..n {
-                        let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
-                        let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
-                        let rows: &[F] = if direct {
-                            &xin[lo * p..hi * p]
-                        } else {
-                            conv::im2col_rows(xin, h, wd, kh, kw, a, oh, ow, lo, &mut col);
-                            &col
-                        };
-                        // dW[group rows, lo..hi] (+)= dy [mg, p] @ rows^T [p, hi - lo]
-                        let dyv = View { ptr: dyg.as_ptr(), rs: p as isize, cs: 1 };
-                        let rv = View { ptr: rows.as_ptr(), rs: 1, cs: p as isize };
-                        let beta = if ni == 0 { 0.0 } else { 1.0 };
-                        let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
-                        // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
-                        // lo..hi of dW, which only this task writes; the views cover dy's and
-                        // rows' matrices.
-                        unsafe { product_f32(None, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
-                    }
+        ctx.run(kk.div_ceil(per), |t| {
+            let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
+            let mut col = if direct { Vec::new() } else { vec![0.0; (hi - lo) * p] };
+            for gi in 0..g {
+                for ni in 0..n {
+                    let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+                    let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+                    let rows: &[F] = if direct {
+                        &xin[lo * p..hi * p]
+                    } else {
+                        conv::im2col_rows(xin, h, wd, kh, kw, a, oh, ow, lo, &mut col);
+                        &col
+                    };
+                    // dW[group rows, lo..hi] (+)= dy [mg, p] @ rows^T [p, hi - lo]
+                    let dyv = View { ptr: dyg.as_ptr(), rs: p as isize, cs: 1 };
+                    let rv = View { ptr: rows.as_ptr(), rs: 1, cs: p as isize };
+                    let beta = if ni == 0 { 0.0 } else { 1.0 };
+                    let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
+                    // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
+                    // lo..hi of dW, which only this task writes; the views cover dy's and
+                    // rows' matrices.
+                    unsafe { product_f32(None, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
                 }
-            })
-        }
+            }
+        });
         return tensor(op, shape, F::data(dw));
     }
     let mut col = Vec::new();
