@@ -2,9 +2,10 @@
 //!
 //! `scripts/bench-published` prices each run of `tests/data/published/runs.json` (Megatron-LM's
 //! SC'21 weak-scaling table and its GPT-3 175B example, with their tensor / pipeline / data
-//! parallel layouts pinned per mesh axis) with the built-in `a100-80g` datasheet profile. Nothing
-//! in that profile is fitted to these runs. The rows marked `checked` must be estimated within
-//! 20% of their published step time; the others are printed (BENCHMARKS.md says why they miss).
+//! parallel layouts pinned per mesh axis) with the built-in `a100-80g` profile: datasheet
+//! bandwidths, products at the published maximum achievable matmul rate. Nothing in that profile
+//! is fitted to these runs. The rows marked `checked` must be estimated within 20% of their
+//! published step time; the others are printed (BENCHMARKS.md says why they miss).
 
 use std::process::Command;
 

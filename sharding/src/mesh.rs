@@ -121,6 +121,14 @@ pub struct DeviceProfile {
     /// Dense bf16 (and f16) FLOP/s: the rate of ops computing in 16 bits under mixed precision
     /// (tensor cores on GPUs; on the CPU the same as f32, which it computes in).
     pub bf16_flops: f64,
+    /// The fraction of the FLOP/s above that dense products reach at best: built-in GPU
+    /// profiles take the maximum achievable matmul FLOP/s over the datasheet's (published
+    /// measurements over many shapes; see [`DeviceProfile::builtin`]), since no kernel runs at
+    /// the datasheet's peak. Every op's FLOPs are priced at `rate * flops_efficiency`; MFU is
+    /// still counted against the datasheet rate. 1 for measured profiles (`autopar profile`),
+    /// whose rates are achieved ones, and for files written before the field existed.
+    #[serde(default = "one")]
+    pub flops_efficiency: f64,
     /// Memory bandwidth, bytes per second.
     pub memory_bandwidth: f64,
     /// Memory capacity, bytes.
@@ -255,6 +263,19 @@ pub struct MeshAxes {
 
 const GIB: u64 = 1 << 30;
 const GB: f64 = 1e9;
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Maximum achievable BF16 matmul FLOP/s (MAMF) of an A100 SXM and of an H100 SXM (the H200
+/// the same), the best of many shapes measured with `torch.matmul`: 271.2 TFLOP/s of 312 (86.9%)
+/// and 794.5 of 989 (80.3%). Source: S. Bekman, Machine Learning Engineering Open Book,
+/// compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
+/// (github.com/stas00/ml-engineering, commit 744d01e). The BF16 fraction is also taken for the
+/// TF32 rate, which the table does not measure.
+const A100_MAMF: f64 = 271.2e12;
+const H100_MAMF: f64 = 794.5e12;
 /// The largest device or mesh profile file read (they are a few kilobytes of JSON).
 const MAX_PROFILE_BYTES: u64 = 64 << 20;
 
@@ -274,6 +295,7 @@ impl DeviceProfile {
                 f32_flops: 71.7e9,
                 f32_flops_exact: 71.7e9,
                 bf16_flops: 71.7e9,
+                flops_efficiency: 1.0,
                 memory_bandwidth: 10.0 * GB,
                 memory_bytes: 16 * GIB,
                 devices_per_node: 64,
@@ -294,6 +316,7 @@ impl DeviceProfile {
                 f32_flops: 156e12,
                 f32_flops_exact: 19.5e12,
                 bf16_flops: 312e12,
+                flops_efficiency: A100_MAMF / 312e12,
                 memory_bandwidth: 2039.0 * GB,
                 memory_bytes: 80 * GIB,
                 devices_per_node: 8,
@@ -302,7 +325,7 @@ impl DeviceProfile {
                 op_seconds: 0.0,
                 conv_flops: None,
                 op_costs: BTreeMap::new(),
-                source: "NVIDIA A100 datasheet (SXM 80GB); DGX A100 networking".into(),
+                source: "NVIDIA A100 datasheet (SXM 80GB), products at the maximum achievable matmul FLOP/s (ml-engineering MAMF table); DGX A100 networking".into(),
                 mesh_axes: None,
             }),
             // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: FP32 67 TFLOPS, TF32 494.7 TFLOPS and
@@ -314,6 +337,7 @@ impl DeviceProfile {
                 f32_flops: 494.7e12,
                 f32_flops_exact: 67e12,
                 bf16_flops: 989.4e12,
+                flops_efficiency: H100_MAMF / 989.4e12,
                 memory_bandwidth: 3350.0 * GB,
                 memory_bytes: 80 * GIB,
                 devices_per_node: 8,
@@ -322,7 +346,7 @@ impl DeviceProfile {
                 op_seconds: 0.0,
                 conv_flops: None,
                 op_costs: BTreeMap::new(),
-                source: "NVIDIA H100 datasheet (SXM); DGX H100 networking".into(),
+                source: "NVIDIA H100 datasheet (SXM), products at the maximum achievable matmul FLOP/s (ml-engineering MAMF table); DGX H100 networking".into(),
                 mesh_axes: None,
             }),
             // NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: same compute as H100 SXM (FP32 67,
@@ -332,6 +356,7 @@ impl DeviceProfile {
                 f32_flops: 494.7e12,
                 f32_flops_exact: 67e12,
                 bf16_flops: 989.4e12,
+                flops_efficiency: H100_MAMF / 989.4e12,
                 memory_bandwidth: 4800.0 * GB,
                 memory_bytes: 141_000_000_000,
                 devices_per_node: 8,
@@ -340,7 +365,7 @@ impl DeviceProfile {
                 op_seconds: 0.0,
                 conv_flops: None,
                 op_costs: BTreeMap::new(),
-                source: "NVIDIA H200 datasheet (SXM); DGX H200 networking".into(),
+                source: "NVIDIA H200 datasheet (SXM), products at the H100's maximum achievable matmul FLOP/s (ml-engineering MAMF table); DGX H200 networking".into(),
                 mesh_axes: None,
             }),
             _ => None,
@@ -379,6 +404,9 @@ impl DeviceProfile {
         within(self.f32_flops, 1e3, 1e21, "f32_flops (FLOP/s)")?;
         within(self.f32_flops_exact, 1e3, 1e21, "f32_flops_exact (FLOP/s)")?;
         within(self.bf16_flops, 1e3, 1e21, "bf16_flops (FLOP/s)")?;
+        if !(self.flops_efficiency.is_finite() && self.flops_efficiency > 0.01 && self.flops_efficiency <= 1.0) {
+            return Err(format!("flops_efficiency must be above 0.01 and at most 1, got {}", self.flops_efficiency));
+        }
         within(self.memory_bandwidth, 1e3, 1e18, "memory_bandwidth (bytes/s)")?;
         if !(1 << 20..=1 << 60).contains(&self.memory_bytes) {
             return Err(format!("memory_bytes must be from 1 MiB to 1 EiB, got {}", self.memory_bytes));
@@ -421,14 +449,15 @@ impl DeviceProfile {
     }
 
     /// Seconds to run `flops` floating-point operations touching `bytes` of memory (roofline),
-    /// plus the fixed cost of an instruction ([`DeviceProfile::op_seconds`]).
+    /// plus the fixed cost of an instruction ([`DeviceProfile::op_seconds`]). FLOPs run at the
+    /// achievable rate ([`DeviceProfile::flops_efficiency`]).
     pub fn compute_seconds(&self, flops: f64, bytes: f64) -> f64 {
-        self.op_seconds + (flops / self.f32_flops).max(bytes / self.memory_bandwidth)
+        self.op_seconds + (flops / (self.f32_flops * self.flops_efficiency)).max(bytes / self.memory_bandwidth)
     }
     /// [`DeviceProfile::compute_seconds`] for an op computing in `dtype`: 16-bit floats at
     /// [`DeviceProfile::bf16_flops`].
     pub fn compute_seconds_in(&self, dtype: ir::DType, flops: f64, bytes: f64) -> f64 {
-        let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops };
+        let rate = if dtype.is_half() { self.bf16_flops } else { self.f32_flops } * self.flops_efficiency;
         self.op_seconds + (flops / rate).max(bytes / self.memory_bandwidth)
     }
 
@@ -982,6 +1011,25 @@ mod tests {
         assert!(p.check().unwrap_err().contains("op_costs.add"));
         p.op_costs.insert("add".into(), OpCost { per_flop: 1e300, ..fit });
         assert!(p.check().unwrap_err().contains("op_costs.add"));
+    }
+
+    /// Built-in GPUs price FLOPs at the maximum achievable matmul rate, memory-bound work at the
+    /// datasheet bandwidth; a profile file without the field keeps its rates as they are.
+    #[test]
+    fn flops_run_at_the_achievable_rate() {
+        let a100 = DeviceProfile::builtin("a100-80g").unwrap();
+        let t = a100.compute_seconds_in(ir::DType::BF16, 271.2e12, 1.0);
+        assert!((t - 1.0).abs() < 1e-12, "{t}");
+        let streaming = a100.compute_seconds_in(ir::DType::BF16, 1.0, 2039e9);
+        assert!((streaming - 1.0).abs() < 1e-12, "{streaming}");
+        assert_eq!(a100.check(), Ok(()));
+        let mut json = serde_json::to_value(DeviceProfile::builtin("cpu").unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("flops_efficiency");
+        let old: DeviceProfile = serde_json::from_value(json).unwrap();
+        assert_eq!(old.flops_efficiency, 1.0);
+        assert_eq!(old.compute_seconds(71.7e9, 0.0), 1.0);
+        let bad = DeviceProfile { flops_efficiency: 0.0, ..old };
+        assert!(bad.check().unwrap_err().contains("flops_efficiency"));
     }
 
     #[test]

@@ -151,6 +151,7 @@ fn report(a: &ProfileArgs, mesh: &DeviceMesh, samples: &[Sample], links: &[Optio
         f32_flops: flops,
         f32_flops_exact: flops,
         bf16_flops: rates.bf16_flops,
+        flops_efficiency: 1.0,
         memory_bandwidth: bandwidth,
         memory_bytes: memory_bytes(),
         devices_per_node: mesh.size(),
