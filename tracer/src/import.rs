@@ -555,10 +555,18 @@ impl<'a> Importer<'a> {
         }
         let outs = if !ok_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
             // No translation, but its value may be known now: folded through tract.
-            self.fold_unsupported(&n)?.ok_or_else(|| ImportError::UnsupportedOp {
-                node: name.clone(),
-                op_type: node.op_type.clone(),
-                domain: node.domain.clone(),
+            self.fold_unsupported(&n)?.ok_or_else(|| match data_dependent(&node.op_type).filter(|_| ok_domain) {
+                Some((what, instead)) => ImportError::DataDependent {
+                    node: name.clone(),
+                    op_type: node.op_type.clone(),
+                    what: what.into(),
+                    instead: instead.into(),
+                },
+                None => ImportError::UnsupportedOp {
+                    node: name.clone(),
+                    op_type: node.op_type.clone(),
+                    domain: node.domain.clone(),
+                },
             })?
         } else {
             self.translate(&n).map_err(|message| ImportError::Node {
@@ -659,4 +667,36 @@ impl<'a> Importer<'a> {
             Family::Sequence => no_translation(),
         }
     }
+}
+
+/// For an ONNX op whose output shape depends on the values it reads (once its inputs are not
+/// all constants, when folding would remove it): what its output holds, and what to export
+/// instead. Such ops are what data-dependent routing (mixture-of-experts' per-expert loops),
+/// boolean indexing and scripted control flow look like in ONNX.
+fn data_dependent(op_type: &str) -> Option<(&'static str, &'static str)> {
+    Some(match op_type {
+        "NonZero" => (
+            "as many indices as there are nonzero elements",
+            "compute with a mask of fixed shape (`torch.where(mask, x, 0)` rather than `x[mask]`, `mask.nonzero()` or \
+             one-argument `torch.where`); for mixture-of-experts routing, export the dense one-hot dispatch \
+             (GShard/Switch einsum form) rather than the per-expert loop",
+        ),
+        "Unique" => (
+            "as many values as are distinct",
+            "keep a result of fixed size, such as a one-hot encoding or counts over a known range",
+        ),
+        "Compress" => ("the elements a condition selects", "keep every element and mask with `torch.where`"),
+        "NonMaxSuppression" => ("as many boxes as survive", "run box suppression outside the trained graph"),
+        "If" => (
+            "the outputs of a branch chosen at run time",
+            "export with the branch fixed (traced, not `torch.jit.script`ed), or compute both and select with \
+             `torch.where`",
+        ),
+        "Loop" => (
+            "the outputs of a loop whose trip count or condition is decided at run time",
+            "export with the loop unrolled: `torch.onnx.export` traces a Python loop into straight-line nodes (do not \
+             `torch.jit.script` it)",
+        ),
+        _ => return None,
+    })
 }

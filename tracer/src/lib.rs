@@ -99,6 +99,22 @@ pub enum ImportError {
         /// ONNX domain.
         domain: String,
     },
+    /// A node's output shape depends on the values it reads (`NonZero`, `Unique`, a branch or a
+    /// loop decided at run time): autopar plans with every shape known before running.
+    #[error(
+        "node {node}: op {op_type} gives {what}, a shape that depends on the input values; autopar plans every \
+         shape before running, so the model must be exported without it: {instead}"
+    )]
+    DataDependent {
+        /// Node name.
+        node: String,
+        /// ONNX op type.
+        op_type: String,
+        /// What its output holds.
+        what: String,
+        /// What to export instead.
+        instead: String,
+    },
     /// A graph input has a dynamic dim that nothing binds.
     #[error("input {input} has dynamic dim {dim} ({dim_name}); bind it with --input {input}={example}")]
     UnboundDim {

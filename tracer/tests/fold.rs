@@ -337,3 +337,16 @@ fn a_fold_past_the_ceiling_is_refused_before_it_runs() {
     let msg = import(&tile(1 << 30), &ImportOptions::default()).unwrap_err().to_string();
     assert!(msg.contains("Tile_y") && msg.contains("--max-constant-bytes"), "{msg}");
 }
+
+/// Ops whose output shape depends on the values they read are refused with why and what to
+/// export instead, once folding cannot remove them; with constant inputs they fold away.
+#[test]
+fn data_dependent_ops_say_what_to_export_instead() {
+    for (op, advice) in [("NonZero", "torch.where"), ("Unique", "fixed size")] {
+        let m = model(vec![node(op, &["x"], &["y"], vec![])], vec![vi("x", 1, &[4])], vec![vi("y", 7, &[4])], vec![]);
+        let e = import(&m, &ImportOptions::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ImportError::DataDependent { .. }), "{op}: {msg}");
+        assert!(msg.contains(op) && msg.contains("depends on the input values") && msg.contains(advice), "{msg}");
+    }
+}
