@@ -76,6 +76,8 @@ fn layouts_per_axis_pin_the_parallelism() {
         ("pp,tp", "2x2", "", "`pp` on an axis of 2: add --pipeline 2"),
         ("dp,tp", "2x2", "--pipeline=2", "its role is `pp`"),
         ("dp,xp", "2x2", "", "unknown axis role `xp`"),
+        ("dp,tp", "2x2", "--pipeline=auto", "with no `pp` axis it has no stages"),
+        ("pp,tp", "2x2", "--pipeline=auto", "its `pp` axis fixes the stage count"),
     ] {
         let mut args = vec!["plan", &m, "--memory", "1GiB", "--mesh", mesh, "--strategy", strategy];
         if !extra.is_empty() {

@@ -198,6 +198,15 @@ fn default_loss(g: &ir::Graph) -> Result<LossSpec> {
 pub fn run(a: &PlanArgs) -> Result<()> {
     let budget = a.memory;
     let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
+    if matches!(a.pipeline, Stages::Auto) && matches!(baseline, Baseline::Axes(_)) {
+        let has_pp = baseline.to_string().split(',').any(|r| r == "pp");
+        let stages = if has_pp { "its `pp` axis fixes the stage count" } else { "with no `pp` axis it has no stages" };
+        bail!(
+            "--strategy {baseline} gives every mesh axis a role, so {stages} and --pipeline auto has nothing to \
+             search: give --pipeline N with `pp` on the outermost axis (of size N), or --strategy auto (or dp, \
+             megatron, zero) to search stages and layouts"
+        )
+    }
     let profile = DeviceProfile::load(&a.device)?;
     let mesh = common::mesh(&a.mesh, &profile, a.mesh_profile.as_deref())?;
     if let Stages::Count(n) = a.pipeline {
@@ -272,9 +281,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     };
     let mut plan = match a.pipeline {
         Stages::Count(_) => codegen::plan(&tg.graph, &mesh, &profile, &popts)?,
-        Stages::Auto if matches!(baseline, Baseline::Axes(_)) => {
-            bail!("--strategy {baseline} fixes the pipeline stages (`pp`): use --pipeline N, not auto")
-        }
+        // `--strategy` per axis with `--pipeline auto` is refused above.
         Stages::Auto => codegen::pipeline::search(&tg.graph, &mesh, &profile, &popts)?,
     };
     codegen::label(&mut plan)?;
