@@ -183,19 +183,36 @@ fn batch_axes(mesh: &DeviceMesh, b: Baseline, batch: usize) -> Vec<usize> {
     chosen
 }
 
+/// The sequence split a layout gives an input whose second dimension is `seq`: the longest
+/// prefix of its `sp` axes (of size > 1) whose product divides it.
+fn sequence_axes(mesh: &DeviceMesh, b: Baseline, seq: usize) -> Vec<usize> {
+    let Some(r) = roles(mesh, b) else { return vec![] };
+    let mut chosen = vec![];
+    for a in (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1 && r[a] == AxisRole::Sp) {
+        let mut t = chosen.clone();
+        t.push(a);
+        if seq.is_multiple_of(mesh.group_size(&t)) {
+            chosen = t;
+        }
+    }
+    chosen
+}
+
 fn is_resident(op: &Op) -> bool {
     matches!(op, Op::Param { .. } | Op::State { .. })
 }
 
 /// Whether a baseline allows strategy `s` at node `n` (`part`: which nodes depend on the batch
 /// and which form the update part, [`crate::microbatch::update_part`]):
-/// - inputs split over the data axes (`dp`, `zero`);
-/// - parameters and optimizer state replicated over the `dp` axes, sharded over all `zero` axes
+/// - inputs split over the data axes (`dp`, `zero`), and along their second dimension (the
+///   sequence) over the `sp` axes;
+/// - parameters and optimizer state replicated over the `dp` and `sp` axes, sharded over all `zero` axes
 ///   (or replicated over them: small tensors), free over the `tp` axes, never partial;
 /// - the forward and backward keep the data axes what data parallelism makes them: a value that
 ///   depends on the batch is split over them along its first (batch) dimension or partial over
 ///   them (a weight's gradient, before its reduction), nothing else; one that does not (a
-///   parameter's 16-bit copy) is whole on every `dp` axis. The update part is free (the
+///   parameter's 16-bit copy) is whole on every `dp` and `sp` axis; the `sp` axes are otherwise
+///   free, like the `tp` ones. The update part is free (the
 ///   gradients' reductions and ZeRO's shards are there). Without `strict`, only the first two
 ///   (for a node with no strategy that keeps the batch first).
 fn allowed(
@@ -216,7 +233,10 @@ fn allowed(
             if shape.is_empty() {
                 return out.is_replicated();
             }
-            let want = ShardingSpec::shard(shape.len(), 0, &batch_axes(mesh, b, shape[0]));
+            let mut want = ShardingSpec::shard(shape.len(), 0, &batch_axes(mesh, b, shape[0]));
+            if shape.len() >= 2 {
+                want = want.with_dim(1, sequence_axes(mesh, b, shape[1]));
+            }
             *out == want
         }
         op if is_resident(op) => {
@@ -228,7 +248,7 @@ fn allowed(
             let zero: Vec<usize> = (0..mesh.ndim()).filter(|&a| real(a) && r[a] == AxisRole::Zero).collect();
             let replicated_on = |a: &usize| !used.contains(a);
             (0..mesh.ndim())
-                .filter(|&a| real(a) && matches!(r[a], AxisRole::Dp | AxisRole::Pp))
+                .filter(|&a| real(a) && matches!(r[a], AxisRole::Dp | AxisRole::Pp | AxisRole::Sp))
                 .all(|a| replicated_on(&a))
                 && (zero.iter().all(|a| used.contains(a)) || zero.iter().all(replicated_on))
         }
@@ -241,7 +261,8 @@ fn allowed(
                     (0..mesh.ndim()).filter(|&a| real(a) && matches!(r[a], AxisRole::Dp | AxisRole::Zero)).collect();
                 specs().all(|x| x.dims().iter().skip(1).all(|d| d.iter().all(|a| !data.contains(a))))
             } else {
-                let dp: Vec<usize> = (0..mesh.ndim()).filter(|&a| real(a) && r[a] == AxisRole::Dp).collect();
+                let dp: Vec<usize> =
+                    (0..mesh.ndim()).filter(|&a| real(a) && matches!(r[a], AxisRole::Dp | AxisRole::Sp)).collect();
                 specs().all(|x| x.used_axes().iter().all(|a| !dp.contains(a)))
             }
         }

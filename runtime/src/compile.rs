@@ -273,7 +273,11 @@ impl<'p> Compiler<'p> {
             .map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh)))
             .collect();
         let local_outs = local_shapes.clone();
-        if let Local::MaskedGather { axes } | Local::MaskedScatter { axes } | Local::SplitSoftmax { axes } = local {
+        if let Local::MaskedGather { axes }
+        | Local::MaskedScatter { axes }
+        | Local::SplitSoftmax { axes }
+        | Local::QueryBlocks { axes } = local
+        {
             mesh.check_axes(axes).map_err(|m| bad(format!("node {name}: {m}")))?;
         }
         let spec0 = output_specs.first().ok_or_else(|| bad(format!("node {name} has no output")))?;
@@ -441,6 +445,13 @@ fn compile_kernel(
                 _ => return Err(format!("split softmax on {}", op.name())),
             };
             Kernel::SplitSoftmax { axis, log, axes: axes.clone() }
+        }
+        Local::QueryBlocks { axes } => {
+            if !matches!(op, Op::Attention(_) | Op::AttentionGrad(_)) {
+                return Err(format!("query blocks on {}", op.name()));
+            }
+            let rows = local_ins.first().and_then(|q| q.shape.get(2)).copied().ok_or("attention without queries")?;
+            Kernel::QueryBlock { op, axes: axes.clone(), rows }
         }
     })
 }

@@ -238,6 +238,10 @@ pub(crate) fn run_kernel(
             let draw = stream.map(|s| dropout_draw(s, shape, spec, mesh, rank));
             Ok((kernels::cpu::random::dropout(ctx, attrs, x, draw.as_ref()).map_err(kfail)?, 0.0))
         }
+        Kernel::QueryBlock { op, axes, rows } => {
+            let op = sharding::shift_queries(op, mesh.index_in_group(rank, axes) * rows);
+            Ok((kernels::cpu::eval(ctx, &op, ins).map_err(kfail)?, 0.0))
+        }
         Kernel::MaskedGather { op, axis, axes, rows, total } => {
             let (Some(&table), Some(&idx)) = (ins.first(), ins.get(1)) else {
                 return Err(KernelFailure::Kernel(format!("masked gather of {} inputs", ins.len())));

@@ -320,6 +320,10 @@ impl crate::exec::Backend for GpuExec<'_> {
         let fail = |e: kernels::Error| KernelFailure::Kernel(e.to_string());
         match k {
             Kernel::Same(op) => Ok((cuda::eval(self.ctx, op, ins).map_err(fail)?, 0.0)),
+            Kernel::QueryBlock { op, axes, rows } => {
+                let op = sharding::shift_queries(op, mesh.index_in_group(self.rank, axes) * rows);
+                Ok((cuda::eval(self.ctx, &op, ins).map_err(fail)?, 0.0))
+            }
             Kernel::Dropout { attrs, shape, spec } => {
                 let Some(&x) = ins.first() else {
                     return Err(KernelFailure::Kernel(format!("dropout of {} inputs", ins.len())));

@@ -89,6 +89,17 @@ pub enum Kernel {
         /// The mesh axes `axis` is split over.
         axes: Vec<usize>,
     },
+    /// Causal attention or its gradient on a block of `rows` query rows split over `axes` (see
+    /// [`sharding::Local::QueryBlocks`]): `op` with its causal frontier moved by the rank's
+    /// index in the group times `rows`.
+    QueryBlock {
+        /// The op (on local blocks, as the plan gives it).
+        op: Op,
+        /// The mesh axes the query rows are split over.
+        axes: Vec<usize>,
+        /// Query rows of the local block.
+        rows: usize,
+    },
     /// Training-mode dropout of a block of its output's layout `spec` in a tensor of global
     /// `shape` (one microbatch's): the rank's offsets in it key the mask (`ir::ops::random`).
     Dropout {

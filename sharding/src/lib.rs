@@ -81,4 +81,4 @@ pub use convert::{Conversion, LayoutConverter, Search, Step};
 pub use error::{Error, Result};
 pub use mesh::{DeviceMesh, DeviceProfile, Link, MeshAxes, MeshProfile, OpCost, Segment, cost_family, op_work};
 pub use spec::{AxisState, ShardingSpec};
-pub use strategy::{Local, OpContext, Strategy, expand, strategies};
+pub use strategy::{Local, OpContext, Strategy, expand, shift_queries, strategies};

@@ -73,6 +73,8 @@ pub enum SpecialKind {
     SplitSoftmax,
     /// Scatter-add (gather's gradient) into a table split along the gathered axis.
     MaskedScatter,
+    /// Causal attention (or its gradient) on a block of query rows.
+    QueryBlocks,
 }
 
 /// The sharding rule of one op: logical dims and linear input sets.
@@ -109,6 +111,24 @@ pub enum Local {
         /// Mesh axes splitting the table's axis.
         axes: Vec<usize>,
     },
+    /// Causal attention (or its gradient) with its query rows split over `axes` and the keys
+    /// whole (context parallelism, keys and values gathered): the rank of index `i` in the group
+    /// holds queries `[i*rows, (i+1)*rows)`, so its causal frontier moves `i*rows` keys on
+    /// ([`shift_queries`]).
+    QueryBlocks {
+        /// Mesh axes splitting the query rows.
+        axes: Vec<usize>,
+    },
+}
+
+/// `op` (causal `Attention` or `AttentionGrad`) for a block of query rows starting at row
+/// `first`: its causal offset grows by `first`. Other ops are returned as they are.
+pub fn shift_queries(op: &Op, first: usize) -> Op {
+    match op {
+        Op::Attention(a) => Op::Attention(ir::AttentionAttrs { offset: a.offset + first, ..*a }),
+        Op::AttentionGrad(a) => Op::AttentionGrad(ir::AttentionAttrs { offset: a.offset + first, ..*a }),
+        other => other.clone(),
+    }
 }
 
 /// One way to run an op on the mesh.
@@ -505,6 +525,7 @@ fn build(
         Some((SpecialKind::MaskedGather, ax)) => Local::MaskedGather { axes: ax.clone() },
         Some((SpecialKind::SplitSoftmax, ax)) => Local::SplitSoftmax { axes: ax.clone() },
         Some((SpecialKind::MaskedScatter, ax)) => Local::MaskedScatter { axes: ax.clone() },
+        Some((SpecialKind::QueryBlocks, ax)) => Local::QueryBlocks { axes: ax.clone() },
     };
     for (s, m) in inputs.iter().zip(ins).chain(outputs.iter().zip(outs)) {
         s.check(&m.shape, mesh).ok()?;
@@ -519,6 +540,16 @@ fn build(
         inputs.iter().zip(ins).map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))).collect();
     let local_outs: Vec<TensorMeta> =
         outputs.iter().zip(outs).map(|(s, m)| TensorMeta::new(m.dtype, s.local_shape(&m.shape, mesh))).collect();
+    // Query blocks of a causal attention differ in work: the last attends the most keys, and the
+    // step waits for it.
+    let priced = match &local {
+        Local::QueryBlocks { axes } => {
+            let rows = local_ins.first().and_then(|q| q.shape.get(2)).copied().unwrap_or(0);
+            shift_queries(op, (mesh.group_size(axes) - 1) * rows)
+        }
+        _ => op.clone(),
+    };
+    let op = &priced;
     let (flops, bytes) = crate::mesh::op_work(op, &local_ins, &local_outs);
     let memory: usize = local_outs.iter().map(|m| m.bytes()).sum();
     let mut collectives = vec![];

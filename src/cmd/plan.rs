@@ -37,8 +37,10 @@ pub struct PlanArgs {
     /// baseline priced by the same model: dp, megatron, zero; or a manual layout with one role
     /// per mesh axis, outermost first: `dp` (batch split, parameters replicated), `zero` (batch
     /// split, parameters and optimizer state sharded), `tp` (tensor parallel: batch whole,
-    /// parameters split as the solver finds cheapest), `pp` (the pipeline stages, outermost,
-    /// with --pipeline). E.g. Megatron's TP 8, PP 2, DP 32 on 512 GPUs: `--mesh
+    /// parameters split as the solver finds cheapest), `sp` (sequence parallel: inputs split
+    /// along the sequence, parameters replicated; attention by heads after an all-to-all or in
+    /// query blocks against gathered keys), `pp` (the pipeline stages, outermost, with
+    /// --pipeline). E.g. Megatron's TP 8, PP 2, DP 32 on 512 GPUs: `--mesh
     /// pipe=2,data=32,tensor=8 --pipeline 2 --strategy pp,dp,tp`.
     #[arg(long, value_name = "STRATEGY", default_value = "auto")]
     pub strategy: String,

@@ -353,6 +353,16 @@ fn run_local(
             let lop = local_op(o, &local_ins, &local_outs);
             (0..mesh.size()).map(|r| Ok(eval(ctx, &lop, &per_rank(r))?)).collect()
         }
+        Local::QueryBlocks { axes } => {
+            // Each rank's block of query rows moves the causal frontier by its first row.
+            let rows = local_ins[0].shape[2];
+            let lop = local_op(o, &local_ins, &local_outs);
+            (0..mesh.size())
+                .map(|r| {
+                    Ok(eval(ctx, &sharding::shift_queries(&lop, mesh.index_in_group(r, axes) * rows), &per_rank(r))?)
+                })
+                .collect()
+        }
         Local::MaskedGather { axes } => {
             let Op::Gather { axis } = o else { bail!("masked gather on {}", o.name()) };
             let rows = local_ins[0].shape[*axis];

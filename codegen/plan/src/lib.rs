@@ -90,6 +90,12 @@ pub enum AxisRole {
     Tp,
     /// Pipeline stages: the outermost axis, with `--pipeline` as many stages as its size.
     Pp,
+    /// Sequence parallel: every input's second dimension (the sequence of `[batch, seq, ...]`
+    /// inputs) is split over the axis when it divides; parameters and optimizer state are
+    /// replicated over it, their gradients summed over it. The solver chooses how each op
+    /// meets the split: attention by heads after an all-to-all (DeepSpeed-Ulysses), the
+    /// sequence gathered, or kept split through token-wise ops.
+    Sp,
 }
 
 impl AxisRole {
@@ -100,6 +106,7 @@ impl AxisRole {
             AxisRole::Zero => "zero",
             AxisRole::Tp => "tp",
             AxisRole::Pp => "pp",
+            AxisRole::Sp => "sp",
         }
     }
 }
@@ -191,7 +198,7 @@ impl std::str::FromStr for Baseline {
         if let Some(b) = Baseline::ALL.into_iter().find(|b| b.name() == s) {
             return Ok(b);
         }
-        if !s.contains(',') && !matches!(s, "tp" | "pp") {
+        if !s.contains(',') && !matches!(s, "tp" | "pp" | "sp") {
             return Err(format!(
                 "unknown strategy `{s}` (auto, dp, megatron, zero, or a role per mesh axis such as `dp,tp` or `pp,dp,tp`)"
             ));
@@ -203,7 +210,8 @@ impl std::str::FromStr for Baseline {
                 "zero" => Ok(AxisRole::Zero),
                 "tp" => Ok(AxisRole::Tp),
                 "pp" => Ok(AxisRole::Pp),
-                other => Err(format!("unknown axis role `{other}` in `{s}` (dp, zero, tp, pp: one per mesh axis)")),
+                "sp" => Ok(AxisRole::Sp),
+                other => Err(format!("unknown axis role `{other}` in `{s}` (dp, zero, tp, sp, pp: one per mesh axis)")),
             })
             .collect::<std::result::Result<Vec<_>, String>>()?;
         Ok(Baseline::Axes(AxisRoles::new(&roles)?))

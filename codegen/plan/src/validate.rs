@@ -182,7 +182,8 @@ fn used_axes<'a>(specs: impl Iterator<Item = &'a ShardingSpec>, local: &sharding
         sharding::Local::Same => {}
         sharding::Local::MaskedGather { axes }
         | sharding::Local::SplitSoftmax { axes }
-        | sharding::Local::MaskedScatter { axes } => v.extend_from_slice(axes),
+        | sharding::Local::MaskedScatter { axes }
+        | sharding::Local::QueryBlocks { axes } => v.extend_from_slice(axes),
     }
     v.sort_unstable();
     v.dedup();

@@ -4,10 +4,11 @@
 //! communication: Q, K, V, the mask, Y and the row statistic are split alike. The head dim's
 //! logical size is the key/value head count: a split of it into `n` contiguous blocks gives each
 //! rank whole groups of query heads with their key/value head (`Hq / Hkv` query heads read one
-//! key/value head). Without the causal rule, the query positions split too (K and V replicated;
-//! the gradient's dK and dV are then partial sums over the query blocks). A causal op's query
-//! positions do not split here: each block would need its own offset (that is context
-//! parallelism). The head size is summed inside the softmax and never splits.
+//! key/value head). The query positions split too (K and V replicated, so gathered by a
+//! conversion; the gradient's dK and dV are then partial sums over the query blocks): context
+//! parallelism in its all-gather form. Under the causal rule each rank's block of queries has
+//! its own frontier ([`Local::QueryBlocks`]). The head size is summed inside the softmax and
+//! never splits.
 
 use super::*;
 
@@ -50,8 +51,12 @@ pub(super) fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<R
         l.outs = vec![Some(d); no];
         out_dims.push(l);
     }
-    if !attrs.causal && dims.s > 1 {
+    if dims.s > 1 {
         let mut l = ldim("q", dims.s, ni, no);
+        if attrs.causal {
+            // Each rank's block of queries has its own causal frontier (context parallelism).
+            l.special = Some(SpecialKind::QueryBlocks);
+        }
         for &i in query_side {
             l.ins[i] = InMap::Dim(2);
         }
@@ -101,8 +106,22 @@ mod tests {
         assert_eq!(heads.1, ["R S0 R R", "R S0 R R", "R S0 R R", "R R"]);
         assert_eq!(heads.2, ["R S0 R R", "R S0 R"]);
         assert!(find(&s, "batch@0").is_some());
-        // Causal: no query split; without the causal rule the query rows split, K and V whole.
-        assert!(find(&s, "q@0").is_none());
+        // Causal: the query rows split as blocks, each with its own frontier.
+        let blocks = find(&s, "q@0").expect("a causal query split");
+        assert_eq!(blocks.1, ["R R S0 R", "R R R R", "R R R R", "S0 R"]);
+        let strategies = {
+            let ins = [q.clone(), kv.clone(), kv.clone(), m.clone()];
+            let outs = Op::Attention(causal).infer(&ins).unwrap();
+            let mesh = DeviceMesh::uniform(&[2]).unwrap();
+            let ctx = OpContext { param_inputs: vec![false; 4] };
+            expand(&Op::Attention(causal), &ins, &outs, &ctx, &mesh, &DeviceProfile::builtin("cpu").unwrap()).unwrap()
+        };
+        let q_split = strategies.iter().find(|s| s.name == "q@0").unwrap();
+        assert_eq!(q_split.local, Local::QueryBlocks { axes: vec![0] });
+        // Priced as the last block, which attends the most keys: more than half the whole op.
+        let whole = strategies.iter().find(|s| s.name == "replicate").unwrap();
+        assert!(q_split.compute_seconds > 0.5 * whole.compute_seconds, "{q_split:?}");
+        // Without the causal rule the query rows split as they are.
         let s = names(&Op::Attention(plain), &[q.clone(), kv.clone(), kv.clone(), m.clone()], &[2]);
         let rows = find(&s, "q@0").expect("a query split");
         assert_eq!(rows.1, ["R R S0 R", "R R R R", "R R R R", "S0 R"]);
