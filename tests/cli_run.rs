@@ -543,7 +543,8 @@ fn generated_llama_plans_train_as_one_device() {
 }
 
 /// Sequence and context parallelism (issue 47, item 4): a 1,024-token LLaMA with the sequence
-/// pinned split over 4 ranks (`--strategy sp`, and `dp,sp` on 2x2 with the batch split too)
+/// pinned split over 4 ranks (`--strategy sp` on 4, `dp,sp` on 1x4, and on 2x2 with the batch
+/// split too)
 /// trains as one device does (f64, 1e-9 relative on the losses). Written as separate ops, the
 /// solver meets the split at attention with all-to-alls (heads against sequence, as
 /// DeepSpeed-Ulysses); written as one fused causal attention on 4 ranks, it splits the queries
@@ -586,7 +587,7 @@ fn sequence_parallel_plans_train_as_one_device() {
         ];
         ok(&generate);
         let mut runs = vec![];
-        for (mesh, strategy) in [("1", "auto"), ("4", "sp"), ("2x2", "dp,sp")] {
+        for (mesh, strategy) in [("1", "auto"), ("4", "sp"), ("1x4", "dp,sp"), ("2x2", "dp,sp")] {
             let p = s(&dir.path().join(format!("plan-{attention}-{mesh}.json")));
             let loss = "ce-next:logits:input_ids";
             ok(&["plan", &m, "--mesh", mesh, "--memory", "1GiB", "--strategy", strategy, "--loss", loss, "-o", &p]);
@@ -594,7 +595,12 @@ fn sequence_parallel_plans_train_as_one_device() {
             let program = plan["program"].as_array().unwrap();
             if strategy != "auto" {
                 let ids_spec = &program.iter().find(|i| i["name"] == "input_ids").unwrap()["output_specs"][0];
-                assert_eq!(ids_spec, if mesh == "4" { "R S0" } else { "S0 S1" }, "{mesh}: the sequence is split");
+                let want = match mesh {
+                    "4" => "R S0",
+                    "1x4" => "R S1",
+                    _ => "S0 S1",
+                };
+                assert_eq!(ids_spec, want, "{mesh}: the sequence is split");
             }
             if (attention, mesh) == ("unfused", "4") {
                 let exchanges = program
