@@ -630,8 +630,9 @@ fn pipeline_of(label: &str, outer: usize) -> Pipeline {
 
 /// The concrete `--strategy` of a strategy value on a mesh of `ndim` axes (outermost `outer`).
 fn strategy_of(label: &str, ndim: usize, outer: usize, pipeline: Pipeline, rng: &mut SmallRng) -> String {
-    const ROLES: [&str; 3] = ["dp", "zero", "tp"];
-    let mut random_roles = |n: usize| -> Vec<&str> { (0..n).map(|_| ROLES[rng.random_range(0..3)]).collect() };
+    const ROLES: [&str; 4] = ["dp", "zero", "tp", "sp"];
+    let mut random_roles =
+        |n: usize| -> Vec<&str> { (0..n).map(|_| ROLES[rng.random_range(0..ROLES.len())]).collect() };
     match label {
         "layout" => {
             let mut roles = random_roles(ndim);
