@@ -471,6 +471,37 @@ fn profile_scales_the_fit_to_plans_run_on_the_mesh() {
     }
 }
 
+/// Token ids (vocabulary 50) and positions `[batch, seq]` for a generated LLaMA, as .npy files
+/// in `dir`.
+fn llama_feeds(dir: &Path, batch: usize, seq: usize) -> (PathBuf, PathBuf) {
+    let ids: Vec<i64> = (0..batch * seq).map(|i| ((i * 7 + 3) % 50) as i64).collect();
+    let pos: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
+    let (idf, posf) = (dir.join("ids.npy"), dir.join("pos.npy"));
+    runtime::npy::write_npy(&idf, &ir::Tensor::i64(vec![batch, seq], ids)).unwrap();
+    runtime::npy::write_npy(&posf, &ir::Tensor::i64(vec![batch, seq], pos)).unwrap();
+    (idf, posf)
+}
+
+/// The losses of 3 steps of `plan` (a generated LLaMA's) from seeded random weights, in f64.
+fn llama_losses(plan: &str, idf: &Path, posf: &Path) -> Vec<(u64, f64)> {
+    let (ids, pos) = (format!("input_ids={}", s(idf)), format!("position_ids={}", s(posf)));
+    let args = ["run", plan, "--feed", &ids, "--feed", &pos, "--init", "random", "--seed", "3", "--steps", "3"];
+    let out = ok(&[&args[..], &["--precision", "f64", "--json"]].concat());
+    let l = losses(&out);
+    assert_eq!(l.len(), 3, "{plan}: {out}");
+    l
+}
+
+/// Every run's losses (after the first, one device's) equal the first's within 1e-9 relative.
+fn assert_same_losses(runs: &[(&str, Vec<(u64, f64)>)], what: &str) {
+    let one = &runs[0].1;
+    for (mesh, l) in &runs[1..] {
+        for ((_, a), (_, b)) in l.iter().zip(one) {
+            assert!((a - b).abs() <= 1e-9 * b.abs(), "{what} {mesh}: loss {a} vs one device {b}");
+        }
+    }
+}
+
 /// A generated LLaMA (RMSNorm, rotary embeddings from `position_ids`, grouped-query attention
 /// with fewer key/value heads than shards, SwiGLU, untied head) from seeded parameters: its 2x2
 /// and 1x4 plans train as its one-device plan does. In f64 on every side, so that summation
@@ -503,43 +534,16 @@ fn generated_llama_plans_train_as_one_device() {
         &m,
     ];
     ok(&args);
-    let ids: Vec<i64> = (0..32).map(|i| (i * 7 + 3) % 50).collect();
-    let pos: Vec<i64> = (0..32).map(|i| i % 8).collect();
-    let (idf, posf) = (dir.path().join("ids.npy"), dir.path().join("pos.npy"));
-    runtime::npy::write_npy(&idf, &ir::Tensor::i64(vec![4, 8], ids)).unwrap();
-    runtime::npy::write_npy(&posf, &ir::Tensor::i64(vec![4, 8], pos)).unwrap();
+    let (idf, posf) = llama_feeds(dir.path(), 4, 8);
     let mut runs = vec![];
     for mesh in ["1", "2x2", "1x4"] {
         let p = s(&dir.path().join(format!("plan-{mesh}.json")));
         ok(&["plan", &m, "--mesh", mesh, "--memory", "1GiB", "--loss", "ce-next:logits:input_ids", "-o", &p]);
-        let out = ok(&[
-            "run",
-            &p,
-            "--feed",
-            &format!("input_ids={}", s(&idf)),
-            "--feed",
-            &format!("position_ids={}", s(&posf)),
-            "--init",
-            "random",
-            "--seed",
-            "3",
-            "--steps",
-            "3",
-            "--precision",
-            "f64",
-            "--json",
-        ]);
-        let l = losses(&out);
-        assert_eq!(l.len(), 3, "{mesh}: {out}");
-        runs.push((mesh, l));
+        runs.push((mesh, llama_losses(&p, &idf, &posf)));
     }
     let one = &runs[0].1;
     assert!(one[2].1 < one[0].1, "training lowers the loss: {one:?}");
-    for (mesh, l) in &runs[1..] {
-        for ((_, a), (_, b)) in l.iter().zip(one) {
-            assert!((a - b).abs() <= 1e-9 * b.abs(), "{mesh}: loss {a} vs one device {b}");
-        }
-    }
+    assert_same_losses(&runs, "");
 }
 
 /// Sequence and context parallelism (issue 47, item 4): a 1,024-token LLaMA with the sequence
@@ -553,12 +557,7 @@ fn generated_llama_plans_train_as_one_device() {
 #[test]
 fn sequence_parallel_plans_train_as_one_device() {
     let dir = tempfile::tempdir().unwrap();
-    let (batch, seq) = (2usize, 1024usize);
-    let ids: Vec<i64> = (0..batch * seq).map(|i| ((i * 7 + 3) % 50) as i64).collect();
-    let pos: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
-    let (idf, posf) = (dir.path().join("ids.npy"), dir.path().join("pos.npy"));
-    runtime::npy::write_npy(&idf, &ir::Tensor::i64(vec![batch, seq], ids)).unwrap();
-    runtime::npy::write_npy(&posf, &ir::Tensor::i64(vec![batch, seq], pos)).unwrap();
+    let (idf, posf) = llama_feeds(dir.path(), 2, 1024);
     for attention in ["unfused", "fused"] {
         let m = s(&dir.path().join(format!("llama-{attention}.onnx")));
         let generate = [
@@ -613,33 +612,9 @@ fn sequence_parallel_plans_train_as_one_device() {
                 let blocks = program.iter().filter(|i| i["local"]["kind"] == "query_blocks").count();
                 assert_eq!(blocks, 4, "{attention} {mesh}: attention and its gradient in query blocks, 2 layers");
             }
-            let out = ok(&[
-                "run",
-                &p,
-                "--feed",
-                &format!("input_ids={}", s(&idf)),
-                "--feed",
-                &format!("position_ids={}", s(&posf)),
-                "--init",
-                "random",
-                "--seed",
-                "3",
-                "--steps",
-                "3",
-                "--precision",
-                "f64",
-                "--json",
-            ]);
-            let l = losses(&out);
-            assert_eq!(l.len(), 3, "{mesh}: {out}");
-            runs.push((mesh, l));
+            runs.push((mesh, llama_losses(&p, &idf, &posf)));
         }
-        let one = &runs[0].1;
-        for (mesh, l) in &runs[1..] {
-            for ((_, a), (_, b)) in l.iter().zip(one) {
-                assert!((a - b).abs() <= 1e-9 * b.abs(), "{attention} {mesh}: loss {a} vs one device {b}");
-            }
-        }
+        assert_same_losses(&runs, attention);
     }
 }
 

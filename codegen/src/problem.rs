@@ -162,36 +162,23 @@ fn roles(mesh: &DeviceMesh, b: Baseline) -> Option<Vec<AxisRole>> {
     b.roles(mesh.shape())
 }
 
-/// The data axes of a baseline: the axes of size > 1 whose role splits the batch (`dp`, `zero`):
-/// every one for dp and zero, all but the innermost for megatron.
-fn data_axes(mesh: &DeviceMesh, b: Baseline) -> Vec<usize> {
+/// The axes of size > 1 whose role under baseline `b` is one of `of`: the data axes (`dp`,
+/// `zero`; every one for dp and zero, all but the innermost for megatron) or the sequence axes
+/// (`sp`).
+fn axes_of(mesh: &DeviceMesh, b: Baseline, of: &[AxisRole]) -> Vec<usize> {
     let Some(r) = roles(mesh, b) else { return vec![] };
-    (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1 && matches!(r[a], AxisRole::Dp | AxisRole::Zero)).collect()
+    (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1 && of.contains(&r[a])).collect()
 }
 
-/// The batch split a baseline gives an input of batch size `batch`: the longest prefix of the
-/// data axes whose product divides it.
-fn batch_axes(mesh: &DeviceMesh, b: Baseline, batch: usize) -> Vec<usize> {
+/// The split of a dim of `size` over `axes`: each axis in turn joins it when the product of the
+/// group still divides `size` (an input's batch over the data axes, its sequence over the `sp`
+/// axes).
+fn dividing(mesh: &DeviceMesh, axes: Vec<usize>, size: usize) -> Vec<usize> {
     let mut chosen = vec![];
-    for a in data_axes(mesh, b) {
+    for a in axes {
         let mut t = chosen.clone();
         t.push(a);
-        if batch.is_multiple_of(mesh.group_size(&t)) {
-            chosen = t;
-        }
-    }
-    chosen
-}
-
-/// The sequence split a layout gives an input whose second dimension is `seq`: the longest
-/// prefix of its `sp` axes (of size > 1) whose product divides it.
-fn sequence_axes(mesh: &DeviceMesh, b: Baseline, seq: usize) -> Vec<usize> {
-    let Some(r) = roles(mesh, b) else { return vec![] };
-    let mut chosen = vec![];
-    for a in (0..mesh.ndim()).filter(|&a| mesh.shape()[a] > 1 && r[a] == AxisRole::Sp) {
-        let mut t = chosen.clone();
-        t.push(a);
-        if seq.is_multiple_of(mesh.group_size(&t)) {
+        if size.is_multiple_of(mesh.group_size(&t)) {
             chosen = t;
         }
     }
@@ -233,9 +220,10 @@ fn allowed(
             if shape.is_empty() {
                 return out.is_replicated();
             }
-            let mut want = ShardingSpec::shard(shape.len(), 0, &batch_axes(mesh, b, shape[0]));
+            let batch = dividing(mesh, axes_of(mesh, b, &[AxisRole::Dp, AxisRole::Zero]), shape[0]);
+            let mut want = ShardingSpec::shard(shape.len(), 0, &batch);
             if shape.len() >= 2 {
-                want = want.with_dim(1, sequence_axes(mesh, b, shape[1]));
+                want = want.with_dim(1, dividing(mesh, axes_of(mesh, b, &[AxisRole::Sp]), shape[1]));
             }
             *out == want
         }

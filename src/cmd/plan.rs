@@ -200,9 +200,12 @@ fn default_loss(g: &ir::Graph) -> Result<LossSpec> {
 pub fn run(a: &PlanArgs) -> Result<()> {
     let budget = a.memory;
     let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
-    if matches!(a.pipeline, Stages::Auto) && matches!(baseline, Baseline::Axes(_)) {
-        let has_pp = baseline.to_string().split(',').any(|r| r == "pp");
-        let stages = if has_pp { "its `pp` axis fixes the stage count" } else { "with no `pp` axis it has no stages" };
+    if let (Stages::Auto, Baseline::Axes(roles)) = (a.pipeline, baseline) {
+        let stages = if roles.roles().contains(&::plan::AxisRole::Pp) {
+            "its `pp` axis fixes the stage count"
+        } else {
+            "with no `pp` axis it has no stages"
+        };
         bail!(
             "--strategy {baseline} gives every mesh axis a role, so {stages} and --pipeline auto has nothing to \
              search: give --pipeline N with `pp` on the outermost axis (of size N), or --strategy auto (or dp, \

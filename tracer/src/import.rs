@@ -670,30 +670,36 @@ impl<'a> Importer<'a> {
 }
 
 /// For an ONNX op whose output shape depends on the values it reads (once its inputs are not
-/// all constants, when folding would remove it): what its output holds, and what to export
-/// instead. Such ops are what data-dependent routing (mixture-of-experts' per-expert loops),
+/// all constants, when folding would remove it): what it does that depends on the values, and
+/// what to export instead. Such ops are what data-dependent routing (mixture-of-experts' per-expert loops),
 /// boolean indexing and scripted control flow look like in ONNX.
 fn data_dependent(op_type: &str) -> Option<(&'static str, &'static str)> {
     Some(match op_type {
         "NonZero" => (
-            "as many indices as there are nonzero elements",
+            "returns as many indices as there are nonzero elements: its shape depends on the input values",
             "compute with a mask of fixed shape (`torch.where(mask, x, 0)` rather than `x[mask]`, `mask.nonzero()` or \
              one-argument `torch.where`); for mixture-of-experts routing, export the dense one-hot dispatch \
              (GShard/Switch einsum form) rather than the per-expert loop",
         ),
         "Unique" => (
-            "as many values as are distinct",
+            "returns as many values as are distinct: its shape depends on the input values",
             "keep a result of fixed size, such as a one-hot encoding or counts over a known range",
         ),
-        "Compress" => ("the elements a condition selects", "keep every element and mask with `torch.where`"),
-        "NonMaxSuppression" => ("as many boxes as survive", "run box suppression outside the trained graph"),
+        "Compress" => (
+            "keeps the elements a condition selects: its shape depends on the input values",
+            "keep every element and mask with `torch.where`",
+        ),
+        "NonMaxSuppression" => (
+            "returns as many boxes as survive: its shape depends on the input values",
+            "run box suppression outside the trained graph",
+        ),
         "If" => (
-            "the outputs of a branch chosen at run time",
+            "runs the branch that a value computed from the inputs chooses",
             "export with the branch fixed (traced, not `torch.jit.script`ed), or compute both and select with \
              `torch.where`",
         ),
         "Loop" => (
-            "the outputs of a loop whose trip count or condition is decided at run time",
+            "repeats its body as often as values computed from the inputs decide",
             "export with the loop unrolled: `torch.onnx.export` traces a Python loop into straight-line nodes (do not \
              `torch.jit.script` it)",
         ),

@@ -102,15 +102,15 @@ pub enum ImportError {
     /// A node's output shape depends on the values it reads (`NonZero`, `Unique`, a branch or a
     /// loop decided at run time): autopar plans with every shape known before running.
     #[error(
-        "node {node}: op {op_type} gives {what}, a shape that depends on the input values; autopar plans every \
-         shape before running, so the model must be exported without it: {instead}"
+        "node {node}: op {op_type} {what}; autopar plans every op and shape before running, so the model must be \
+         exported without it: {instead}"
     )]
     DataDependent {
         /// Node name.
         node: String,
         /// ONNX op type.
         op_type: String,
-        /// What its output holds.
+        /// What it does that depends on the values.
         what: String,
         /// What to export instead.
         instead: String,
