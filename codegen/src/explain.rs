@@ -379,7 +379,7 @@ pub fn timeline_svg(t: &::plan::schedule::Timeline) -> String {
                         Phase::Forward => "#9dc3e6",
                         Phase::Backward => "#f4b183",
                         Phase::Weight => "#a9d18e",
-                        Phase::Update => "#dddddd",
+                        Phase::Update | Phase::Prologue => "#dddddd",
                     },
                 ),
                 None => ("U".to_string(), "#dddddd"),

@@ -13,7 +13,7 @@ use std::fmt::Write;
 use ir::{NodeIndex, Op};
 
 use crate::svg::{BarChart, LineChart, Series};
-use ::plan::{Instr, ParamShard, Phase, Plan};
+use ::plan::{Instr, ParamShard, Plan};
 
 /// What a run of the plan measured, per rank and per instruction.
 #[derive(Clone, Debug, Default)]
@@ -42,7 +42,7 @@ pub fn step_seconds(p: &Plan, i: &Instr) -> f64 {
         Instr::Op { seconds, .. } | Instr::Collective { seconds, .. } | Instr::Transfer { seconds, .. } => *seconds,
         Instr::Free { .. } => 0.0,
     };
-    if i.phase() == Phase::Update { once } else { once * p.microbatches.max(1) as f64 }
+    if i.once_per_step() { once } else { once * p.microbatches.max(1) as f64 }
 }
 
 /// One op family's instructions and their seconds per step.

@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 
 use ir::{NodeIndex, Op};
-use sharding::DeviceMesh;
+use sharding::{Collective, DeviceMesh};
 
 use crate::{Error, Result};
 use ::plan::{Instr, Phase, Plan, ValueRef};
@@ -34,13 +34,13 @@ pub fn split(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan>
     if microbatches <= 1 {
         return Ok(plan);
     }
-    split_at_update(plan, mesh, microbatches)
+    split_at_update(plan, mesh, microbatches, true)
 }
 
 /// Moves the update part of `plan` (one microbatch) to its end in [`Phase::Update`], as
 /// [`split`] does for one microbatch (pipeline stages run it after their steps).
 pub fn update_phase(plan: Plan, mesh: &DeviceMesh) -> Result<Plan> {
-    split_at_update(plan, mesh, 1)
+    split_at_update(plan, mesh, 1, false)
 }
 
 /// Which nodes of `g` depend on the batch, and which form its update part (see the module
@@ -73,7 +73,9 @@ pub(crate) fn update_part(g: &ir::Graph) -> (Vec<bool>, Vec<bool>) {
     (batch, update)
 }
 
-fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
+/// With `with_prologue`, also moves the batch-independent work into the prologue ([`prologue`]:
+/// pipeline stages do that once they are placed).
+fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize, with_prologue: bool) -> Result<Plan> {
     let g = &plan.graph;
     let (batch, update) = update_part(g);
     if !update.iter().any(|&u| u) {
@@ -136,15 +138,19 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     plan.program = crate::checkpoint::insert_frees(reordered, &keep);
     plan.microbatches = microbatches;
     plan.accumulate = accumulate;
+    if with_prologue {
+        let program = std::mem::take(&mut plan.program);
+        plan.program = prologue(&plan.graph, plan.options.strategy, &plan.mesh.shape, microbatches, program);
+    }
     // Memory under the runtime's accounting of microbatches (the accumulators included).
     plan.estimate.peak_bytes_per_rank = crate::memory::simulate_plan(&plan, mesh)?.peak;
     // The microbatch part runs once per microbatch: its compute and its communication each
-    // count M times, the update part's once (the two are scaled apart: a step whose update is
+    // count M times, the prologue's and the update part's once (the two are scaled apart: a step whose update is
     // all communication, a data-parallel gradient reduction, keeps it as communication).
     let seconds = |update: bool, comm: bool| -> f64 {
         plan.program
             .iter()
-            .filter(|i| (i.phase() == Phase::Update) == update)
+            .filter(|i| i.once_per_step() == update)
             .map(|i| match i {
                 Instr::Op { seconds, .. } if !comm => *seconds,
                 Instr::Collective { seconds, .. } if comm => *seconds,
@@ -167,8 +173,145 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Re
     Ok(plan)
 }
 
+/// Moves the batch-independent forward work of a plan of several microbatches into each
+/// stage's [`Phase::Prologue`], which runs once per step before the first microbatch: the
+/// parameters' reads, their 16-bit copies and layout conversions (ZeRO's all-gathers), and
+/// constants. Every microbatch would compute the same values again; held from the prologue
+/// until the update phase instead, they are computed, and gathered, once per step, as
+/// Megatron's distributed optimizer and FSDP without resharding do.
+///
+/// An instruction moves when it is not in the update phase and:
+/// - an op of a forward node (an ancestor of an output) that does not depend on the batch and
+///   draws no random numbers, every input already in the stage's prologue;
+/// - or a conversion, for a forward op, of a value already in the stage's prologue that gathers,
+///   exchanges or slices it over data axes only (the axes the batch is split over: ZeRO's
+///   gather of a parameter), or that slices what such a conversion wrote. Other conversions of parameters (a tensor
+///   parallel gather, say) stay in the microbatches, transient, as the solver priced them: a
+///   copy held for the whole step is memory the solver's problem does not see.
+///
+/// A recomputation of a value the prologue holds is dropped. The instructions keep their order
+/// (the prologue's come first on each stage), and frees are placed again
+/// ([`crate::checkpoint::insert_frees`]: the prologue's values are freed in the update phase).
+///
+/// `layout` is the plan's strategy: the axes it names `dp` or `zero` are data axes too (a batch
+/// too small to split over them leaves them out of the inputs' layouts).
+pub(crate) fn prologue(
+    g: &ir::Graph,
+    layout: ::plan::Baseline,
+    mesh: &[usize],
+    microbatches: usize,
+    program: Vec<Instr>,
+) -> Vec<Instr> {
+    if microbatches <= 1 {
+        return program;
+    }
+    let n = g.g.node_count();
+    let (batch, _) = update_part(g);
+    let mut forward = vec![false; n];
+    let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
+    while let Some(i) = stack.pop() {
+        if !std::mem::replace(&mut forward[i], true) {
+            stack.extend(g.node_inputs(NodeIndex::new(i)).iter().map(|v| v.node.index()));
+        }
+    }
+    let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
+    // The op each conversion is for: the next op (conversions come right before it).
+    let mut serves = vec![None; program.len()];
+    let mut next = None;
+    for (k, ins) in program.iter().enumerate().rev() {
+        if let Instr::Op { node, recompute, .. } = ins {
+            next = Some((*node, *recompute));
+        }
+        serves[k] = next;
+    }
+    // The data axes: those the batch inputs are split over (along any dimension).
+    let data: HashSet<usize> = program
+        .iter()
+        .filter_map(|i| match i {
+            Instr::Op { node, output_specs, .. } if matches!(g.node(NodeIndex::new(*node)).op, Op::Input { .. }) => {
+                output_specs.first().map(|s| s.used_axes())
+            }
+            _ => None,
+        })
+        .flatten()
+        .chain(
+            layout
+                .roles(mesh)
+                .unwrap_or_default()
+                .into_iter()
+                .enumerate()
+                .filter(|(_, r)| matches!(r, ::plan::AxisRole::Dp | ::plan::AxisRole::Zero))
+                .map(|(a, _)| a),
+        )
+        .collect();
+    let mut gathered: HashSet<(usize, ValueRef)> = HashSet::new();
+    let mut held: HashSet<(usize, ValueRef)> = HashSet::new();
+    let mut moved = vec![false; program.len()];
+    let mut dropped = vec![false; program.len()];
+    for (k, ins) in program.iter().enumerate() {
+        if ins.phase() == Phase::Update {
+            continue;
+        }
+        match ins {
+            Instr::Op { node, inputs, outputs, stage, recompute, .. } => {
+                if outputs.iter().all(|o| held.contains(&(*stage, *o))) {
+                    dropped[k] = *recompute;
+                    continue;
+                }
+                let op = &g.node(NodeIndex::new(*node)).op;
+                if *recompute || batch[*node] || !forward[*node] || matches!(op, Op::Dropout(_) | Op::Input { .. }) {
+                    continue;
+                }
+                if inputs.iter().all(|v| held.contains(&(*stage, *v))) {
+                    moved[k] = true;
+                    held.extend(outputs.iter().map(|o| (*stage, *o)));
+                }
+            }
+            Instr::Collective { input, output, stage, collective, .. } => {
+                if held.contains(&(*stage, *output)) {
+                    dropped[k] = matches!(serves[k], Some((_, true)));
+                    continue;
+                }
+                let for_forward = serves[k].is_some_and(|(node, recompute)| !recompute && forward[node]);
+                let over_data = collective.axes().iter().all(|a| data.contains(a));
+                let zero = match collective {
+                    Collective::AllGather { .. } | Collective::AllToAll { .. } => over_data,
+                    Collective::Slice { .. } => over_data || gathered.contains(&(*stage, *input)),
+                    _ => false,
+                };
+                if for_forward && zero && held.contains(&(*stage, *input)) {
+                    moved[k] = true;
+                    held.insert((*stage, *output));
+                    gathered.insert((*stage, *output));
+                }
+            }
+            _ => {}
+        }
+    }
+    let keep = crate::checkpoint::kept_to_the_end(g);
+    if !moved.iter().any(|&m| m) {
+        return crate::checkpoint::insert_frees(program, &keep);
+    }
+    let mut first: Vec<Instr> = vec![];
+    let mut rest: Vec<Instr> = vec![];
+    for ((mut ins, m), d) in program.into_iter().zip(moved).zip(dropped) {
+        if d {
+            continue;
+        }
+        if m {
+            ins.set_phase(Phase::Prologue);
+            ins.set_chunk(0);
+            first.push(ins);
+        } else {
+            rest.push(ins);
+        }
+    }
+    first.extend(rest);
+    crate::checkpoint::insert_frees(first, &keep)
+}
+
 /// `plan` (one microbatch's) split into `microbatches` ([`crate::microbatch::split`]), or with
 /// one, its update part moved to the update phase: what pipeline stages take.
 pub(crate) fn microbatched(plan: Plan, mesh: &DeviceMesh, microbatches: usize) -> Result<Plan> {
-    if microbatches > 1 { split(plan, mesh, microbatches) } else { update_phase(plan, mesh) }
+    if microbatches > 1 { split_at_update(plan, mesh, microbatches, false) } else { update_phase(plan, mesh) }
 }

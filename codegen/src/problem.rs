@@ -189,6 +189,11 @@ fn is_resident(op: &Op) -> bool {
     matches!(op, Op::Param { .. } | Op::State { .. })
 }
 
+/// The mesh axes (of size above 1) whose role under `b` is [`AxisRole::Zero`].
+fn zero_axes(mesh: &DeviceMesh, b: Baseline) -> Vec<usize> {
+    axes_of(mesh, b, &[AxisRole::Zero])
+}
+
 /// Whether a baseline allows strategy `s` at node `n` (`part`: which nodes depend on the batch
 /// and which form the update part, [`crate::microbatch::update_part`]):
 /// - inputs split over the data axes (`dp`, `zero`), and along their second dimension (the
@@ -278,6 +283,21 @@ fn kept(
         let mut k = pick(true);
         if k.is_empty() {
             k = pick(false);
+        }
+        // Under ZeRO a parameter or state that can be sharded over every `zero` axis is: the
+        // replicated choice is for tensors too small to divide.
+        if is_resident(&g.node(n).op) {
+            let zero = zero_axes(mesh, baseline);
+            if !zero.is_empty() {
+                let sharded: Vec<usize> = k
+                    .iter()
+                    .copied()
+                    .filter(|&j| zero.iter().all(|a| st[j].outputs[0].used_axes().contains(a)))
+                    .collect();
+                if !sharded.is_empty() {
+                    k = sharded;
+                }
+            }
         }
         if k.is_empty() {
             k = (0..st.len())

@@ -253,6 +253,7 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
     let place = nodes.place(&plan.program, stages, chunks)?;
     let microbatches = plan.microbatches;
     let program = place_program(plan.program, &plan.graph, mesh, &place, stages, chunks, opts.schedule)?;
+    let program = crate::microbatch::prologue(&plan.graph, plan.options.strategy, mesh.shape(), microbatches, program);
     let schedule = schedule_of(&program, opts.schedule, stages, microbatches, chunks)?;
     let params = plan
         .params
@@ -560,7 +561,10 @@ fn place_program(
         let (from, spec, _) =
             home.get(&r).cloned().ok_or_else(|| Error::Internal(format!("pipelining: output {r} is never written")))?;
         for to in (0..stages).filter(|&s| !held.contains(&(s, r))) {
-            out.push((transfer(r, &spec, from, to, Phase::Update, 0), (3, 0)));
+            out.push((
+                transfer(r, &spec, from, to, Phase::Update, 0),
+                Place { vstage: 0, phase: Phase::Update }.key(1),
+            ));
         }
     }
     // Zero bubble: a stage's backward keeps what the gradients it sends need; the rest of its
@@ -641,7 +645,7 @@ fn schedule_of(
             Phase::Forward => 0,
             Phase::Backward => 1,
             Phase::Weight => 2,
-            Phase::Update => continue,
+            Phase::Prologue | Phase::Update => continue,
         };
         step_seconds.per_stage[s][p] += secs;
     }
@@ -663,7 +667,7 @@ fn estimate(mut out: Plan, mesh: &DeviceMesh, shown: &[bool], stages: usize, mic
         let mut names = vec![];
         for ins in &out.program {
             // The microbatch part runs once per microbatch.
-            let times = if ins.phase() == Phase::Update { 1.0 } else { microbatches as f64 };
+            let times = if ins.once_per_step() { 1.0 } else { microbatches as f64 };
             match ins {
                 Instr::Op { stage, node, name, seconds, .. } if *stage == s => {
                     ops += 1;
@@ -790,7 +794,7 @@ fn split_weight_gradients(program: &mut [(Instr, (u8, usize))], stages: usize) {
                         needed.extend(inputs.iter().copied());
                     } else {
                         *phase = Phase::Weight;
-                        key.0 = 2;
+                        key.0 = Segment { phase: Phase::Weight, chunk: 0 }.rank(1).0;
                     }
                 }
                 Instr::Collective { stage, phase: phase @ Phase::Backward, output, input, .. } if *stage == s => {
@@ -798,7 +802,7 @@ fn split_weight_gradients(program: &mut [(Instr, (u8, usize))], stages: usize) {
                         needed.insert(*input);
                     } else {
                         *phase = Phase::Weight;
-                        key.0 = 2;
+                        key.0 = Segment { phase: Phase::Weight, chunk: 0 }.rank(1).0;
                     }
                 }
                 _ => {}

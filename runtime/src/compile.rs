@@ -316,7 +316,7 @@ impl<'p> Compiler<'p> {
             .and_then(|n| n.outputs.get(value.slot))
             .ok_or_else(|| bad(format!("transfer of unknown value {value}")))?;
         let meta = TensorMeta::new(m.dtype, spec.local_shape(&m.shape, self.mesh));
-        let times = if ins.phase() == plan::Phase::Update { 1 } else { self.plan.microbatches.max(1) };
+        let times = if ins.once_per_step() { 1 } else { self.plan.microbatches.max(1) };
         self.send_bytes[from] += (meta.bytes() + 8 * meta.shape.len() + 1024) * times;
         let code = self.codes.get_mut(to).ok_or_else(|| bad(format!("stage {to} of {stages}")))?;
         code.push(Exec::Recv { slot, from, meta, id });
@@ -382,7 +382,7 @@ impl<'p> Compiler<'p> {
                 .program
                 .iter()
                 .filter_map(|i| match i {
-                    Instr::Op { node, phase: plan::Phase::Update, .. } => Some(*node),
+                    Instr::Op { node, .. } if i.once_per_step() => Some(*node),
                     _ => None,
                 })
                 .collect();

@@ -287,19 +287,24 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
         }
     }
 
-    /// The steps of the stage's schedule, each a segment of its code for one microbatch, then
-    /// the update segment once. Every microbatch in flight has its own values; parameters and
-    /// optimizer state (and, once a microbatch ends, what it leaves for the update) are shared.
+    /// The prologue segment once, the steps of the stage's schedule, each a segment of its code
+    /// for one microbatch, then the update segment once. Every microbatch in flight has its own
+    /// values; parameters, optimizer state, what the prologue wrote (and, once a microbatch
+    /// ends, what it leaves for the update) are shared.
     fn run_schedule(&mut self, code: &[Exec]) -> Result<(), DistError> {
         let program = self.program;
         let steps = program.steps.get(self.stage).map(Vec::as_slice).unwrap_or(&[]);
         let segments = &program.segments[self.stage];
         let mut last_step: HashMap<usize, usize> = HashMap::new();
+        // Run 0 is the prologue.
         for (i, st) in steps.iter().enumerate() {
-            last_step.insert(st.microbatch, i);
+            last_step.insert(st.microbatch, i + 1);
         }
+        let prologue = Segment { phase: Phase::Prologue, chunk: 0 };
         let update = Segment { phase: Phase::Update, chunk: 0 };
-        let runs = steps.iter().map(|st| (Some(st.microbatch), st.segment())).chain(std::iter::once((None, update)));
+        let runs = std::iter::once((None, prologue))
+            .chain(steps.iter().map(|st| (Some(st.microbatch), st.segment())))
+            .chain(std::iter::once((None, update)));
         let mut tables: HashMap<usize, Table<'a, B::T>> = HashMap::new();
         let mut acc: Vec<Option<B::T>> = vec![None; program.accumulate.len()];
         for (run, (mb, seg)) in runs.enumerate() {

@@ -629,12 +629,17 @@ pub enum Instr {
     },
 }
 
-/// The part of a training step an instruction belongs to. With microbatches, each microbatch
-/// runs the forward, backward and weight-gradient parts of its stage (in the order of the
-/// pipeline's [`Schedule`]), and the update part runs once per step after all of them.
+/// The part of a training step an instruction belongs to. With microbatches, each stage runs
+/// its prologue once, then the forward, backward and weight-gradient parts of every microbatch
+/// (in the order of the pipeline's [`Schedule`]), and the update part once after all of them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    /// Work that does not depend on the batch, once per step before the first microbatch:
+    /// the parameters' 16-bit copies and their gathers (ZeRO's all-gathers), read by every
+    /// microbatch and held until the update phase, as Megatron's distributed optimizer holds
+    /// the gathered weights. Only plans of several microbatches have one.
+    Prologue,
     /// The forward pass (and everything not split further, in a plan without phases).
     #[default]
     Forward,
@@ -652,9 +657,10 @@ impl Phase {
     pub fn is_forward(&self) -> bool {
         *self == Phase::Forward
     }
-    /// The letter of a schedule step (`F`, `B`, `W`, `U`).
+    /// The letter of a schedule step (`F`, `B`, `W`, `U`; `P` for the prologue).
     pub fn letter(self) -> char {
         match self {
+            Phase::Prologue => 'P',
             Phase::Forward => 'F',
             Phase::Backward => 'B',
             Phase::Weight => 'W',
@@ -674,15 +680,16 @@ pub struct Segment {
 
 impl Segment {
     /// The order of segments within one microbatch on a stage with `chunks` model chunks: the
-    /// forward chunks first to last, then the backward and weight-gradient chunks last to
-    /// first, then the update.
+    /// prologue, the forward chunks first to last, then the backward and weight-gradient
+    /// chunks last to first, then the update.
     pub fn rank(self, chunks: usize) -> (u8, usize) {
         let back = chunks.saturating_sub(1).saturating_sub(self.chunk);
         match self.phase {
-            Phase::Forward => (0, self.chunk),
-            Phase::Backward => (1, back),
-            Phase::Weight => (2, back),
-            Phase::Update => (3, 0),
+            Phase::Prologue => (0, 0),
+            Phase::Forward => (1, self.chunk),
+            Phase::Backward => (2, back),
+            Phase::Weight => (3, back),
+            Phase::Update => (4, 0),
         }
     }
 }
@@ -716,6 +723,20 @@ impl Instr {
             | Instr::Free { phase, .. }
             | Instr::Transfer { phase, .. } => *phase = to,
         }
+    }
+
+    /// Sets its model chunk (a transfer's on both sides).
+    pub fn set_chunk(&mut self, to: usize) {
+        match self {
+            Instr::Op { chunk, .. } | Instr::Collective { chunk, .. } | Instr::Free { chunk, .. } => *chunk = to,
+            Instr::Transfer { from_chunk, to_chunk, .. } => (*from_chunk, *to_chunk) = (to, to),
+        }
+    }
+
+    /// Whether it runs once per step (in the [`Phase::Prologue`] or the [`Phase::Update`]),
+    /// not once per microbatch.
+    pub fn once_per_step(&self) -> bool {
+        matches!(self.phase(), Phase::Prologue | Phase::Update)
     }
 
     /// Its phase.
@@ -1073,10 +1094,10 @@ pub struct Plan {
     #[schemars(with = "form::GraphForm")]
     pub graph: ir::Graph,
     /// Microbatches per step: the graph is one microbatch's (its inputs' first dim is the
-    /// microbatch), a step feeds `microbatches` of them, runs the instructions of every phase
-    /// but [`Phase::Update`] once per microbatch (in the order of the pipeline's schedule, or
-    /// one microbatch after the other), sums the `accumulate` values (and the outputs) over
-    /// them, and then runs the update phase once. The graph's gradients are scaled by
+    /// microbatch), a step feeds `microbatches` of them, runs the [`Phase::Prologue`] once,
+    /// the instructions of every other phase but [`Phase::Update`] once per microbatch (in the
+    /// order of the pipeline's schedule, or one microbatch after the other), sums the
+    /// `accumulate` values (and the outputs) over them, and then runs the update phase once. The graph's gradients are scaled by
     /// 1/`microbatches`, so the sums are the gradients of the mean loss; the outputs are
     /// averaged.
     #[serde(default = "one", skip_serializing_if = "is_one")]

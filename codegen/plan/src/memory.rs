@@ -152,8 +152,9 @@ pub fn simulate_plan(plan: &Plan, mesh: &DeviceMesh) -> Result<MemoryProfile> {
     Ok(best.unwrap_or(MemoryProfile { resident: 0, peak: 0, peak_at: None }))
 }
 
-/// Walks one stage's instructions in the order its steps run them ([`Plan::steps`], then the
-/// update phase), with the runtime's accounting of microbatches: each microbatch in flight
+/// Walks one stage's instructions in the order its steps run them (its prologue on the shared
+/// values, [`Plan::steps`], then the update phase), with the runtime's accounting of
+/// microbatches: each microbatch in flight
 /// holds its own values; parameters, optimizer state and constants are resident and read by
 /// every microbatch; when a microbatch's last step on the stage ends, its accumulated values
 /// (and the outputs, with more than one microbatch) are added into one sum each (the first
@@ -223,6 +224,9 @@ impl Count for Relative {
     }
 }
 
+/// The prologue's segment: run once, on the shared values, before the first microbatch.
+const PROLOGUE: Segment = Segment { phase: Phase::Prologue, chunk: 0 };
+
 /// What a stage's walk needs from the plan.
 struct Walk<'a> {
     /// Each segment's instructions on the stage, with their program indices.
@@ -270,7 +274,7 @@ fn prepare<'a>(plan: &'a Plan, stage: usize) -> Result<Walk<'a>> {
             .program
             .iter()
             .filter_map(|i| match i {
-                Instr::Op { node, phase: Phase::Update, .. } => Some(*node),
+                Instr::Op { node, .. } if i.once_per_step() => Some(*node),
                 _ => None,
             })
             .collect();
@@ -377,6 +381,14 @@ fn walk_steps(
         last_step.insert(st.microbatch, i);
     }
     let (mut live, mut peak, mut peak_at) = (resident, resident, None);
+    // The prologue, once, on the shared values.
+    for &(k, ins) in segs.get(&PROLOGUE).map(Vec::as_slice).unwrap_or(&[]) {
+        if run(graph, mesh, stage, k, ins, &mut shared, None, &mut live)? && live > peak {
+            peak = live;
+            peak_at = Some(k);
+        }
+        after(k, live);
+    }
     let mut tables: FxMap<usize, FxMap<ValueRef, u64>> = FxMap::default();
     let mut sums: FxMap<ValueRef, u64> = FxMap::default();
     let update = Segment { phase: Phase::Update, chunk: 0 };
@@ -540,6 +552,12 @@ pub fn simulate_steps_summarised(plan: &Plan, mesh: &DeviceMesh, stage: usize) -
     let later = Summary { net: later.now, low: later.low, high: later_high };
 
     let (mut live, mut peak, mut peak_at) = (resident, resident, None);
+    for &(k, ins) in segs.get(&PROLOGUE).map(Vec::as_slice).unwrap_or(&[]) {
+        if run(graph, mesh, stage, k, ins, &mut shared, None, &mut live).ok()? && live > peak {
+            peak = live;
+            peak_at = Some(k);
+        }
+    }
     let mut ended = 0usize;
     for &j in &position {
         summaries[j].play(&mut live, &mut peak, &mut peak_at)?;

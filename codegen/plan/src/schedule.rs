@@ -1,8 +1,8 @@
 //! Pipeline schedules: the steps each stage runs, checked and timed.
 //!
 //! A stage's program is cut into *segments* ([`Segment`]: a phase of a model chunk). A step
-//! ([`Step`]) runs one segment for one microbatch; a stage runs its steps in the schedule's
-//! order and then its update segment once. [`timeline`] plays every stage's steps together:
+//! ([`Step`]) runs one segment for one microbatch; a stage runs its prologue once, its steps
+//! in the schedule's order and then its update segment once. [`timeline`] plays every stage's steps together:
 //!
 //! - a stage runs its steps' instructions in order: ops and collectives take their estimated
 //!   seconds, a send never waits (transfers are buffered), a receive waits until the transfer
@@ -35,6 +35,14 @@ pub fn sequential(microbatches: usize, chunks: usize, weight: bool) -> Vec<Step>
         }
     }
     out
+}
+
+/// The prologue's segment ([`Phase::Prologue`]): once per step, before the first step.
+const PROLOGUE: Segment = Segment { phase: Phase::Prologue, chunk: 0 };
+
+/// The seconds of a segment's work (its transfers' waits aside).
+fn busy_seconds(evs: &[Event]) -> f64 {
+    evs.iter().map(|e| if let Event::Busy(t) = e { *t } else { 0.0 }).sum()
 }
 
 /// One step as played by [`timeline`].
@@ -199,7 +207,9 @@ pub fn timeline(plan: &Plan) -> Result<Timeline, String> {
     let mut channels: Vec<VecDeque<Sent>> = vec![VecDeque::new(); stages * stages];
     // Per stage: its step, the event within it, and when the step started.
     let mut pos = vec![(0usize, 0usize, 0.0f64); stages];
-    let mut clock = vec![0.0f64; stages];
+    // A stage's prologue (no transfers) runs before its first step.
+    let mut clock: Vec<f64> =
+        (0..stages).map(|s| ids[s].get(&PROLOGUE).map_or(0.0, |&id| busy_seconds(&segs[s][id]))).collect();
     let mut spans: Vec<Vec<Span>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
     // Per stage, the seconds of its microbatch steps' work (waits excluded).
     let mut busy = vec![0.0; stages];
@@ -338,7 +348,8 @@ pub fn timeline_exact(plan: &Plan) -> Result<Timeline, String> {
     let mut channels: HashMap<(usize, usize), VecDeque<Sent>> = HashMap::new();
     // Per stage: its step, the event within it, and when the step started.
     let mut pos = vec![(0usize, 0usize, 0.0f64); stages];
-    let mut clock = vec![0.0f64; stages];
+    let mut clock: Vec<f64> =
+        (0..stages).map(|s| segs.get(&(s, PROLOGUE)).map_or(0.0, |evs| busy_seconds(evs))).collect();
     let mut spans: Vec<Vec<Span>> = vec![vec![]; stages];
     // Per stage, the seconds of its microbatch steps' work (waits excluded).
     let mut busy = vec![0.0; stages];

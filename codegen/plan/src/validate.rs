@@ -775,14 +775,15 @@ impl Plan {
 
     /// Step 4 of the module docs.
     /// Phases and chunks: the update phase last, each stage's instructions in segment order
-    /// (the order a microbatch runs them; [`crate::Segment::rank`]), chunks in range, and no
-    /// parameter or optimizer state freed before the update phase when later microbatches read
-    /// it again.
+    /// (the order a microbatch runs them; [`crate::Segment::rank`]), chunks in range, the
+    /// prologue reading only what it wrote, and no parameter or optimizer state (or value the
+    /// prologue wrote) freed before the update phase when later microbatches read it again.
     fn check_phases(&self, g: &Graph, out: &mut Vec<Problem>) {
         let chunks = self.chunks();
         let stages = self.stages();
         let mut seen_update = false;
         let mut last: Vec<Option<crate::Segment>> = vec![None; stages];
+        let mut prologue: std::collections::HashSet<(usize, ValueRef)> = std::collections::HashSet::new();
         for (k, ins) in self.program.iter().enumerate() {
             let mut bad = |why: String| out.push(Problem { at: Location::Instr(k), why });
             let update = ins.phase() == crate::Phase::Update;
@@ -807,6 +808,36 @@ impl Plan {
                     ));
                 }
                 *last = Some(seg);
+            }
+            // The prologue reads only what its stage's prologue wrote; what it writes is read
+            // by every microbatch, so no microbatch frees it.
+            let (reads, writes, stage) = match ins {
+                Instr::Op { inputs, outputs, stage, .. } => (inputs.clone(), outputs.clone(), *stage),
+                Instr::Collective { input, output, stage, .. } => (vec![*input], vec![*output], *stage),
+                Instr::Free { values, stage, .. } => (values.clone(), vec![], *stage),
+                Instr::Transfer { value, to, .. } => (vec![], vec![*value], *to),
+            };
+            match ins.phase() {
+                crate::Phase::Prologue if matches!(ins, Instr::Transfer { .. }) => {
+                    bad("is a transfer in the prologue, which only computes and converts".into())
+                }
+                crate::Phase::Prologue if matches!(ins, Instr::Free { .. }) => {}
+                crate::Phase::Prologue => {
+                    for v in reads.iter().filter(|v| !prologue.contains(&(stage, **v))) {
+                        bad(format!("reads {v} in the prologue, before any microbatch could write it"));
+                    }
+                    prologue.extend(writes.iter().map(|v| (stage, *v)));
+                }
+                crate::Phase::Update => {}
+                _ => {
+                    if let Instr::Free { .. } = ins {
+                        for v in reads.iter().filter(|v| prologue.contains(&(stage, **v))) {
+                            bad(format!(
+                                "frees {v}, which the prologue wrote, before the update phase: later microbatches read it"
+                            ));
+                        }
+                    }
+                }
             }
             if self.microbatches > 1
                 && let Instr::Free { values, stage, .. } = ins
