@@ -142,8 +142,41 @@ fn pipeline_lines(o: &mut String, p: &Plan) {
     }
 }
 
+/// The prologue ([`Phase::Prologue`]): what runs once a step before the first microbatch.
+fn prologue_line(o: &mut String, p: &Plan) {
+    let (mut ops, mut convs, mut gathers) = (0, 0, 0);
+    let mut per_stage = vec![0.0f64; p.stages()];
+    let last = per_stage.len() - 1;
+    for i in p.program.iter().filter(|i| i.phase() == Phase::Prologue) {
+        match i {
+            Instr::Op { stage, seconds, .. } => {
+                ops += 1;
+                per_stage[(*stage).min(last)] += seconds;
+            }
+            Instr::Collective { stage, seconds, collective, .. } => {
+                convs += 1;
+                gathers += usize::from(matches!(collective, sharding::Collective::AllGather { .. }));
+                per_stage[(*stage).min(last)] += seconds;
+            }
+            _ => {}
+        }
+    }
+    if ops + convs == 0 {
+        return;
+    }
+    let busiest = per_stage.iter().copied().fold(0.0, f64::max);
+    let where_ = if p.stages() > 1 { " on the busiest stage" } else { "" };
+    let _ = writeln!(
+        o,
+        "prologue  once a step, before the first microbatch: {ops} ops and {convs} conversions ({gathers} all-gathers), \
+         {}{where_}; held until the update",
+        ms(busiest)
+    );
+}
+
 /// Recomputation, collectives, parameters and the costliest ops.
 fn cost_lines(o: &mut String, p: &Plan) {
+    prologue_line(o, p);
     let e = &p.estimate;
     let ck = &e.checkpoint;
     if !ck.recomputed.is_empty() {
