@@ -173,28 +173,38 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize, with_
     Ok(plan)
 }
 
-/// Moves the batch-independent forward work of a plan of several microbatches into each
-/// stage's [`Phase::Prologue`], which runs once per step before the first microbatch: the
-/// parameters' reads, their 16-bit copies and layout conversions (ZeRO's all-gathers), and
-/// constants. Every microbatch would compute the same values again; held from the prologue
-/// until the update phase instead, they are computed, and gathered, once per step, as
-/// Megatron's distributed optimizer and FSDP without resharding do.
+/// Moves ZeRO's parameter gathers of a plan of several microbatches into each stage's
+/// [`Phase::Prologue`], which runs once per step before the first microbatch, with what they
+/// need (the parameters' reads, their 16-bit copies on the shards): every microbatch would
+/// gather the same weights again; held from the prologue until the update phase instead, they
+/// are gathered once per step, as Megatron's distributed optimizer and FSDP without resharding
+/// do.
 ///
-/// An instruction moves when it is not in the update phase and:
+/// An instruction may move when it is not in the update phase and:
 /// - an op of a forward node (an ancestor of an output) that does not depend on the batch and
 ///   draws no random numbers, every input already in the stage's prologue;
-/// - or a conversion, for a forward op, of a value already in the stage's prologue that gathers,
-///   exchanges or slices it over data axes only (the axes the batch is split over: ZeRO's
-///   gather of a parameter), or that slices what such a conversion wrote. Other conversions of parameters (a tensor
-///   parallel gather, say) stay in the microbatches, transient, as the solver priced them: a
-///   copy held for the whole step is memory the solver's problem does not see.
+/// - or a conversion, for an op of the forward or the backward, of a value already in the
+///   stage's prologue that gathers, exchanges or slices it over `zero` axes only (ZeRO's
+///   gather of a parameter), or that slices what such a conversion wrote. Other conversions of
+///   parameters (a tensor parallel gather, say) stay in the microbatches, transient, as the
+///   solver priced them: a copy held for the whole step is memory the solver's problem does not
+///   see.
+///
+/// Of those, the gathers and exchanges move, with what they read and what works on what they
+/// wrote (slices, a 16-bit copy of a gathered f32 weight); an op no gather needs (a 16-bit copy
+/// of a data-parallel parameter) stays in the microbatches, since holding it for the step would
+/// cost memory to save a cast.
 ///
 /// A recomputation of a value the prologue holds is dropped. The instructions keep their order
 /// (the prologue's come first on each stage), and frees are placed again
 /// ([`crate::checkpoint::insert_frees`]: the prologue's values are freed in the update phase).
 ///
-/// `layout` is the plan's strategy: the axes it names `dp` or `zero` are data axes too (a batch
-/// too small to split over them leaves them out of the inputs' layouts).
+/// Only under a layout that names `zero` axes (`layout`, the plan's strategy, on a mesh of shape
+/// `mesh`), whose gathers these are: there the user asked for sharded weights, and the
+/// gathered copies held for the step are Megatron's distributed optimizer's. Elsewhere the
+/// program is returned as it is: a plan the solver made ZeRO-3 like to save memory gathers a
+/// layer's weights when it runs and frees them after, and holding every layer's for the step
+/// would undo what the layout was chosen for (the solver's problem prices neither).
 pub(crate) fn prologue(
     g: &ir::Graph,
     layout: ::plan::Baseline,
@@ -202,7 +212,8 @@ pub(crate) fn prologue(
     microbatches: usize,
     program: Vec<Instr>,
 ) -> Vec<Instr> {
-    if microbatches <= 1 {
+    let zero = layout.roles(mesh).unwrap_or_default().contains(&::plan::AxisRole::Zero);
+    if microbatches <= 1 || !zero {
         return program;
     }
     let n = g.g.node_count();
@@ -224,25 +235,14 @@ pub(crate) fn prologue(
         }
         serves[k] = next;
     }
-    // The data axes: those the batch inputs are split over (along any dimension).
-    let data: HashSet<usize> = program
-        .iter()
-        .filter_map(|i| match i {
-            Instr::Op { node, output_specs, .. } if matches!(g.node(NodeIndex::new(*node)).op, Op::Input { .. }) => {
-                output_specs.first().map(|s| s.used_axes())
-            }
-            _ => None,
-        })
-        .flatten()
-        .chain(
-            layout
-                .roles(mesh)
-                .unwrap_or_default()
-                .into_iter()
-                .enumerate()
-                .filter(|(_, r)| matches!(r, ::plan::AxisRole::Dp | ::plan::AxisRole::Zero))
-                .map(|(a, _)| a),
-        )
+    // The axes the weights are gathered over: the layout's `zero` axes (of size above 1).
+    let data: HashSet<usize> = layout
+        .roles(mesh)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .filter(|&(a, r)| r == ::plan::AxisRole::Zero && mesh.get(a).is_some_and(|&x| x > 1))
+        .map(|(a, _)| a)
         .collect();
     let mut gathered: HashSet<(usize, ValueRef)> = HashSet::new();
     let mut held: HashSet<(usize, ValueRef)> = HashSet::new();
@@ -272,14 +272,15 @@ pub(crate) fn prologue(
                     dropped[k] = matches!(serves[k], Some((_, true)));
                     continue;
                 }
-                let for_forward = serves[k].is_some_and(|(node, recompute)| !recompute && forward[node]);
+                // For the forward or the backward (a weight's gather for the input gradient too).
+                let for_step = serves[k].is_some_and(|(_, recompute)| !recompute);
                 let over_data = collective.axes().iter().all(|a| data.contains(a));
                 let zero = match collective {
                     Collective::AllGather { .. } | Collective::AllToAll { .. } => over_data,
                     Collective::Slice { .. } => over_data || gathered.contains(&(*stage, *input)),
                     _ => false,
                 };
-                if for_forward && zero && held.contains(&(*stage, *input)) {
+                if for_step && zero && held.contains(&(*stage, *input)) {
                     moved[k] = true;
                     held.insert((*stage, *output));
                     gathered.insert((*stage, *output));
@@ -289,6 +290,78 @@ pub(crate) fn prologue(
         }
     }
     let keep = crate::checkpoint::kept_to_the_end(g);
+    // What moves: the conversions over `zero` axes (ZeRO's gathers: they save a collective per
+    // microbatch) and what they need; the slices of what they wrote. The rest of what could move
+    // (a parameter's 16-bit copy that no gather reads) stays in the microbatches: held for the
+    // whole step it would cost memory for a cast that takes microseconds.
+    let cand = moved;
+    let mut moved = vec![false; program.len()];
+    let mut needed: HashSet<(usize, ValueRef)> = HashSet::new();
+    for (k, ins) in program.iter().enumerate().rev() {
+        if !cand[k] {
+            continue;
+        }
+        let (reads, writes, stage, root) = match ins {
+            Instr::Op { inputs, outputs, stage, .. } => (inputs.clone(), outputs.clone(), *stage, false),
+            Instr::Collective { input, output, stage, collective, .. } => {
+                (vec![*input], vec![*output], *stage, !matches!(collective, Collective::Slice { .. }))
+            }
+            _ => continue,
+        };
+        if root || writes.iter().any(|w| needed.contains(&(stage, *w))) {
+            moved[k] = true;
+            needed.extend(reads.iter().map(|r| (stage, *r)));
+        }
+    }
+    // Then what works on a gathered weight (its slices, its 16-bit copy when the gather was of
+    // the f32 shard): the full-precision gathered copy is then freed in the prologue.
+    let mut written: HashSet<(usize, ValueRef)> = HashSet::new();
+    let mut gathered: HashSet<(usize, ValueRef)> = HashSet::new();
+    for (k, ins) in program.iter().enumerate() {
+        match ins {
+            Instr::Collective { input, output, stage, collective, .. } if cand[k] => {
+                let root = !matches!(collective, Collective::Slice { .. });
+                if !moved[k] && gathered.contains(&(*stage, *input)) {
+                    moved[k] = true;
+                }
+                if moved[k] {
+                    written.insert((*stage, *output));
+                    if root || gathered.contains(&(*stage, *input)) {
+                        gathered.insert((*stage, *output));
+                    }
+                }
+            }
+            Instr::Op { inputs, outputs, stage, .. } if cand[k] => {
+                let on_gathered = inputs.iter().all(|v| written.contains(&(*stage, *v)))
+                    && inputs.iter().any(|v| gathered.contains(&(*stage, *v)));
+                if !moved[k] && on_gathered {
+                    moved[k] = true;
+                }
+                if moved[k] {
+                    written.extend(outputs.iter().map(|o| (*stage, *o)));
+                    if on_gathered {
+                        gathered.extend(outputs.iter().map(|o| (*stage, *o)));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // A dropped recomputation stays dropped only when the prologue holds what it wrote.
+    for (k, ins) in program.iter().enumerate() {
+        if dropped[k] {
+            let writes: Vec<ValueRef> = match ins {
+                Instr::Op { outputs, .. } => outputs.clone(),
+                Instr::Collective { output, .. } => vec![*output],
+                _ => vec![],
+            };
+            let stage = match ins {
+                Instr::Op { stage, .. } | Instr::Collective { stage, .. } => *stage,
+                _ => 0,
+            };
+            dropped[k] = writes.iter().all(|w| written.contains(&(stage, *w)));
+        }
+    }
     if !moved.iter().any(|&m| m) {
         return crate::checkpoint::insert_frees(program, &keep);
     }

@@ -221,41 +221,9 @@ pub(crate) fn infeasible(b: &Built, g: &Graph, budget: u64, min_peak: u128, sear
 /// Divides the costs of the update part of `built`'s graph (its nodes, and the conversions
 /// into them) by `accumulated`, the passes per update (see [`PlanOptions::accumulated`]), and
 /// holds what the update part reads (the gradient sums) for the whole pass.
-///
-/// The prologue's ops ([`crate::microbatch::prologue`]: forward nodes that do not depend on the
-/// batch) also run once per step: their costs are divided the same way, and their values are
-/// held for the whole pass. Its conversions (ZeRO's gathers) stay priced per microbatch: the
-/// problem has no memory for a converted copy, which the prologue holds for the whole step, so
-/// a discount there would buy layouts whose held copies it cannot see.
 pub(crate) fn weigh_update_part(built: &mut Built, g: &Graph, accumulated: usize) {
-    let (batch, update) = crate::microbatch::update_part(g);
+    let (_, update) = crate::microbatch::update_part(g);
     let m = accumulated as u64;
-    let n = g.g.node_count();
-    let mut forward = vec![false; n];
-    let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
-    while let Some(i) = stack.pop() {
-        if !std::mem::replace(&mut forward[i], true) {
-            stack.extend(g.node_inputs(ir::NodeIndex::new(i)).iter().map(|v| v.node.index()));
-        }
-    }
-    let is_random = |i: usize| matches!(g.node(ir::NodeIndex::new(i)).op, ir::Op::Dropout(_));
-    let prologue: Vec<bool> = built
-        .nodes
-        .iter()
-        .map(|x| {
-            let i = x.index();
-            !batch[i] && !update[i] && forward[i] && !is_random(i)
-        })
-        .collect();
-    let end = built.problem.nodes.iter().map(|x| x.interval.1).max().unwrap_or(0);
-    for (i, node) in built.problem.nodes.iter_mut().enumerate() {
-        if prologue[i] {
-            for c in node.costs.iter_mut().filter(|c| **c < FORBIDDEN) {
-                *c /= m;
-            }
-            node.interval = (0, end);
-        }
-    }
     let once: Vec<bool> = built.nodes.iter().map(|n| update[n.index()]).collect();
     for (node, &o) in built.problem.nodes.iter_mut().zip(&once) {
         if o {
