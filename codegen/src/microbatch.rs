@@ -140,7 +140,7 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize, with_
     plan.accumulate = accumulate;
     if with_prologue {
         let program = std::mem::take(&mut plan.program);
-        plan.program = prologue(&plan.graph, plan.options.strategy, &plan.mesh.shape, microbatches, program);
+        plan.program = prologue(&plan.graph, plan.solver.chosen, &plan.mesh.shape, microbatches, program);
     }
     // Memory under the runtime's accounting of microbatches (the accumulators included).
     plan.estimate.peak_bytes_per_rank = crate::memory::simulate_plan(&plan, mesh)?.peak;

@@ -550,6 +550,14 @@ pub fn role_baselines(mesh: &DeviceMesh) -> Vec<Baseline> {
             }
         }
     }
+    // Megatron with its distributed optimizer: the data axes `zero` (the weights sharded over
+    // them and gathered once a step, in the prologue), tensor parallel on the innermost.
+    if (2..=::plan::MAX_AXES).contains(&n) && (0..n - 1).any(|a| mesh.shape()[a] > 1) {
+        let roles: Vec<AxisRole> = (0..n).map(|a| if a < n - 1 { AxisRole::Zero } else { AxisRole::Tp }).collect();
+        if let Ok(r) = ::plan::AxisRoles::new(&roles) {
+            out.push(Baseline::Axes(r));
+        }
+    }
     out
 }
 

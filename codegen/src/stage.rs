@@ -253,7 +253,7 @@ pub(crate) fn place(plan: Plan, mesh: &DeviceMesh, opts: &PipelineOptions) -> Re
     let place = nodes.place(&plan.program, stages, chunks)?;
     let microbatches = plan.microbatches;
     let program = place_program(plan.program, &plan.graph, mesh, &place, stages, chunks, opts.schedule)?;
-    let program = crate::microbatch::prologue(&plan.graph, plan.options.strategy, mesh.shape(), microbatches, program);
+    let program = crate::microbatch::prologue(&plan.graph, plan.solver.chosen, mesh.shape(), microbatches, program);
     let schedule = schedule_of(&program, opts.schedule, stages, microbatches, chunks)?;
     let params = plan
         .params
