@@ -173,49 +173,9 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize, with_
     Ok(plan)
 }
 
-/// Moves ZeRO's parameter gathers of a plan of several microbatches into each stage's
-/// [`Phase::Prologue`], which runs once per step before the first microbatch, with what they
-/// need (the parameters' reads, their 16-bit copies on the shards): every microbatch would
-/// gather the same weights again; held from the prologue until the update phase instead, they
-/// are gathered once per step, as Megatron's distributed optimizer and FSDP without resharding
-/// do.
-///
-/// An instruction may move when it is not in the update phase and:
-/// - an op of a forward node (an ancestor of an output) that does not depend on the batch and
-///   draws no random numbers, every input already in the stage's prologue;
-/// - or a conversion, for an op of the forward or the backward, of a value already in the
-///   stage's prologue that gathers, exchanges or slices it over `zero` axes only (ZeRO's
-///   gather of a parameter), or that slices what such a conversion wrote. Other conversions of
-///   parameters (a tensor parallel gather, say) stay in the microbatches, transient, as the
-///   solver priced them: a copy held for the whole step is memory the solver's problem does not
-///   see.
-///
-/// Of those, the gathers and exchanges move, with what they read and what works on what they
-/// wrote (slices, a 16-bit copy of a gathered f32 weight); an op no gather needs (a 16-bit copy
-/// of a data-parallel parameter) stays in the microbatches, since holding it for the step would
-/// cost memory to save a cast.
-///
-/// A recomputation of a value the prologue holds is dropped. The instructions keep their order
-/// (the prologue's come first on each stage), and frees are placed again
-/// ([`crate::checkpoint::insert_frees`]: the prologue's values are freed in the update phase).
-///
-/// Only under a layout that names `zero` axes (`layout`, the plan's strategy, on a mesh of shape
-/// `mesh`), whose gathers these are: there the user asked for sharded weights, and the
-/// gathered copies held for the step are Megatron's distributed optimizer's. Elsewhere the
-/// program is returned as it is: a plan the solver made ZeRO-3 like to save memory gathers a
-/// layer's weights when it runs and frees them after, and holding every layer's for the step
-/// would undo what the layout was chosen for (the solver's problem prices neither).
-pub(crate) fn prologue(
-    g: &ir::Graph,
-    layout: ::plan::Baseline,
-    mesh: &[usize],
-    microbatches: usize,
-    program: Vec<Instr>,
-) -> Vec<Instr> {
-    let zero = layout.roles(mesh).unwrap_or_default().contains(&::plan::AxisRole::Zero);
-    if microbatches <= 1 || !zero {
-        return program;
-    }
+/// What [`prologue`] may move (see there), and the recomputations of what it would hold, by
+/// program index: `data` are the axes the weights are gathered over.
+fn movable(g: &ir::Graph, program: &[Instr], data: &HashSet<usize>) -> (Vec<bool>, Vec<bool>) {
     let n = g.g.node_count();
     let (batch, _) = update_part(g);
     let mut forward = vec![false; n];
@@ -225,7 +185,6 @@ pub(crate) fn prologue(
             stack.extend(g.node_inputs(NodeIndex::new(i)).iter().map(|v| v.node.index()));
         }
     }
-    let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
     // The op each conversion is for: the next op (conversions come right before it).
     let mut serves = vec![None; program.len()];
     let mut next = None;
@@ -235,15 +194,6 @@ pub(crate) fn prologue(
         }
         serves[k] = next;
     }
-    // The axes the weights are gathered over: the layout's `zero` axes (of size above 1).
-    let data: HashSet<usize> = layout
-        .roles(mesh)
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .filter(|&(a, r)| r == ::plan::AxisRole::Zero && mesh.get(a).is_some_and(|&x| x > 1))
-        .map(|(a, _)| a)
-        .collect();
     let mut gathered: HashSet<(usize, ValueRef)> = HashSet::new();
     let mut held: HashSet<(usize, ValueRef)> = HashSet::new();
     let mut moved = vec![false; program.len()];
@@ -289,12 +239,16 @@ pub(crate) fn prologue(
             _ => {}
         }
     }
-    let keep = crate::checkpoint::kept_to_the_end(g);
+    (moved, dropped)
+}
+
+/// Of what may move (`cand`), what does (see [`prologue`]), and the values it writes (by
+/// stage).
+fn chosen(program: &[Instr], cand: &[bool]) -> (Vec<bool>, HashSet<(usize, ValueRef)>) {
     // What moves: the conversions over `zero` axes (ZeRO's gathers: they save a collective per
     // microbatch) and what they need; the slices of what they wrote. The rest of what could move
     // (a parameter's 16-bit copy that no gather reads) stays in the microbatches: held for the
     // whole step it would cost memory for a cast that takes microseconds.
-    let cand = moved;
     let mut moved = vec![false; program.len()];
     let mut needed: HashSet<(usize, ValueRef)> = HashSet::new();
     for (k, ins) in program.iter().enumerate().rev() {
@@ -347,6 +301,65 @@ pub(crate) fn prologue(
             _ => {}
         }
     }
+    (moved, written)
+}
+
+/// Moves ZeRO's parameter gathers of a plan of several microbatches into each stage's
+/// [`Phase::Prologue`], which runs once per step before the first microbatch, with what they
+/// need (the parameters' reads, their 16-bit copies on the shards): every microbatch would
+/// gather the same weights again; held from the prologue until the update phase instead, they
+/// are gathered once per step, as Megatron's distributed optimizer and FSDP without resharding
+/// do.
+///
+/// An instruction may move when it is not in the update phase and:
+/// - an op of a forward node (an ancestor of an output) that does not depend on the batch and
+///   draws no random numbers, every input already in the stage's prologue;
+/// - or a conversion, for an op of the forward or the backward, of a value already in the
+///   stage's prologue that gathers, exchanges or slices it over `zero` axes only (ZeRO's
+///   gather of a parameter), or that slices what such a conversion wrote. Other conversions of
+///   parameters (a tensor parallel gather, say) stay in the microbatches, transient, as the
+///   solver priced them: a copy held for the whole step is memory the solver's problem does not
+///   see.
+///
+/// Of those, the gathers and exchanges move, with what they read and what works on what they
+/// wrote (slices, a 16-bit copy of a gathered f32 weight); an op no gather needs (a 16-bit copy
+/// of a data-parallel parameter) stays in the microbatches, since holding it for the step would
+/// cost memory to save a cast.
+///
+/// A recomputation of a value the prologue holds is dropped. The instructions keep their order
+/// (the prologue's come first on each stage), and frees are placed again
+/// ([`crate::checkpoint::insert_frees`]: the prologue's values are freed in the update phase).
+///
+/// Only under a layout that names `zero` axes (`layout`, the plan's strategy, on a mesh of shape
+/// `mesh`), whose gathers these are: there the user asked for sharded weights, and the
+/// gathered copies held for the step are Megatron's distributed optimizer's. Elsewhere the
+/// program is returned as it is: a plan the solver made ZeRO-3 like to save memory gathers a
+/// layer's weights when it runs and frees them after, and holding every layer's for the step
+/// would undo what the layout was chosen for (the solver's problem prices neither).
+pub(crate) fn prologue(
+    g: &ir::Graph,
+    layout: ::plan::Baseline,
+    mesh: &[usize],
+    microbatches: usize,
+    program: Vec<Instr>,
+) -> Vec<Instr> {
+    let zero = layout.roles(mesh).unwrap_or_default().contains(&::plan::AxisRole::Zero);
+    if microbatches <= 1 || !zero {
+        return program;
+    }
+    let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
+    // The axes the weights are gathered over: the layout's `zero` axes (of size above 1).
+    let data: HashSet<usize> = layout
+        .roles(mesh)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .filter(|&(a, r)| r == ::plan::AxisRole::Zero && mesh.get(a).is_some_and(|&x| x > 1))
+        .map(|(a, _)| a)
+        .collect();
+    let (cand, mut dropped) = movable(g, &program, &data);
+    let (moved, written) = chosen(&program, &cand);
+    let keep = crate::checkpoint::kept_to_the_end(g);
     // A dropped recomputation stays dropped only when the prologue holds what it wrote.
     for (k, ins) in program.iter().enumerate() {
         if dropped[k] {
