@@ -30,6 +30,7 @@ impl Program {
             o.resize(code.len(), plan.program.len().saturating_sub(1));
         }
         let accumulate = c.accumulated(&outputs);
+        let summed_after = c.summed_after(&accumulate);
         let Compiler { codes, slot_names, resident, constants, inputs, segments, send_bytes, origin, .. } = c;
         Ok(Program {
             seed: plan.options.seed,
@@ -52,6 +53,7 @@ impl Program {
                 (kind, untagged && plan::schedule::timeline(plan).is_ok_and(|t| t.in_order))
             }),
             accumulate,
+            summed_after,
             constant_slot: constant_slots(&codes, slot_names.len()),
             code: codes,
             slot_names,
@@ -395,6 +397,23 @@ impl<'p> Compiler<'p> {
         accumulate.sort_unstable();
         accumulate.dedup();
         accumulate
+    }
+
+    /// Per stage and step, the positions in `accumulate` of the values the step's microbatch
+    /// adds into their sums when the step ends ([`Plan::summed_after_steps`]).
+    fn summed_after(&mut self, accumulate: &[usize]) -> Vec<Vec<Vec<usize>>> {
+        let plan = self.plan;
+        let summed = plan.summed();
+        (0..plan.stages())
+            .map(|stage| {
+                plan.summed_after_steps(stage, &summed)
+                    .into_iter()
+                    .map(|values| {
+                        values.iter().filter_map(|v| accumulate.binary_search(&self.slot_of(v)).ok()).collect()
+                    })
+                    .collect()
+            })
+            .collect()
     }
 }
 

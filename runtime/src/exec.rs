@@ -336,9 +336,15 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
             }
             match mb {
                 None => self.vals = table,
-                Some(m) if last_step.get(&m) == Some(&run) => self.end_microbatch(table, &mut acc)?,
                 Some(m) => {
-                    tables.insert(m, table);
+                    // What the microbatch is done with joins the sums (run 0 is the prologue).
+                    let done = program.summed_after.get(self.stage).and_then(|a| a.get(run - 1));
+                    self.add_to_sums(&mut table, &mut acc, done.map(Vec::as_slice).unwrap_or(&[]))?;
+                    if last_step.get(&m) == Some(&run) {
+                        self.end_microbatch(table, &mut acc)?;
+                    } else {
+                        tables.insert(m, table);
+                    }
                 }
             }
         }
@@ -549,11 +555,18 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
         Ok(())
     }
 
-    /// A microbatch's last step on this stage: its values join the sums (in the order the
-    /// microbatches end), and what else it holds is left for the update.
-    fn end_microbatch(&mut self, mut table: Table<'a, B::T>, acc: &mut [Option<B::T>]) -> Result<(), DistError> {
+    /// The summed values at positions `which` of `program.accumulate` that `table` holds join
+    /// their sums (in the order the microbatches give them): the first becomes the sum, a later
+    /// one is added to it.
+    fn add_to_sums(
+        &mut self,
+        table: &mut Table<'a, B::T>,
+        acc: &mut [Option<B::T>],
+        which: &[usize],
+    ) -> Result<(), DistError> {
         let program = self.program;
-        for (j, &slot) in program.accumulate.iter().enumerate() {
+        for &j in which {
+            let slot = program.accumulate[j];
             let Some(h) = table[slot].take() else { continue };
             let rank = self.rank;
             let fail = |message: String| DistError::Kernel {
@@ -579,6 +592,14 @@ impl<'p, 'a, B: Backend> Walk<'p, 'a, B> {
                 }
             });
         }
+        Ok(())
+    }
+
+    /// A microbatch's last step on this stage: what it still holds of the summed values joins
+    /// the sums, and what else it holds is left for the update.
+    fn end_microbatch(&mut self, mut table: Table<'a, B::T>, acc: &mut [Option<B::T>]) -> Result<(), DistError> {
+        let all: Vec<usize> = (0..self.program.accumulate.len()).collect();
+        self.add_to_sums(&mut table, acc, &all)?;
         for (s, h) in table.into_iter().enumerate() {
             if let Some(h) = h
                 && let Some(old) = self.vals[s].replace(h)

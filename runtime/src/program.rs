@@ -201,6 +201,9 @@ pub struct Program {
     pub(crate) send_bytes: Vec<usize>,
     /// Slots summed over microbatches (the accumulated values and the graph's outputs).
     pub(crate) accumulate: Vec<usize>,
+    /// Per stage and step, the positions in `accumulate` of what the step's microbatch adds
+    /// into the sums when the step ends (what its last step leaves is added then).
+    pub(crate) summed_after: Vec<Vec<Vec<usize>>>,
     pub(crate) slot_names: Vec<ValueRef>,
     /// Whether each slot holds a constant (borrowed from the rank's constants: freeing it
     /// releases nothing).
@@ -415,26 +418,7 @@ impl Program {
                 (name.clone(), slot_of(*v), replicated(m), m.shape.clone())
             })
             .collect();
-        let storage_name = |n: NodeIndex| match &g.node(n).op {
-            Op::Param { name } | Op::State { name } => Some(name.clone()),
-            _ => None,
-        };
-        let mut updates = vec![];
-        for &(t, v) in &g.updates {
-            if let Some(name) = storage_name(t) {
-                updates.push((name, slot_of(v)));
-            }
-        }
-        let updated: std::collections::HashSet<&String> = updates.iter().map(|(n, _)| n).collect();
-        let kept: Vec<(String, usize)> = g
-            .params
-            .iter()
-            .chain(&g.states)
-            .filter(|n| pos.contains_key(n))
-            .filter_map(|&n| storage_name(n).map(|name| (name, n)))
-            .filter(|(name, _)| !updated.contains(name))
-            .map(|(name, n)| (name, slot_of(ir::Value::new(n, 0))))
-            .collect();
+        let (updates, kept) = single_returns(g, &pos, &mut slot_of);
         let program = Program {
             seed: 0,
             dropout: true,
@@ -452,6 +436,7 @@ impl Program {
             send_bytes: vec![0],
             schedule: None,
             accumulate: vec![],
+            summed_after: vec![],
             constant_slot: constant_slots(std::slice::from_ref(&code), slot_names.len()),
             code: vec![code],
             slot_names,
@@ -945,4 +930,37 @@ pub(crate) fn set_blocks<T>(feeds: &mut [T], blocks: Vec<(usize, T)>, rank: usiz
         *feeds.get_mut(k).ok_or_else(|| DistError::Data { rank, message: format!("feed {k} of {n}") })? = t;
     }
     Ok(())
+}
+
+/// Storage names with slots.
+type Named = Vec<(String, usize)>;
+
+/// What a single-device program hands back to storage: the updated parameters and state with
+/// the slots of their new values, and the frozen ones (read, never updated) with their slots.
+fn single_returns(
+    g: &ir::Graph,
+    pos: &HashMap<NodeIndex, usize>,
+    slot_of: &mut impl FnMut(ir::Value) -> usize,
+) -> (Named, Named) {
+    let storage_name = |n: NodeIndex| match &g.node(n).op {
+        Op::Param { name } | Op::State { name } => Some(name.clone()),
+        _ => None,
+    };
+    let mut updates = vec![];
+    for &(t, v) in &g.updates {
+        if let Some(name) = storage_name(t) {
+            updates.push((name, slot_of(v)));
+        }
+    }
+    let updated: std::collections::HashSet<&String> = updates.iter().map(|(n, _)| n).collect();
+    let kept: Vec<(String, usize)> = g
+        .params
+        .iter()
+        .chain(&g.states)
+        .filter(|n| pos.contains_key(n))
+        .filter_map(|&n| storage_name(n).map(|name| (name, n)))
+        .filter(|(name, _)| !updated.contains(name))
+        .map(|(name, n)| (name, slot_of(ir::Value::new(n, 0))))
+        .collect();
+    (updates, kept)
 }

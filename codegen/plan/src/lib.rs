@@ -26,6 +26,7 @@ mod form;
 pub mod memory;
 mod pretty;
 pub mod schedule;
+mod sums;
 pub mod validate;
 mod value;
 

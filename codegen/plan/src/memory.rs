@@ -156,11 +156,11 @@ pub fn simulate_plan(plan: &Plan, mesh: &DeviceMesh) -> Result<MemoryProfile> {
 /// values, [`Plan::steps`], then the update phase), with the runtime's accounting of
 /// microbatches: each microbatch in flight
 /// holds its own values; parameters, optimizer state and constants are resident and read by
-/// every microbatch; when a microbatch's last step on the stage ends, its accumulated values
-/// (and the outputs, with more than one microbatch) are added into one sum each (the first
+/// every microbatch; once a microbatch is done with an accumulated value (or an output, with
+/// more than one microbatch: [`Plan::summed_after_steps`]), it is added into one sum (the first
 /// becomes the sum; a later one holds the new sum next to the old and the addend for a moment),
-/// and what else it still holds replaces the previous microbatch's copy, for the update phase
-/// to read. With one microbatch and no stages this is [`simulate_stage`]'s walk.
+/// and when its last step on the stage ends, what else it still holds replaces the previous
+/// microbatch's copy, for the update phase to read. With one microbatch and no stages this is [`simulate_stage`]'s walk.
 ///
 /// The result is [`simulate_steps_exact`]'s, in time linear in the steps plus the program
 /// rather than their product: every microbatch runs the same segments in the same order on
@@ -235,8 +235,9 @@ struct Walk<'a> {
     shared: FxMap<ValueRef, u64>,
     /// Bytes resident when the step starts.
     resident: u64,
-    /// The values summed over microbatches, sorted.
-    accumulate: Vec<ValueRef>,
+    /// For each step, those its microbatch adds into their sums when it ends
+    /// ([`Plan::summed_after_steps`]).
+    sum_after: Vec<Vec<ValueRef>>,
     /// The stage's steps.
     steps: Vec<crate::Step>,
 }
@@ -266,29 +267,12 @@ fn prepare<'a>(plan: &'a Plan, stage: usize) -> Result<Walk<'a>> {
             }
         }
     }
-    let microbatches = plan.microbatches.max(1);
-    let mut accumulate: Vec<ValueRef> = plan.accumulate.clone();
-    if microbatches > 1 {
-        // Outputs of the update phase (the learning rate, the gradient norm) are computed once.
-        let once: std::collections::HashSet<usize> = plan
-            .program
-            .iter()
-            .filter_map(|i| match i {
-                Instr::Op { node, .. } if i.once_per_step() => Some(*node),
-                _ => None,
-            })
-            .collect();
-        accumulate.extend(
-            graph.outputs.iter().filter(|(_, v)| !once.contains(&v.node.index())).map(|(_, v)| ValueRef::of(*v)),
-        );
-    }
-    accumulate.sort();
-    accumulate.dedup();
+    let sum_after = plan.summed_after_steps(stage, &plan.summed());
     let steps = match &plan.pipeline {
         Some(p) => p.schedule.steps.get(stage).cloned().unwrap_or_default(),
         None => plan.steps().into_iter().nth(stage).unwrap_or_default(),
     };
-    Ok(Walk { segs, shared, resident, accumulate, steps })
+    Ok(Walk { segs, shared, resident, sum_after, steps })
 }
 
 /// Runs instruction `k` against `table` (the values of the microbatch running it, or the
@@ -375,7 +359,7 @@ fn walk_steps(
     after: &mut dyn FnMut(usize, u64),
 ) -> Result<MemoryProfile> {
     let graph = &plan.graph;
-    let Walk { segs, mut shared, resident, accumulate, steps } = prepare(plan, stage)?;
+    let Walk { segs, mut shared, resident, sum_after, steps } = prepare(plan, stage)?;
     let mut last_step: FxMap<usize, usize> = FxMap::default();
     for (i, st) in steps.iter().enumerate() {
         last_step.insert(st.microbatch, i);
@@ -419,29 +403,31 @@ fn walk_steps(
             }
             after(k, live);
         }
-        // A microbatch's last step on the stage: its sums, and what the update reads.
-        if let Some(m) = mb
-            && last_step.get(&m) == Some(&i)
-        {
-            let mut table = tables.remove(&m).unwrap_or_default();
-            for v in &accumulate {
-                let Some(x) = table.remove(v) else { continue };
-                match sums.get(v) {
-                    None => {
-                        sums.insert(*v, x);
-                    }
-                    Some(&a) => {
-                        live += x;
-                        peak = peak.max(live);
-                        live = live.saturating_sub(a + x);
-                    }
+        let Some(m) = mb else { continue };
+        // What the microbatch is done with joins the sums.
+        let mut table = tables.remove(&m).unwrap_or_default();
+        for v in &sum_after[i] {
+            let Some(x) = table.remove(v) else { continue };
+            match sums.get(v) {
+                None => {
+                    sums.insert(*v, x);
+                }
+                Some(&a) => {
+                    live += x;
+                    peak = peak.max(live);
+                    live = live.saturating_sub(a + x);
                 }
             }
+        }
+        // Its last step on the stage: what else it holds is what the update reads.
+        if last_step.get(&m) == Some(&i) {
             for (v, b) in table {
                 if let Some(old) = shared.insert(v, b) {
                     live = live.saturating_sub(old);
                 }
             }
+        } else {
+            tables.insert(m, table);
         }
     }
     Ok(MemoryProfile { resident, peak, peak_at })
@@ -483,7 +469,7 @@ impl Summary {
 /// error of the walk included: the exact walk names it).
 pub fn simulate_steps_summarised(plan: &Plan, mesh: &DeviceMesh, stage: usize) -> Option<MemoryProfile> {
     let graph = &plan.graph;
-    let Walk { segs, mut shared, resident, accumulate, steps } = prepare(plan, stage).ok()?;
+    let Walk { segs, mut shared, resident, sum_after, steps } = prepare(plan, stage).ok()?;
     let update = Segment { phase: Phase::Update, chunk: 0 };
     // The segments of one microbatch in order: the same for every microbatch.
     let first = steps.first().map(|s| s.microbatch);
@@ -526,30 +512,37 @@ pub fn simulate_steps_summarised(plan: &Plan, mesh: &DeviceMesh, stage: usize) -
         }
         summaries.push(Summary { net: count.now, low: count.low, high });
     }
-    // A microbatch's end: the first's accumulated values become the sums and the rest of what
-    // it holds goes to the shared values; each later one adds into the sums and replaces the
-    // previous one's rest.
+    // The sums after each of a microbatch's segments: the first microbatch's values become
+    // the sums; each later one adds into them (the new sum beside the old and the addend for a
+    // moment). Then, at its end, the rest of what the first holds goes to the shared values and
+    // each later one's replaces the previous one's.
+    let template_sums: Vec<&[ValueRef]> =
+        steps.iter().zip(&sum_after).filter(|(s, _)| Some(s.microbatch) == first).map(|(_, a)| a.as_slice()).collect();
     let mut sums: FxMap<ValueRef, u64> = FxMap::default();
-    let mut later = Relative::default();
-    let mut later_high: Option<(i128, Option<usize>)> = None;
-    for v in &accumulate {
-        let Some(x) = table.remove(v) else { continue };
-        sums.insert(*v, x);
-        later.add(x);
-        if later_high.is_none_or(|(h, _)| later.now > h) {
-            later_high = Some((later.now, None));
+    let mut later_sums = Vec::with_capacity(template.len());
+    for values in &template_sums {
+        let mut later = Relative::default();
+        let mut high: Option<(i128, Option<usize>)> = None;
+        for v in *values {
+            let Some(x) = table.remove(v) else { continue };
+            sums.insert(*v, x);
+            later.add(x);
+            if high.is_none_or(|(h, _)| later.now > h) {
+                high = Some((later.now, None));
+            }
+            later.sub(x + x);
         }
-        later.sub(x + x);
+        later_sums.push(Summary { net: later.now, low: later.low, high });
     }
-    let mut first_end = Relative::default();
+    let (mut first_end, mut later_end) = (Relative::default(), Relative::default());
     for (v, b) in table {
-        later.sub(b);
+        later_end.sub(b);
         if let Some(old) = shared.insert(v, b) {
             first_end.sub(old);
         }
     }
     let first_end = Summary { net: first_end.now, low: first_end.low, high: None };
-    let later = Summary { net: later.now, low: later.low, high: later_high };
+    let later_end = Summary { net: later_end.now, low: later_end.low, high: None };
 
     let (mut live, mut peak, mut peak_at) = (resident, resident, None);
     for &(k, ins) in segs.get(&PROLOGUE).map(Vec::as_slice).unwrap_or(&[]) {
@@ -558,13 +551,16 @@ pub fn simulate_steps_summarised(plan: &Plan, mesh: &DeviceMesh, stage: usize) -
             peak_at = Some(k);
         }
     }
-    let mut ended = 0usize;
+    let mut played = vec![0usize; template.len()];
     for &j in &position {
         summaries[j].play(&mut live, &mut peak, &mut peak_at)?;
-        if j + 1 == template.len() {
-            if ended == 0 { &first_end } else { &later }.play(&mut live, &mut peak, &mut peak_at)?;
-            ended += 1;
+        if played[j] > 0 {
+            later_sums[j].play(&mut live, &mut peak, &mut peak_at)?;
         }
+        if j + 1 == template.len() {
+            if played[j] == 0 { &first_end } else { &later_end }.play(&mut live, &mut peak, &mut peak_at)?;
+        }
+        played[j] += 1;
     }
     // The update, as the exact walk runs it.
     shared.extend(sums.drain());
