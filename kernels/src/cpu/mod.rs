@@ -19,6 +19,7 @@ pub(crate) mod shape;
 mod team;
 #[cfg(test)]
 mod tests;
+mod tiles;
 
 use crate::Error;
 pub(crate) use float::Float;
@@ -31,9 +32,14 @@ pub use k32::linalg::{gemm_f32, gemm_kernel};
 /// differ by up to twice on one shape, so the cost model prices them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProductKernel {
-    /// One dot product per element, for few rows against a transposed right operand (or few
-    /// columns against a left one) of long depth: no packing of the large operand.
+    /// Few rows against a transposed right operand (or few columns against a left one) of long
+    /// depth, the large operand read in place (no packing): one dot product per element, or on
+    /// CPUs with AVX-512 the register tiles of [`ProductKernel::Tiles`].
     Dots,
+    /// Register tiles of broadcasts against 16-lane vectors (AVX-512), for operands that both
+    /// run along the depth (`a @ b^T`, `b` stored `[n, k]`) and are not thin: only the side that
+    /// gives vectors is copied, and only when it must be (`tiles.rs`).
+    Tiles,
     /// `matrixmultiply`.
     MatrixMultiply,
     /// `gemm`.
