@@ -25,10 +25,10 @@ fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usi
 /// small map's row.
 #[derive(Clone, Copy)]
 pub(crate) struct Tap {
-    offy: isize,
-    offx: isize,
-    rows: (usize, usize),
-    cols: (usize, usize),
+    pub offy: isize,
+    pub offx: isize,
+    pub rows: (usize, usize),
+    pub cols: (usize, usize),
 }
 
 pub(crate) fn taps(h: usize, w: usize, kh: usize, kw: usize, a: &ConvAttrs, oh: usize, ow: usize) -> Vec<Tap> {
@@ -586,9 +586,42 @@ pub(crate) fn max_pool(ctx: &CpuContext, a: &PoolAttrs, x: &Tensor, out_shape: &
     let xr = column_ranges(a, w, ow);
     ctx.for_rows_weighted(&mut out, (oh * ow).max(1), a.kernel[0] * a.kernel[1], |r, row| {
         let plane = &xv[r * h * w..(r + 1) * h * w];
-        plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| row[o] = k.map_or(F::NEG_INFINITY, |k| plane[k]));
+        if a.dilations == [1, 1] {
+            with_simd(|| plane_max(a, plane, (h, w), ow, &xr, row));
+        } else {
+            plane_argmax(a, plane, h, w, oh, ow, &xr, |o, k| row[o] = k.map_or(F::NEG_INFINITY, |k| plane[k]));
+        }
     });
     tensor("maxpool", out_shape, F::data(out))
+}
+
+/// The larger of `m` and `v`, or a NaN when either is one (max pooling's rule: a NaN wins).
+#[inline(always)]
+fn nan_max(m: F, v: F) -> F {
+    if v > m || v.is_nan() { v } else { m }
+}
+
+/// Max pooling of one plane with dilation 1 (`out` holds its `oh x ow` outputs): the window
+/// rows' maximum per column first (a loop that vectorises), then each window's columns of it;
+/// the window walk of [`plane_argmax`] cost 8 ns an output (3.4 ms of resnet18's step).
+fn plane_max(a: &PoolAttrs, plane: &[F], (h, w): (usize, usize), ow: usize, xr: &[(usize, usize)], out: &mut [F]) {
+    let mut cols = vec![F::NEG_INFINITY; w];
+    for (oy, o) in out.chunks_mut(ow.max(1)).enumerate() {
+        let (ya, yb) = clip(oy, a, 0, h);
+        if ya == yb {
+            o.fill(F::NEG_INFINITY);
+            continue;
+        }
+        cols.copy_from_slice(&plane[ya * w..(ya + 1) * w]);
+        for y in ya + 1..yb {
+            for (m, &v) in cols.iter_mut().zip(&plane[y * w..(y + 1) * w]) {
+                *m = nan_max(*m, v);
+            }
+        }
+        for (o, &(xa, xb)) in o.iter_mut().zip(xr) {
+            *o = if xa == xb { F::NEG_INFINITY } else { cols[xa + 1..xb].iter().fold(cols[xa], |m, &v| nan_max(m, v)) };
+        }
+    }
 }
 
 /// Average pooling (divisor: [`avg_divisor`]).
