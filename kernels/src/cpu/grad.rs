@@ -431,25 +431,26 @@ pub(crate) fn conv_weight_grad(
     let dw_addr = dw.as_mut_ptr() as usize;
     // dW[group rows, lo..hi] (+)= dy [mg, output rows oy0..oy1] @ their patches^T, the patches
     // of im2col rows lo..hi built in `col` first (or read from `x` for 1x1 convolutions).
-    let add_block = |par, gi: usize, ni: usize, (lo, hi): (usize, usize), (oy0, oy1): (usize, usize), col: &mut Vec<F>| {
-        let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
-        let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
-        let cols = (oy1 - oy0) * ow;
-        let rows: View = if direct {
-            View { ptr: xin[lo * p + oy0 * ow..].as_ptr(), rs: 1, cs: p as isize }
-        } else {
-            col.resize((hi - lo) * cols, 0.0);
-            conv::im2col_block(xin, (h, wd), &taps, a, ow, (oy0, oy1), lo, col);
-            View { ptr: col.as_ptr(), rs: 1, cs: cols as isize }
+    let add_block =
+        |par, gi: usize, ni: usize, (lo, hi): (usize, usize), (oy0, oy1): (usize, usize), col: &mut Vec<F>| {
+            let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+            let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+            let cols = (oy1 - oy0) * ow;
+            let rows: View = if direct {
+                View { ptr: xin[lo * p + oy0 * ow..].as_ptr(), rs: 1, cs: p as isize }
+            } else {
+                col.resize((hi - lo) * cols, 0.0);
+                conv::im2col_block(xin, (h, wd), &taps, a, ow, (oy0, oy1), lo, col);
+                View { ptr: col.as_ptr(), rs: 1, cs: cols as isize }
+            };
+            let dyv = View { ptr: dyg[oy0 * ow..].as_ptr(), rs: p as isize, cs: 1 };
+            let beta = if ni == 0 && oy0 == 0 { 0.0 } else { 1.0 };
+            let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
+            // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns lo..hi of dW,
+            // which only this caller writes; the views cover dy's block (mg x cols) and the
+            // patches' (cols x (hi - lo)).
+            unsafe { product_f32(par, mg, hi - lo, cols, dyv, rows, out, kk, 1.0, beta) };
         };
-        let dyv = View { ptr: dyg[oy0 * ow..].as_ptr(), rs: p as isize, cs: 1 };
-        let beta = if ni == 0 && oy0 == 0 { 0.0 } else { 1.0 };
-        let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
-        // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns lo..hi of dW,
-        // which only this caller writes; the views cover dy's block (mg x cols) and the
-        // patches' (cols x (hi - lo)).
-        unsafe { product_f32(par, mg, hi - lo, cols, dyv, rows, out, kk, 1.0, beta) };
-    };
     if threads > 1 && f32_sums && kk >= 2 * 16 {
         // Each thread owns a block of dW's columns (rows of im2col): it builds only those rows,
         // image after image, and accumulates its block; no reduction and no shared buffer.

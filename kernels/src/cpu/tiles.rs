@@ -85,7 +85,8 @@ pub(crate) unsafe fn product(
     // SAFETY: forwarded from the caller; c^T = b^T @ a^T is the same product.
     unsafe {
         let t = |s: Strided<*const f32>| Strided { ptr: s.ptr, rs: s.cs, cs: s.rs };
-        let (m, n, a, b, c) = if flip { (n, m, t(b), t(a), Strided { ptr: c.ptr, rs: c.cs, cs: c.rs }) } else { (m, n, a, b, c) };
+        let (m, n, a, b, c) =
+            if flip { (n, m, t(b), t(a), Strided { ptr: c.ptr, rs: c.cs, cs: c.rs }) } else { (m, n, a, b, c) };
         if c.cs == 1 {
             avx512::blocked(m, n, k, a, b, c, alpha, beta);
             return;
@@ -235,7 +236,8 @@ mod avx512 {
     ) -> Acc {
         let mut acc = [[_mm512_setzero_ps(); 2]; TILE_M];
         // SAFETY: rows below mr, inside `a`.
-        let rows: [*const f32; TILE_M] = std::array::from_fn(|i| unsafe { a.ptr.offset(i.min(mr - 1) as isize * a.rs) });
+        let rows: [*const f32; TILE_M] =
+            std::array::from_fn(|i| unsafe { a.ptr.offset(i.min(mr - 1) as isize * a.rs) });
         let (m0, m1) = masks(nr);
         let mut bp = b;
         // The contiguous case apart: one index for every row pointer.
@@ -335,14 +337,20 @@ mod tests {
                             for p in 0..k {
                                 // SAFETY: inside the buffers.
                                 let (x, y) = unsafe {
-                                    (*a.ptr.offset(i as isize * a.rs + p as isize * a.cs), *b.ptr.offset(p as isize * b.rs + j as isize * b.cs))
+                                    (
+                                        *a.ptr.offset(i as isize * a.rs + p as isize * a.cs),
+                                        *b.ptr.offset(p as isize * b.rs + j as isize * b.cs),
+                                    )
                                 };
                                 s += x as f64 * y as f64;
                             }
                             let want = 2.0 * s + beta as f64 * c0[i * n + j] as f64;
                             let got = c[i * n + j] as f64;
                             // f32 sums of k terms of size ~1: a relative 1e-5 of the magnitude.
-                            assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(), "{m}x{n}x{k} ta {ta} tb {tb}: {got} vs {want}");
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                                "{m}x{n}x{k} ta {ta} tb {tb}: {got} vs {want}"
+                            );
                         }
                     }
                 }
