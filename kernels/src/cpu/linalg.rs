@@ -161,7 +161,10 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
 ///   (on AVX-512, `tiles::product` runs them: 110-130 GFLOP/s for the mlp's forward products
 ///   against 55-65 in dot products and 47-73 in `gemm` on one core, BENCHMARKS.md);
 /// - on AVX-512, `tiles::product` ([`ProductKernel::Tiles`]) for the other products whose operands
-///   are both contiguous along the depth with at most [`TILES_MAX_SIDE`] rows or columns: a
+///   are both contiguous along the depth with at most [`TILES_MAX_SIDE`] rows or columns (and,
+///   as for dot products, more than 256 outputs and a depth of at least 256: on the small
+///   products of MobileNetV3's 1x1 weight gradients the tiles' copies and allocations made its
+///   step 5-10% slower): a
 ///   convolution's weight gradient `dy @ col^T` with 64 output channels ran at 0.69-0.71 of
 ///   `gemm`'s time (64 x 576 x 3136), while with 128 to 512 channels `gemm`'s packed products
 ///   were 4-22% faster (`cargo bench -p kernels --bench train weight_grad`, BENCHMARKS.md);
@@ -175,7 +178,7 @@ fn choose(m: usize, n: usize, k: usize, a: (isize, isize), b: (isize, isize)) ->
     if along_depth && (2..=DOTS_MAX_SIDE).contains(&m.min(n)) && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
         return ProductKernel::Dots;
     }
-    if along_depth && F::tiles() && m.min(n) <= TILES_MAX_SIDE {
+    if along_depth && F::tiles() && m.min(n) <= TILES_MAX_SIDE && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
         return ProductKernel::Tiles;
     }
     let trans_a = a.1 != 1;
