@@ -10,7 +10,11 @@
 //! caller and persistent helpers that spin briefly between ops) only when a tensor is large
 //! enough for the split to pay ([`PAR_MIN_ELEMS`]); with one thread everything runs on the
 //! caller's thread. Matrix products use the `gemm` crate (see `benches/gemm.rs` for the
-//! measurement that chose it), one sequential product per thread on its block of the result.
+//! measurement that chose it), or for thin f32 products of two operands contiguous along the
+//! depth the register tiles of `tiles.rs` (AVX-512, which compute a block of the result to the
+//! same bits as the whole product), one sequential product per thread on its block of the
+//! result. Convolutions build their patch matrix in blocks of output rows that stay in cache
+//! (`conv.rs`).
 
 mod float;
 pub(crate) mod index;
