@@ -1,6 +1,8 @@
 //! Time of the kernels a training step of the bundled models runs, on their exact shapes (batch as
 //! exported): every distinct resnet18 convolution (B=2) forward, input gradient and weight
-//! gradient, its max pooling, and the mlp's (B=32) matrix products; one and two threads.
+//! gradient, its max pooling, the mlp's (B=32) matrix products, and the linear layers of
+//! gpt2-tiny (128 tokens, hidden 128) and of a GPT-2 of realistic width (`gpt2-wide` of
+//! `scripts/bench-train`: 512 tokens, hidden 768); one and two threads.
 //!
 //! ```text
 //! cargo bench -p kernels --bench train [FILTER]
@@ -98,11 +100,30 @@ fn mlp_cases(out: &mut Vec<Case>) {
     }
 }
 
+fn transformer_cases(out: &mut Vec<Case>) {
+    let gemm = |ta, tb| Op::Gemm { alpha: 1.0, beta: 0.0, trans_a: ta, trans_b: tb };
+    // HF Conv1D layers, W stored [k, n]: forward x [t,k] @ W; input grad dy [t,n] @ W^T; weight
+    // grad x^T [k,t] @ dy [t,n]. (model, tokens, [(k, n)]): attention in, attention out, MLP up,
+    // MLP down, LM head.
+    let models = [
+        ("gpt2", 128, [(128, 384), (128, 128), (128, 512), (512, 128), (128, 1000)]),
+        ("gpt2-wide", 512, [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 2048)]),
+    ];
+    for (model, t, layers) in models {
+        for (k, n) in layers {
+            out.push((format!("{model} fwd [{t},{k}]@[{k},{n}]"), 1, gemm(false, false), vec![vec![t, k], vec![k, n]]));
+            out.push((format!("{model} dx [{t},{n}]@[{k},{n}]^T"), 1, gemm(false, true), vec![vec![t, n], vec![k, n]]));
+            out.push((format!("{model} dw [{t},{k}]^T@[{t},{n}]"), 1, gemm(true, false), vec![vec![t, k], vec![t, n]]));
+        }
+    }
+}
+
 fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let mut cases = Vec::new();
     conv_cases(&mut cases);
     mlp_cases(&mut cases);
+    transformer_cases(&mut cases);
     let ctxs = [CpuContext::new(1).expect("pool"), CpuContext::new(2).expect("pool")];
     println!("| op | count | 1 thread ms | 2 threads ms | GFLOP/s 1 thr | GFLOP/s 2 thr |");
     println!("|---|---|---|---|---|---|");

@@ -6,8 +6,10 @@
 //! - [`cpu`]: f32 kernels, the same compiled for f64 (`--precision f64`), and i64 and bool where
 //!   indices and masks need them. Matrix products and
 //!   convolutions go through the `gemm` crate (the fastest of the GEMM crates measured in
-//!   `benches/gemm.rs`); all parallel work runs on the thread pool of an explicit
-//!   [`cpu::CpuContext`], never on a global pool.
+//!   `benches/gemm.rs`), except f32 products whose operands both run along the depth and that
+//!   are thin, which run as AVX-512 register tiles where the CPU has them ([`cpu::ProductKernel`]);
+//!   all parallel work runs on the thread pool of an explicit [`cpu::CpuContext`], never on a
+//!   global pool.
 //! - [`cuda`]: the same ops on an NVIDIA GPU (cuBLAS for matrix products, NVRTC-compiled kernels
 //!   for the rest, NCCL collectives) when the crate is built with the `cuda` feature; without it
 //!   a stub whose every entry point returns [`Error::NotCompiledWith`]. Built with the feature on

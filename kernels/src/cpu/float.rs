@@ -26,6 +26,27 @@ pub(crate) trait Float: Copy + Send + Sync + Default + PartialOrd + std::fmt::De
     fn erf(self) -> Self;
     /// The complementary error function.
     fn erfc(self) -> Self;
+    /// Whether [`Self::tiles_product`] runs on this CPU (f32 with AVX-512; never f64, whose
+    /// products stay `gemm`'s).
+    fn tiles() -> bool;
+    /// One thread's `c = alpha * a @ b + beta * c` through `tiles::product` (strides in
+    /// elements, `c` contiguous along its rows with row stride `ldc`).
+    ///
+    /// # Safety
+    /// [`Self::tiles`] is true; the pointers and strides describe valid `m x k`, `k x n` and
+    /// `m x n` matrices, `c` not overlapping `a` or `b`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tiles_product(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: (*const Self, isize, isize),
+        b: (*const Self, isize, isize),
+        c: *mut Self,
+        ldc: usize,
+        alpha: Self,
+        beta: Self,
+    );
     /// One thread's `c = alpha * a @ b + beta * c` with `matrixmultiply` (strides in elements).
     ///
     /// # Safety
@@ -73,6 +94,26 @@ impl Float for f32 {
     fn erfc(self) -> f32 {
         libm::erfcf(self)
     }
+    fn tiles() -> bool {
+        super::tiles::available()
+    }
+    unsafe fn tiles_product(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: (*const f32, isize, isize),
+        b: (*const f32, isize, isize),
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        use super::tiles::Strided;
+        let (a, b) = (Strided { ptr: a.0, rs: a.1, cs: a.2 }, Strided { ptr: b.0, rs: b.1, cs: b.2 });
+        let c = Strided { ptr: c, rs: ldc as isize, cs: 1 };
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { super::tiles::product(m, n, k, a, b, c, alpha, beta) }
+    }
     unsafe fn mm_gemm(
         m: usize,
         k: usize,
@@ -116,6 +157,22 @@ impl Float for f64 {
     }
     fn erfc(self) -> f64 {
         libm::erfc(self)
+    }
+    fn tiles() -> bool {
+        false
+    }
+    unsafe fn tiles_product(
+        _: usize,
+        _: usize,
+        _: usize,
+        _: (*const f64, isize, isize),
+        _: (*const f64, isize, isize),
+        _: *mut f64,
+        _: usize,
+        _: f64,
+        _: f64,
+    ) {
+        unreachable!("f64 products have no tiled kernel (`tiles()` is false)")
     }
     unsafe fn mm_gemm(
         m: usize,

@@ -273,25 +273,26 @@ fn col2im(
     dx: &mut [F],
 ) {
     let p = oh * ow;
+    if p == 0 || kh * kw == 0 {
+        return;
+    }
+    let taps = conv::taps(h, w, kh, kw, a, oh, ow);
+    // Each tap adds its row back over the output rows and columns whose input lies inside the
+    // image (`Tap`'s ranges), in the order of the per-element bounds test it replaces.
     let plane_fn = |c: usize, plane: &mut [F]| {
-        for i in 0..kh {
-            for j in 0..kw {
-                let row = &col[((c * kh + i) * kw + j) * p..((c * kh + i) * kw + j + 1) * p];
-                let offy = (i * a.dilations[0]) as isize - a.pads[0] as isize;
-                let offx = (j * a.dilations[1]) as isize - a.pads[1] as isize;
-                for oy in 0..oh {
-                    let iy = (oy * a.strides[0]) as isize + offy;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    let dst = &mut plane[iy as usize * w..(iy as usize + 1) * w];
-                    let src = &row[oy * ow..(oy + 1) * ow];
-                    for (ox, &v) in src.iter().enumerate() {
-                        let ix = (ox * a.strides[1]) as isize + offx;
-                        if ix >= 0 && ix < w as isize {
-                            dst[ix as usize] += v;
-                        }
-                    }
+        for (t, tap) in taps.iter().enumerate() {
+            let row = &col[(c * taps.len() + t) * p..(c * taps.len() + t + 1) * p];
+            let ((ylo, yhi), (xlo, xhi)) = (tap.rows, tap.cols);
+            if xlo == xhi {
+                continue;
+            }
+            let x0 = ((xlo * a.strides[1]) as isize + tap.offx) as usize;
+            for oy in ylo..yhi {
+                let iy = ((oy * a.strides[0]) as isize + tap.offy) as usize;
+                let dst = &mut plane[iy * w + x0..(iy + 1) * w];
+                let src = &row[oy * ow + xlo..oy * ow + xhi];
+                for (o, &v) in dst.iter_mut().step_by(a.strides[1]).zip(src) {
+                    *o += v;
                 }
             }
         }
@@ -343,13 +344,19 @@ pub(crate) fn conv_input_grad(
         // rows against the im2col of the wider dy, and the scatter measured faster (8 to 64
         // channels, 3x3 at 32x32: 141 against 287 us).
         let mut flipped = vec![0.0; wv.len()];
+        let taps = kh * kw;
+        // In blocks of 16 output channels, so that each input channel's writes are one run of
+        // 16 kernels: one channel at a time wrote a kernel every mg * kh * kw elements, 2-3 ms
+        // for the 512-channel 3x3 kernels of resnet18 (as long as the convolution itself).
         for gi in 0..g {
-            for mi in 0..mg {
+            for m0 in (0..mg).step_by(16) {
                 for ci in 0..cg {
-                    let from = ((gi * mg + mi) * cg + ci) * kh * kw;
-                    let to = ((gi * cg + ci) * mg + mi) * kh * kw;
-                    for t in 0..kh * kw {
-                        flipped[to + t] = wv[from + kh * kw - 1 - t];
+                    for mi in m0..(m0 + 16).min(mg) {
+                        let from = ((gi * mg + mi) * cg + ci) * taps;
+                        let to = ((gi * cg + ci) * mg + mi) * taps;
+                        for (o, &v) in flipped[to..to + taps].iter_mut().zip(wv[from..from + taps].iter().rev()) {
+                            *o = v;
+                        }
                     }
                 }
             }
@@ -416,39 +423,63 @@ pub(crate) fn conv_weight_grad(
     }
     let direct = conv::is_direct(a, kh, kw);
     let threads = ctx.threads();
-    if threads > 1 && ctx.accumulation() == Accumulation::F32 && kk >= 2 * 16 {
+    let f32_sums = ctx.accumulation() == Accumulation::F32;
+    let taps = conv::taps(h, wd, kh, kw, a, oh, ow);
+    // Deep blocks: each block's product is stored into dW once (the tiled products of few
+    // channels store their results element by element).
+    let block = conv::block_rows(kk, oh, ow, 1024);
+    let dw_addr = dw.as_mut_ptr() as usize;
+    // dW[group rows, lo..hi] (+)= dy [mg, output rows oy0..oy1] @ their patches^T, the patches
+    // of im2col rows lo..hi built in `col` first (or read from `x` for 1x1 convolutions).
+    let add_block =
+        |par, gi: usize, ni: usize, (lo, hi): (usize, usize), (oy0, oy1): (usize, usize), col: &mut Vec<F>| {
+            let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
+            let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
+            let cols = (oy1 - oy0) * ow;
+            let rows: View = if direct {
+                View { ptr: xin[lo * p + oy0 * ow..].as_ptr(), rs: 1, cs: p as isize }
+            } else {
+                col.resize((hi - lo) * cols, 0.0);
+                conv::im2col_block(xin, (h, wd), &taps, a, ow, (oy0, oy1), lo, col);
+                View { ptr: col.as_ptr(), rs: 1, cs: cols as isize }
+            };
+            let dyv = View { ptr: dyg[oy0 * ow..].as_ptr(), rs: p as isize, cs: 1 };
+            let beta = if ni == 0 && oy0 == 0 { 0.0 } else { 1.0 };
+            let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
+            // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns lo..hi of dW,
+            // which only this caller writes; the views cover dy's block (mg x cols) and the
+            // patches' (cols x (hi - lo)).
+            unsafe { product_f32(par, mg, hi - lo, cols, dyv, rows, out, kk, 1.0, beta) };
+        };
+    if threads > 1 && f32_sums && kk >= 2 * 16 {
         // Each thread owns a block of dW's columns (rows of im2col): it builds only those rows,
         // image after image, and accumulates its block; no reduction and no shared buffer.
         let per = kk.div_ceil(threads);
-        let dw_addr = dw.as_mut_ptr() as usize;
         ctx.run(kk.div_ceil(per), |t| {
             let (lo, hi) = (t * per, ((t + 1) * per).min(kk));
-            let mut col = if direct { Vec::new() } else { vec![0.0; (hi - lo) * p] };
+            let mut col = Vec::new();
+            let block = conv::block_rows(hi - lo, oh, ow, 1024);
             for gi in 0..g {
                 for ni in 0..n {
-                    let xin = &xv[(ni * c + gi * cg) * plane..(ni * c + (gi + 1) * cg) * plane];
-                    let dyg = &dv[(ni * m + gi * mg) * p..(ni * m + (gi + 1) * mg) * p];
-                    let rows: &[F] = if direct {
-                        &xin[lo * p..hi * p]
-                    } else {
-                        conv::im2col_rows(xin, h, wd, kh, kw, a, oh, ow, lo, &mut col);
-                        &col
-                    };
-                    // dW[group rows, lo..hi] (+)= dy [mg, p] @ rows^T [p, hi - lo]
-                    let dyv = View { ptr: dyg.as_ptr(), rs: p as isize, cs: 1 };
-                    let rv = View { ptr: rows.as_ptr(), rs: 1, cs: p as isize };
-                    let beta = if ni == 0 { 0.0 } else { 1.0 };
-                    let out = (dw_addr as *mut F).wrapping_add(gi * mg * kk + lo);
-                    // SAFETY: `out` with row stride kk covers rows gi*mg..(gi+1)*mg, columns
-                    // lo..hi of dW, which only this task writes; the views cover dy's and
-                    // rows' matrices.
-                    unsafe { product_f32(None, mg, hi - lo, p, dyv, rv, out, kk, 1.0, beta) };
+                    for oy0 in (0..oh).step_by(block) {
+                        add_block(None, gi, ni, (lo, hi), (oy0, (oy0 + block).min(oh)), &mut col);
+                    }
                 }
             }
         });
         return tensor(op, shape, F::data(dw));
     }
     let mut col = Vec::new();
+    if f32_sums {
+        for gi in 0..g {
+            for ni in 0..n {
+                for oy0 in (0..oh).step_by(block) {
+                    add_block(Some(ctx), gi, ni, (0, kk), (oy0, (oy0 + block).min(oh)), &mut col);
+                }
+            }
+        }
+        return tensor(op, shape, F::data(dw));
+    }
     for gi in 0..g {
         let dwg = &mut dw[gi * mg * kk..(gi + 1) * mg * kk];
         for ni in 0..n {

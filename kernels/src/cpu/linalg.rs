@@ -111,6 +111,11 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
         return;
     }
     let kernel = choose(m, n, k, (a.rs, a.cs), (b.rs, b.cs));
+    if matches!(kernel, ProductKernel::Dots | ProductKernel::Tiles) && F::tiles() {
+        // SAFETY: forwarded from the caller; the CPU runs the tiles.
+        unsafe { F::tiles_product(m, n, k, (a.ptr, a.rs, a.cs), (b.ptr, b.rs, b.cs), c, ldc, alpha, beta) };
+        return;
+    }
     if kernel == ProductKernel::Dots {
         // SAFETY: forwarded from the caller.
         unsafe { product_dots(m, n, k, a, b, c, ldc, alpha, beta) };
@@ -152,15 +157,29 @@ unsafe fn product_seq(m: usize, n: usize, k: usize, a: View, b: View, c: *mut F,
 /// - [`product_dots`] for thin products whose operands are contiguous along the depth: few rows
 ///   against a transposed right operand (or few columns against a left one), long depth (a
 ///   convolution's weight gradient with few output channels; a linear layer of a small batch).
-///   Packing the large operand costs as much as the product there; dot products need no packing;
+///   Packing the large operand costs as much as the product there; dot products need no packing
+///   (on AVX-512, `tiles::product` runs them: 110-130 GFLOP/s for the mlp's forward products
+///   against 55-65 in dot products and 47-73 in `gemm` on one core, BENCHMARKS.md);
+/// - on AVX-512, `tiles::product` ([`ProductKernel::Tiles`]) for the other products whose operands
+///   are both contiguous along the depth with at most [`TILES_MAX_SIDE`] rows or columns (and,
+///   as for dot products, more than 256 outputs and a depth of at least 256: on the small
+///   products of MobileNetV3's 1x1 weight gradients the tiles' copies and allocations made its
+///   step 5-10% slower): a
+///   convolution's weight gradient `dy @ col^T` with 64 output channels ran at 0.69-0.71 of
+///   `gemm`'s time (64 x 576 x 3136), while with 128 to 512 channels `gemm`'s packed products
+///   were 4-22% faster (`cargo bench -p kernels --bench train weight_grad`, BENCHMARKS.md);
 /// - `matrixmultiply` where it measured faster on the target: [16..64, k] x [k, n]^T with k
 ///   around 1024 (the mlp's layers: 64 against 42 GFLOP/s), but not for the long k of
 ///   convolution weight gradients (k = output pixels); and [m, k]^T x [k, < 64] (resnet18's
 ///   last-stage input gradients);
 /// - `gemm` otherwise.
 fn choose(m: usize, n: usize, k: usize, a: (isize, isize), b: (isize, isize)) -> ProductKernel {
-    if a.1 == 1 && b.0 == 1 && (2..=DOTS_MAX_SIDE).contains(&m.min(n)) && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
+    let along_depth = a.1 == 1 && b.0 == 1;
+    if along_depth && (2..=DOTS_MAX_SIDE).contains(&m.min(n)) && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
         return ProductKernel::Dots;
+    }
+    if along_depth && F::tiles() && m.min(n) <= TILES_MAX_SIDE && m * n > DOTS_GEMM_MAX_MN && k >= DOTS_MIN_K {
+        return ProductKernel::Tiles;
     }
     let trans_a = a.1 != 1;
     let trans_b = b.1 != 1;
@@ -192,6 +211,8 @@ pub fn gemm_kernel(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -
 /// `matrixmultiply`, BENCHMARKS.md); 2 x 1000 x 512: 2 in `gemm`, 9 here. At 64 x 576 (depth
 /// 3136) `gemm` is ahead again: 77 against 57.
 const DOTS_MAX_SIDE: usize = 32;
+/// See [`choose`].
+const TILES_MAX_SIDE: usize = 64;
 const DOTS_GEMM_MAX_MN: usize = 256;
 const DOTS_MIN_K: usize = 256;
 

@@ -10,7 +10,11 @@
 //! caller and persistent helpers that spin briefly between ops) only when a tensor is large
 //! enough for the split to pay ([`PAR_MIN_ELEMS`]); with one thread everything runs on the
 //! caller's thread. Matrix products use the `gemm` crate (see `benches/gemm.rs` for the
-//! measurement that chose it), one sequential product per thread on its block of the result.
+//! measurement that chose it), or for thin f32 products of two operands contiguous along the
+//! depth the register tiles of `tiles.rs` (AVX-512, which compute a block of the result to the
+//! same bits as the whole product), one sequential product per thread on its block of the
+//! result. Convolutions build their patch matrix in blocks of output rows that stay in cache
+//! (`conv.rs`).
 
 mod float;
 pub(crate) mod index;
@@ -19,6 +23,7 @@ pub(crate) mod shape;
 mod team;
 #[cfg(test)]
 mod tests;
+mod tiles;
 
 use crate::Error;
 pub(crate) use float::Float;
@@ -31,9 +36,14 @@ pub use k32::linalg::{gemm_f32, gemm_kernel};
 /// differ by up to twice on one shape, so the cost model prices them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProductKernel {
-    /// One dot product per element, for few rows against a transposed right operand (or few
-    /// columns against a left one) of long depth: no packing of the large operand.
+    /// Few rows against a transposed right operand (or few columns against a left one) of long
+    /// depth, the large operand read in place (no packing): one dot product per element, or on
+    /// CPUs with AVX-512 the register tiles of [`ProductKernel::Tiles`].
     Dots,
+    /// Register tiles of broadcasts against 16-lane vectors (AVX-512), for operands that both
+    /// run along the depth (`a @ b^T`, `b` stored `[n, k]`) and are not thin: only the side that
+    /// gives vectors is copied, and only when it must be (`tiles.rs`).
+    Tiles,
     /// `matrixmultiply`.
     MatrixMultiply,
     /// `gemm`.
