@@ -1080,3 +1080,92 @@ fn repeated_layers_share_their_edge_matrices() -> Result<()> {
     ensure!(b.problem.size() == copied.size());
     Ok(())
 }
+
+/// The prologue's rules (issue 46), each broken once in a real plan: gpt2-tiny under `zero`
+/// on 2x2 with 4 microbatches, and under `pp,zero` in 2 stages. The loader refuses a forward op
+/// moved into the prologue (it reads what no microbatch wrote yet), a prologue value freed
+/// inside a microbatch (later microbatches read it), and a stage-to-stage transfer in the
+/// prologue. The unbroken plans load, and their step estimate is the hand count: prologue and
+/// update instructions once, every other instruction once per microbatch.
+#[test]
+fn prologue_rules_are_validated() -> Result<()> {
+    use codegen::plan::Phase;
+    let cpu = DeviceProfile::builtin("cpu").context("cpu profile")?;
+    let g = training("gpt2-tiny.onnx", "ce-next:logits:input_ids")?;
+    let mesh = DeviceMesh::uniform(&[2, 2])?;
+    let m = 4;
+    let refused = |q: &Plan, want: &str| -> Result<()> {
+        let err = Plan::from_json(&q.to_json()?).err().context(format!("accepted (want `{want}`)"))?.to_string();
+        ensure!(err.contains(want), "want `{want}` in: {err}");
+        Ok(())
+    };
+    for (layout, stages) in [("zero", 1), ("pp,zero", 2)] {
+        let o = PlanOptions {
+            microbatches: m,
+            stages,
+            compare_baselines: false,
+            ..opts(16 << 30, layout.parse().map_err(anyhow::Error::msg)?)
+        };
+        let p = round_trip(&codegen::plan(&g, &mesh, &cpu, &o)?)?;
+        let phase = |i: &Instr| i.phase();
+        let last = p.program.iter().rposition(|i| phase(i) == Phase::Prologue).context("no prologue")?;
+        if stages == 1 {
+            // The hand count (one stage: no bubble, the step is the sum of its instructions).
+            let once = |i: &Instr| matches!(phase(i), Phase::Prologue | Phase::Update);
+            let hand: f64 = p
+                .program
+                .iter()
+                .map(|i| match i {
+                    Instr::Op { seconds, .. } | Instr::Collective { seconds, .. } => {
+                        if once(i) {
+                            *seconds
+                        } else {
+                            m as f64 * *seconds
+                        }
+                    }
+                    _ => 0.0,
+                })
+                .sum();
+            let step = p.estimate.step_seconds;
+            ensure!((hand - step).abs() <= 1e-9 * step, "{layout}: step {step} s, counted by hand {hand} s");
+        }
+        // A forward op moved into the prologue, after the prologue's last instruction.
+        let mut q = p.clone();
+        // (One that reads what an input op of the microbatch wrote.)
+        let fed: Vec<_> = (last + 1..q.program.len())
+            .filter_map(|k| match &q.program[k] {
+                Instr::Op { op: ir::Op::Input { .. }, outputs, .. } => Some(outputs[0]),
+                _ => None,
+            })
+            .collect();
+        let k = (last + 1..q.program.len())
+            .find(|&k| match &q.program[k] {
+                Instr::Op { inputs, phase: Phase::Forward, .. } => inputs.iter().any(|v| fed.contains(v)),
+                _ => false,
+            })
+            .context("no forward op reading an input")?;
+        let ins = q.program.remove(k);
+        q.program.insert(last + 1, ins);
+        q.program[last + 1].set_phase(Phase::Prologue);
+        refused(&q, "in the prologue, before any microbatch could write it")?;
+        // A prologue value freed inside the first microbatch.
+        let mut q = p.clone();
+        let (value, stage) = p.program[..=last]
+            .iter()
+            .find_map(|i| match i {
+                Instr::Collective { output, stage, .. } => Some((*output, *stage)),
+                _ => None,
+            })
+            .context("no collective in the prologue")?;
+        q.program.insert(last + 1, Instr::Free { values: vec![value], stage, phase: Phase::Forward, chunk: 0 });
+        refused(&q, "which the prologue wrote, before the update phase")?;
+        // A transfer in the prologue.
+        if stages > 1 {
+            let mut q = p.clone();
+            let t = q.program.iter().position(|i| matches!(i, Instr::Transfer { .. })).context("no transfer")?;
+            q.program[t].set_phase(Phase::Prologue);
+            refused(&q, "is a transfer in the prologue")?;
+        }
+    }
+    Ok(())
+}
