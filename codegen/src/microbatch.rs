@@ -175,16 +175,22 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize, with_
 
 /// What [`prologue`] may move (see there), and the recomputations of what it would hold, by
 /// program index: `data` are the axes the weights are gathered over.
-fn movable(g: &ir::Graph, program: &[Instr], data: &HashSet<usize>) -> (Vec<bool>, Vec<bool>) {
-    let n = g.g.node_count();
-    let (batch, _) = update_part(g);
-    let mut forward = vec![false; n];
+/// The forward nodes of a training graph: the ancestors of its outputs (the loss and what the
+/// model returns), by node index.
+pub(crate) fn forward_nodes(g: &ir::Graph) -> Vec<bool> {
+    let mut forward = vec![false; g.g.node_count()];
     let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
     while let Some(i) = stack.pop() {
         if !std::mem::replace(&mut forward[i], true) {
             stack.extend(g.node_inputs(NodeIndex::new(i)).iter().map(|v| v.node.index()));
         }
     }
+    forward
+}
+
+fn movable(g: &ir::Graph, program: &[Instr], data: &HashSet<usize>) -> (Vec<bool>, Vec<bool>) {
+    let (batch, _) = update_part(g);
+    let forward = forward_nodes(g);
     // The op each conversion is for: the next op (conversions come right before it).
     let mut serves = vec![None; program.len()];
     let mut next = None;

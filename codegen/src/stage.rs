@@ -320,17 +320,10 @@ impl<'g> Nodes<'g> {
                 consumers[j].push(i);
             }
         }
-        let mut forward = vec![false; n_nodes];
-        let mut stack: Vec<usize> = g.outputs.iter().map(|(_, v)| v.node.index()).collect();
-        if stack.is_empty() {
+        if g.outputs.is_empty() {
             return Err(Error::Pipeline("the graph has no output to pipeline towards".into()));
         }
-        while let Some(n) = stack.pop() {
-            if !forward[n] {
-                forward[n] = true;
-                stack.extend(&inputs_of[n]);
-            }
-        }
+        let forward = crate::microbatch::forward_nodes(g);
         let mut update = vec![false; n_nodes];
         for ins in program {
             if let Instr::Op { node, phase: Phase::Update, .. } = ins {
