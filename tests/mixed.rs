@@ -373,3 +373,64 @@ fn half_precision_exports_import_plan_and_train() {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "run {run:?} vs train {f32:?}");
     }
 }
+
+/// fp16 with microbatches: the loss scale is read by every microbatch's backward and changed
+/// once, in the update, after the check of the summed gradients (the check's nodes are named
+/// `update/amp/...`: they run once per step). mlp on 2x2 with 2 equal microbatches trains as the
+/// one-microbatch fp16 plan does (within 4 f16 roundings, 2^-9 relative: the halves' sums round
+/// in another order), and a poisoned step 2 is skipped on every rank. With pipeline stages fp16
+/// is refused with its reason.
+#[test]
+fn fp16_with_microbatches_trains_as_one_microbatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.display().to_string();
+    let model = s(&data("models/mlp.onnx"));
+    let x = runtime::npy::read_npy(&data("models/mlp.x.npy")).unwrap();
+    let t = runtime::npy::read_npy(&data("refgrad/mlp/mlp.target.npy")).unwrap();
+    let twice = |a: &ir::Tensor| ir::Tensor::f32(vec![64, 256], [a.to_f32_vec(), a.to_f32_vec()].concat());
+    let (xf, tf) = (dir.path().join("x64.npy"), dir.path().join("t64.npy"));
+    runtime::npy::write_npy(&xf, &twice(&x)).unwrap();
+    runtime::npy::write_npy(&tf, &twice(&t)).unwrap();
+    let plan = |name: &str, extra: &[&str]| {
+        let p = s(&dir.path().join(name));
+        let mut a: Vec<String> =
+            ["plan", &model, "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target"].map(String::from).to_vec();
+        a.extend(["--optimizer", "sgd", "--lr", "0.1", "--precision", "fp16", "-o", &p].map(String::from));
+        a.extend(extra.iter().map(|e| e.to_string()));
+        ok(&a);
+        p
+    };
+    let run = |p: &str, feeds: [String; 2], extra: &[&str]| {
+        let mut a: Vec<String> =
+            ["run", p, "--steps", "4", "--json", "--feed", &feeds[0], "--feed", &feeds[1]].map(String::from).to_vec();
+        a.extend(extra.iter().map(|e| e.to_string()));
+        losses(&ok(&a))
+    };
+    let one = plan("one.json", &[]);
+    let single =
+        [format!("x={}", s(&data("models/mlp.x.npy"))), format!("target={}", s(&data("refgrad/mlp/mlp.target.npy")))];
+    let want = run(&one, single.clone(), &[]);
+    let doubled = [format!("x={}", s(&xf)), format!("target={}", s(&tf))];
+    for (name, extra) in [
+        ("mb.json", &["--microbatches", "2"][..]),
+        ("mb-zero.json", &["--microbatches", "2", "--strategy", "zero"][..]),
+    ] {
+        let p = plan(name, extra);
+        let got = run(&p, doubled.clone(), &[]);
+        assert_eq!(got.len(), want.len(), "{name}: {got:?}");
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= b.abs() / 512.0, "{name}: {got:?} vs {want:?}");
+        }
+        let poisoned = run(&p, doubled.clone(), &["--inject-fault", "rank=1,step=2,kind=nonfinite"]);
+        assert_eq!(poisoned[2], poisoned[1], "{name}: the poisoned step 2 is not skipped: {poisoned:?}");
+    }
+    let staged = autopar(
+        &["plan", &model, "--mesh", "2x2", "--memory", "4GiB", "--loss", "mse:y:target", "--precision", "fp16"]
+            .map(String::from)
+            .into_iter()
+            .chain(["--microbatches", "2", "--pipeline", "2"].map(String::from))
+            .collect::<Vec<_>>(),
+    );
+    let err = String::from_utf8_lossy(&staged.stderr);
+    assert!(!staged.status.success() && err.contains("fp16's loss scaling with pipeline stages"), "{err}");
+}

@@ -57,8 +57,8 @@ pub fn kept_to_the_end(g: &Graph) -> HashSet<ValueRef> {
 
 /// Places `free` instructions: every definition of a value is freed right after its last read
 /// before the value is defined again (or right after it is written, when nothing reads it),
-/// except values in `keep`, which live to the end, and what a stage's prologue wrote and its
-/// microbatches read, which is freed in the stage's update phase. Existing frees are dropped
+/// except values in `keep`, which live to the end, and what a stage's prologue wrote or stores
+/// (parameters, state) and its microbatches read, which is freed in the stage's update phase. Existing frees are dropped
 /// first.
 pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr> {
     let program: Vec<Instr> = program.into_iter().filter(|i| !matches!(i, Instr::Free { .. })).collect();
@@ -69,22 +69,28 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
     let mut last_read: HashMap<Held, usize> = HashMap::new();
     let mut frees_after: Vec<Vec<Held>> = vec![vec![]; program.len()];
     let mut defined_at: HashMap<Held, usize> = HashMap::new();
-    // What a stage's prologue writes is read by every microbatch: freed in its update phase
-    // (after the phase's first instruction on the stage), or kept when it has none.
-    let mut prologue: HashSet<Held> = HashSet::new();
+    // What a stage's prologue writes, and its storage, is read by every microbatch: freed in its
+    // update phase (after the phase's first instruction on the stage), or kept when it has none
+    // (an updated state that only microbatches read, such as fp16's poison, is freed there).
+    let mut shared: HashSet<Held> = HashSet::new();
     let mut first_update: HashMap<usize, usize> = HashMap::new();
     for (k, ins) in program.iter().enumerate() {
         match (ins.phase(), ins) {
             (::plan::Phase::Prologue, Instr::Op { outputs, stage, .. }) => {
-                prologue.extend(outputs.iter().map(|v| (*stage, *v)))
+                shared.extend(outputs.iter().map(|v| (*stage, *v)))
             }
             (::plan::Phase::Prologue, Instr::Collective { output, stage, .. }) => {
-                prologue.insert((*stage, *output));
+                shared.insert((*stage, *output));
             }
             (::plan::Phase::Update, Instr::Op { stage, .. } | Instr::Collective { stage, .. }) => {
                 first_update.entry(*stage).or_insert(k);
             }
             _ => {}
+        }
+        // A parameter or state (storage: not remade by each microbatch) is read by every
+        // microbatch too.
+        if let Instr::Op { op: ir::Op::Param { .. } | ir::Op::State { .. }, outputs, stage, .. } = ins {
+            shared.extend(outputs.iter().map(|v| (*stage, *v)));
         }
     }
     let in_step = |k: usize| !matches!(program[k].phase(), ::plan::Phase::Prologue | ::plan::Phase::Update);
@@ -93,7 +99,7 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
             return;
         }
         let at = at.unwrap_or(def);
-        if prologue.contains(&v) && in_step(at) {
+        if shared.contains(&v) && in_step(at) {
             if let Some(&u) = first_update.get(&v.0) {
                 frees_after[u.max(at)].push(v);
             }

@@ -1088,32 +1088,38 @@ impl LossScale {
         g: &mut Graph,
         grads: &BTreeMap<String, Value>,
     ) -> Result<(Value, BTreeMap<String, Value>), AutodiffError> {
-        let inv = g.add1("amp/inv_scale", Op::Unary(UnaryOp::Reciprocal), &[self.scale])?;
+        let inv = g.add1("update/amp/inv_scale", Op::Unary(UnaryOp::Reciprocal), &[self.scale])?;
         let mut total: Option<Value> = None;
         let mut unscaled = BTreeMap::new();
         for (name, &v) in grads {
             let v32 = if g.meta(v).dtype == DType::F32 {
                 v
             } else {
-                g.add1(&format!("amp/{name}/f32"), Op::Cast { to: DType::F32 }, &[v])?
+                g.add1(&format!("update/amp/{name}/f32"), Op::Cast { to: DType::F32 }, &[v])?
             };
-            let zero = g.constant(&format!("amp/{name}/zero"), Tensor::scalar_f32(0.0));
-            let z = g.add1(&format!("amp/{name}/probe"), Op::Binary(BinaryOp::Mul), &[v32, zero])?;
+            let zero = g.constant(&format!("update/amp/{name}/zero"), Tensor::scalar_f32(0.0));
+            let z = g.add1(&format!("update/amp/{name}/probe"), Op::Binary(BinaryOp::Mul), &[v32, zero])?;
             let axes: Vec<usize> = (0..g.meta(z).rank()).collect();
             let z = if axes.is_empty() {
                 z
             } else {
-                g.add1(&format!("amp/{name}/probe.sum"), Op::Reduce { op: ReduceOp::Sum, axes, keepdims: false }, &[z])?
+                g.add1(
+                    &format!("update/amp/{name}/probe.sum"),
+                    Op::Reduce { op: ReduceOp::Sum, axes, keepdims: false },
+                    &[z],
+                )?
             };
             total = Some(match total {
                 None => z,
-                Some(t) => g.add1("amp/probe", Op::Binary(BinaryOp::Add), &[t, z])?,
+                Some(t) => g.add1("update/amp/probe", Op::Binary(BinaryOp::Add), &[t, z])?,
             });
-            unscaled
-                .insert(name.clone(), g.add1(&format!("amp/{name}/unscaled"), Op::Binary(BinaryOp::Mul), &[v32, inv])?);
+            unscaled.insert(
+                name.clone(),
+                g.add1(&format!("update/amp/{name}/unscaled"), Op::Binary(BinaryOp::Mul), &[v32, inv])?,
+            );
         }
         let total = total.unwrap_or(self.scale);
-        let finite = g.add1("amp/finite", Op::Binary(BinaryOp::Equal), &[total, total])?;
+        let finite = g.add1("update/amp/finite", Op::Binary(BinaryOp::Equal), &[total, total])?;
         Ok((finite, unscaled))
     }
 
@@ -1127,18 +1133,18 @@ impl LossScale {
             g.updates[k].1 = kept;
         }
         let good = g.state(LOSS_SCALE_GOOD_STEPS, TensorMeta::new(DType::I64, []));
-        let one = g.constant("amp/one", Tensor::i64([], vec![1]));
-        let zero = g.constant("amp/zero", Tensor::i64([], vec![0]));
-        let interval = g.constant("amp/growth_interval", Tensor::i64([], vec![LOSS_SCALE_GROWTH_INTERVAL]));
-        let good1 = g.add1("amp/good_steps.next", Op::Binary(BinaryOp::Add), &[good, one])?;
-        let grow = g.add1("amp/grow", Op::Binary(BinaryOp::Equal), &[good1, interval])?;
-        let up = g.add1("amp/scale_log2.up", Op::Binary(BinaryOp::Add), &[self.log2, one])?;
-        let down = g.add1("amp/scale_log2.down", Op::Binary(BinaryOp::Sub), &[self.log2, one])?;
-        let ok = g.add1("amp/scale_log2.ok", Op::Where, &[grow, up, self.log2])?;
-        let log2 = g.add1("amp/scale_log2.next", Op::Where, &[finite, ok, down])?;
-        let good_ok = g.add1("amp/good_steps.ok", Op::Where, &[grow, zero, good1])?;
-        let good_next = g.add1("amp/good_steps.new", Op::Where, &[finite, good_ok, zero])?;
-        let clean = g.constant("amp/poison.reset", Tensor::scalar_f32(0.0));
+        let one = g.constant("update/amp/one", Tensor::i64([], vec![1]));
+        let zero = g.constant("update/amp/zero", Tensor::i64([], vec![0]));
+        let interval = g.constant("update/amp/growth_interval", Tensor::i64([], vec![LOSS_SCALE_GROWTH_INTERVAL]));
+        let good1 = g.add1("update/amp/good_steps.next", Op::Binary(BinaryOp::Add), &[good, one])?;
+        let grow = g.add1("update/amp/grow", Op::Binary(BinaryOp::Equal), &[good1, interval])?;
+        let up = g.add1("update/amp/scale_log2.up", Op::Binary(BinaryOp::Add), &[self.log2, one])?;
+        let down = g.add1("update/amp/scale_log2.down", Op::Binary(BinaryOp::Sub), &[self.log2, one])?;
+        let ok = g.add1("update/amp/scale_log2.ok", Op::Where, &[grow, up, self.log2])?;
+        let log2 = g.add1("update/amp/scale_log2.next", Op::Where, &[finite, ok, down])?;
+        let good_ok = g.add1("update/amp/good_steps.ok", Op::Where, &[grow, zero, good1])?;
+        let good_next = g.add1("update/amp/good_steps.new", Op::Where, &[finite, good_ok, zero])?;
+        let clean = g.constant("update/amp/poison.reset", Tensor::scalar_f32(0.0));
         g.updates.push((self.log2.node, log2));
         g.updates.push((good.node, good_next));
         g.updates.push((self.poison.node, clean));

@@ -9,8 +9,7 @@
 //! - `--pipeline`: off, the outer axis's size, a proper divisor of it, a count that does not
 //!   divide it (a clean error), or auto;
 //! - `--microbatches` 1, 3, 8 or 64; every `--schedule`; `--chunks` 2 or 3;
-//! - `--precision` f32, bf16 or fp16 (fp16 with microbatches or stages is refused, as the CLI
-//!   does);
+//! - `--precision` f32, bf16 or fp16 (fp16 with stages is refused, as the CLI does);
 //! - `--strategy`: auto, dp, zero, megatron, a valid role per mesh axis (`pp` outermost with
 //!   stages), or an invalid layout;
 //! - `--recompute` auto, fit, full or off; `--device` cpu, a100-80g or h100-sxm;
@@ -932,8 +931,8 @@ fn plan_as_cli(
     let started = Instant::now();
     let limit = Duration::from_secs_f64(c.time_limit);
     let result = (|| -> Outcome {
-        if c.precision == Precision::Fp16 && (c.microbatches > 1 || c.pipeline != Pipeline::Count(1)) {
-            return clean("refused: fp16 with microbatches or stages", "fp16 with microbatches or stages".into());
+        if c.precision == Precision::Fp16 && c.pipeline != Pipeline::Count(1) {
+            return clean("refused: fp16 with stages", "fp16 with stages".into());
         }
         let topts = TrainOptions { frozen: m.frozen.clone(), ..TrainOptions::new(m.loss.clone(), Some(c.optimizer)) };
         let mut tg = match training_graph_with(&m.forward, &topts, c.precision.mixed()) {
