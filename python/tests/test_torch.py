@@ -51,8 +51,8 @@ def test_gpt2():
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16, attn_pdrop=0.0,
-                     resid_pdrop=0.0, embd_pdrop=0.0, use_cache=False)
-    model = GPT2LMHeadModel(cfg, attn_implementation="eager")
+                     resid_pdrop=0.0, embd_pdrop=0.0, use_cache=False, attn_implementation="eager")
+    model = GPT2LMHeadModel(cfg)
     g = torch.Generator().manual_seed(1)
     batches = [{"input_ids": torch.randint(0, 64, (4, 16), generator=g)} for _ in range(STEPS)]
 
