@@ -56,7 +56,8 @@ def test_memory_that_fits_no_plan_raises_plan_error():
     with pytest.raises(autopar.PlanError) as e:
         autopar.plan_onnx(MLP, mesh="2x2", memory="1KiB")
     # The CLI's line (`--memory 1KiB`).
-    assert str(e.value).startswith("no plan fits 1.00 KiB per rank: the smallest peak any plan reaches is ")
+    # (the rest depends on how far the solver got within --time-limit)
+    assert str(e.value).startswith("no plan fits 1.00 KiB per rank: the smallest peak ")
 
 
 def test_unsupported_op_raises_model_error(tmp_path):
