@@ -1,8 +1,8 @@
 //! The `autopar` command line.
 
-mod cmd;
-
 use std::process::ExitCode;
+
+use autopar::cmd;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -88,32 +88,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
     ) {
         e.exit();
     }
-    use clap::error::{ContextKind, ContextValue};
-    let context = |k| match e.get(k) {
-        Some(ContextValue::String(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let msg = match (e.kind(), context(ContextKind::InvalidArg), context(ContextKind::InvalidValue)) {
-        // A value our parsers refused, worded like every other flag error: `--memory lots: not a
-        // size like 16GiB, ...` (clap's own form is `invalid value 'lots' for '--memory <SIZE>'`).
-        (ErrorKind::ValueValidation, Some(arg), Some(value)) if std::error::Error::source(&e).is_some() => {
-            let flag = arg.split_whitespace().next().unwrap_or(&arg).to_string();
-            let why = std::error::Error::source(&e).map(|c| c.to_string()).unwrap_or_default();
-            format!("{flag} {value}: {why}")
-        }
-        // Otherwise clap's message and its tips, without the usage block that follows.
-        _ => {
-            let text = e.render().to_string();
-            let lines: Vec<&str> = text
-                .lines()
-                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect();
-            let msg = lines.join(" ");
-            msg.strip_prefix("error: ").unwrap_or(&msg).to_string()
-        }
-    };
+    let msg = autopar::usage_message(&e);
     // Where the help is: `autopar gen gpt --help` for `autopar gen gpt --layers 0`.
     let mut command = vec!["autopar".to_string()];
     let mut cmd = Cli::command();
@@ -170,9 +145,7 @@ fn main() -> ExitCode {
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the error and its causes.
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", autopar::error_line(&e));
             ExitCode::FAILURE
         }
     }

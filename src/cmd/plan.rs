@@ -196,8 +196,18 @@ fn default_loss(g: &ir::Graph) -> Result<LossSpec> {
     })
 }
 
-/// Runs `autopar autoparallelize`.
+/// Runs `autopar autoparallelize`: plans, writes the plan to `--out` and prints its summary.
 pub fn run(a: &PlanArgs) -> Result<()> {
+    let plan = plan(a)?;
+    std::fs::write(&a.out, plan.to_json()?).with_context(|| format!("writing {}", a.out.display()))?;
+    print!("{}", codegen::explain::summary(&plan));
+    println!("wrote     {}", a.out.display());
+    Ok(())
+}
+
+/// Plans as `autopar autoparallelize` does (everything but writing `--out` and printing): the
+/// Python package's `plan_onnx` calls this too.
+pub fn plan(a: &PlanArgs) -> Result<codegen::Plan> {
     let budget = a.memory;
     let baseline: Baseline = a.strategy.parse().map_err(anyhow::Error::msg)?;
     if let (Stages::Auto, Baseline::Axes(roles)) = (a.pipeline, baseline) {
@@ -297,10 +307,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let index = tracer::InitializerIndex::open(&source).with_context(|| format!("indexing {}", source.display()))?;
     plan.model.source_hash = Some(common::model_hash(&source, &index)?);
     plan.model.source = Some(source.display().to_string());
-    std::fs::write(&a.out, plan.to_json()?).with_context(|| format!("writing {}", a.out.display()))?;
-    print!("{}", codegen::explain::summary(&plan));
-    println!("wrote     {}", a.out.display());
-    Ok(())
+    Ok(plan)
 }
 
 /// Runs `autopar explain`.

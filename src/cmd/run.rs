@@ -248,6 +248,12 @@ fn process_rank(a: &RunArgs) -> usize {
 
 /// Runs `autopar run`: the job of the flags on the launcher of `--backend`.
 pub fn run(a: &RunArgs) -> Result<()> {
+    run_observed(a, &mut |_| {})
+}
+
+/// Runs `autopar run`, handing each step's report to `observe` as well (the Python package's
+/// `Plan.train` collects its metrics so).
+pub fn run_observed(a: &RunArgs, observe: &mut dyn FnMut(&runtime::launch::StepReport)) -> Result<()> {
     // One run per checkpoint directory (held by the first process of a launch until it exits):
     // a second run would remove the first one's files as stale.
     let _lock = match &a.checkpoint {
@@ -263,7 +269,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // The model file `--export-onnx` rewrites: --model, or the plan's.
     let model = RefCell::new(None);
     let mut rep = None;
-    let mut on = |e: Event<'_>| on_event(a, &info, &mut rep, e);
+    let mut on = |e: Event<'_>| {
+        if let Event::Step(r) = &e {
+            observe(r);
+        }
+        on_event(a, &info, &mut rep, e)
+    };
     let prepared = |a: &RunArgs| -> Result<Job> {
         let (job, i) = prepare(a)?;
         if a.export_onnx.is_some() || a.save.is_some() {
