@@ -24,6 +24,7 @@
 mod error;
 mod form;
 pub mod memory;
+pub mod overlap;
 mod pretty;
 pub mod schedule;
 mod sums;
