@@ -151,7 +151,13 @@ mod tests {
 
     #[test]
     fn conversions_for_the_update_ops_are_marked() {
-        let p = [op(0, vec![], 1.0), reduce(v(0), 10, 3.0), op(1, vec![], 2.0), reduce(v(1), 11, 1.0), op(2, vec![v(10)], 1.0)];
+        let p = [
+            op(0, vec![], 1.0),
+            reduce(v(0), 10, 3.0),
+            op(1, vec![], 2.0),
+            reduce(v(1), 11, 1.0),
+            op(2, vec![v(10)], 1.0),
+        ];
         let marked = on_comm_stream(&p, &|i| matches!(i, Instr::Op { node: 2, .. }));
         assert_eq!(marked, vec![false, false, false, true, false]);
     }
