@@ -35,6 +35,11 @@ fn plan_and_step(o: &mut String, p: &Plan) {
         p.solver.chosen.name()
     );
     let share = |x: f64| if e.step_seconds > 0.0 { 100.0 * x / e.step_seconds } else { 0.0 };
+    let hidden = if e.overlapped_comm_seconds > 0.0 {
+        format!(" - overlapped {}", ms(e.overlapped_comm_seconds))
+    } else {
+        String::new()
+    };
     let recompute = if e.recompute_seconds > 0.0 {
         format!(" + recompute {} ({:.0}%)", ms(e.recompute_seconds), share(e.recompute_seconds))
     } else {
@@ -58,12 +63,22 @@ fn plan_and_step(o: &mut String, p: &Plan) {
     } else {
         let _ = writeln!(
             o,
-            "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%){recompute}",
+            "step      {} estimated = compute {} ({:.0}%) + communication {} ({:.0}%){recompute}{hidden}",
             ms(e.step_seconds),
             ms(e.compute_seconds),
             share(e.compute_seconds),
             ms(e.comm_seconds),
             share(e.comm_seconds)
+        );
+    }
+    if p.options.overlap {
+        let _ = writeln!(
+            o,
+            "overlap   communication {} hidden behind compute, {} exposed (gradient reductions and the prologue's \
+             gathers on a second stream{})",
+            ms(e.overlapped_comm_seconds),
+            ms((e.comm_seconds - e.overlapped_comm_seconds).max(0.0)),
+            if p.pipeline.is_some() { ", pipeline transfers beside the stages' work" } else { "" }
         );
     }
 }

@@ -67,6 +67,7 @@ pub(crate) fn lower(
     let recompute_seconds = checkpoint.extra_seconds;
     let (params, resident) = param_shards(g, mesh, b, &choice);
     let memory = ::plan::memory::simulate(g, mesh, &program)?;
+    let overlapped = if opts.overlap { crate::microbatch::overlapped(g, &program) } else { 0.0 };
     Ok(Plan {
         version: VERSION,
         model: ModelInfo { name: g.name.clone(), hash: g.fingerprint(), source: None, source_hash: None },
@@ -80,6 +81,7 @@ pub(crate) fn lower(
             min_gain: if opts.baseline == Baseline::Auto && opts.compare_baselines { opts.min_gain } else { 0.0 },
             recompute: opts.recompute,
             seed: 0,
+            overlap: opts.overlap,
         },
         graph: g.clone(),
         microbatches: 1,
@@ -88,9 +90,10 @@ pub(crate) fn lower(
         params,
         program,
         estimate: Estimate {
-            step_seconds: compute + comm + recompute_seconds,
+            step_seconds: compute + comm + recompute_seconds - overlapped,
             compute_seconds: compute,
             comm_seconds: comm,
+            overlapped_comm_seconds: overlapped,
             recompute_seconds,
             checkpoint,
             peak_bytes_per_rank: memory.peak,

@@ -170,7 +170,32 @@ fn split_at_update(mut plan: Plan, mesh: &DeviceMesh, microbatches: usize, with_
     e.comm_seconds = m * (pass_comm - rec * share(pass_comm)) + seconds(true, true);
     e.recompute_seconds = m * rec;
     e.step_seconds = m * pass + once;
+    // The prologue's gathers overlap the first microbatch's forward, the gradient reductions
+    // of the update part the last one's backward: one pass played with both.
+    if plan.options.overlap {
+        let hidden = overlapped(&plan.graph, &plan.program);
+        let e = &mut plan.estimate;
+        e.overlapped_comm_seconds = hidden;
+        e.step_seconds -= hidden;
+    }
     Ok(plan)
+}
+
+/// The communication seconds of `program` (one microbatch's pass with its prologue and update
+/// part) hidden behind compute ([`::plan::overlap`]): the prologue's collectives and the
+/// conversions for the update part run on the communication stream, the update part's ops
+/// after everything else (the optimizer steps once the backward is done, as Megatron-LM's
+/// does).
+pub(crate) fn overlapped(g: &ir::Graph, program: &[Instr]) -> f64 {
+    let (_, update) = update_part(g);
+    let is_update = |i: &Instr| match i {
+        Instr::Op { node, phase, .. } => *phase == Phase::Update || update.get(*node).copied().unwrap_or(false),
+        _ => false,
+    };
+    let marks = ::plan::overlap::on_comm_stream(program, &is_update);
+    let with = |k: usize| (&program[k], marks[k]);
+    let (late, early): (Vec<usize>, Vec<usize>) = (0..program.len()).partition(|&k| is_update(&program[k]));
+    ::plan::overlap::play(early.into_iter().chain(late).map(with)).overlapped()
 }
 
 /// What [`prologue`] may move (see there), and the recomputations of what it would hold, by

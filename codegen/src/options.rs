@@ -72,6 +72,11 @@ pub struct PlanOptions {
     pub schedule: ScheduleKind,
     /// Model chunks per stage for the interleaved schedule (at least 2 there; 1 otherwise).
     pub chunks: usize,
+    /// Estimate with communication overlapped with compute ([`::plan::overlap`]): gradient
+    /// reductions and the prologue's weight gathers on a second stream, pipeline transfers
+    /// beside the stages' work. Off by default (the threads runtime runs collectives blocking);
+    /// `autopar plan` turns it on for the GPU profiles.
+    pub overlap: bool,
 }
 
 /// [`PlanOptions::min_gain`]'s default: 1% of the step.
@@ -97,6 +102,7 @@ impl Default for PlanOptions {
             accumulated: 1,
             schedule: ScheduleKind::OneFOneB,
             chunks: 1,
+            overlap: false,
         }
     }
 }

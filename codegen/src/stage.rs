@@ -707,9 +707,14 @@ fn estimate(mut out: Plan, mesh: &DeviceMesh, shown: &[bool], stages: usize, mic
         });
     }
     let peak = per_stage.iter().map(|s| s.peak_bytes).max().unwrap_or(0);
+    let overlap = out.options.overlap;
+    let hidden: f64 = ::plan::schedule::hidden_seconds(&out).iter().map(|(a, b)| a + b).sum();
     let e = &mut out.estimate;
     e.step_seconds = timeline.step_seconds;
     e.comm_seconds += transfer_total;
+    // With overlap, the transfers run beside the stages' work (a stage waits only for their
+    // arrival), and each stage hides some of its prologue's gathers and update's reductions.
+    e.overlapped_comm_seconds = if overlap { transfer_total + hidden } else { 0.0 };
     e.peak_bytes_per_rank = peak;
     e.resident_bytes_per_rank = per_stage.iter().map(|s| s.resident_bytes).max().unwrap_or(0);
     if let Some(p) = &mut out.pipeline {

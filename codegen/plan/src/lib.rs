@@ -24,6 +24,7 @@
 mod error;
 mod form;
 pub mod memory;
+pub mod overlap;
 mod pretty;
 pub mod schedule;
 mod sums;
@@ -370,6 +371,16 @@ pub struct OptionsInfo {
     /// --seed` with it. 0 when not written (and in plans made before it existed).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub seed: u64,
+    /// Whether the estimate overlaps communication with compute (`plan --overlap`, see
+    /// [`overlap`]): gradient reductions and the prologue's gathers on a second stream,
+    /// pipeline transfers beside the stages' work. It changes the estimate only, never the
+    /// program. Off when not written (and in plans made before it existed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overlap: bool,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn is_zero_u64(x: &u64) -> bool {
@@ -984,12 +995,17 @@ pub struct CollectiveSummary {
 /// What the plan is expected to cost.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Estimate {
-    /// Seconds per training step (compute + communication, no overlap assumed).
+    /// Seconds per training step: compute + communication, less what overlaps
+    /// (`overlapped_comm_seconds`; with stages, the schedule's makespan).
     pub step_seconds: f64,
     /// Compute seconds.
     pub compute_seconds: f64,
     /// Communication seconds.
     pub comm_seconds: f64,
+    /// Of `comm_seconds`, those hidden behind compute when the plan's estimate overlaps them
+    /// ([`OptionsInfo::overlap`], [`overlap`]); the rest is exposed. 0 without overlap.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub overlapped_comm_seconds: f64,
     /// Seconds of recomputing activations during backward (ops and their conversions).
     #[serde(default)]
     pub recompute_seconds: f64,

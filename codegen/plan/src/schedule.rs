@@ -45,6 +45,37 @@ fn busy_seconds(evs: &[Event]) -> f64 {
     evs.iter().map(|e| if let Event::Busy(t) = e { *t } else { 0.0 }).sum()
 }
 
+/// When a receive of `t` seconds, of a transfer sent at `sent`, ends on a stage at `now`,
+/// and the stage's seconds it takes. Without overlap the stage receives (after waiting for the
+/// send); with it ([`crate::OptionsInfo::overlap`]) the transfer runs on the link from its send,
+/// beside the stage's work, which waits only for its arrival.
+fn received(now: f64, sent: f64, t: f64, overlap: bool) -> (f64, f64) {
+    if overlap { (now.max(sent + t), 0.0) } else { (now.max(sent) + t, t) }
+}
+
+/// Per stage, the communication seconds [`crate::overlap`] hides (with
+/// [`crate::OptionsInfo::overlap`]; zeros without): of the prologue's gathers behind its first
+/// forward step, and of the update's gradient reductions behind its last backward (and
+/// weight-gradient) step, chunk 0's (the last a schedule runs).
+pub fn hidden_seconds(plan: &Plan) -> Vec<(f64, f64)> {
+    let stages = plan.stages();
+    if !plan.options.overlap {
+        return vec![(0.0, 0.0); stages];
+    }
+    let p = &plan.program;
+    let marks = crate::overlap::on_comm_stream(p, &|i| i.phase() == Phase::Update);
+    let seg = |ph: Phase| Segment { phase: ph, chunk: 0 };
+    (0..stages)
+        .map(|s| {
+            let of = |segs: &[Segment]| {
+                let on = |k: &usize| p[*k].segment_on(s).is_some_and(|g| segs.contains(&g));
+                crate::overlap::play((0..p.len()).filter(on).map(|k| (&p[k], marks[k]))).overlapped()
+            };
+            (of(&[PROLOGUE, seg(Phase::Forward)]), of(&[seg(Phase::Backward), seg(Phase::Weight), seg(Phase::Update)]))
+        })
+        .collect()
+}
+
 /// One step as played by [`timeline`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Span {
@@ -169,6 +200,13 @@ pub fn timeline(plan: &Plan) -> Result<Timeline, String> {
         }
         segs[s][id].push(ev);
     };
+    // The update's gradient reductions hidden behind the last backward: its work shortened.
+    let hidden = hidden_seconds(plan);
+    for (s, &(_, late)) in hidden.iter().enumerate() {
+        if late > 0.0 {
+            push(s, Segment { phase: Phase::Update, chunk: 0 }, Event::Busy(-late));
+        }
+    }
     for (k, ins) in plan.program.iter().enumerate() {
         match ins {
             Instr::Op { stage, seconds, .. } | Instr::Collective { stage, seconds, .. } => {
@@ -208,8 +246,9 @@ pub fn timeline(plan: &Plan) -> Result<Timeline, String> {
     // Per stage: its step, the event within it, and when the step started.
     let mut pos = vec![(0usize, 0usize, 0.0f64); stages];
     // A stage's prologue (no transfers) runs before its first step.
-    let mut clock: Vec<f64> =
-        (0..stages).map(|s| ids[s].get(&PROLOGUE).map_or(0.0, |&id| busy_seconds(&segs[s][id]))).collect();
+    let mut clock: Vec<f64> = (0..stages)
+        .map(|s| ids[s].get(&PROLOGUE).map_or(0.0, |&id| busy_seconds(&segs[s][id])) - hidden[s].0)
+        .collect();
     let mut spans: Vec<Vec<Span>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
     // Per stage, the seconds of its microbatch steps' work (waits excluded).
     let mut busy = vec![0.0; stages];
@@ -246,8 +285,9 @@ pub fn timeline(plan: &Plan) -> Result<Timeline, String> {
                             };
                             in_order &= i == 0;
                             let Some((_, _, sent)) = q.remove(i) else { break 'steps };
-                            now = now.max(sent) + t;
-                            worked += t * work;
+                            let (end, took) = received(now, sent, t, plan.options.overlap);
+                            now = end;
+                            worked += took * work;
                         }
                     }
                     ev_at += 1;
@@ -334,6 +374,12 @@ pub fn timeline_exact(plan: &Plan) -> Result<Timeline, String> {
         }
     }
     let update = Segment { phase: Phase::Update, chunk: 0 };
+    let hidden = hidden_seconds(plan);
+    for (s, &(_, late)) in hidden.iter().enumerate() {
+        if late > 0.0 {
+            segs.entry((s, update)).or_default().insert(0, Event::Busy(-late));
+        }
+    }
     // Each stage's steps, then its update (`None`).
     let lists: Vec<Vec<Option<Step>>> =
         plan.steps().into_iter().map(|l| l.into_iter().map(Some).chain(std::iter::once(None)).collect()).collect();
@@ -349,7 +395,7 @@ pub fn timeline_exact(plan: &Plan) -> Result<Timeline, String> {
     // Per stage: its step, the event within it, and when the step started.
     let mut pos = vec![(0usize, 0usize, 0.0f64); stages];
     let mut clock: Vec<f64> =
-        (0..stages).map(|s| segs.get(&(s, PROLOGUE)).map_or(0.0, |evs| busy_seconds(evs))).collect();
+        (0..stages).map(|s| segs.get(&(s, PROLOGUE)).map_or(0.0, |evs| busy_seconds(evs)) - hidden[s].0).collect();
     let mut spans: Vec<Vec<Span>> = vec![vec![]; stages];
     // Per stage, the seconds of its microbatch steps' work (waits excluded).
     let mut busy = vec![0.0; stages];
@@ -391,8 +437,9 @@ pub fn timeline_exact(plan: &Plan) -> Result<Timeline, String> {
                         };
                         in_order &= i == 0;
                         let Some((_, _, at)) = q.remove(i) else { break };
-                        clock[s] = clock[s].max(at) + t;
-                        busy[s] += t * work;
+                        let (end, took) = received(clock[s], at, t, plan.options.overlap);
+                        clock[s] = end;
+                        busy[s] += took * work;
                     }
                 }
                 pos[s].1 += 1;
