@@ -72,7 +72,9 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
     // What a stage's prologue writes, and its storage, is read by every microbatch: freed in its
     // update phase (after the phase's first instruction on the stage), or kept when it has none
     // (an updated state that only microbatches read, such as fp16's poison, is freed there).
+    // Storage is freed in place when the stage has no update phase: its program runs once.
     let mut shared: HashSet<Held> = HashSet::new();
+    let mut stored: HashSet<Held> = HashSet::new();
     let mut first_update: HashMap<usize, usize> = HashMap::new();
     for (k, ins) in program.iter().enumerate() {
         match (ins.phase(), ins) {
@@ -90,7 +92,7 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
         // A parameter or state (storage: not remade by each microbatch) is read by every
         // microbatch too.
         if let Instr::Op { op: ir::Op::Param { .. } | ir::Op::State { .. }, outputs, stage, .. } = ins {
-            shared.extend(outputs.iter().map(|v| (*stage, *v)));
+            stored.extend(outputs.iter().map(|v| (*stage, *v)));
         }
     }
     let in_step = |k: usize| !matches!(program[k].phase(), ::plan::Phase::Prologue | ::plan::Phase::Update);
@@ -99,9 +101,11 @@ pub fn insert_frees(program: Vec<Instr>, keep: &HashSet<ValueRef>) -> Vec<Instr>
             return;
         }
         let at = at.unwrap_or(def);
-        if shared.contains(&v) && in_step(at) {
-            if let Some(&u) = first_update.get(&v.0) {
-                frees_after[u.max(at)].push(v);
+        if (shared.contains(&v) || stored.contains(&v)) && in_step(at) {
+            match first_update.get(&v.0) {
+                Some(&u) => frees_after[u.max(at)].push(v),
+                None if !shared.contains(&v) => frees_after[at].push(v),
+                None => {}
             }
             return;
         }
