@@ -421,6 +421,28 @@ fn pipelined_plans_equal_single_device() -> Result<()> {
     Ok(())
 }
 
+/// Overlap in the estimate (issue 46): a pipelined gpt2-tiny plan on 2x2 (2 stages of 2
+/// devices, 2 microbatches) with `overlap` on trains as one device does (losses and parameters
+/// within 1e-5): overlap changes the estimate, never the program the threads run.
+#[test]
+fn overlapped_pipelines_equal_single_device() -> Result<()> {
+    let r = reference(&CASES[1], DType::F32)?;
+    let mesh = DeviceMesh::uniform(&[2, 2])?;
+    let opts = PlanOptions {
+        budget: 16 << 30,
+        time_limit: Duration::from_secs(1),
+        compare_baselines: false,
+        stages: 2,
+        microbatches: 2,
+        overlap: true,
+        ..PlanOptions::default()
+    };
+    let what = "gpt2-tiny on 2x2 in 2 stages, 2 microbatches, overlap on";
+    let row = check_plan(&r, &mesh, &opts, what)?.with_context(|| format!("{what}: no plan"))?;
+    report(&[row]);
+    Ok(())
+}
+
 /// Pipeline schedules (issue 18, item 3): every schedule, with 2 stages (of 2 devices: tensor
 /// parallel inside a stage) and 4 stages (of 1), and 1, 2 and 4 microbatches, trains gpt2-tiny,
 /// bert-tiny, mlp and resnet18 (f64) as one device does (losses and parameters within 1e-5 over 3
