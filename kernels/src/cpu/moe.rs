@@ -253,6 +253,7 @@ fn expert_grad(
 /// The router's backward for one token: from the chosen weights' gradients `dg` and the
 /// auxiliary loss's per-expert factor scaled by `daux / T`, the logits' gradient, then
 /// `dWr += x^T dz` and `dx += Wr dz`.
+#[allow(clippy::too_many_arguments)]
 fn router_grad(
     a: &MoeAttrs,
     d: &MoeDims,
