@@ -227,4 +227,28 @@ mod tests {
         // Router 6 tokens x 2*8*4, experts 6 x 2 x 3 projections x 2*8*6.
         assert_eq!(Op::Moe(SW).flops(&ins, &[]), 6 * 64 + 6 * 2 * 3 * 96);
     }
+
+    #[test]
+    fn text_and_json_round_trip() {
+        let mut g = crate::Graph::new("moe");
+        let gelu = MoeAttrs { act: MoeAct::Gelu, normalize: false, top_k: 1, ..SW };
+        let ins: Vec<_> = [("x", &[6, 8][..]), ("r", &[8, 4]), ("w1", &[4, 8, 6]), ("w2", &[4, 6, 8])]
+            .iter()
+            .map(|(n, s)| g.input(n, f(s)))
+            .collect();
+        let y = g.add_op("m", Op::Moe(gelu), &ins).unwrap();
+        let mut gins = ins.clone();
+        gins.extend([y[0], y[1]]);
+        let d = g.add_op("d", Op::MoeGrad(gelu), &gins).unwrap();
+        g.set_output("y", y[0]);
+        g.set_output("dr", d[1]);
+        crate::verify(&g).unwrap();
+        let text = g.to_text();
+        assert!(text.contains("moe_grad") && text.contains("gelu"), "{text}");
+        assert_eq!(crate::Graph::parse(&text).unwrap().to_text(), text);
+        for op in [Op::Moe(SW), Op::MoeGrad(gelu)] {
+            let j = serde_json::to_string(&op).unwrap();
+            assert_eq!(serde_json::from_str::<Op>(&j).unwrap(), op);
+        }
+    }
 }
