@@ -60,7 +60,10 @@ pub fn policy(op: &Op) -> Policy {
         | Op::BatchNormTrain { .. }
         | Op::Lrn { .. }
         | Op::Softmax { .. }
-        | Op::LogSoftmax { .. } => Policy::F32,
+        | Op::LogSoftmax { .. }
+        // The router's softmax and top-k are computed in f32 (as HF's Mixtral does).
+        | Op::Moe(_)
+        | Op::MoeGrad(_) => Policy::F32,
         Op::Unary(u) => match u {
             UnaryOp::Exp | UnaryOp::Log | UnaryOp::Reciprocal => Policy::F32,
             UnaryOp::Relu

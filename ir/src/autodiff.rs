@@ -44,6 +44,7 @@ mod conv;
 mod elementwise;
 mod index;
 mod linalg;
+mod moe;
 mod norm;
 mod optim;
 mod reduce;
@@ -604,6 +605,7 @@ fn differentiable(op: &Op) -> bool {
         | Op::AdamWUpdate { .. }
         | Op::ResizeGrad { .. }
         | Op::AttentionGrad(_)
+        | Op::MoeGrad(_)
         | Op::Hardmax { .. } => false,
         // Listed one by one (no wildcard), so a new op decides here whether gradients pass it.
         Op::Input { .. }
@@ -636,6 +638,7 @@ fn differentiable(op: &Op) -> bool {
         | Op::Resize(_)
         | Op::BatchNormTrain { .. }
         | Op::Attention(_)
+        | Op::Moe(_)
         | Op::Dropout(_) => true,
     }
 }
@@ -782,6 +785,7 @@ fn vjp(
             return Ok(out);
         }
         Op::Attention(a) => return attention::vjp(b, n, *a, ins, dys, want),
+        Op::Moe(a) => return moe::vjp(b, *a, ins, dys, want),
         // Single-output ops, by family.
         Op::Identity | Op::Cast { .. } | Op::Unary(_) | Op::Binary(_) | Op::Where => Some(elementwise::vjp),
         Op::MatMul | Op::Gemm { .. } => Some(linalg::vjp),
@@ -827,6 +831,7 @@ fn vjp(
         | Op::ResizeGrad { .. }
         | Op::BatchNormTrainGrad { .. }
         | Op::AttentionGrad(_)
+        | Op::MoeGrad(_)
         | Op::Hardmax { .. } => None,
     };
     // Every other op has one output.

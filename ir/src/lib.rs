@@ -81,6 +81,7 @@ pub use half;
 pub use op::*;
 pub use ops::attention::{AttentionAttrs, AttentionDims};
 pub use ops::index::{IndexOp, ScatterReduction};
+pub use ops::moe::{MoeAct, MoeAttrs, MoeDims};
 pub use ops::random::DropoutAttrs;
 pub use ops::resize::{CoordTransform, NearestMode, ResizeAttrs, ResizeAxis, ResizeMode};
 pub use petgraph::stable_graph::NodeIndex;

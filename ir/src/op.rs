@@ -591,6 +591,13 @@ pub enum Op {
     /// Gradient of [`Op::Attention`], recomputing the scores: inputs Q, K, V, Y, the row
     /// log-sum-exp, dY and the optional mask; outputs dQ, dK and dV.
     AttentionGrad(crate::AttentionAttrs),
+    /// Routed experts (mixture of experts), dropless: inputs x, the router weight and the
+    /// stacked expert weights; outputs y and the auxiliary load-balancing loss (see
+    /// [`crate::ops::moe`]).
+    Moe(crate::MoeAttrs),
+    /// Gradient of [`Op::Moe`], recomputing the routing: inputs the forward's, dy and daux;
+    /// outputs the gradients of the forward inputs.
+    MoeGrad(crate::MoeAttrs),
 }
 
 /// Why an op cannot produce outputs for the given inputs.
@@ -720,6 +727,8 @@ impl Op {
             Dropout(_) => "dropout",
             Attention(_) => "attention",
             AttentionGrad(_) => "attention_grad",
+            Moe(_) => "moe",
+            MoeGrad(_) => "moe_grad",
         }
     }
 
@@ -738,6 +747,8 @@ impl Op {
             Op::Index(x) => x.num_outputs(),
             Op::Attention(_) => 2,
             Op::AttentionGrad(_) => 3,
+            Op::Moe(_) => 2,
+            Op::MoeGrad(a) => a.num_inputs(),
             Op::Dropout(a) if a.mask => 2,
             // Every variant is listed (no wildcard), so a new op decides its output count here.
             Op::SgdUpdate { .. } | Op::Dropout(_) => 1,
@@ -821,6 +832,7 @@ impl Op {
             Index(x) => x.infer(ins),
             Dropout(a) => crate::ops::random::infer(n, a, ins),
             Attention(a) => a.infer(n, ins),
+            Moe(a) => a.infer(n, ins),
             Unary(_) | Binary(_) | Where | Cast { .. } | Identity => crate::ops::elementwise::infer(self, ins),
             MatMul | Gemm { .. } => crate::ops::linalg::infer(self, ins),
             Conv(_) | MaxPool(_) | AveragePool(_) | GlobalAveragePool | GlobalMaxPool => {
@@ -848,6 +860,7 @@ impl Op {
             GatherGrad { .. } | SliceGrad { .. } => crate::ops::shape::infer_grad(self, ins),
             SgdUpdate { .. } | AdamWUpdate { .. } => crate::ops::training::infer_grad(self, ins),
             AttentionGrad(a) => a.infer_grad(n, ins),
+            MoeGrad(a) => a.infer_grad(n, ins),
         }
     }
 
@@ -910,6 +923,8 @@ impl Op {
             ResizeGrad { attrs, .. } => attrs.flops(numel(ins.first())),
             Attention(a) => a.flops(ins),
             AttentionGrad(a) => a.grad_flops(ins),
+            Moe(a) => a.flops(ins),
+            MoeGrad(a) => a.grad_flops(ins),
             // Data movement, sources and the indexing ops that only copy: no arithmetic. Listed
             // one by one (no wildcard), so a new op decides its count here.
             Input { .. }

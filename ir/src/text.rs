@@ -225,6 +225,12 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, Attr<'_>)> {
             ("offset", Attr::Int(a.offset as i64)),
             ("softcap", Attr::Float(a.softcap)),
         ],
+        Moe(a) | MoeGrad(a) => vec![
+            ("experts", Attr::Int(a.experts as i64)),
+            ("top_k", Attr::Int(a.top_k as i64)),
+            ("normalize", Attr::Bool(a.normalize)),
+            ("act", Attr::Str(a.act.name().into())),
+        ],
     }
 }
 /// Attributes of an indexing-family op (`tril`/`triu` name their side).
@@ -505,6 +511,18 @@ pub(crate) fn op_from(name: &str, map: HashMap<String, Attr<'static>>) -> Result
                     softcap: a.float("softcap")?,
                 };
                 if name == "attention" { Op::Attention(attrs) } else { Op::AttentionGrad(attrs) }
+            }
+            "moe" | "moe_grad" => {
+                let act = a.string("act")?;
+                let act = crate::MoeAct::parse(&act)
+                    .ok_or_else(|| format!("{name}: act must be swiglu or gelu, got {act}"))?;
+                let attrs = crate::MoeAttrs {
+                    experts: a.usize("experts")?,
+                    top_k: a.usize("top_k")?,
+                    normalize: a.bool("normalize")?,
+                    act,
+                };
+                if name == "moe" { Op::Moe(attrs) } else { Op::MoeGrad(attrs) }
             }
             "softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: false },
             "log_softmax_grad" => Op::SoftmaxGrad { axis: a.usize("axis")?, log: true },

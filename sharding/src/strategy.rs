@@ -24,6 +24,7 @@ mod conv;
 mod elementwise;
 mod index;
 mod linalg;
+mod moe;
 mod norm;
 mod reduce;
 mod resize;
@@ -251,6 +252,7 @@ pub fn rule(op: &Op, ins: &[TensorMeta], outs: &[TensorMeta]) -> Option<Rule> {
         Reduce { .. } => reduce::rule(op, ins, outs),
         Index(x) => index::rule(x, ins, outs),
         Attention(_) | AttentionGrad(_) => attention::rule(op, ins, outs),
+        Moe(_) | MoeGrad(_) => moe::rule(op),
     }
 }
 
@@ -396,6 +398,8 @@ pub fn local_op(op: &Op, local_ins: &[TensorMeta], local_outs: &[Vec<usize>]) ->
         | Op::Index(_)
         | Op::Attention(_)
         | Op::AttentionGrad(_)
+        | Op::Moe(_)
+        | Op::MoeGrad(_)
         | Op::Dropout(_) => {}
     }
     op
@@ -652,6 +656,8 @@ fn tags(
                 t.push("sequence-parallel");
             }
         }
+        // Replicated only for now (see `strategy/moe.rs`): "replicated" above is its name.
+        Op::Moe(_) | Op::MoeGrad(_) => {}
         Op::SgdUpdate { .. } | Op::AdamWUpdate { .. } | Op::Param { .. } | Op::State { .. } => {
             let data = 0;
             if mesh.shape()[data] > 1

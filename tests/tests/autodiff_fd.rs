@@ -1533,3 +1533,47 @@ fn attention() {
     }
     s.finish();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts.
+
+/// `Moe` (routed experts, dropless) and its recomputing gradient `MoeGrad`: both activations,
+/// top-k 1 and 2, the chosen weights renormalised or not, x of rank 2 and 3, and the auxiliary
+/// load-balancing loss added to y (`y + aux`, so its gradient reaches the router too), in f32
+/// (TOL) and in f64 (TOL_F64). Gradients are checked for x, the router and every expert weight.
+/// Top-k is piecewise constant: the seeds give routings whose k-th and (k+1)-th probabilities
+/// stay far enough apart that no perturbation (1e-3 in f32, 1e-5 in f64) swaps them.
+#[test]
+fn moe() {
+    use ir::{MoeAct, MoeAttrs};
+    let mut s = Suite::new("moe");
+    let attrs = |act, top_k, normalize| MoeAttrs { experts: 4, top_k, normalize, act };
+    type MoeCase<'a> = (&'a str, MoeAttrs, &'a [usize], bool);
+    let cases: [MoeCase; 7] = [
+        ("swiglu_top2_norm", attrs(MoeAct::Swiglu, 2, true), &[5, 4], false),
+        ("swiglu_top2_plain", attrs(MoeAct::Swiglu, 2, false), &[5, 4], false),
+        ("swiglu_top1", attrs(MoeAct::Swiglu, 1, false), &[2, 3, 4], false),
+        ("gelu_top2_norm", attrs(MoeAct::Gelu, 2, true), &[5, 4], false),
+        ("gelu_top1_norm", attrs(MoeAct::Gelu, 1, true), &[5, 4], false),
+        ("swiglu_top2_aux", attrs(MoeAct::Swiglu, 2, true), &[2, 3, 4], true),
+        ("gelu_top1_aux", attrs(MoeAct::Gelu, 1, false), &[6, 4], true),
+    ];
+    for f64 in [false, true] {
+        for (name, a, xs, with_aux) in cases {
+            s.case_in(name, f64, |c| {
+                let (h, e, f) = (xs[xs.len() - 1], a.experts, 3);
+                let x = c.param("x", xs, SMOOTH);
+                let wr = c.param("router", &[h, e], SMOOTH);
+                let w1 = c.param("w1", &[e, h, f], SMOOTH);
+                let mut ins = vec![x, wr, w1];
+                if a.act == MoeAct::Swiglu {
+                    ins.push(c.param("w3", &[e, h, f], SMOOTH));
+                }
+                ins.push(c.param("w2", &[e, f, h], SMOOTH));
+                let outs = c.ops(Op::Moe(a), &ins)?;
+                if with_aux { c.op(Op::Binary(BinaryOp::Add), &[outs[0], outs[1]]) } else { Ok(outs[0]) }
+            });
+        }
+    }
+    s.finish();
+}

@@ -9,6 +9,7 @@ pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub mod index;
 pub(crate) mod linalg;
+pub mod moe;
 pub(crate) mod norm;
 pub mod random;
 pub(crate) mod reduce;

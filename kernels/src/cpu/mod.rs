@@ -66,6 +66,7 @@ pub(crate) mod k32 {
     pub(crate) mod elementwise;
     pub(crate) mod grad;
     pub(crate) mod linalg;
+    pub(crate) mod moe;
     pub(crate) mod norm;
     pub(crate) mod reduce;
     pub(crate) mod resize;
@@ -95,6 +96,7 @@ pub(crate) mod k64 {
     pub(crate) mod elementwise;
     pub(crate) mod grad;
     pub(crate) mod linalg;
+    pub(crate) mod moe;
     pub(crate) mod norm;
     pub(crate) mod reduce;
     pub(crate) mod resize;
@@ -390,6 +392,8 @@ pub fn eval(ctx: &CpuContext, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>
         Op::Dropout(a) => random::dropout(ctx, a, inputs[0], None)?,
         Op::Attention(a) => float!(attention::attention(ctx, a, inputs))?,
         Op::AttentionGrad(a) => float!(attention::attention_grad(ctx, a, inputs))?,
+        Op::Moe(a) => float!(moe::moe(a, inputs))?,
+        Op::MoeGrad(a) => float!(moe::moe_grad(a, inputs))?,
     };
     debug_assert_eq!(result.iter().map(|t| t.meta()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)

@@ -122,6 +122,15 @@ pub fn eval(ctx: &CudaContext, op: &Op, inputs: &[&CudaTensor]) -> Result<Vec<Cu
                     .into(),
             });
         }
+        // No device kernel yet: a plan with routed experts runs on CPU ranks.
+        Op::Moe(_) | Op::MoeGrad(_) => {
+            return Err(Error::Unsupported {
+                op: name,
+                reason: "routed experts (moe) have no CUDA kernel yet; run this plan on CPU ranks (--backend threads \
+                         or mpi)"
+                    .into(),
+            });
+        }
     };
     debug_assert_eq!(result.iter().map(|t| t.meta().clone()).collect::<Vec<_>>(), outs, "{name}: kernel output metas");
     Ok(result)
