@@ -29,6 +29,19 @@ def torch_losses(module, batches, loss_fn, lr, dtype=torch.float32):
     return out
 
 
+def relu_margin(module, batches, loss_fn, lr):
+    """The smallest |input| of any ReLU in a float64 run of the steps whose gradients reach the
+    losses (all but the last): below ~1e-6, float32 rounding picks the ReLU's side."""
+    module = copy.deepcopy(module).double()
+    seen = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.ReLU):
+            m.inplace = False
+            m.register_forward_hook(lambda m, i, o: seen.append(i[0].abs().min().item()))
+    torch_losses(module, batches[:-1], loss_fn, lr, torch.float64)
+    return min(seen)
+
+
 def check(module, example, batches, loss_fn, lr, **kw):
     reference = copy.deepcopy(module)
     expected = torch_losses(reference, batches, loss_fn, lr)
@@ -89,4 +102,6 @@ def test_resnet():
     def loss_fn(m, b):
         return F.mse_loss(m(b["input"]), b["output_target"])
 
+    margin = relu_margin(model, batches, loss_fn, 0.01)
+    assert margin > 1e-6, f"ill-posed test: a ReLU input is {margin:.1e} from 0 in float64"
     check(model, {"input": batches[0]["input"]}, batches, loss_fn, lr=0.01, output_names=["output"])
