@@ -81,3 +81,43 @@ def test_wrong_input_shape_raises_run_error():
     with pytest.raises(autopar.RunError) as e:
         p.train([{"x": np.zeros((3, 3), np.float32), "y_target": np.zeros((32, 256), np.float32)}], steps=1)
     assert str(e.value)
+
+
+def cli_error(args):
+    """The CLI's own `error: ` line for `autopar ARGS` (the binary `AUTOPAR`, default the debug
+    build in CARGO_TARGET_DIR). Skipped when no binary was built, but never on CI."""
+    import os
+
+    target = os.environ.get("CARGO_TARGET_DIR", str(ROOT / "target"))
+    exe = Path(os.environ.get("AUTOPAR", Path(target) / "debug" / "autopar"))
+    if not exe.exists():
+        if os.environ.get("CI") == "true":
+            raise AssertionError(f"{exe}: no CLI binary to compare the messages with")
+        pytest.skip(f"{exe} not built")
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
+    assert out.returncode != 0
+    return [line for line in out.stderr.splitlines() if line.startswith("error: ")][-1][len("error: "):]
+
+
+@pytest.mark.parametrize("kind", ["mesh", "memory", "op"])
+def test_errors_carry_the_cli_message(kind, tmp_path):
+    """Each kind of bad argument: the exception's text is the CLI's line, word for word."""
+    model, mesh, memory = MLP, "2x2", "16GiB"
+    if kind == "mesh":
+        mesh = "2y2"
+    elif kind == "memory":
+        memory = "1KiB"
+    else:
+        import onnx
+        from onnx import TensorProto, helper
+
+        g = helper.make_graph(
+            [helper.make_node("Unique", ["x"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+        )
+        model = tmp_path / "unique.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    with pytest.raises(autopar.Error) as e:
+        autopar.plan_onnx(model, mesh=mesh, memory=memory)
+    assert str(e.value) == cli_error(["autoparallelize", model, "--mesh", mesh, "--memory", memory])
